@@ -1,0 +1,76 @@
+//! The trait every rung implements.
+
+use super::{LaunchError, Level, Outcome, Request};
+use std::future::Future;
+use std::pin::Pin;
+use tokio_util::sync::CancellationToken;
+
+/// A `Send` boxed future, so the trait works as `Arc<dyn Executor>`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What `reclaim` removed and what it could not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReclaimReport {
+    /// The worker swept.
+    pub worker: String,
+    /// Containers removed.
+    pub containers_removed: Vec<String>,
+    /// Volumes removed.
+    pub volumes_removed: Vec<String>,
+    /// Host-side areas removed.
+    pub paths_removed: Vec<String>,
+    /// Objects kept because they belong to this process's attempts in flight.
+    pub kept_in_flight: Vec<String>,
+    /// Objects that could not be removed, with why.
+    pub failed: Vec<ReclaimFailure>,
+}
+
+/// One object `reclaim` could not remove.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReclaimFailure {
+    /// `container`, `volume` or `path`.
+    pub kind: String,
+    /// Its ID or path.
+    pub id: String,
+    /// Why.
+    pub error: String,
+}
+
+/// Why `reclaim` could not sweep at all.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReclaimError {
+    /// the worker id is invalid
+    #[error("invalid worker id {0:?}")]
+    WorkerId(String),
+    /// the engine could not be listed
+    #[error("listing {what} failed")]
+    List {
+        /// What was listed.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: super::error::Cause,
+    },
+}
+
+/// One rung of the isolation ladder.
+pub trait Executor: Send + Sync + std::fmt::Debug {
+    /// Identifies the rung in configuration, logs and metrics.
+    fn name(&self) -> &str;
+
+    /// The isolation this rung actually provides.
+    fn level(&self) -> Level;
+
+    /// Runs one attempt. `Err` only when the attempt never ran; a handler that ran and
+    /// failed is an `Ok(Outcome)` with a non-`ok` status.
+    fn run<'a>(&'a self, request: &'a Request, cancel: CancellationToken)
+    -> BoxFuture<'a, Result<Outcome, LaunchError>>;
+
+    /// Removes what `worker_id` leaked across a restart, except this process's own
+    /// attempts in flight. Called once at startup; a failure is reported, not fatal.
+    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>>;
+
+    /// Refuses new attempts, waits for the ones in flight, releases the rung's resources.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}

@@ -1,0 +1,255 @@
+//! What an attempt reports: the outcome, its usage, outputs and evidence.
+
+use super::{Level, Status};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The facts about one attempt.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Outcome {
+    /// What became of the attempt.
+    pub status: Status,
+    /// A stable word saying why, when the status alone does not.
+    pub reason: Option<String>,
+    /// The handler's or command's error text; empty on success.
+    pub handler_error: String,
+    /// The exit code; `None` when killed by a signal or unknown.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the main process, if one did.
+    pub signal: Option<i32>,
+    /// Retrying cannot help.
+    pub permanent: bool,
+    /// Resources used.
+    pub usage: Usage,
+    /// Regular files found in the output dir (for `ok` and `handler_error`).
+    pub outputs: Vec<OutputFile>,
+    /// Facts gathered along the way.
+    pub evidence: Evidence,
+    /// The in-process handler's own error value; never serialised.
+    #[serde(skip)]
+    pub cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Outcome {
+    /// An outcome with `status` and nothing else known yet.
+    pub fn new(status: Status) -> Self {
+        Self {
+            status,
+            reason: None,
+            handler_error: String::new(),
+            exit_code: None,
+            signal: None,
+            permanent: false,
+            usage: Usage::default(),
+            outputs: Vec::new(),
+            evidence: Evidence::default(),
+            cause: None,
+        }
+    }
+
+    /// One line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("an outcome always serialises")
+    }
+}
+
+/// Resources an attempt used. A figure that could not be obtained is `None`, never 0,
+/// and `sources` says how each figure was obtained or why it is missing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Wall time from start to end of the attempt.
+    pub wall_time_ms: Option<u64>,
+    /// User + system CPU of everything that ran.
+    pub cpu_time_ms: Option<u64>,
+    /// High-water mark of memory of the whole sandbox.
+    pub peak_memory_bytes: Option<u64>,
+    /// Bytes the attempt left in the output dir.
+    pub disk_written_bytes: Option<u64>,
+    /// Figure name → how it was obtained (`cgroup`, `rusage`, `sampled`, `host_clock`,
+    /// `walked`) or `unavailable: why`.
+    pub sources: BTreeMap<String, String>,
+}
+
+/// One regular file found in the output dir.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Path relative to the output dir, `/`-separated.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// `sha256:<64 lowercase hex>`.
+    pub hash: String,
+    /// A MIME type; `application/octet-stream` when unknown.
+    pub content_type: String,
+}
+
+/// An output entry that was not followed or hashed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedEntry {
+    /// The entry's path relative to the output dir, escaped when not UTF-8.
+    pub name: String,
+    /// Why: `symlink`, `fifo`, `socket`, `device`, `non_utf8_name`, `unreadable`, `over_cap`, ...
+    pub why: String,
+}
+
+/// What was captured of one output stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogCapture {
+    /// Where the capture is (host path), if kept.
+    pub path: Option<String>,
+    /// Bytes the stream carried in all, including what was not kept.
+    pub bytes: u64,
+    /// Whether the kept capture is shorter than the stream.
+    pub truncated: bool,
+}
+
+/// Captures of both streams.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Logs {
+    /// Standard output.
+    pub stdout: LogCapture,
+    /// Standard error.
+    pub stderr: LogCapture,
+}
+
+/// Which layer set an environment key that a lower layer also set (never the value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvOverride {
+    /// The key.
+    pub key: String,
+    /// The layer whose value won: `profile`, `request`, `protocol`.
+    pub origin: String,
+    /// The layers it overrode, lowest first.
+    pub overrode: Vec<String>,
+}
+
+/// A limit that was narrowed from what the request asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NarrowedLimit {
+    /// The limit key.
+    pub key: String,
+    /// What was asked.
+    pub from: u64,
+    /// What was applied.
+    pub to: u64,
+    /// Why (e.g. `profile ceiling`).
+    pub why: String,
+}
+
+/// Facts, not verdicts, about one attempt.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Evidence {
+    /// The rung that ran the attempt.
+    pub executor: String,
+    /// The rung's isolation level.
+    pub level: Option<Level>,
+    /// The worker ID the attempt ran for.
+    pub worker: String,
+    /// The boot of the process that ran it.
+    pub incarnation: String,
+    /// When the attempt started (Unix epoch ms).
+    pub started_at_unix_ms: Option<u64>,
+    /// When it finished (Unix epoch ms).
+    pub finished_at_unix_ms: Option<u64>,
+    /// The container's ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// The image as named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The image's ID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    /// The engine's version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    /// The negotiated API version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// The OCI runtime.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// Enforcement applied: item → how. Presence is the claim.
+    pub enforcement: BTreeMap<String, String>,
+    /// Enforcement deliberately not applied: item → why.
+    pub skipped: BTreeMap<String, String>,
+    /// Limits narrowed from what was asked.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits_narrowed: Vec<NarrowedLimit>,
+    /// Output captures.
+    pub logs: Logs,
+    /// Whether processes outlived the main process and had to be killed.
+    pub stragglers_killed: bool,
+    /// Processes the kernel OOM-killed in the attempt; `None` when unknown.
+    pub oom_kills: Option<u64>,
+    /// The engine's own OOM flag, for corroboration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_oom_killed: Option<bool>,
+    /// Output entries not followed or hashed.
+    pub refused_outputs: Vec<RefusedEntry>,
+    /// Environment keys set by more than one layer.
+    pub env_overrides: Vec<EnvOverride>,
+    /// The handler is still running after the attempt returned (in-process rung only).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub still_running: bool,
+    /// Ports published on the host: container port → host address.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<String, String>,
+    /// Claims from inside the sandbox that failed a bound check, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused_claims: Vec<String>,
+    /// Other facts worth a line.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_names_are_the_contracts() {
+        let mut o = Outcome::new(Status::HandlerError);
+        o.exit_code = Some(3);
+        o.usage.wall_time_ms = Some(12);
+        o.usage.sources.insert("cpu_time_ms".into(), "unavailable: test".into());
+        o.outputs.push(OutputFile {
+            name: "a b/c".into(),
+            size: 1,
+            hash: format!("sha256:{}", "0".repeat(64)),
+            content_type: "text/plain".into(),
+        });
+        o.evidence.oom_kills = Some(0);
+        o.evidence.worker = "w".into();
+        let v: serde_json::Value = serde_json::from_str(&o.to_json()).unwrap();
+        for k in ["status", "reason", "handler_error", "exit_code", "signal", "permanent", "usage", "outputs", "evidence"] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(v["status"], "handler_error");
+        assert!(v["reason"].is_null());
+        assert!(v["signal"].is_null());
+        for k in ["wall_time_ms", "cpu_time_ms", "peak_memory_bytes", "disk_written_bytes", "sources"] {
+            assert!(v["usage"].get(k).is_some(), "missing usage.{k}");
+        }
+        assert!(v["usage"]["cpu_time_ms"].is_null(), "unknown is null, never 0");
+        for k in ["name", "size", "hash", "content_type"] {
+            assert!(v["outputs"][0].get(k).is_some());
+        }
+        for k in ["oom_kills", "worker", "incarnation", "logs"] {
+            assert!(v["evidence"].get(k).is_some(), "missing evidence.{k}");
+        }
+        for s in ["stdout", "stderr"] {
+            for k in ["path", "bytes", "truncated"] {
+                assert!(v["evidence"]["logs"][s].get(k).is_some());
+            }
+        }
+        let back: Outcome = serde_json::from_value(v).unwrap();
+        assert_eq!(back.status, Status::HandlerError);
+        assert_eq!(back.exit_code, Some(3));
+        assert_eq!(back.outputs, o.outputs);
+        assert_eq!(back.evidence, o.evidence);
+        assert_eq!(back.usage, o.usage);
+    }
+}

@@ -1,0 +1,60 @@
+//! The caller's isolation policy for one attempt.
+
+use super::Level;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The grace period when a policy gives none (or a zero one).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// What isolation an attempt needs and how it is stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// The minimum isolation level.
+    pub level: Level,
+    /// Time between SIGTERM and SIGKILL, in milliseconds; zero or negative means [`DEFAULT_GRACE`].
+    #[serde(default)]
+    pub grace_period_ms: i64,
+    /// Run on the default rung when no rung reaches `level`.
+    #[serde(default)]
+    pub allow_downgrade: bool,
+    /// Image override; empty means the worker's own image.
+    #[serde(default)]
+    pub image: String,
+}
+
+impl Policy {
+    /// A policy that needs at least `level`.
+    pub fn at_least(level: Level) -> Self {
+        Self { level, ..Self::default() }
+    }
+
+    /// The effective grace period.
+    pub fn grace(&self) -> Duration {
+        if self.grace_period_ms <= 0 {
+            DEFAULT_GRACE
+        } else {
+            Duration::from_millis(self.grace_period_ms as u64)
+        }
+    }
+
+    /// Sets the grace period (builder style).
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace_period_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_defaults() {
+        assert_eq!(Policy::default().grace(), DEFAULT_GRACE);
+        let p = Policy { grace_period_ms: -5, ..Policy::default() };
+        assert_eq!(p.grace(), Duration::from_secs(30));
+        let p = Policy::default().with_grace(Duration::from_millis(1500));
+        assert_eq!(p.grace(), Duration::from_millis(1500));
+    }
+}

@@ -1,0 +1,491 @@
+//! The request for one attempt, its builder and its validation.
+
+use super::{Policy, ResourceLimits};
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::Instant;
+
+/// The largest payload a request may carry.
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
+
+/// What the attempt runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Task {
+    /// A handler registered in the worker, by name.
+    Handler(String),
+    /// A plain command.
+    Command(Vec<String>),
+}
+
+/// An output of an earlier step, passed to the handler untouched.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PriorOutput {
+    /// The name the handler knows it by.
+    pub name: String,
+    /// An opaque artifact reference.
+    pub reference: String,
+}
+
+/// Everything one attempt needs. Build it with [`Request::handler`] or [`Request::command`].
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The job's ID.
+    pub job_id: String,
+    /// What to run.
+    pub task: Task,
+    /// Bytes handed to the handler.
+    pub payload: Vec<u8>,
+    /// Which attempt of the job this is (1-based).
+    pub attempt: u32,
+    /// When the attempt must end.
+    pub deadline: Option<Instant>,
+    /// Fingerprint of the handler set the caller expects.
+    pub fingerprint: Option<String>,
+    /// Mounted whole, read-only, at `/in`.
+    pub input_dir: Option<PathBuf>,
+    /// Where outputs land; must be empty.
+    pub output_dir: PathBuf,
+    /// Named slots: name → path relative to the input dir.
+    pub inputs: BTreeMap<String, PathBuf>,
+    /// Outputs of earlier steps, passed through.
+    pub prior_outputs: Vec<PriorOutput>,
+    /// Isolation policy.
+    pub policy: Policy,
+    /// Resource limits.
+    pub limits: ResourceLimits,
+    /// Scope: application ID (a label, never a credential).
+    pub app_id: Option<String>,
+    /// Scope: organisation ID (a label, never a credential).
+    pub org_id: Option<String>,
+    /// Environment for the handler or command.
+    pub env: BTreeMap<String, String>,
+    /// The worker this attempt runs for.
+    pub worker_id: String,
+}
+
+/// Why a request is invalid. Always permanent: retrying the same request cannot help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// the job id is empty or has control characters
+    #[error("invalid job id {0:?}: must be 1-256 characters without control characters")]
+    JobId(String),
+    /// the worker id is empty or has characters not allowed in labels
+    #[error("invalid worker id {0:?}: must be 1-128 characters of [A-Za-z0-9_.-]")]
+    WorkerId(String),
+    /// the handler name is empty
+    #[error("empty handler name")]
+    EmptyHandler,
+    /// the command has no argv
+    #[error("empty command: give at least the program to run")]
+    EmptyCommand,
+    /// an argument has a NUL byte
+    #[error("argument {0} of the command contains a NUL byte")]
+    NulInArgv(usize),
+    /// the attempt number is 0
+    #[error("attempt numbers start at 1")]
+    AttemptZero,
+    /// the payload is too large
+    #[error("payload of {size} bytes exceeds the {max}-byte limit")]
+    PayloadTooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// an input slot name is empty
+    #[error("input slot with an empty name")]
+    SlotName,
+    /// an input slot path is absolute
+    #[error("input slot {name:?}: path {path:?} is absolute; give a path relative to the input dir")]
+    SlotAbsolute {
+        /// The slot.
+        name: String,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// an input slot path climbs out
+    #[error("input slot {name:?}: path {path:?} contains '..'")]
+    SlotParent {
+        /// The slot.
+        name: String,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// an input slot is given without an input dir
+    #[error("input slot {0:?} given but the request has no input dir")]
+    SlotWithoutInputDir(String),
+    /// an input slot does not exist
+    #[error("input slot {name:?}: {path:?} does not exist in the input dir")]
+    SlotMissing {
+        /// The slot.
+        name: String,
+        /// Its path.
+        path: PathBuf,
+    },
+    /// the input dir is missing or not a directory
+    #[error("input dir {0:?} does not exist or is not a directory")]
+    InputDirMissing(PathBuf),
+    /// the input dir cannot be read
+    #[error("input dir {path:?} cannot be read: {why}")]
+    InputDirUnreadable {
+        /// The dir.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// the output dir is not given
+    #[error("no output dir given")]
+    NoOutputDir,
+    /// the output dir exists and is not an empty directory
+    #[error("output dir {0:?} is not an empty directory")]
+    OutputDirNotEmpty(PathBuf),
+    /// the output dir cannot be written
+    #[error("output dir {path:?} is not writable: {why}")]
+    OutputDirUnwritable {
+        /// The dir.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// an environment key is invalid
+    #[error("invalid environment key {0:?}: must be non-empty, without '=' or NUL")]
+    EnvKey(String),
+    /// an environment value has a NUL byte
+    #[error("environment value of {0:?} contains a NUL byte")]
+    EnvValue(String),
+    /// a label value is invalid
+    #[error("invalid {what} {value:?}: must be 1-256 characters without control characters")]
+    Label {
+        /// Which field.
+        what: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// a limit is invalid
+    #[error("invalid limit {key}={value}: {why}")]
+    Limit {
+        /// The key.
+        key: String,
+        /// The value.
+        value: u64,
+        /// Why.
+        why: &'static str,
+    },
+}
+
+fn plain_label(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+}
+
+/// Whether `s` is a valid worker ID: 1-128 characters of `[A-Za-z0-9_.-]`.
+pub fn valid_worker_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+impl Request {
+    /// A request to run the handler `name`.
+    pub fn handler(job_id: impl Into<String>, name: impl Into<String>, output_dir: impl Into<PathBuf>) -> Self {
+        Self::new(job_id.into(), Task::Handler(name.into()), output_dir.into())
+    }
+
+    /// A request to run a plain command.
+    pub fn command<I, S>(job_id: impl Into<String>, argv: I, output_dir: impl Into<PathBuf>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new(job_id.into(), Task::Command(argv.into_iter().map(Into::into).collect()), output_dir.into())
+    }
+
+    fn new(job_id: String, task: Task, output_dir: PathBuf) -> Self {
+        Self {
+            job_id,
+            task,
+            payload: Vec::new(),
+            attempt: 1,
+            deadline: None,
+            fingerprint: None,
+            input_dir: None,
+            output_dir,
+            inputs: BTreeMap::new(),
+            prior_outputs: Vec::new(),
+            policy: Policy::default(),
+            limits: ResourceLimits::default(),
+            app_id: None,
+            org_id: None,
+            env: BTreeMap::new(),
+            worker_id: "worker".to_owned(),
+        }
+    }
+
+    /// Sets the payload.
+    pub fn payload(mut self, payload: impl Into<Vec<u8>>) -> Self {
+        self.payload = payload.into();
+        self
+    }
+    /// Sets the attempt number.
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+    /// Sets the deadline.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+    /// Sets the deadline to `timeout` from now.
+    pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.deadline = Some(Instant::now() + timeout);
+        self
+    }
+    /// Sets the expected handler-set fingerprint.
+    pub fn fingerprint(mut self, fp: impl Into<String>) -> Self {
+        self.fingerprint = Some(fp.into());
+        self
+    }
+    /// Sets the input dir.
+    pub fn input_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.input_dir = Some(dir.into());
+        self
+    }
+    /// Adds a named input slot.
+    pub fn input(mut self, name: impl Into<String>, rel: impl Into<PathBuf>) -> Self {
+        self.inputs.insert(name.into(), rel.into());
+        self
+    }
+    /// Adds a prior output.
+    pub fn prior_output(mut self, name: impl Into<String>, reference: impl Into<String>) -> Self {
+        self.prior_outputs.push(PriorOutput { name: name.into(), reference: reference.into() });
+        self
+    }
+    /// Sets the policy.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// Sets the limits.
+    pub fn limits(mut self, limits: ResourceLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+    /// Sets an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+    /// Sets the worker ID.
+    pub fn worker(mut self, worker_id: impl Into<String>) -> Self {
+        self.worker_id = worker_id.into();
+        self
+    }
+    /// Sets the scope IDs.
+    pub fn scope(mut self, app_id: Option<String>, org_id: Option<String>) -> Self {
+        self.app_id = app_id;
+        self.org_id = org_id;
+        self
+    }
+
+    /// The handler name, if this runs a handler.
+    pub fn handler_name(&self) -> Option<&str> {
+        match &self.task {
+            Task::Handler(h) => Some(h),
+            Task::Command(_) => None,
+        }
+    }
+
+    /// Checks everything that can be checked before anything is created: fields, slots,
+    /// the input dir (exists, readable, slots exist) and the output dir (empty or absent
+    /// with an existing parent, writable).
+    pub fn validate(&self) -> Result<(), RequestError> {
+        if !plain_label(&self.job_id, 256) {
+            return Err(RequestError::JobId(self.job_id.clone()));
+        }
+        if !valid_worker_id(&self.worker_id) {
+            return Err(RequestError::WorkerId(self.worker_id.clone()));
+        }
+        match &self.task {
+            Task::Handler(h) if h.trim().is_empty() => return Err(RequestError::EmptyHandler),
+            Task::Command(argv) if argv.is_empty() || argv[0].is_empty() => return Err(RequestError::EmptyCommand),
+            Task::Command(argv) => {
+                if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
+                    return Err(RequestError::NulInArgv(i));
+                }
+            }
+            Task::Handler(_) => {}
+        }
+        if self.attempt == 0 {
+            return Err(RequestError::AttemptZero);
+        }
+        if self.payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(RequestError::PayloadTooLarge { size: self.payload.len(), max: MAX_PAYLOAD_BYTES });
+        }
+        for (what, v) in [("app id", &self.app_id), ("org id", &self.org_id)] {
+            if let Some(v) = v
+                && !plain_label(v, 256)
+            {
+                return Err(RequestError::Label { what, value: v.clone() });
+            }
+        }
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(RequestError::EnvKey(k.clone()));
+            }
+            if v.contains('\0') {
+                return Err(RequestError::EnvValue(k.clone()));
+            }
+        }
+        if let Some(cpu) = self.limits.cpu_millis()
+            && cpu < 10
+        {
+            return Err(RequestError::Limit { key: "cpu".into(), value: cpu, why: "below 10 millicores" });
+        }
+        if let Some(m) = self.limits.memory_bytes()
+            && m < (6 << 20)
+        {
+            return Err(RequestError::Limit { key: "memory".into(), value: m, why: "below the engine's 6 MiB minimum" });
+        }
+        if let Some(d) = self.limits.disk_bytes()
+            && d < (1 << 20)
+        {
+            return Err(RequestError::Limit { key: "disk".into(), value: d, why: "below 1 MiB" });
+        }
+        self.validate_slots()?;
+        self.validate_dirs()
+    }
+
+    fn validate_slots(&self) -> Result<(), RequestError> {
+        for (name, path) in &self.inputs {
+            if name.is_empty() {
+                return Err(RequestError::SlotName);
+            }
+            if path.is_absolute() || path.has_root() {
+                return Err(RequestError::SlotAbsolute { name: name.clone(), path: path.clone() });
+            }
+            if path.components().any(|c| matches!(c, Component::ParentDir)) {
+                return Err(RequestError::SlotParent { name: name.clone(), path: path.clone() });
+            }
+            let Some(dir) = &self.input_dir else {
+                return Err(RequestError::SlotWithoutInputDir(name.clone()));
+            };
+            if std::fs::symlink_metadata(dir.join(path)).is_err() {
+                return Err(RequestError::SlotMissing { name: name.clone(), path: path.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_dirs(&self) -> Result<(), RequestError> {
+        if let Some(dir) = &self.input_dir {
+            if !dir.is_dir() {
+                return Err(RequestError::InputDirMissing(dir.clone()));
+            }
+            if let Err(e) = std::fs::read_dir(dir) {
+                return Err(RequestError::InputDirUnreadable { path: dir.clone(), why: e.to_string() });
+            }
+        }
+        let out = &self.output_dir;
+        if out.as_os_str().is_empty() {
+            return Err(RequestError::NoOutputDir);
+        }
+        match std::fs::read_dir(out) {
+            Ok(mut entries) => {
+                if entries.next().is_some() {
+                    return Err(RequestError::OutputDirNotEmpty(out.clone()));
+                }
+                writable(out)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                if !parent.is_dir() {
+                    return Err(RequestError::OutputDirUnwritable {
+                        path: out.clone(),
+                        why: format!("parent {parent:?} does not exist"),
+                    });
+                }
+                writable(parent).map_err(|_| RequestError::OutputDirUnwritable {
+                    path: out.clone(),
+                    why: format!("cannot create it in {parent:?}"),
+                })
+            }
+            Err(e) => Err(RequestError::OutputDirUnwritable { path: out.clone(), why: e.to_string() }),
+        }
+    }
+}
+
+fn writable(dir: &Path) -> Result<(), RequestError> {
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK)
+        .map_err(|e| RequestError::OutputDirUnwritable { path: dir.to_path_buf(), why: e.desc().to_owned() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base(dir: &Path) -> Request {
+        Request::command("job-1", ["true"], dir.join("out")).worker("w1")
+    }
+
+    #[test]
+    fn valid_request_passes() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("in")).unwrap();
+        std::fs::write(t.path().join("in/a.txt"), b"x").unwrap();
+        let r = base(t.path()).input_dir(t.path().join("in")).input("a", "a.txt");
+        r.validate().unwrap();
+    }
+
+    #[test]
+    fn each_rejection() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path();
+        std::fs::create_dir(p.join("in")).unwrap();
+        let cases: Vec<(Request, fn(&RequestError) -> bool)> = vec![
+            (Request::command("", ["true"], p.join("out")), |e| matches!(e, RequestError::JobId(_))),
+            (base(p).worker("bad worker!"), |e| matches!(e, RequestError::WorkerId(_))),
+            (Request::handler("j", " ", p.join("out")), |e| matches!(e, RequestError::EmptyHandler)),
+            (Request::command("j", Vec::<String>::new(), p.join("out")), |e| matches!(e, RequestError::EmptyCommand)),
+            (Request::command("j", ["a\0b"], p.join("out")), |e| matches!(e, RequestError::NulInArgv(0))),
+            (base(p).attempt(0), |e| matches!(e, RequestError::AttemptZero)),
+            (base(p).input_dir(p.join("in")).input("x", "/etc/passwd"), |e| {
+                matches!(e, RequestError::SlotAbsolute { .. })
+            }),
+            (base(p).input_dir(p.join("in")).input("x", "a/../../b"), |e| matches!(e, RequestError::SlotParent { .. })),
+            (base(p).input("x", "a"), |e| matches!(e, RequestError::SlotWithoutInputDir(_))),
+            (base(p).input_dir(p.join("in")).input("x", "nope"), |e| matches!(e, RequestError::SlotMissing { .. })),
+            (base(p).input_dir(p.join("missing")), |e| matches!(e, RequestError::InputDirMissing(_))),
+            (base(p).env("A=B", "1"), |e| matches!(e, RequestError::EnvKey(_))),
+            (base(p).env("A", "x\0"), |e| matches!(e, RequestError::EnvValue(_))),
+            (base(p).limits(ResourceLimits::new().with("memory", 1024)), |e| matches!(e, RequestError::Limit { .. })),
+            (base(p).limits(ResourceLimits::new().with("cpu", 1)), |e| matches!(e, RequestError::Limit { .. })),
+            (base(p).scope(Some("a\nb".into()), None), |e| matches!(e, RequestError::Label { .. })),
+            (Request::command("j", ["true"], p.join("nope/deeper")), |e| {
+                matches!(e, RequestError::OutputDirUnwritable { .. })
+            }),
+            (base(p).payload(vec![0u8; MAX_PAYLOAD_BYTES + 1]), |e| matches!(e, RequestError::PayloadTooLarge { .. })),
+        ];
+        for (i, (req, check)) in cases.into_iter().enumerate() {
+            let err = req.validate().expect_err(&format!("case {i} should fail"));
+            assert!(check(&err), "case {i}: wrong error {err:?}");
+            assert!(!err.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn non_empty_output_dir_rejected() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("out")).unwrap();
+        std::fs::write(t.path().join("out/x"), b"").unwrap();
+        let err = base(t.path()).validate().unwrap_err();
+        assert!(matches!(err, RequestError::OutputDirNotEmpty(_)), "{err:?}");
+    }
+
+    #[test]
+    fn output_file_not_dir_rejected() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("out"), b"").unwrap();
+        assert!(base(t.path()).validate().is_err());
+    }
+}

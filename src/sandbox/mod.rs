@@ -1,0 +1,1 @@
+//! What runs inside the container: stevedore's init (PID 1) and the handler runner.
