@@ -1,8 +1,11 @@
 //! stevedore runs each attempt of a job in a fresh Docker container and reports, as facts,
 //! what happened.
 
+pub mod container;
 pub mod contract;
+pub mod cli;
 pub mod outputs;
+pub mod profiles;
 pub mod protocol;
 pub mod sandbox;
 

@@ -1,6 +1,7 @@
 //! The engine-agnostic contract: types, the `Executor` trait, the registry.
 
 mod error;
+pub mod incarnation;
 mod executor;
 mod level;
 pub mod limits;

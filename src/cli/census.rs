@@ -1,0 +1,53 @@
+//! `stevedore census`: one JSON line about the engine and what it can enforce.
+
+use super::common::{self, Global};
+use crate::container::ContainerExecutor;
+use crate::contract::Executor;
+
+/// The census as JSON.
+pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
+    let f = &rung.engine().facts;
+    let client_max = bollard::API_DEFAULT_VERSION.to_string();
+    let skew = serde_json::json!({
+        "client_min": "1.41",
+        "client_max": client_max,
+        "engine_min": f.min_api_version,
+        "engine_max": f.max_api_version,
+        "negotiated": f.api_version,
+        "status": if f.max_api_version == client_max { "none" } else { "negotiated" },
+    });
+    serde_json::json!({
+        "engine_version": f.engine_version,
+        "api_version": f.api_version,
+        "cgroup_version": f.cgroup_version,
+        "runtimes": f.runtimes,
+        "default_runtime": f.default_runtime,
+        "level": rung.level(),
+        "features": f.features,
+        "skew": skew,
+        "incarnation": rung.incarnation(),
+        "stevedore_version": env!("CARGO_PKG_VERSION"),
+        "endpoint": rung.engine().endpoint,
+    })
+}
+
+/// Runs `stevedore census`.
+pub async fn census(g: &Global) -> u8 {
+    let cfg = match common::config(g) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("stevedore: {e}");
+            return 2;
+        }
+    };
+    match common::connect(cfg).await {
+        Ok(rung) => {
+            println!("{}", line(&rung));
+            0
+        }
+        Err(e) => {
+            eprintln!("stevedore: {}", super::common_error(&e));
+            1
+        }
+    }
+}

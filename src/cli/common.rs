@@ -1,0 +1,55 @@
+//! Options every command shares, and building the rung from them.
+
+use crate::container::{ContainerConfig, ContainerExecutor};
+use crate::contract::LaunchError;
+use crate::handlers::Handlers;
+use crate::image::{PackSpec, ensure_image};
+use std::path::PathBuf;
+
+/// Options of every command.
+#[derive(Debug, clap::Args)]
+pub struct Global {
+    /// Engine endpoint (default: DOCKER_HOST, else the local socket)
+    #[arg(long, global = true, env = "DOCKER_HOST")]
+    pub host: Option<String>,
+    /// Profiles file (TOML)
+    #[arg(long, global = true, env = "STEVEDORE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Profile to use from the profiles file
+    #[arg(long, global = true)]
+    pub profile: Option<String>,
+}
+
+/// The container configuration for these options.
+pub fn config(g: &Global) -> Result<ContainerConfig, String> {
+    let mut cfg = match (&g.config, &g.profile) {
+        (None, None) => ContainerConfig::default(),
+        _ => crate::profiles::load(g.config.as_deref(), g.profile.as_deref()).map_err(|e| e.to_string())?,
+    };
+    if g.host.is_some() {
+        cfg.endpoint = g.host.clone();
+    }
+    Ok(cfg)
+}
+
+/// Connects the rung.
+pub async fn connect(cfg: ContainerConfig) -> Result<ContainerExecutor, LaunchError> {
+    ContainerExecutor::connect(cfg, crate::contract::incarnation::current()).await
+}
+
+/// Makes sure stevedore's own worker image exists (packing this binary on first use) and
+/// returns its tag.
+pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
+    let digest = crate::container::tools::sha256_file(&exe).map_err(|e| format!("cannot read own binary: {e}"))?;
+    let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
+    let mut spec = PackSpec::new(exe, tag.clone());
+    spec.fingerprint = Some(handlers.fingerprint());
+    ensure_image(&rung.engine().docker, &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    Ok(tag)
+}
+
+/// Mints a worker ID for a command run without one.
+pub fn mint_worker() -> String {
+    format!("cli-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}

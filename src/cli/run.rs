@@ -1,0 +1,232 @@
+//! `stevedore run`: one attempt of a plain command or a handler.
+
+use super::common::{self, Global};
+use crate::container::{LiveOutput, Stream};
+use crate::contract::{Executor, Policy, Request, ResourceLimits, limits::key, parse_cpus, parse_duration, parse_size};
+use crate::handlers::Handlers;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+/// Arguments of `stevedore run`.
+#[derive(Debug, clap::Args)]
+#[command(override_usage = "stevedore run [OPTIONS] --output DIR (--handler NAME | -- ARGV...)")]
+pub struct RunArgs {
+    /// Image to run in (default for handlers: stevedore's own worker image)
+    #[arg(long)]
+    image: Option<String>,
+    /// Worker ID (default: a unique one is minted and shown in the outcome)
+    #[arg(long)]
+    worker: Option<String>,
+    /// Job ID (default: a unique one)
+    #[arg(long)]
+    job: Option<String>,
+    /// Attempt number
+    #[arg(long, default_value_t = 1)]
+    attempt: u32,
+    /// Directory mounted read-only at /in
+    #[arg(long, value_name = "DIR")]
+    input: Option<PathBuf>,
+    /// Named input slot NAME=RELATIVE_PATH (repeatable)
+    #[arg(long = "slot", value_name = "NAME=PATH")]
+    slots: Vec<String>,
+    /// Empty directory that receives /out
+    #[arg(long, value_name = "DIR")]
+    output: PathBuf,
+    /// Memory limit (e.g. 64m, 1g)
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// CPU limit in cores (e.g. 0.5)
+    #[arg(long, value_name = "N")]
+    cpus: Option<String>,
+    /// Process limit
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// Disk limit for /out (e.g. 50m)
+    #[arg(long, value_name = "SIZE")]
+    disk: Option<String>,
+    /// Deadline from now (e.g. 10s, 500ms, 2m)
+    #[arg(long, value_name = "DUR")]
+    timeout: Option<String>,
+    /// Time between SIGTERM and SIGKILL (default 30s)
+    #[arg(long, value_name = "DUR")]
+    grace: Option<String>,
+    /// Environment variable K=V (repeatable)
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    env: Vec<String>,
+    /// Network mode (default: none)
+    #[arg(long, value_name = "MODE")]
+    network: Option<String>,
+    /// Do not stream the container's output to stderr
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// Exit with the attempt's exit code (or 128+signal) instead of 0
+    #[arg(long)]
+    exit_status: bool,
+    /// Run this handler of the worker image instead of a command
+    #[arg(long, value_name = "NAME", conflicts_with = "argv")]
+    handler: Option<String>,
+    /// Payload for the handler
+    #[arg(long, value_name = "STR", conflicts_with = "payload_file")]
+    payload: Option<String>,
+    /// Payload for the handler, from a file
+    #[arg(long, value_name = "FILE")]
+    payload_file: Option<PathBuf>,
+    /// Expected handler-set fingerprint
+    #[arg(long, value_name = "FP")]
+    fingerprint: Option<String>,
+    /// The command to run
+    #[arg(last = true, value_name = "ARGV")]
+    argv: Vec<String>,
+}
+
+fn fail(msg: impl std::fmt::Display) -> u8 {
+    eprintln!("stevedore: {msg}");
+    2
+}
+
+fn request(a: &RunArgs) -> Result<Request, String> {
+    let job = a.job.clone().unwrap_or_else(|| format!("run-{:08x}", rand::random::<u32>()));
+    let mut req = match (&a.handler, a.argv.is_empty()) {
+        (Some(h), true) => Request::handler(job, h.clone(), a.output.clone()),
+        (None, false) => Request::command(job, a.argv.clone(), a.output.clone()),
+        (Some(_), false) => return Err("give either --handler or a command after --, not both".into()),
+        (None, true) => return Err("nothing to run: give a command after -- or --handler NAME".into()),
+    };
+    req.attempt = a.attempt;
+    req.worker_id = a.worker.clone().unwrap_or_else(common::mint_worker);
+    if let Some(p) = &a.payload {
+        req.payload = p.clone().into_bytes();
+    }
+    if let Some(f) = &a.payload_file {
+        req.payload = std::fs::read(f).map_err(|e| format!("cannot read payload file {}: {e}", f.display()))?;
+    }
+    req.input_dir = a.input.clone();
+    for s in &a.slots {
+        let (k, v) = s.split_once('=').ok_or_else(|| format!("invalid --slot {s:?}: expected NAME=PATH"))?;
+        req.inputs.insert(k.to_owned(), PathBuf::from(v));
+    }
+    let mut limits = ResourceLimits::new();
+    if let Some(m) = &a.memory {
+        limits = limits.with(key::MEMORY, parse_size(m).map_err(|e| format!("--memory: {e}"))?);
+    }
+    if let Some(c) = &a.cpus {
+        limits = limits.with(key::CPU, parse_cpus(c).map_err(|e| format!("--cpus: {e}"))?);
+    }
+    if let Some(p) = a.pids {
+        limits = limits.with(key::PIDS, p);
+    }
+    if let Some(d) = &a.disk {
+        limits = limits.with(key::DISK, parse_size(d).map_err(|e| format!("--disk: {e}"))?);
+    }
+    req.limits = limits;
+    let mut policy = Policy::default();
+    if let Some(g) = &a.grace {
+        policy = policy.with_grace(parse_duration(g).map_err(|e| format!("--grace: {e}"))?);
+    }
+    if let Some(img) = &a.image {
+        policy.image = img.clone();
+    }
+    req.policy = policy;
+    if let Some(t) = &a.timeout {
+        req = req.timeout(parse_duration(t).map_err(|e| format!("--timeout: {e}"))?);
+    }
+    for kv in &a.env {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("invalid --env {kv:?}: expected K=V"))?;
+        req.env.insert(k.to_owned(), v.to_owned());
+    }
+    req.fingerprint = a.fingerprint.clone();
+    req.validate().map_err(|e| format!("invalid request: {e}"))?;
+    Ok(req)
+}
+
+/// Runs `stevedore run`.
+pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
+    let req = match request(&a) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let mut cfg = match common::config(g) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    if let Some(n) = &a.network {
+        cfg.network = n.clone();
+    }
+    if !a.quiet {
+        let live: LiveOutput = Arc::new(|_s: Stream, bytes: &[u8]| {
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(bytes);
+            let _ = err.flush();
+        });
+        cfg.live_output = Some(live);
+    }
+    // Install signal handlers before anything can be created, so no signal leaks a container.
+    let (mut sigint, mut sigterm) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(i), Ok(t)) => (i, t),
+        _ => return fail("cannot install signal handlers"),
+    };
+    let rung = match common::connect(cfg).await {
+        Ok(r) => r,
+        Err(e) => return fail(crate::cli::common_error(&e)),
+    };
+    let mut req = req;
+    if req.handler_name().is_some() && req.policy.image.is_empty() {
+        match common::own_image(&rung, handlers).await {
+            Ok(tag) => req.policy.image = tag,
+            Err(e) => return fail(e),
+        }
+    }
+    if a.worker.is_none() {
+        eprintln!("stevedore: worker {}", req.worker_id);
+    }
+    let cancel = CancellationToken::new();
+    let mut got: Option<i32> = None;
+    let outcome = {
+        let fut = rung.run(&req, cancel.clone());
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => break Some(r),
+                _ = sigint.recv() => {
+                    if got.is_some() { break None; }
+                    got = Some(2);
+                    cancel.cancel();
+                }
+                _ = sigterm.recv() => {
+                    if got.is_some() { break None; }
+                    got = Some(15);
+                    cancel.cancel();
+                }
+            }
+        }
+    };
+    // A second signal drops the attempt: its cleanup kills and removes the container now;
+    // `close` waits for that cleanup.
+    tokio::time::timeout(Duration::from_secs(60), rung.close()).await.ok();
+    let code = match outcome {
+        Some(Ok(o)) => {
+            println!("{}", o.to_json());
+            if a.exit_status {
+                match (o.exit_code, o.signal) {
+                    (Some(c), _) => (c & 0xff) as u8,
+                    (None, Some(s)) => (128 + s).min(255) as u8,
+                    _ if o.status == crate::contract::Status::Ok => 0,
+                    _ => 1,
+                }
+            } else {
+                0
+            }
+        }
+        Some(Err(e)) => fail(crate::cli::common_error(&e)),
+        None => 0,
+    };
+    match got {
+        Some(2) => 130,
+        Some(15) => 143,
+        _ => code,
+    }
+}

@@ -1,0 +1,982 @@
+//! One attempt in one container, from staging to removal.
+
+use super::config::{ContainerConfig, Stream};
+use super::engine::{Engine, EngineError};
+use super::labels::{self, AttemptLabels, Owner};
+use super::logs::{CappedLog, SentinelScanner};
+use super::spec::{self, Applied, CONTROL_BYTES, Volumes};
+use super::{env as envlayer, pipe, staging};
+use crate::contract::{
+    Evidence, Exit, Facts, LaunchError, Outcome, Request, Status, Task, Usage, decide, reason,
+};
+use crate::outputs;
+use crate::protocol::{
+    self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, InitRecord,
+    InitSpec, OUT_DIR, RESULT_FILE, StoppedBy, WaitStatus,
+};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    KillContainerOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
+    UploadToContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use rand::Rng;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Things the rung shares with each attempt.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub engine: Engine,
+    pub config: ContainerConfig,
+    pub tools_dir: PathBuf,
+    pub init_argv: Vec<String>,
+    pub incarnation: String,
+    pub in_flight: Mutex<HashSet<String>>,
+    pub tracker: TaskTracker,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut rng = rand::rng();
+    (0..bytes).map(|_| format!("{:02x}", rng.random::<u8>())).collect()
+}
+
+fn engine_err(op: &'static str, e: EngineError) -> LaunchError {
+    LaunchError::Engine { op, source: Box::new(e) }
+}
+
+/// What must be removed when the attempt ends, whichever way it ends.
+#[derive(Debug, Default)]
+struct Leftovers {
+    containers: Vec<String>,
+    volumes: Vec<String>,
+}
+
+/// Removes the attempt's objects. Explicit cleanup awaits [`Cleanup::run`]; if the attempt's
+/// future is dropped first, `Drop` hands the same work to the rung's tracked tasks.
+struct Cleanup {
+    shared: Arc<Shared>,
+    attempt_id: String,
+    left: Leftovers,
+    done: bool,
+}
+
+impl std::fmt::Debug for Cleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cleanup").field("attempt_id", &self.attempt_id).field("left", &self.left).finish()
+    }
+}
+
+async fn remove_all(shared: &Shared, left: &Leftovers) -> Vec<String> {
+    let mut errors = Vec::new();
+    let e = &shared.engine;
+    for c in &left.containers {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        if let Err(err) = e.call("remove container", e.docker.remove_container(c, Some(opts))).await
+            && !err.is_not_found()
+        {
+            errors.push(format!("container {c}: {}", err.message()));
+        }
+    }
+    for v in &left.volumes {
+        let opts = RemoveVolumeOptionsBuilder::default().force(true).build();
+        if let Err(err) = e.call("remove volume", e.docker.remove_volume(v, Some(opts))).await
+            && !err.is_not_found()
+        {
+            errors.push(format!("volume {v}: {}", err.message()));
+        }
+    }
+    errors
+}
+
+impl Cleanup {
+    async fn run(mut self) -> Vec<String> {
+        self.done = true;
+        let errors = remove_all(&self.shared, &self.left).await;
+        self.shared.in_flight.lock().expect("in-flight set").remove(&self.attempt_id);
+        errors
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let shared = self.shared.clone();
+        let left = std::mem::take(&mut self.left);
+        let id = self.attempt_id.clone();
+        // Never panic or block here: without a runtime the objects stay labelled for `reclaim`.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let tracker = shared.tracker.clone();
+            tracker.spawn_on(
+                async move {
+                    let errors = remove_all(&shared, &left).await;
+                    shared.in_flight.lock().map(|mut s| s.remove(&id)).ok();
+                    if !errors.is_empty() {
+                        tracing::warn!(attempt_id = %id, ?errors, "backstop cleanup left objects behind");
+                    }
+                },
+                &handle,
+            );
+        } else {
+            tracing::warn!(attempt_id = %id, "attempt dropped without a runtime; reclaim will remove its objects");
+        }
+    }
+}
+
+/// The image facts an attempt needs.
+struct ImageFacts {
+    id: String,
+    env: Vec<String>,
+    volumes: Vec<String>,
+    working_dir: Option<String>,
+    labels: HashMap<String, String>,
+}
+
+async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, LaunchError> {
+    use super::config::PullPolicy;
+    let e = &shared.engine;
+    let pull = |why: String| async move {
+        let opts = bollard::query_parameters::CreateImageOptionsBuilder::default().from_image(image).build();
+        let mut s = e.docker.create_image(Some(opts), None, None);
+        let res = tokio::time::timeout(e.timeout, async {
+            while let Some(item) = s.next().await {
+                item.map_err(|err| err.to_string())?;
+            }
+            Ok::<(), String>(())
+        })
+        .await;
+        match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(msg)) => Err(LaunchError::ImageUnavailable { image: image.to_owned(), why: format!("{why}; pull failed: {msg}") }),
+            Err(_) => Err(LaunchError::ImageUnavailable { image: image.to_owned(), why: format!("{why}; pull timed out") }),
+        }
+    };
+    if shared.config.pull == PullPolicy::Always {
+        pull("pull policy always".into()).await?;
+    }
+    let inspect = match e.call("inspect image", e.docker.inspect_image(image)).await {
+        Ok(i) => i,
+        Err(err) if err.is_not_found() => {
+            if shared.config.pull == PullPolicy::Never {
+                return Err(LaunchError::ImageUnavailable { image: image.into(), why: "not present and pull policy is never".into() });
+            }
+            pull("not present".into()).await?;
+            e.call("inspect image", e.docker.inspect_image(image))
+                .await
+                .map_err(|err| LaunchError::ImageUnavailable { image: image.into(), why: err.message() })?
+        }
+        Err(err) => return Err(engine_err("inspect image", err)),
+    };
+    let cfg = inspect.config.unwrap_or_default();
+    Ok(ImageFacts {
+        id: inspect.id.unwrap_or_default(),
+        env: cfg.env.unwrap_or_default(),
+        volumes: cfg.volumes.map(|v| v.into_iter().collect()).unwrap_or_default(),
+        working_dir: cfg.working_dir.filter(|w| !w.is_empty()),
+        labels: cfg.labels.unwrap_or_default(),
+    })
+}
+
+fn tmpfs_volume(name: &str, size: u64, uid: u32, gid: u32, labels: HashMap<String, String>) -> VolumeCreateRequest {
+    VolumeCreateRequest {
+        name: Some(name.to_owned()),
+        driver: Some("local".into()),
+        driver_opts: Some(HashMap::from([
+            ("type".into(), "tmpfs".into()),
+            ("device".into(), "tmpfs".into()),
+            ("o".into(), format!("size={size},uid={uid},gid={gid},mode=0755")),
+        ])),
+        labels: Some(labels),
+        ..Default::default()
+    }
+}
+
+/// Uploads the caller's input dir into `volume` through a created, never-started helper
+/// container (the attempt's own mount of it is read-only, which the archive API refuses).
+async fn stage_inputs(
+    shared: &Shared,
+    dir: &Path,
+    volume: &str,
+    image: &str,
+    name: &str,
+    labels: HashMap<String, String>,
+    left: &mut Leftovers,
+) -> Result<staging::StageReport, LaunchError> {
+    let e = &shared.engine;
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        entrypoint: Some(vec!["/.stevedore-stage-never-started".into()]),
+        cmd: Some(vec![]),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            mounts: Some(vec![Mount {
+                typ: Some(MountType::VOLUME),
+                source: Some(volume.to_owned()),
+                target: Some(IN_DIR.to_owned()),
+                read_only: Some(false),
+                ..Default::default()
+            }]),
+            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let opts = CreateContainerOptionsBuilder::default().name(name).build();
+    left.containers.push(name.to_owned());
+    e.call("create staging container", e.docker.create_container(Some(opts), body))
+        .await
+        .map_err(|err| engine_err("create staging container", err))?;
+    let (uid, gid) = shared.config.uid_gid();
+    let (writer, mut rx) = pipe::writer(8);
+    let src = dir.to_path_buf();
+    let producer = tokio::task::spawn_blocking(move || staging::write_input_tar(&src, uid, gid, writer));
+    let body_stream = async_stream_from(&mut rx);
+    let opts = UploadToContainerOptionsBuilder::default().path(IN_DIR).build();
+    let upload = e.call("upload inputs", e.docker.upload_to_container(name, Some(opts), bollard::body_try_stream(body_stream)));
+    let up = upload.await;
+    let report = producer.await.map_err(|err| LaunchError::Staging { what: "input tar".into(), source: Box::new(err) })?;
+    let report = report.map_err(|err| LaunchError::Staging { what: format!("reading input dir {}", dir.display()), source: Box::new(err) })?;
+    up.map_err(|err| LaunchError::Staging { what: "uploading inputs".into(), source: Box::new(err) })?;
+    let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+    if e.call("remove staging container", e.docker.remove_container(name, Some(opts))).await.is_ok() {
+        left.containers.retain(|c| c != name);
+    }
+    Ok(report)
+}
+
+fn async_stream_from(
+    rx: &mut tokio::sync::mpsc::Receiver<Result<bytes::Bytes, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
+    let (tx2, rx2) = tokio::sync::mpsc::channel(8);
+    let mut rx_owned = std::mem::replace(rx, tokio::sync::mpsc::channel(1).1);
+    tokio::spawn(async move {
+        while let Some(item) = rx_owned.recv().await {
+            if tx2.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    futures_util::stream::unfold(rx2, |mut r| async move { r.recv().await.map(|i| (i, r)) })
+}
+
+/// Downloads `path` from the container as a tar and hands it to `consume` on a blocking thread.
+async fn download<T: Send + 'static>(
+    shared: &Shared,
+    container: &str,
+    path: &str,
+    consume: impl FnOnce(pipe::ChannelReader) -> std::io::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    let e = &shared.engine;
+    let opts = DownloadFromContainerOptionsBuilder::default().path(path).build();
+    let mut stream = e.docker.download_from_container(container, Some(opts));
+    let (tx, reader) = pipe::reader(8);
+    let consumer = tokio::task::spawn_blocking(move || consume(reader));
+    let feed = async {
+        while let Some(item) = stream.next().await {
+            let item = item.map_err(|err| std::io::Error::other(err.to_string()));
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                break;
+            }
+        }
+        drop(tx);
+    };
+    // A large /out may take long; bound it generously but never forever.
+    if tokio::time::timeout(e.timeout * 20, feed).await.is_err() {
+        return Err(format!("download of {path} timed out"));
+    }
+    consumer.await.map_err(|err| err.to_string())?.map_err(|err| err.to_string())
+}
+
+/// The control area's records, read from a tar with caps.
+#[derive(Debug, Default)]
+struct Records {
+    init: Option<Result<InitRecord, String>>,
+    handler: Option<Result<HandlerRecord, String>>,
+}
+
+fn read_records(r: impl std::io::Read) -> std::io::Result<Records> {
+    let mut records = Records::default();
+    let mut ar = tar::Archive::new(std::io::Read::take(r, 4 << 20));
+    for entry in ar.entries()? {
+        let entry = entry?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        let path = entry.path()?.into_owned();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == RESULT_FILE {
+            records.init = Some(protocol::parse_claim(entry).map_err(|e| e.to_string()));
+        } else if name == HANDLER_FILE {
+            records.handler = Some(protocol::parse_claim(entry).map_err(|e| e.to_string()));
+        }
+    }
+    Ok(records)
+}
+
+/// How the wait for the attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The init wrote its record and said so.
+    Sentinel,
+    /// The container's streams ended without the sentinel.
+    Exited,
+}
+
+/// What the drain task kept of the streams.
+struct Drained {
+    stdout: CappedLog,
+    stderr: CappedLog,
+}
+
+/// Runs one attempt. `Err` only when the container never started.
+pub(crate) async fn run(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "attempt",
+        job = %req.job_id,
+        attempt = req.attempt,
+        container = tracing::field::Empty,
+        container_id = tracing::field::Empty
+    );
+    run_inner(shared, req, cancel, span.clone()).instrument(span).await
+}
+
+async fn run_inner(
+    shared: Arc<Shared>,
+    req: &Request,
+    cancel: CancellationToken,
+    span: tracing::Span,
+) -> Result<Outcome, LaunchError> {
+    req.validate()?;
+    let cfg = &shared.config;
+    let started_ms = unix_ms();
+    let attempt_id = random_hex(6);
+    let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
+    span.record("container", name.as_str());
+
+    let image_ref = if !req.policy.image.is_empty() {
+        req.policy.image.clone()
+    } else {
+        cfg.worker_image.clone().ok_or_else(|| LaunchError::NotAllowed("no image given and no worker image configured".into()))?
+    };
+    let image = resolve_image(&shared, &image_ref).await?;
+    let argv: Vec<String> = match &req.task {
+        Task::Command(argv) => argv.clone(),
+        Task::Handler(h) => {
+            let entry = image.labels.get(labels::ENTRY).ok_or_else(|| LaunchError::ImageUnavailable {
+                image: image_ref.clone(),
+                why: format!("not a stevedore worker image (no {} label)", labels::ENTRY),
+            })?;
+            let mut argv: Vec<String> = serde_json::from_str(entry).map_err(|e| LaunchError::ImageUnavailable {
+                image: image_ref.clone(),
+                why: format!("bad {} label: {e}", labels::ENTRY),
+            })?;
+            if let (Some(want), Some(have)) = (&req.fingerprint, image.labels.get(labels::FINGERPRINT))
+                && want != have
+            {
+                return Err(LaunchError::FingerprintMismatch { image: image_ref.clone(), expected: want.clone(), actual: have.clone() });
+            }
+            let _ = h;
+            argv.push(HANDLER_MARKER.to_owned());
+            argv
+        }
+    };
+
+    if !req.output_dir.exists() {
+        std::fs::create_dir(&req.output_dir)
+            .map_err(|e| LaunchError::Staging { what: format!("creating output dir {}", req.output_dir.display()), source: Box::new(e) })?;
+    }
+    let applied: Applied = spec::apply_limits(&req.limits, cfg);
+
+    // Environment: image ENV < profile < request < protocol.
+    let protocol_env = vec![
+        (protocol::env::JOB_ID.to_owned(), req.job_id.clone()),
+        (protocol::env::ATTEMPT.to_owned(), req.attempt.to_string()),
+        (protocol::env::IN.to_owned(), IN_DIR.to_owned()),
+        (protocol::env::OUT.to_owned(), OUT_DIR.to_owned()),
+        (protocol::env::CONTROL.to_owned(), CONTROL_DIR.to_owned()),
+    ];
+    let mut image_env = envlayer::parse_pairs(&image.env);
+    if !image_env.iter().any(|(k, _)| k == "PATH") {
+        image_env.insert(0, ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()));
+    }
+    let layered = envlayer::layer(&[
+        ("image", image_env),
+        ("profile", cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        ("request", req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        ("protocol", protocol_env),
+    ]);
+
+    shared.in_flight.lock().expect("in-flight set").insert(attempt_id.clone());
+    let mut cleanup = Cleanup { shared: shared.clone(), attempt_id: attempt_id.clone(), left: Leftovers::default(), done: false };
+    let owner = Owner { worker: &req.worker_id, incarnation: &shared.incarnation, executor: &cfg.name };
+    let attempt_labels = AttemptLabels {
+        owner,
+        attempt_id: &attempt_id,
+        job: Some((&req.job_id, req.attempt)),
+        app: req.app_id.as_deref(),
+        org: req.org_id.as_deref(),
+        extra: &cfg.labels,
+    };
+
+    let launched = launch(&shared, req, &cancel, &name, &image_ref, &image, argv, &applied, &layered, &attempt_labels, &mut cleanup.left).await;
+    let mut running = match launched {
+        Ok(r) => r,
+        Err(e) => {
+            let errors = cleanup.run().await;
+            if !errors.is_empty() {
+                tracing::warn!(?errors, "cleanup after launch error left objects behind");
+            }
+            return Err(e);
+        }
+    };
+    span.record("container_id", running.container_id.as_str());
+
+    // Wait for the init's sentinel, the deadline, cancellation or the container's end.
+    let deadline = req.deadline.map(tokio::time::Instant::from_std);
+    let grace = req.policy.grace();
+    let mut stop_by: Option<tokio::time::Instant> = None;
+    let mut deadline_fired = false;
+    let mut cancelled = false;
+    let mut hard_killed = false;
+    let end = loop {
+        tokio::select! {
+            biased;
+            r = &mut running.done_rx => break if r.unwrap_or(false) { End::Sentinel } else { End::Exited },
+            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() && stop_by.is_none() => {
+                deadline_fired = true;
+                signal(&shared, &name, "SIGTERM").await;
+                stop_by = Some(tokio::time::Instant::now() + grace + cfg.kill_margin);
+            }
+            _ = cancel.cancelled(), if stop_by.is_none() => {
+                cancelled = true;
+                signal(&shared, &name, "SIGTERM").await;
+                stop_by = Some(tokio::time::Instant::now() + grace + cfg.kill_margin);
+            }
+            _ = async { tokio::time::sleep_until(stop_by.expect("guarded")).await }, if stop_by.is_some() && !hard_killed => {
+                hard_killed = true;
+                signal(&shared, &name, "SIGKILL").await;
+            }
+        }
+    };
+    let host_wall = running.started.elapsed();
+
+    // Collect what the init recorded and what the attempt left in /out, while the
+    // container (and so its tmpfs volumes) still exists.
+    let mut records = Records::default();
+    let mut extract: Option<Result<outputs::ExtractReport, String>> = None;
+    if end == End::Sentinel {
+        records = download(&shared, &name, CONTROL_DIR, read_records).await.unwrap_or_else(|e| Records {
+            init: Some(Err(format!("control area unreadable: {e}"))),
+            handler: None,
+        });
+        let dest = req.output_dir.clone();
+        let max = applied.disk + (1 << 20);
+        extract = Some(download(&shared, &name, OUT_DIR, move |r| outputs::extract_tar(r, "out", &dest, max)).await);
+    }
+    signal(&shared, &name, "SIGKILL").await;
+    let _ = running.input.shutdown().await;
+    let drained = match tokio::time::timeout(cfg.engine_timeout, &mut running.drain).await {
+        Ok(Ok(d)) => Some(d),
+        _ => {
+            running.drain.abort();
+            None
+        }
+    };
+    let e = &shared.engine;
+    let inspect = e.call("inspect container", e.docker.inspect_container(&name, None)).await;
+    let removed_externally = matches!(&inspect, Err(err) if err.is_not_found());
+    let state = inspect.ok().and_then(|i| i.state);
+    let cleanup_errors = cleanup.run().await;
+
+    // Facts.
+    let mut ev = Evidence {
+        executor: cfg.name.clone(),
+        level: Some(cfg.level()),
+        worker: req.worker_id.clone(),
+        incarnation: shared.incarnation.clone(),
+        started_at_unix_ms: Some(started_ms),
+        finished_at_unix_ms: Some(unix_ms()),
+        container_id: Some(running.container_id.clone()),
+        image: Some(image_ref.clone()),
+        image_id: Some(image.id.clone()),
+        engine_version: Some(e.facts.engine_version.clone()),
+        api_version: Some(e.facts.api_version.clone()),
+        runtime: Some(cfg.runtime.clone().unwrap_or_else(|| e.facts.default_runtime.clone())),
+        enforcement: running.enforcement.clone(),
+        skipped: running.skipped.clone(),
+        limits_narrowed: applied.narrowed.clone(),
+        env_overrides: layered.overrides.clone(),
+        ports: running.ports.clone(),
+        ..Evidence::default()
+    };
+    if let Some(d) = &drained {
+        ev.logs.stdout = d.stdout.capture();
+        ev.logs.stderr = d.stderr.capture();
+    }
+    ev.engine_oom_killed = state.as_ref().and_then(|s| s.oom_killed);
+    for err in cleanup_errors {
+        ev.notes.push(format!("cleanup: {err}"));
+    }
+    if hard_killed {
+        ev.notes.push("the init did not finish within the grace; the container was SIGKILLed".into());
+    }
+
+    let mut facts = Facts { expects_record: matches!(req.task, Task::Handler(_)), ..Facts::default() };
+    let init = match records.init {
+        Some(Ok(r)) => Some(r),
+        Some(Err(why)) => {
+            ev.refused_claims.push(format!("init record: {why}"));
+            None
+        }
+        None => None,
+    };
+    let mut usage = Usage::default();
+    let mut handler_error = String::new();
+    let mut permanent = false;
+    match &init {
+        Some(rec) => {
+            let stopped = rec.stopped_by.is_some();
+            facts.deadline_fired = deadline_fired && stopped;
+            facts.cancelled = cancelled && !facts.deadline_fired && stopped;
+            match &rec.wait {
+                WaitStatus::Code(c) => facts.exit = Exit::Code(*c),
+                WaitStatus::Signal(s) => facts.exit = Exit::Signal(*s),
+                WaitStatus::SpawnFailed(why) => {
+                    facts.launch_failed = Some(why.clone());
+                    handler_error = why.clone();
+                    permanent = true;
+                }
+            }
+            if rec.stopped_by == Some(StoppedBy::DeadMan) {
+                ev.notes.push("the init lost its lifeline (stdin) and stopped the command".into());
+            }
+            ev.stragglers_killed = rec.stragglers_killed > 0;
+            if let Some(g) = &rec.oom_guard {
+                ev.enforcement.insert("oom_guard".into(), g.clone());
+            }
+            apply_counters(rec, &applied, &e.facts, host_wall, &mut usage, &mut ev, &mut facts);
+        }
+        None => {
+            facts.deadline_fired = deadline_fired;
+            facts.cancelled = cancelled && !deadline_fired;
+            facts.removed_externally = removed_externally && !deadline_fired && !cancelled;
+            let code = state.as_ref().and_then(|s| s.exit_code);
+            // stevedore's init never exits above 128 by itself: such a code is a signal from outside.
+            facts.exit = match code {
+                Some(c) if c > 128 => Exit::Signal((c - 128) as i32),
+                _ => Exit::Unknown,
+            };
+            if ev.engine_oom_killed == Some(true) {
+                facts.oom_kills = 1;
+                ev.oom_kills = Some(1);
+                usage.sources.insert("oom_kills".into(), "engine State.OOMKilled (no record from the init)".into());
+            }
+            usage.wall_time_ms = Some(host_wall.as_millis() as u64);
+            usage.sources.insert("wall_time_ms".into(), "host_clock".into());
+            for f in ["cpu_time_ms", "peak_memory_bytes"] {
+                usage.sources.insert(f.into(), "unavailable: no record from the init".into());
+            }
+        }
+    }
+    if facts.expects_record {
+        match records.handler {
+            Some(Ok(h)) => {
+                facts.has_record = true;
+                permanent = h.permanent;
+                let text: String = h.error.chars().take(protocol::MAX_ERROR_TEXT).collect();
+                match h.result {
+                    HandlerResult::Ok => {}
+                    HandlerResult::Error => {
+                        facts.handler_error = Some(text.clone());
+                        handler_error = text;
+                    }
+                    HandlerResult::Panicked => {
+                        facts.panicked = true;
+                        handler_error = text;
+                    }
+                    HandlerResult::LaunchFailed => {
+                        facts.launch_failed = Some(text.clone());
+                        handler_error = text;
+                        permanent = true;
+                    }
+                }
+            }
+            Some(Err(why)) => ev.refused_claims.push(format!("handler record: {why}")),
+            None => {}
+        }
+    }
+    // Disk: the init saw /out (nearly) full and the outputs fill the allowance.
+    let extracted_bytes = match &extract {
+        Some(Ok(r)) => {
+            for s in &r.skipped {
+                ev.refused_outputs.push(s.clone());
+            }
+            Some(r.bytes)
+        }
+        Some(Err(why)) => {
+            ev.notes.push(format!("outputs could not be collected: {why}"));
+            None
+        }
+        None => None,
+    };
+    if let (Some(rec), Some(bytes)) = (&init, extracted_bytes)
+        && let Some(space) = &rec.out_space
+        && space.free_bytes < (1 << 20).max(space.total_bytes / 100)
+        && bytes + (2 << 20) >= applied.disk
+    {
+        facts.disk_full = true;
+    }
+    match extracted_bytes {
+        Some(b) => {
+            usage.disk_written_bytes = Some(b);
+            usage.sources.insert("disk_written_bytes".into(), "archive (regular files left in /out)".into());
+        }
+        None => {
+            usage.sources.insert("disk_written_bytes".into(), "unavailable: /out could not be collected".into());
+        }
+    }
+
+    // Outputs: only for ok and handler_error, walked by stevedore itself.
+    let pre = decide(&facts);
+    let mut listed = Vec::new();
+    if matches!(pre.status, Status::Ok | Status::HandlerError) && extract.as_ref().is_some_and(|r| r.is_ok()) {
+        let dir = req.output_dir.clone();
+        let caps = cfg.output_caps;
+        match tokio::task::spawn_blocking(move || outputs::walk(&dir, &caps)).await {
+            Ok(Ok(w)) => {
+                facts.output_limit = w.limit_hit;
+                ev.refused_outputs.extend(w.refused);
+                listed = w.files;
+            }
+            Ok(Err(err)) => ev.notes.push(format!("walking outputs failed: {err}")),
+            Err(err) => ev.notes.push(format!("walking outputs failed: {err}")),
+        }
+    }
+    let verdict = decide(&facts);
+    let mut outcome = Outcome::new(verdict.status);
+    outcome.reason = verdict.reason.map(str::to_owned);
+    outcome.exit_code = match facts.exit {
+        Exit::Code(c) => Some(c),
+        _ => None,
+    };
+    outcome.signal = match facts.exit {
+        Exit::Signal(s) => Some(s),
+        _ => None,
+    };
+    if handler_error.is_empty()
+        && let Exit::Code(c) = facts.exit
+        && c != 0
+    {
+        handler_error = format!("exited with code {c}");
+    }
+    if verdict.reason == Some(reason::OUTPUT_LIMIT) {
+        handler_error = format!("outputs exceed the caps ({} files, {} bytes)", cfg.output_caps.max_files, cfg.output_caps.max_total_bytes);
+    }
+    outcome.handler_error = handler_error;
+    outcome.permanent = permanent;
+    if matches!(verdict.status, Status::Ok | Status::HandlerError) {
+        outcome.outputs = listed;
+    }
+    outcome.usage = usage;
+    outcome.evidence = ev;
+    tracing::info!(status = %outcome.status, reason = ?outcome.reason, "attempt finished");
+    Ok(outcome)
+}
+
+/// Puts the init's counters into usage after bound checks; a figure that fails one is
+/// refused and named.
+fn apply_counters(
+    rec: &InitRecord,
+    applied: &Applied,
+    engine: &super::engine::EngineFacts,
+    host_wall: Duration,
+    usage: &mut Usage,
+    ev: &mut Evidence,
+    facts: &mut Facts,
+) {
+    let wall_ms = if rec.wall_time_ms <= host_wall.as_millis() as u64 + 1000 {
+        usage.sources.insert("wall_time_ms".into(), "init monotonic clock".into());
+        rec.wall_time_ms
+    } else {
+        ev.refused_claims.push(format!("wall_time_ms {} exceeds the host's {} ms", rec.wall_time_ms, host_wall.as_millis()));
+        usage.sources.insert("wall_time_ms".into(), "host_clock".into());
+        host_wall.as_millis() as u64
+    };
+    usage.wall_time_ms = Some(wall_ms);
+    let cpus = applied.cpu_millis.map(|m| m as f64 / 1000.0).unwrap_or(engine.ncpu.max(1) as f64).min(engine.ncpu.max(1) as f64);
+    let max_cpu_ms = (host_wall.as_millis() as f64 * cpus * 1.05) as u64 + 200;
+    let c = &rec.cgroup;
+    let rusage_cpu = (rec.rusage.user_us + rec.rusage.system_us) / 1000;
+    match c.cpu_usage_ns.map(|ns| ns / 1_000_000) {
+        Some(ms) if ms <= max_cpu_ms => {
+            usage.cpu_time_ms = Some(ms);
+            usage.sources.insert("cpu_time_ms".into(), format!("cgroup v{} (whole container)", c.version.unwrap_or(0)));
+        }
+        other => {
+            if let Some(ms) = other {
+                ev.refused_claims.push(format!("cpu_time_ms {ms} exceeds wall × cpus ({max_cpu_ms} ms)"));
+            }
+            if rusage_cpu <= max_cpu_ms {
+                usage.cpu_time_ms = Some(rusage_cpu);
+                usage.sources.insert("cpu_time_ms".into(), "rusage (reaped processes)".into());
+            } else {
+                usage.sources.insert("cpu_time_ms".into(), "unavailable: claims failed bound checks".into());
+            }
+        }
+    }
+    let max_peak = applied.memory + (4 << 20);
+    match c.memory_peak_bytes {
+        Some(p) if p <= max_peak => {
+            usage.peak_memory_bytes = Some(p);
+            usage.sources.insert(
+                "peak_memory_bytes".into(),
+                format!("cgroup v{} high-water mark (includes tmpfs /out and /tmp pages)", c.version.unwrap_or(0)),
+            );
+        }
+        other => {
+            if let Some(p) = other {
+                ev.refused_claims.push(format!("peak_memory_bytes {p} exceeds the limit {}", applied.memory));
+            }
+            let why = c.missing.get("memory_peak_bytes").cloned().unwrap_or_else(|| "refused".into());
+            usage.sources.insert("peak_memory_bytes".into(), format!("unavailable: {why}"));
+        }
+    }
+    match c.oom_kills {
+        Some(n) if n < 1_000_000 => {
+            ev.oom_kills = Some(n);
+            facts.oom_kills = n;
+            usage.sources.insert("oom_kills".into(), format!("cgroup v{}", c.version.unwrap_or(0)));
+            if n == 0 && ev.engine_oom_killed == Some(true) {
+                ev.notes.push("the engine reports OOMKilled but the cgroup counted no OOM kill".into());
+            }
+        }
+        _ => {
+            let why = c.missing.get("oom_kills").cloned().unwrap_or_else(|| "refused".into());
+            usage.sources.insert("oom_kills".into(), format!("unavailable: {why}"));
+            if ev.engine_oom_killed == Some(true) {
+                ev.oom_kills = Some(1);
+                facts.oom_kills = 1;
+            }
+        }
+    }
+}
+
+async fn signal(shared: &Shared, name: &str, sig: &str) {
+    let e = &shared.engine;
+    let opts = KillContainerOptionsBuilder::default().signal(sig).build();
+    if let Err(err) = e.call("kill container", e.docker.kill_container(name, Some(opts))).await {
+        tracing::debug!(container = name, signal = sig, error = %err.message(), "signal not delivered");
+    }
+}
+
+/// A started container and the tasks around it.
+struct Running {
+    container_id: String,
+    started: Instant,
+    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    done_rx: tokio::sync::oneshot::Receiver<bool>,
+    drain: tokio::task::JoinHandle<Drained>,
+    enforcement: BTreeMap<String, String>,
+    skipped: BTreeMap<String, String>,
+    ports: BTreeMap<String, String>,
+}
+
+#[expect(clippy::too_many_arguments, reason = "one call site; the pieces are computed by the caller")]
+async fn launch(
+    shared: &Arc<Shared>,
+    req: &Request,
+    cancel: &CancellationToken,
+    name: &str,
+    image_ref: &str,
+    image: &ImageFacts,
+    argv: Vec<String>,
+    applied: &Applied,
+    layered: &envlayer::Layered,
+    attempt_labels: &AttemptLabels<'_>,
+    left: &mut Leftovers,
+) -> Result<Running, LaunchError> {
+    let cfg = &shared.config;
+    let e = &shared.engine;
+    let (uid, gid) = cfg.uid_gid();
+    let volumes = Volumes {
+        input: req.input_dir.as_ref().map(|_| format!("{name}-in")),
+        output: format!("{name}-out"),
+        control: format!("{name}-ctl"),
+    };
+    let out_req = tmpfs_volume(&volumes.output, applied.disk, uid, gid, attempt_labels.for_role("out"));
+    left.volumes.push(volumes.output.clone());
+    e.call("create volume", e.docker.create_volume(out_req)).await.map_err(|err| engine_err("create volume", err))?;
+    let control_size = CONTROL_BYTES + req.payload.len() as u64;
+    let ctl_req = tmpfs_volume(&volumes.control, control_size, uid, gid, attempt_labels.for_role("control"));
+    left.volumes.push(volumes.control.clone());
+    e.call("create volume", e.docker.create_volume(ctl_req)).await.map_err(|err| engine_err("create volume", err))?;
+    if let (Some(dir), Some(vol)) = (&req.input_dir, &volumes.input) {
+        let in_req = VolumeCreateRequest {
+            name: Some(vol.clone()),
+            driver: Some("local".into()),
+            labels: Some(attempt_labels.for_role("in")),
+            ..Default::default()
+        };
+        left.volumes.push(vol.clone());
+        e.call("create volume", e.docker.create_volume(in_req)).await.map_err(|err| engine_err("create volume", err))?;
+        let report = stage_inputs(shared, dir, vol, image_ref, &format!("{name}-stage"), attempt_labels.for_role("stage"), left).await?;
+        if !report.skipped.is_empty() {
+            tracing::info!(skipped = ?report.skipped, "input entries that are not files, dirs or symlinks were not staged");
+        }
+    }
+    if cancel.is_cancelled() {
+        return Err(LaunchError::CancelledBeforeStart);
+    }
+
+    let spec = spec::build(&spec::SpecInput {
+        config: cfg,
+        image: image_ref,
+        init_argv: shared.init_argv.clone(),
+        tools_host_dir: shared.tools_dir.display().to_string(),
+        labels: attempt_labels.for_role("attempt"),
+        volumes: &volumes,
+        applied,
+        image_volumes: image.volumes.clone(),
+    });
+    let opts = CreateContainerOptionsBuilder::default().name(name).build();
+    left.containers.push(name.to_owned());
+    let created = e
+        .call("create container", e.docker.create_container(Some(opts), spec.body.clone()))
+        .await
+        .map_err(|err| engine_err("create container", err))?;
+
+    let opts = AttachContainerOptionsBuilder::default().stdin(true).stdout(true).stderr(true).stream(true).logs(false).build();
+    let attached = e
+        .call("attach container", e.docker.attach_container(name, Some(opts)))
+        .await
+        .map_err(|err| engine_err("attach container", err))?;
+
+    let log_dir = cfg.log_dir.join(&req.worker_id);
+    std::fs::create_dir_all(&log_dir)
+        .map_err(|err| LaunchError::Staging { what: format!("log dir {}", log_dir.display()), source: Box::new(err) })?;
+    let stdout_log = CappedLog::create(&log_dir.join(format!("{name}.stdout")), cfg.log_cap_bytes)
+        .map_err(|err| LaunchError::Staging { what: "stdout log".into(), source: Box::new(err) })?;
+    let stderr_log = CappedLog::create(&log_dir.join(format!("{name}.stderr")), cfg.log_cap_bytes)
+        .map_err(|err| LaunchError::Staging { what: "stderr log".into(), source: Box::new(err) })?;
+
+    let nonce = random_hex(16);
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let live = cfg.live_output.clone();
+    let sentinel = protocol::done_sentinel(&nonce);
+    let mut output = attached.output;
+    let drain = tokio::spawn(async move {
+        let mut d = Drained { stdout: stdout_log, stderr: stderr_log };
+        let mut scanner = SentinelScanner::new(sentinel.as_bytes());
+        let mut done_tx = Some(done_tx);
+        while let Some(item) = output.next().await {
+            let Ok(item) = item else { break };
+            match item {
+                bollard::container::LogOutput::StdOut { message } | bollard::container::LogOutput::Console { message } => {
+                    d.stdout.write(&message);
+                    if let Some(l) = &live {
+                        l(Stream::Stdout, &message);
+                    }
+                }
+                bollard::container::LogOutput::StdErr { message } => {
+                    let (pass, found) = scanner.feed(&message);
+                    d.stderr.write(&pass);
+                    if let Some(l) = &live
+                        && !pass.is_empty()
+                    {
+                        l(Stream::Stderr, &pass);
+                    }
+                    if found && let Some(tx) = done_tx.take() {
+                        let _ = tx.send(true);
+                    }
+                }
+                bollard::container::LogOutput::StdIn { .. } => {}
+            }
+        }
+        let rest = scanner.finish();
+        d.stderr.write(&rest);
+        if let Some(tx) = done_tx.take() {
+            let _ = tx.send(false);
+        }
+        d
+    });
+
+    let started = Instant::now();
+    if let Err(err) = e.call("start container", e.docker.start_container(name, None)).await {
+        drain.abort();
+        let msg = err.message();
+        if msg.contains("port is already allocated") || msg.contains("address already in use") {
+            return Err(LaunchError::NotAllowed(format!(
+                "a published port is taken ({msg}) [profile {}]",
+                cfg.profile.as_deref().unwrap_or("default")
+            )));
+        }
+        return Err(engine_err("start container", err));
+    }
+    let handler_request = match &req.task {
+        Task::Handler(h) => Some(HandlerRequest {
+            handler: h.clone(),
+            fingerprint: req.fingerprint.clone(),
+            job_id: req.job_id.clone(),
+            attempt: req.attempt,
+            inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{IN_DIR}/{}", v.display()))).collect(),
+            prior_outputs: req.prior_outputs.clone(),
+            deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+        }),
+        Task::Command(_) => None,
+    };
+    let spec_init = InitSpec {
+        argv,
+        env: layered.env.clone(),
+        cwd: image.working_dir.clone().unwrap_or_else(|| "/".into()),
+        grace_ms: req.policy.grace().as_millis() as u64,
+        handler_request,
+        child_oom_score_adj: Some(500),
+    };
+    let frame = protocol::encode_stdin_frame(&nonce, &spec_init, &req.payload);
+    let mut input = attached.input;
+    if let Err(err) = async {
+        input.write_all(&frame).await?;
+        input.flush().await
+    }
+    .await
+    {
+        tracing::warn!(error = %err, "could not hand the spec to the init");
+    }
+    let mut ports = BTreeMap::new();
+    if !cfg.ports.is_empty()
+        && let Ok(i) = e.call("inspect container", e.docker.inspect_container(name, None)).await
+        && let Some(map) = i.network_settings.and_then(|n| n.ports)
+    {
+        for (k, v) in map {
+            if let Some(b) = v.and_then(|b| b.into_iter().next()) {
+                ports.insert(k, format!("{}:{}", b.host_ip.unwrap_or_default(), b.host_port.unwrap_or_default()));
+            }
+        }
+    }
+    Ok(Running {
+        container_id: created.id,
+        started,
+        input,
+        done_rx,
+        drain,
+        enforcement: spec.enforcement,
+        skipped: spec.skipped,
+        ports,
+    })
+}

@@ -1,0 +1,202 @@
+//! The connection to the Docker Engine: API version negotiation and a timeout of
+//! stevedore's own on every call.
+
+use bollard::Docker;
+use std::future::Future;
+use std::time::Duration;
+
+/// What stevedore learned about the engine when it connected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineFacts {
+    /// The engine's version.
+    pub engine_version: String,
+    /// The API version in use after negotiation.
+    pub api_version: String,
+    /// The engine's oldest supported API version.
+    pub min_api_version: String,
+    /// The engine's newest API version.
+    pub max_api_version: String,
+    /// `1` or `2`.
+    pub cgroup_version: String,
+    /// OCI runtimes the engine knows.
+    pub runtimes: Vec<String>,
+    /// The default runtime.
+    pub default_runtime: String,
+    /// CPUs of the engine host.
+    pub ncpu: u64,
+    /// Memory of the engine host.
+    pub mem_total_bytes: u64,
+    /// Security options (seccomp, userns, rootless, ...).
+    pub security_options: Vec<String>,
+    /// The storage driver.
+    pub storage_driver: String,
+    /// The enforcement this engine reports it can apply (probed from its info).
+    pub features: Vec<String>,
+}
+
+fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
+    let mut f = Vec::new();
+    let sec = info.security_options.clone().unwrap_or_default();
+    let has = |name: &str| sec.iter().any(|s| s.contains(&format!("name={name}")));
+    if info.memory_limit == Some(true) {
+        f.push("memory");
+    }
+    if info.swap_limit == Some(true) {
+        f.push("memory_swap");
+    }
+    if info.cpu_cfs_quota == Some(true) {
+        f.push("cpu");
+    }
+    if info.cpu_shares == Some(true) {
+        f.push("cpu_shares");
+    }
+    if info.pids_limit == Some(true) {
+        f.push("pids");
+    }
+    if info.oom_kill_disable == Some(true) {
+        f.push("oom_kill_disable");
+    }
+    if has("seccomp") {
+        f.push("seccomp");
+    }
+    if has("apparmor") {
+        f.push("apparmor");
+    }
+    if has("selinux") {
+        f.push("selinux");
+    }
+    if has("userns") {
+        f.push("user_namespaces");
+    }
+    if has("rootless") {
+        f.push("rootless");
+    }
+    if has("cgroupns") {
+        f.push("cgroup_namespaces");
+    }
+    // Flags of the create API that every engine speaking ≥ 1.41 honours.
+    f.extend(["no_new_privileges", "read_only_rootfs", "cap_drop", "network_none", "tmpfs", "ulimits", "log_driver_none"]);
+    if info.runtimes.as_ref().is_some_and(|r| r.keys().any(|k| k.contains("runsc") || k.contains("kata"))) {
+        f.push("vm_runtime");
+    }
+    f.into_iter().map(str::to_owned).collect()
+}
+
+/// An engine call that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// the call took longer than stevedore's own timeout
+    #[error("engine call {op} timed out after {after:?}")]
+    Timeout {
+        /// The call.
+        op: &'static str,
+        /// The timeout.
+        after: Duration,
+    },
+    /// the engine answered with an error
+    #[error("engine call {op} failed")]
+    Api {
+        /// The call.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: bollard::errors::Error,
+    },
+}
+
+impl EngineError {
+    /// Whether the engine said the object does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, EngineError::Api { source: bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }, .. })
+    }
+
+    /// The engine's message, if it sent one.
+    pub fn message(&self) -> String {
+        match self {
+            EngineError::Api { source: bollard::errors::Error::DockerResponseServerError { message, .. }, .. } => {
+                message.clone()
+            }
+            EngineError::Api { source, .. } => source.to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// A negotiated connection with per-call timeouts.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    /// The client.
+    pub docker: Docker,
+    /// Where it is.
+    pub endpoint: String,
+    /// What it is.
+    pub facts: EngineFacts,
+    /// stevedore's own timeout per call.
+    pub timeout: Duration,
+}
+
+/// The endpoint that `connect(None)` uses.
+pub fn default_endpoint() -> String {
+    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_owned())
+}
+
+impl Engine {
+    /// Connects to `endpoint` (default: `DOCKER_HOST`, else the local socket), negotiates
+    /// the API version (an old engine speaks 1.41, Docker 29 wants ≥ 1.44) and reads the
+    /// engine's facts.
+    pub async fn connect(endpoint: Option<&str>, timeout: Duration) -> Result<Self, (String, bollard::errors::Error)> {
+        let endpoint = endpoint.map(str::to_owned).unwrap_or_else(default_endpoint);
+        let docker = if endpoint.starts_with("unix://") || endpoint.starts_with('/') {
+            let path = endpoint.trim_start_matches("unix://");
+            Docker::connect_with_unix(path, timeout.as_secs().max(1), bollard::API_DEFAULT_VERSION)
+        } else {
+            Docker::connect_with_http(&endpoint, timeout.as_secs().max(1), bollard::API_DEFAULT_VERSION)
+        }
+        .map_err(|e| (endpoint.clone(), e))?;
+        let docker = tokio::time::timeout(timeout, docker.negotiate_version())
+            .await
+            .map_err(|_| (endpoint.clone(), bollard::errors::Error::RequestTimeoutError))?
+            .map_err(|e| (endpoint.clone(), e))?;
+        let version = tokio::time::timeout(timeout, docker.version())
+            .await
+            .map_err(|_| (endpoint.clone(), bollard::errors::Error::RequestTimeoutError))?
+            .map_err(|e| (endpoint.clone(), e))?;
+        let info = tokio::time::timeout(timeout, docker.info())
+            .await
+            .map_err(|_| (endpoint.clone(), bollard::errors::Error::RequestTimeoutError))?
+            .map_err(|e| (endpoint.clone(), e))?;
+        let facts = EngineFacts {
+            engine_version: version.version.clone().unwrap_or_default(),
+            api_version: docker.client_version().to_string(),
+            min_api_version: version.min_api_version.clone().unwrap_or_default(),
+            max_api_version: version.api_version.clone().unwrap_or_default(),
+            cgroup_version: info.cgroup_version.map(|v| v.to_string()).unwrap_or_default(),
+            runtimes: {
+                let mut r: Vec<String> = info.runtimes.clone().unwrap_or_default().into_keys().collect();
+                r.sort();
+                r
+            },
+            default_runtime: info.default_runtime.clone().unwrap_or_default(),
+            ncpu: info.ncpu.unwrap_or(0).max(0) as u64,
+            mem_total_bytes: info.mem_total.unwrap_or(0).max(0) as u64,
+            security_options: info.security_options.clone().unwrap_or_default(),
+            storage_driver: info.driver.clone().unwrap_or_default(),
+            features: features(&info),
+        };
+        Ok(Self { docker, endpoint, facts, timeout })
+    }
+
+    /// Runs one engine call under stevedore's own timeout.
+    pub async fn call<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, bollard::errors::Error>>,
+    ) -> Result<T, EngineError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(EngineError::Api { op, source }),
+            Err(_) => Err(EngineError::Timeout { op, after: self.timeout }),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Capped capture of stdout/stderr and the scanner for the init's done sentinel.
+
+use crate::contract::LogCapture;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// A log file that keeps at most `cap` bytes and counts everything.
+#[derive(Debug)]
+pub struct CappedLog {
+    file: Option<File>,
+    path: PathBuf,
+    cap: u64,
+    kept: u64,
+    total: u64,
+    error: Option<String>,
+}
+
+impl CappedLog {
+    /// Creates (truncates) the file at `path`.
+    pub fn create(path: &Path, cap: u64) -> io::Result<Self> {
+        let file = File::create(path)?;
+        Ok(Self { file: Some(file), path: path.to_path_buf(), cap, kept: 0, total: 0, error: None })
+    }
+
+    /// Appends what fits under the cap; counts all of it. A write error stops keeping,
+    /// never the draining.
+    pub fn write(&mut self, chunk: &[u8]) {
+        self.total += chunk.len() as u64;
+        let room = self.cap.saturating_sub(self.kept) as usize;
+        let part = &chunk[..chunk.len().min(room)];
+        if part.is_empty() {
+            return;
+        }
+        if let Some(f) = &mut self.file {
+            match f.write_all(part) {
+                Ok(()) => self.kept += part.len() as u64,
+                Err(e) => {
+                    self.error = Some(e.to_string());
+                    self.file = None;
+                }
+            }
+        }
+    }
+
+    /// What was captured.
+    pub fn capture(&self) -> LogCapture {
+        LogCapture { path: Some(self.path.display().to_string()), bytes: self.total, truncated: self.kept < self.total }
+    }
+
+    /// Bytes counted so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+}
+
+/// Finds the init's sentinel in a byte stream split into arbitrary chunks, and passes on
+/// everything before it.
+#[derive(Debug)]
+pub struct SentinelScanner {
+    needle: Vec<u8>,
+    held: Vec<u8>,
+    found: bool,
+}
+
+impl SentinelScanner {
+    /// Looks for `needle`.
+    pub fn new(needle: &[u8]) -> Self {
+        Self { needle: needle.to_vec(), held: Vec::new(), found: false }
+    }
+
+    /// Feeds a chunk; returns the bytes that are certainly not part of the sentinel, and
+    /// whether the sentinel has now been seen (bytes after it are dropped).
+    pub fn feed(&mut self, chunk: &[u8]) -> (Vec<u8>, bool) {
+        if self.found {
+            return (Vec::new(), true);
+        }
+        self.held.extend_from_slice(chunk);
+        if let Some(pos) = find(&self.held, &self.needle) {
+            self.found = true;
+            let out = self.held[..pos].to_vec();
+            self.held.clear();
+            return (out, true);
+        }
+        let keep = (self.needle.len() - 1).min(self.held.len());
+        let out: Vec<u8> = self.held.drain(..self.held.len() - keep).collect();
+        (out, false)
+    }
+
+    /// The bytes still held back when the stream ends without a sentinel.
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_log_counts_past_the_cap() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("x.log");
+        let mut l = CappedLog::create(&p, 10).unwrap();
+        l.write(b"12345");
+        l.write(b"6789012345");
+        l.write(b"more");
+        let c = l.capture();
+        assert_eq!(c.bytes, 19);
+        assert!(c.truncated);
+        assert_eq!(std::fs::read(&p).unwrap(), b"1234567890");
+    }
+
+    #[test]
+    fn sentinel_split_across_chunks() {
+        let needle = b"\nabc:done\n";
+        let stream = b"hello world\nabc:done\nTRAILING".to_vec();
+        for split in 0..stream.len() {
+            let mut s = SentinelScanner::new(needle);
+            let (mut out, mut found) = s.feed(&stream[..split]);
+            if !found {
+                let (o2, f2) = s.feed(&stream[split..]);
+                out.extend(o2);
+                found = f2;
+            }
+            assert!(found, "split {split}");
+            assert_eq!(out, b"hello world", "split {split}");
+        }
+    }
+
+    #[test]
+    fn no_sentinel_passes_everything() {
+        let mut s = SentinelScanner::new(b"\nzz:done\n");
+        let (mut out, found) = s.feed(b"abc\nzz:do");
+        assert!(!found);
+        out.extend(s.finish());
+        assert_eq!(out, b"abc\nzz:do");
+    }
+}

@@ -1,0 +1,246 @@
+//! Executor profiles: a TOML file of named configurations of the container rung.
+//!
+//! ```toml
+//! [profiles.dev]
+//! image = "stevedore-worker:latest"   # worker image for handlers
+//! runtime = "runc"
+//! network = "none"
+//! user = "65532:65532"
+//! log_cap = "4m"
+//! pull = "never"                      # never | if_missing | always
+//! max_in_flight = 4
+//! wait_for_admission = true
+//! labels = { team = "infra" }
+//! ports = { "8080" = 0 }              # container port = host port (0: ephemeral), on 127.0.0.1
+//! env = { RUST_LOG = "info" }
+//! env_files = { API_TOKEN = "/run/secrets/token" }   # value read from the file (secrets)
+//! defaults = { memory = "256m", cpus = "1", pids = 128, disk = "100m" }
+//! ceilings = { memory = "1g", cpus = "2" }
+//! ```
+//!
+//! The default file is `$STEVEDORE_CONFIG`, else `$XDG_CONFIG_HOME/stevedore/profiles.toml`,
+//! else `~/.config/stevedore/profiles.toml`.
+
+use crate::container::{ContainerConfig, PullPolicy};
+use crate::contract::{limits::key, parse_cpus, parse_size};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Why a profile could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// the file cannot be read
+    #[error("cannot read profiles file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// the file is not valid
+    #[error("invalid profiles file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (names the key and the line).
+        message: String,
+    },
+    /// the profile is not in the file
+    #[error("no profile {name:?} in {path} (have: {have})")]
+    Unknown {
+        /// The profile.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// The profiles it has.
+        have: String,
+    },
+    /// a value is invalid
+    #[error("profile {profile:?}: invalid {what}: {why}")]
+    Value {
+        /// The profile.
+        profile: String,
+        /// Which value.
+        what: String,
+        /// Why.
+        why: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    profiles: BTreeMap<String, Profile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Limits {
+    memory: Option<String>,
+    cpus: Option<String>,
+    pids: Option<u64>,
+    disk: Option<String>,
+    nofile: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Profile {
+    image: Option<String>,
+    runtime: Option<String>,
+    network: Option<String>,
+    user: Option<String>,
+    log_cap: Option<String>,
+    pull: Option<PullPolicy>,
+    max_in_flight: Option<usize>,
+    wait_for_admission: Option<bool>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    ports: BTreeMap<String, u16>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    env_files: BTreeMap<String, PathBuf>,
+    #[serde(default)]
+    defaults: Limits,
+    #[serde(default)]
+    ceilings: Limits,
+}
+
+/// The default profiles file.
+pub fn default_path() -> PathBuf {
+    if let Ok(p) = std::env::var("STEVEDORE_CONFIG") {
+        return PathBuf::from(p);
+    }
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .unwrap_or_else(|| PathBuf::from("/etc"));
+    base.join("stevedore").join("profiles.toml")
+}
+
+/// Loads profile `name` (default `default`) from `path` (default [`default_path`]).
+pub fn load(path: Option<&Path>, name: Option<&str>) -> Result<ContainerConfig, ProfileError> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(default_path);
+    let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read { path: path.clone(), source })?;
+    parse(&text, &path, name.unwrap_or("default"))
+}
+
+/// Parses profiles text and builds the configuration of profile `name`.
+pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, ProfileError> {
+    let file: File = toml::from_str(text).map_err(|e| ProfileError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+    let have = file.profiles.keys().cloned().collect::<Vec<_>>().join(", ");
+    let mut profiles = file.profiles;
+    let p = profiles.remove(name).ok_or_else(|| ProfileError::Unknown { name: name.into(), path: path.to_path_buf(), have })?;
+    let bad = |what: &str, why: String| ProfileError::Value { profile: name.into(), what: what.into(), why };
+    let mut cfg = ContainerConfig { profile: Some(name.to_owned()), ..ContainerConfig::default() };
+    cfg.worker_image = p.image;
+    cfg.runtime = p.runtime;
+    if let Some(n) = p.network {
+        cfg.network = n;
+    }
+    if let Some(u) = p.user {
+        cfg.user = u;
+    }
+    if let Some(c) = p.log_cap {
+        cfg.log_cap_bytes = parse_size(&c).map_err(|e| bad("log_cap", e.to_string()))?;
+    }
+    if let Some(pull) = p.pull {
+        cfg.pull = pull;
+    }
+    if let Some(m) = p.max_in_flight {
+        cfg.max_in_flight = m;
+    }
+    if let Some(w) = p.wait_for_admission {
+        cfg.wait_for_admission = w;
+    }
+    cfg.labels = p.labels;
+    for (cport, hport) in p.ports {
+        let c: u16 = cport.parse().map_err(|_| bad("ports", format!("container port {cport:?} is not a number")))?;
+        cfg.ports.insert(c, hport);
+    }
+    cfg.env = p.env;
+    for (k, file) in p.env_files {
+        let v = std::fs::read_to_string(&file).map_err(|e| bad("env_files", format!("{k}: cannot read {}: {e}", file.display())))?;
+        cfg.env.insert(k, v.trim_end_matches('\n').to_owned());
+    }
+    let d = &p.defaults;
+    if let Some(m) = &d.memory {
+        cfg.default_memory_bytes = parse_size(m).map_err(|e| bad("defaults.memory", e.to_string()))?;
+    }
+    if let Some(c) = &d.cpus {
+        cfg.default_cpu_millis = Some(parse_cpus(c).map_err(|e| bad("defaults.cpus", e.to_string()))?);
+    }
+    if let Some(n) = d.pids {
+        cfg.default_pids = n;
+    }
+    if let Some(s) = &d.disk {
+        cfg.default_disk_bytes = parse_size(s).map_err(|e| bad("defaults.disk", e.to_string()))?;
+    }
+    if let Some(n) = d.nofile {
+        cfg.default_nofile = n;
+    }
+    let c = &p.ceilings;
+    let ceil = &mut cfg.ceilings.limits;
+    if let Some(m) = &c.memory {
+        ceil.insert(key::MEMORY.into(), parse_size(m).map_err(|e| bad("ceilings.memory", e.to_string()))?);
+    }
+    if let Some(v) = &c.cpus {
+        ceil.insert(key::CPU.into(), parse_cpus(v).map_err(|e| bad("ceilings.cpus", e.to_string()))?);
+    }
+    if let Some(n) = c.pids {
+        ceil.insert(key::PIDS.into(), n);
+    }
+    if let Some(s) = &c.disk {
+        ceil.insert(key::DISK.into(), parse_size(s).map_err(|e| bad("ceilings.disk", e.to_string()))?);
+    }
+    if let Some(n) = c.nofile {
+        ceil.insert(key::NOFILE.into(), n);
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn good_file() {
+        let t = tempfile::tempdir().unwrap();
+        let secret = t.path().join("token");
+        std::fs::write(&secret, "s3cr3t\n").unwrap();
+        let text = format!(
+            "[profiles.dev]\nnetwork = \"bridge\"\npull = \"never\"\nenv = {{ A = \"1\" }}\nenv_files = {{ TOKEN = {:?} }}\n\
+             defaults = {{ memory = \"256m\", cpus = \"0.5\" }}\nceilings = {{ memory = \"1g\" }}\nports = {{ \"8080\" = 0 }}\n",
+            secret.display().to_string()
+        );
+        let cfg = parse(&text, Path::new("p.toml"), "dev").unwrap();
+        assert_eq!(cfg.network, "bridge");
+        assert_eq!(cfg.pull, PullPolicy::Never);
+        assert_eq!(cfg.env["TOKEN"], "s3cr3t");
+        assert_eq!(cfg.default_memory_bytes, 256 << 20);
+        assert_eq!(cfg.default_cpu_millis, Some(500));
+        assert_eq!(cfg.ceilings.limits["memory"], 1 << 30);
+        assert_eq!(cfg.ports[&8080], 0);
+        assert!(!format!("{cfg:?}").contains("s3cr3t"), "Debug never shows env values");
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let text = "[profiles.dev]\nnetwork = \"none\"\nnetwrok = \"bridge\"\n";
+        let err = parse(text, Path::new("p.toml"), "dev").unwrap_err().to_string();
+        assert!(err.contains("netwrok"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn unknown_profile_lists_the_others() {
+        let err = parse("[profiles.a]\n[profiles.b]\n", Path::new("p.toml"), "c").unwrap_err().to_string();
+        assert!(err.contains("a, b"), "{err}");
+    }
+}
