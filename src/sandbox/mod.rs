@@ -1,1 +1,3 @@
 //! What runs inside the container: stevedore's init (PID 1) and the handler runner.
+
+pub mod handler;
