@@ -1,0 +1,233 @@
+//! The `stevedore` command against the real engine.
+
+mod support;
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
+
+fn worker(tag: &str) -> String {
+    format!("t-{tag}-{:08x}", rand::random::<u32>())
+}
+
+async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, usize) {
+    let filters = stevedore::container::labels::worker_filter(worker);
+    let c = docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        .await
+        .unwrap();
+    let v = docker.list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build())).await.unwrap();
+    (c.into_iter().filter_map(|c| c.id).collect(), v.volumes.unwrap_or_default().len())
+}
+
+fn json(out: &[u8]) -> serde_json::Value {
+    let s = String::from_utf8_lossy(out);
+    serde_json::from_str(s.lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+#[tokio::test]
+async fn census_is_one_json_line() {
+    let Some(_) = support::engine().await else { return };
+    let out = Command::new(BIN).arg("census").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for k in ["engine_version", "api_version", "cgroup_version", "runtimes", "level", "features", "skew", "incarnation"] {
+        assert!(v.get(k).is_some(), "missing {k}: {text}");
+    }
+    assert_eq!(v["level"], "sandboxed");
+    assert!(v["features"].as_array().unwrap().iter().any(|f| f == "memory"));
+}
+
+#[tokio::test]
+async fn smoke_drains_and_incarnations_differ() {
+    let Some(_) = support::engine().await else { return };
+    let mut incarnations = Vec::new();
+    for _ in 0..2 {
+        let out = Command::new(BIN).arg("smoke").output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(text.lines().last(), Some("drain: ok"), "{text}");
+        let census: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+        incarnations.push(census["incarnation"].as_str().unwrap().to_owned());
+    }
+    assert_ne!(incarnations[0], incarnations[1]);
+}
+
+#[test]
+fn smoke_without_engine_fails_with_the_reason() {
+    let out = Command::new(BIN).arg("smoke").env("DOCKER_HOST", "unix:///nonexistent/docker.sock").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let last = text.lines().last().unwrap();
+    assert!(last.starts_with("drain: failed") && last.contains("/nonexistent/docker.sock"), "{last}");
+}
+
+#[tokio::test]
+async fn run_a_builtin_handler() {
+    let Some(docker) = support::engine().await else { return };
+    let w = worker("cli-handler");
+    let t = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--quiet", "--worker", &w, "--handler", "echo", "--payload", "hello", "--output"])
+        .arg(t.path().join("o"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out.stdout);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["outputs"][0]["name"], "payload");
+    assert_eq!(std::fs::read(t.path().join("o/payload")).unwrap(), b"hello");
+    let out = Command::new(BIN)
+        .args(["run", "--quiet", "--worker", &w, "--handler", "no-such-handler", "--output"])
+        .arg(t.path().join("p"))
+        .output()
+        .unwrap();
+    let v = json(&out.stdout);
+    assert_eq!(v["status"], "launch_failed", "{v}");
+    assert_eq!(v["permanent"], true);
+    let out = Command::new(BIN)
+        .args(["run", "--quiet", "--worker", &w, "--handler", "true", "--fingerprint", "sha256:0000", "--output"])
+        .arg(t.path().join("q"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a mismatch visible on the image is a launch error");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sha256:0000") && err.contains("fingerprint"), "{err}");
+    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+}
+
+#[tokio::test]
+async fn eight_runs_at_once() {
+    let Some(docker) = support::engine().await else { return };
+    let image = support::busybox_image(&docker).await;
+    let w = worker("eight");
+    let t = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            Command::new(BIN)
+                .args(["run", "--quiet", "--worker", &w, "--image", &image, "--job", &format!("job-{i}"), "--output"])
+                .arg(t.path().join(format!("o{i}")))
+                .args(["--", "sh", "-c", "echo $STEVEDORE_JOB_ID > /out/id"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(json(&out.stdout)["status"], "ok");
+        assert_eq!(std::fs::read_to_string(t.path().join(format!("o{i}/id"))).unwrap(), format!("job-{i}\n"));
+    }
+    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+}
+
+/// Starts `stevedore run` with a command that prints `ready` and then sleeps, and waits
+/// until the container said `ready`.
+fn start_sleeper(image: &str, w: &str, out: &std::path::Path) -> std::process::Child {
+    let mut child = Command::new(BIN)
+        .args(["run", "--worker", w, "--image", image, "--grace", "2s", "--output"])
+        .arg(out)
+        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("ready") => break,
+            Some(_) => continue,
+            None => panic!("stevedore run ended before the container was ready"),
+        }
+    }
+    // Keep draining so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+#[tokio::test]
+async fn sigterm_cancels_cleans_up_and_exits_143() {
+    let Some(docker) = support::engine().await else { return };
+    let image = support::busybox_image(&docker).await;
+    let w = worker("sigterm");
+    let t = tempfile::tempdir().unwrap();
+    let child = start_sleeper(&image, &w, &t.path().join("o"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143));
+    let v = json(&out.stdout);
+    assert_eq!(v["status"], "killed");
+    assert_eq!(v["reason"], "cancelled");
+    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+}
+
+#[tokio::test]
+async fn dead_man_switch_and_reclaim_after_a_crash() {
+    let Some(docker) = support::engine().await else { return };
+    let image = support::busybox_image(&docker).await;
+    let w = worker("crash");
+    let w2 = worker("other");
+    let t = tempfile::tempdir().unwrap();
+    let mut child = start_sleeper(&image, &w, &t.path().join("o"));
+    let (ids, _) = labelled(&docker, &w).await;
+    assert_eq!(ids.len(), 1, "the attempt's container is running");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The init sees its stdin close and stops the command: the container exits by itself.
+    let mut wait = docker.wait_container(&ids[0], Some(WaitContainerOptionsBuilder::default().condition("not-running").build()));
+    let waited = tokio::time::timeout(Duration::from_secs(15), wait.next()).await;
+    assert!(waited.is_ok(), "the container kept running without its stevedore");
+
+    // More leftovers of W, and objects that must survive.
+    let mk = |name: String, labels: HashMap<String, String>| {
+        let docker = docker.clone();
+        let image = image.clone();
+        async move {
+            let body = ContainerCreateBody {
+                image: Some(image),
+                cmd: Some(vec!["true".into()]),
+                labels: Some(labels),
+                ..Default::default()
+            };
+            docker.create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body).await.unwrap();
+            name
+        }
+    };
+    let lab = |worker: &str| {
+        HashMap::from([("dev.stevedore.managed".to_owned(), "true".to_owned()), ("dev.stevedore.worker".to_owned(), worker.to_owned())])
+    };
+    let never_started = mk(format!("{w}-created"), lab(&w)).await;
+    let other = mk(format!("{w2}-keep"), lab(&w2)).await;
+    let unlabelled = mk(format!("{w}-unlabelled"), HashMap::from([(support::TEST_LABEL.to_owned(), "true".to_owned())])).await;
+    docker
+        .create_volume(VolumeCreateRequest { name: Some(format!("{w}-vol")), labels: Some(lab(&w)), ..Default::default() })
+        .await
+        .unwrap();
+
+    let out = Command::new(BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out.stdout);
+    assert_eq!(v["containers_removed"], 2, "{v}");
+    assert!(v["volumes_removed"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+    let _ = never_started;
+    for keep in [&other, &unlabelled] {
+        assert!(docker.inspect_container(keep, None).await.is_ok(), "{keep} must survive");
+        docker.remove_container(keep, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await.unwrap();
+    }
+}

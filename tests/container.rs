@@ -1,0 +1,281 @@
+//! The container rung against the real engine: plain commands end to end.
+
+mod support;
+
+use bollard::Docker;
+use bollard::query_parameters::{ListContainersOptionsBuilder, ListVolumesOptionsBuilder};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use stevedore::container::{ContainerConfig, ContainerExecutor};
+use stevedore::{Executor, Outcome, Request, ResourceLimits, Status};
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
+
+fn worker(tag: &str) -> String {
+    format!("t-{tag}-{:08x}", rand::random::<u32>())
+}
+
+async fn setup() -> Option<(Docker, String)> {
+    let docker = support::engine().await?;
+    let image = support::busybox_image(&docker).await;
+    Some((docker, image))
+}
+
+async fn rung_with(cfg: ContainerConfig) -> ContainerExecutor {
+    let cfg = ContainerConfig { init_exe: Some(BIN.into()), ..cfg };
+    ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect")
+}
+
+async fn rung() -> ContainerExecutor {
+    rung_with(ContainerConfig::default()).await
+}
+
+/// Containers and volumes labelled with `worker`.
+async fn labelled(docker: &Docker, worker: &str) -> (usize, usize) {
+    let filters = stevedore::container::labels::worker_filter(worker);
+    let c = docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        .await
+        .unwrap();
+    let v = docker.list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build())).await.unwrap();
+    (c.len(), v.volumes.unwrap_or_default().len())
+}
+
+fn cmd(image: &str, worker: &str, out: &Path, script: &str) -> Request {
+    let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker);
+    r.policy.image = image.to_owned();
+    r
+}
+
+async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
+    rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
+}
+
+fn sha256sum(path: &Path) -> String {
+    let out = std::process::Command::new("sha256sum").arg(path).output().unwrap();
+    format!("sha256:{}", String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap())
+}
+
+#[tokio::test]
+async fn ok_with_outputs_hashed_and_owned_by_the_caller() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("ok");
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("out");
+    let script = "printf 'hello\\n' > /out/a.txt; mkdir -p /out/sub; head -c 100000 /dev/urandom > /out/sub/rand.bin; \
+                  printf '{}' > '/out/with space.json'; printf x > \"/out/$(printf 'new\\nline')\"; printf u > /out/ünï; echo done";
+    let o = run(&rung, &cmd(&image, &w, &out, script)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(o.signal, None);
+    let names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["a.txt", "new\nline", "sub/rand.bin", "with space.json", "ünï"]);
+    let me = nix::unistd::geteuid().as_raw();
+    for f in &o.outputs {
+        let p = out.join(&f.name);
+        assert_eq!(f.hash, sha256sum(&p), "{}", f.name);
+        assert_eq!(f.size, std::fs::metadata(&p).unwrap().len());
+        assert_eq!(std::fs::metadata(&p).unwrap().uid(), me, "outputs belong to the caller");
+    }
+    assert_eq!(o.outputs[0].content_type, "text/plain");
+    assert_eq!(o.outputs[3].content_type, "application/json");
+    assert_eq!(o.evidence.logs.stdout.bytes, 5);
+    assert!(!o.evidence.logs.stdout.truncated);
+    assert_eq!(std::fs::read(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap(), b"done\n");
+    assert_eq!(o.evidence.worker, w);
+    assert!(o.evidence.container_id.is_some());
+    assert_eq!(o.usage.disk_written_bytes, Some(6 + 100000 + 2 + 1 + 2));
+    assert!(o.usage.wall_time_ms.is_some());
+    assert_eq!(labelled(&docker, &w).await, (0, 0), "nothing left in the engine");
+}
+
+#[tokio::test]
+async fn exit_codes_and_signals() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("exit");
+    let t = tempfile::tempdir().unwrap();
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("a"), "echo oops >&2; exit 3")).await;
+    assert_eq!((o.status, o.exit_code, o.signal), (Status::HandlerError, Some(3), None), "{}", o.to_json());
+    assert_eq!(o.evidence.logs.stderr.bytes, 5, "the init's sentinel is not part of the log");
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("b"), "exit 137")).await;
+    assert_eq!((o.status, o.exit_code, o.signal), (Status::HandlerError, Some(137), None), "137 by itself is not a kill");
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("c"), "kill -9 $$")).await;
+    assert_eq!((o.status, o.exit_code, o.signal), (Status::Killed, None, Some(9)), "{}", o.to_json());
+    assert_eq!(o.evidence.oom_kills, Some(0));
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("d"), "sleep 60 & echo started")).await;
+    assert_eq!(o.status, Status::Ok);
+    assert!(o.evidence.stragglers_killed, "the background sleep was killed");
+    let mut r = Request::command("job", ["/no/such/program"], t.path().join("e")).worker(w.as_str());
+    r.policy.image = image.clone();
+    let o = run(&rung, &r).await;
+    assert_eq!(o.status, Status::LaunchFailed, "{}", o.to_json());
+    assert!(o.handler_error.contains("/no/such/program"), "{}", o.handler_error);
+    assert_eq!(labelled(&docker, &w).await, (0, 0));
+}
+
+#[tokio::test]
+async fn deadline_with_a_term_ignoring_command() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("deadline");
+    let t = tempfile::tempdir().unwrap();
+    let grace = Duration::from_secs(1);
+    let deadline = Duration::from_secs(2);
+    let mut r = cmd(&image, &w, &t.path().join("o"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done");
+    r.policy = r.policy.clone().with_grace(grace);
+    let start = Instant::now();
+    let r = r.timeout(deadline);
+    let o = run(&rung, &r).await;
+    let took = start.elapsed();
+    assert_eq!(o.status, Status::Timeout, "{}", o.to_json());
+    assert_eq!(o.reason.as_deref(), Some("deadline"));
+    assert!(o.outputs.is_empty(), "no outputs listed on timeout");
+    assert!(t.path().join("o/p").exists(), "files stay on disk");
+    assert!(took < deadline + grace + Duration::from_secs(2) + Duration::from_secs(3), "took {took:?}");
+    assert_eq!(o.signal, Some(9), "SIGKILLed after the grace");
+    assert_eq!(labelled(&docker, &w).await, (0, 0));
+}
+
+#[tokio::test]
+async fn cancellation() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("cancel");
+    let t = tempfile::tempdir().unwrap();
+    let mut r = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 60");
+    r.policy = r.policy.clone().with_grace(Duration::from_secs(5));
+    let token = CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let tx = std::sync::Mutex::new(Some(tx));
+    let cfg = ContainerConfig {
+        live_output: Some(std::sync::Arc::new(move |_, b: &[u8]| {
+            if b.windows(5).any(|w| w == b"ready") {
+                if let Some(tx) = tx.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+            }
+        })),
+        ..ContainerConfig::default()
+    };
+    let rung2 = rung_with(cfg).await;
+    drop(rung);
+    let t2 = token.clone();
+    tokio::spawn(async move {
+        if rx.await.is_ok() {
+            t2.cancel();
+        }
+    });
+    let o = rung2.run(&r, token).await.unwrap();
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    assert_eq!(o.reason.as_deref(), Some("cancelled"));
+    assert_eq!(o.signal, Some(15), "sleep died of the forwarded SIGTERM");
+    assert_eq!(labelled(&docker, &w).await, (0, 0));
+}
+
+#[tokio::test]
+async fn inputs_from_a_private_root_dir_stay_untouched() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("inputs");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(input.join("d")).unwrap();
+    std::fs::write(input.join("d/data.txt"), b"payload-123").unwrap();
+    std::fs::set_permissions(input.join("d/data.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before: Vec<_> = [input.clone(), input.join("d/data.txt")]
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid(), m.mode())
+        })
+        .collect();
+    let r = cmd(&image, &w, &t.path().join("o"), "cat /in/d/data.txt > /out/copy; touch /in/x 2>/dev/null && echo WROTE; id -u")
+        .input_dir(&input)
+        .input("data", "d/data.txt");
+    let o = run(&rung, &r).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(std::fs::read(t.path().join("o/copy")).unwrap(), b"payload-123");
+    let stdout = std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap();
+    assert!(!stdout.contains("WROTE"), "/in is read-only");
+    assert_eq!(stdout.trim(), "65532", "runs as the non-root sandbox user");
+    let after: Vec<_> = [input.clone(), input.join("d/data.txt")]
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid(), m.mode())
+        })
+        .collect();
+    assert_eq!(before, after, "inputs untouched");
+    assert_eq!(std::fs::read(input.join("d/data.txt")).unwrap(), b"payload-123");
+    assert_eq!(labelled(&docker, &w).await, (0, 0));
+}
+
+#[tokio::test]
+async fn hostile_outputs_are_refused_and_named() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("hostile");
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("o");
+    let script = "echo ok > /out/real; ln -s /etc/passwd /out/link; mkfifo /out/fifo; mkdir /out/d; echo s > /out/d/secret; \
+                  ln -s /out/d /out/dirlink; printf z > \"/out/$(printf 'bad\\377name')\"";
+    let o = run(&rung, &cmd(&image, &w, &out, script)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["d/secret", "real"], "only regular files, no symlinked dir followed");
+    let refused: Vec<(String, String)> = o.evidence.refused_outputs.iter().map(|r| (r.name.clone(), r.why.clone())).collect();
+    for (name, why) in [("link", "symlink"), ("fifo", "fifo"), ("dirlink", "symlink")] {
+        assert!(refused.iter().any(|(n, w)| n == name && w == why), "{name} not refused as {why}: {refused:?}");
+    }
+    assert!(refused.iter().any(|(n, w)| n.contains("\\xff") && w == "non_utf8_name"), "{refused:?}");
+    assert_eq!(labelled(&docker, &w).await, (0, 0));
+}
+
+#[tokio::test]
+async fn bad_requests_create_nothing() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = worker("bad");
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("full")).unwrap();
+    std::fs::write(t.path().join("full/x"), b"").unwrap();
+    let cases = vec![
+        cmd(&image, &w, &t.path().join("o"), "true").input_dir(t.path().join("missing")),
+        cmd(&image, &w, &t.path().join("o"), "true").input_dir(t.path()).input("x", "/etc/passwd"),
+        cmd(&image, &w, &t.path().join("o"), "true").input_dir(t.path()).input("x", "../x"),
+        cmd(&image, &w, &t.path().join("o"), "true").input_dir(t.path()).input("x", "nope"),
+        cmd(&image, &w, &t.path().join("full"), "true"),
+        cmd(&image, &w, &t.path().join("o"), "true").limits(ResourceLimits::new().with("memory", 1)),
+    ];
+    for r in cases {
+        let err = rung.run(&r, CancellationToken::new()).await.expect_err("rejected");
+        assert!(err.is_permanent(), "{err}");
+    }
+    let mut r = cmd("stevedore-test/no-such-image:1", &w, &t.path().join("o"), "true");
+    r.policy.image = "stevedore-test/no-such-image:1".into();
+    let err = rung.run(&r, CancellationToken::new()).await.expect_err("unknown image");
+    assert!(matches!(err, stevedore::LaunchError::ImageUnavailable { .. }), "{err}");
+    assert_eq!(labelled(&docker, &w).await, (0, 0), "nothing created for rejected requests");
+    assert!(!t.path().join("o").exists());
+}
+
+#[tokio::test]
+async fn api_version_is_negotiated() {
+    let Some(_) = setup().await else { return };
+    let rung = rung().await;
+    let f = &rung.engine().facts;
+    let parse = |v: &str| -> (u32, u32) {
+        let (a, b) = v.split_once('.').unwrap();
+        (a.parse().unwrap(), b.parse().unwrap())
+    };
+    assert!(parse(&f.api_version) <= parse(&f.max_api_version), "{f:?}");
+    assert!(parse(&f.api_version) <= parse(bollard::API_DEFAULT_VERSION.to_string().as_str()));
+    assert!(parse(&f.api_version) >= parse(&f.min_api_version));
+    assert!(!f.engine_version.is_empty());
+}
