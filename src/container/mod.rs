@@ -1,0 +1,3 @@
+//! Container-side building blocks of the container rung.
+
+pub mod tools;
