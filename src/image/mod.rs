@@ -1,0 +1,7 @@
+//! Worker images: packing an executable into a `FROM scratch` image through the engine.
+
+pub mod pack;
+
+pub use pack::{
+    PackError, PackSpec, PackedImage, build_image_from_dir_tar, ensure_image, pack_image,
+};

@@ -1,0 +1,125 @@
+//! Packing executables into `FROM scratch` images, and the cached busybox test image.
+
+mod support;
+
+use std::time::Instant;
+use stevedore::image::pack::{
+    LABEL_ENTRY, LABEL_EXE_SHA256, LABEL_FINGERPRINT, LABEL_MANAGED, LABEL_PACKED,
+};
+use stevedore::image::{PackError, PackSpec, build_image_from_dir_tar, ensure_image};
+use support::{TEST_LABEL, engine, run_container};
+
+#[tokio::test]
+async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
+    let Some(docker) = engine().await else { return };
+    let tag = "stevedore-test/packed-dynamic:latest";
+    support::remove_image(&docker, tag).await;
+    let mut spec = PackSpec::new(env!("CARGO_BIN_EXE_stevedore"), tag);
+    spec.fingerprint = Some("test-fingerprint".to_owned());
+    spec.labels.insert(TEST_LABEL.to_owned(), "true".to_owned());
+    let tricky = r#"a "quoted" \ $HOME=x"#;
+    spec.labels
+        .insert("dev.stevedore.test.tricky".to_owned(), tricky.to_owned());
+
+    let t = Instant::now();
+    let packed = ensure_image(&docker, &spec).await.unwrap();
+    eprintln!("pack (dynamic, fresh): {:?}", t.elapsed());
+    assert!(!packed.reused);
+    assert_eq!(packed.entry.len(), 4, "{:?}", packed.entry);
+    assert!(packed.entry[0].starts_with("/app/lib/ld-linux"));
+    assert_eq!(packed.entry[1..3], ["--library-path", "/app/lib"]);
+    assert_eq!(packed.entry[3], "/app/stevedore");
+
+    let t = Instant::now();
+    let again = ensure_image(&docker, &spec).await.unwrap();
+    eprintln!("ensure (reused): {:?}", t.elapsed());
+    assert!(again.reused);
+    assert_eq!(again.id, packed.id);
+
+    let image = docker.inspect_image(tag).await.unwrap();
+    let config = image.config.unwrap();
+    let labels = config.labels.unwrap();
+    assert_eq!(labels[LABEL_MANAGED], "true");
+    assert_eq!(labels[LABEL_PACKED], "true");
+    assert_eq!(labels[LABEL_FINGERPRINT], "test-fingerprint");
+    assert_eq!(labels[LABEL_EXE_SHA256].len(), 64);
+    assert_eq!(labels["dev.stevedore.test.tricky"], tricky);
+    let entry: Vec<String> = serde_json::from_str(&labels[LABEL_ENTRY]).unwrap();
+    assert_eq!(entry, packed.entry);
+    assert_eq!(config.entrypoint.unwrap(), packed.entry);
+    assert_eq!(config.user.as_deref(), Some("65532:65532"));
+
+    let t = Instant::now();
+    let ran = run_container(&docker, tag, Some("65532"), &[]).await;
+    eprintln!("run (create+start+wait+logs+remove): {:?}", t.elapsed());
+    assert_eq!(ran.code, 0, "{}", ran.output);
+
+    // A changed fingerprint must not reuse the image.
+    spec.fingerprint = Some("other".to_owned());
+    let repacked = ensure_image(&docker, &spec).await.unwrap();
+    assert!(!repacked.reused);
+    support::remove_image(&docker, tag).await;
+    // The image the tag pointed to before was stevedore's and is gone.
+    assert!(docker.inspect_image(&packed.id).await.is_err());
+}
+
+#[tokio::test]
+async fn packed_static_busybox_has_the_non_root_user() {
+    let Some(docker) = engine().await else { return };
+    let tag = "stevedore-test/packed-static:latest";
+    let spec = PackSpec::new("/bin/busybox", tag);
+    let t = Instant::now();
+    let packed = stevedore::image::pack_image(&docker, &spec).await.unwrap();
+    eprintln!("pack (static): {:?}", t.elapsed());
+    assert_eq!(packed.entry, ["/app/busybox"]);
+    // The image's USER applies; /etc/passwd and /etc/group name it.
+    let ran = run_container(&docker, tag, None, &["id"]).await;
+    support::remove_image(&docker, tag).await;
+    assert_eq!(ran.code, 0, "{}", ran.output);
+    assert!(
+        ran.output
+            .contains("uid=65532(stevedore) gid=65532(stevedore)"),
+        "{}",
+        ran.output
+    );
+}
+
+#[tokio::test]
+async fn busybox_image_runs_a_shell() {
+    let Some(docker) = engine().await else { return };
+    let image = support::busybox_image(&docker).await;
+    let labels = docker
+        .inspect_image(&image)
+        .await
+        .unwrap()
+        .config
+        .unwrap()
+        .labels
+        .unwrap();
+    assert_eq!(labels[TEST_LABEL], "true");
+    assert!(!labels.contains_key(LABEL_MANAGED));
+    let ran = run_container(&docker, &image, Some("65532"), &["sh", "-c", "echo hi"]).await;
+    assert_eq!(ran.code, 0, "{}", ran.output);
+    assert_eq!(ran.output, "hi\n");
+    let ran = run_container(&docker, &image, None, &["sh", "-c", "exit 3"]).await;
+    assert_eq!(ran.code, 3);
+}
+
+#[tokio::test]
+async fn a_failing_build_reports_the_builders_message() {
+    let Some(docker) = engine().await else { return };
+    let tag = "stevedore-test/never-built:latest";
+    let context = support::tar_of(&[(
+        "Dockerfile",
+        0o644,
+        b"FROM scratch\nCOPY no-such-file /x\n".as_slice(),
+    )]);
+    let err = build_image_from_dir_tar(&docker, tag, context)
+        .await
+        .unwrap_err();
+    match &err {
+        PackError::Build { message, .. } => assert!(message.contains("no-such-file"), "{message}"),
+        other => panic!("expected a build error, got {other:?}"),
+    }
+    assert!(docker.inspect_image(tag).await.is_err());
+}

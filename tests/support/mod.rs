@@ -1,0 +1,180 @@
+//! Shared helpers of the integration tests: the engine, cached test images, running a
+//! throwaway container.
+
+// Each test crate uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use bollard::Docker;
+use bollard::models::ContainerCreateBody;
+use bollard::query_parameters::{
+    CreateContainerOptions, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+use tokio::sync::OnceCell;
+
+/// The tag of the cached busybox test image.
+pub const BUSYBOX_IMAGE: &str = "stevedore-test/busybox:latest";
+/// The label every test image and container carries (never `dev.stevedore.managed`:
+/// test images are not per-attempt objects).
+pub const TEST_LABEL: &str = "dev.stevedore.test";
+const BUSYBOX_SHA_LABEL: &str = "dev.stevedore.test.busybox_sha256";
+const BUSYBOX: &str = "/bin/busybox";
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// The local engine, negotiated; `None` (after printing `SKIP: ...`) when it is
+/// unreachable outside CI. Under `CI=true` an unreachable engine fails the test.
+pub async fn engine() -> Option<Docker> {
+    let attempt = async {
+        let docker = Docker::connect_with_local_defaults().map_err(|e| e.to_string())?;
+        tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
+            .await
+            .map_err(|_| "no answer within 10 s".to_owned())?
+            .map_err(|e| e.to_string())
+    };
+    match attempt.await {
+        Ok(docker) => Some(docker),
+        Err(why) if in_ci() => {
+            panic!(
+                "CI=true and no Docker engine is reachable ({why}): tests that need it must fail"
+            )
+        }
+        Err(why) => {
+            eprintln!("SKIP: no Docker engine ({why})");
+            None
+        }
+    }
+}
+
+/// Builds (once per test process, reused across processes while /bin/busybox is the
+/// same) a `FROM scratch` image with Debian's static busybox installed in /bin.
+pub async fn busybox_image(docker: &Docker) -> String {
+    static BUILT: OnceCell<String> = OnceCell::const_new();
+    BUILT
+        .get_or_init(|| async {
+            let sha =
+                stevedore::container::tools::sha256_file(Path::new(BUSYBOX)).unwrap_or_else(|e| {
+                    panic!("{BUSYBOX} is needed (apt-get install busybox-static): {e}")
+                });
+            if let Ok(image) = docker.inspect_image(BUSYBOX_IMAGE).await {
+                let labels = image.config.and_then(|c| c.labels).unwrap_or_default();
+                if labels.get(TEST_LABEL).is_some_and(|v| v == "true")
+                    && labels.get(BUSYBOX_SHA_LABEL) == Some(&sha)
+                {
+                    return BUSYBOX_IMAGE.to_owned();
+                }
+            }
+            let dockerfile = format!(
+                "FROM scratch\nCOPY busybox /bin/busybox\n\
+                 RUN [\"/bin/busybox\",\"--install\",\"-s\",\"/bin\"]\n\
+                 LABEL {TEST_LABEL}=true {BUSYBOX_SHA_LABEL}={sha}\n"
+            );
+            let busybox = std::fs::read(BUSYBOX).unwrap();
+            let context = tar_of(&[
+                ("Dockerfile", 0o644, dockerfile.as_bytes()),
+                ("busybox", 0o755, &busybox),
+            ]);
+            stevedore::image::build_image_from_dir_tar(docker, BUSYBOX_IMAGE, context)
+                .await
+                .unwrap_or_else(|e| panic!("building {BUSYBOX_IMAGE}: {e:?}"));
+            BUSYBOX_IMAGE.to_owned()
+        })
+        .await
+        .clone()
+}
+
+/// A tar of in-memory files, owned by 0:0.
+pub fn tar_of(files: &[(&str, u32, &[u8])]) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, mode, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(*mode);
+        header.set_uid(0);
+        header.set_gid(0);
+        tar.append_data(&mut header, path, *data).unwrap();
+    }
+    tar.into_inner().unwrap()
+}
+
+/// What a throwaway container did.
+#[derive(Debug)]
+pub struct Ran {
+    /// Its exit code.
+    pub code: i64,
+    /// Its stdout and stderr, interleaved.
+    pub output: String,
+}
+
+/// Runs `cmd` (after the image's entrypoint) in a fresh container as `user` (when given),
+/// waits for it, and removes it whatever happened.
+pub async fn run_container(docker: &Docker, image: &str, user: Option<&str>, cmd: &[&str]) -> Ran {
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        user: user.map(str::to_owned),
+        cmd: (!cmd.is_empty()).then(|| cmd.iter().map(|s| s.to_string()).collect()),
+        labels: Some(HashMap::from([(TEST_LABEL.to_owned(), "true".to_owned())])),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    let created = docker
+        .create_container(None::<CreateContainerOptions>, body)
+        .await
+        .unwrap_or_else(|e| panic!("create from {image}: {e}"));
+    let id = created.id;
+    let result = async {
+        docker
+            .start_container(&id, None)
+            .await
+            .map_err(|e| format!("start: {e}"))?;
+        let code = match docker.wait_container(&id, None).next().await {
+            Some(Ok(r)) => r.status_code,
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+            Some(Err(e)) => return Err(format!("wait: {e}")),
+            None => return Err("wait: no answer".to_owned()),
+        };
+        let mut logs = docker.logs(
+            &id,
+            Some(LogsOptionsBuilder::new().stdout(true).stderr(true).build()),
+        );
+        let mut output = String::new();
+        while let Some(chunk) = logs.next().await {
+            output.push_str(&chunk.map_err(|e| format!("logs: {e}"))?.to_string());
+        }
+        Ok(Ran { code, output })
+    }
+    .await;
+    let removed = docker
+        .remove_container(
+            &id,
+            Some(RemoveContainerOptionsBuilder::new().force(true).build()),
+        )
+        .await;
+    let ran = result.unwrap_or_else(|e| panic!("container {id} from {image}: {e}"));
+    removed.unwrap_or_else(|e| panic!("remove container {id}: {e}"));
+    ran
+}
+
+/// Removes an image by tag or id; a missing one is fine.
+pub async fn remove_image(docker: &Docker, image: &str) {
+    use bollard::query_parameters::RemoveImageOptionsBuilder;
+    match docker
+        .remove_image(
+            image,
+            Some(RemoveImageOptionsBuilder::new().force(true).build()),
+            None,
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => {}
+        Err(e) => panic!("remove image {image}: {e}"),
+    }
+}
