@@ -52,6 +52,7 @@ pub mod container;
 pub mod contract;
 pub mod handlers;
 pub mod image;
+/// The in-process rung (level `none`).
 pub mod inprocess;
 pub mod outputs;
 pub mod profiles;

@@ -43,7 +43,8 @@ async fn census_is_one_json_line() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.lines().count(), 1, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    for k in ["engine_version", "api_version", "cgroup_version", "runtimes", "level", "features", "skew", "incarnation"] {
+    for k in ["engine_version", "api_version", "cgroup_version", "runtimes", "level", "features", "skew", "incarnation"]
+    {
         assert!(v.get(k).is_some(), "missing {k}: {text}");
     }
     assert_eq!(v["level"], "sandboxed");
@@ -189,7 +190,8 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     child.kill().unwrap();
     child.wait().unwrap();
     // The init sees its stdin close and stops the command: the container exits by itself.
-    let mut wait = docker.wait_container(&ids[0], Some(WaitContainerOptionsBuilder::default().condition("not-running").build()));
+    let mut wait =
+        docker.wait_container(&ids[0], Some(WaitContainerOptionsBuilder::default().condition("not-running").build()));
     let waited = tokio::time::timeout(Duration::from_secs(15), wait.next()).await;
     assert!(waited.is_ok(), "the container kept running without its stevedore");
 
@@ -204,18 +206,29 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
                 labels: Some(labels),
                 ..Default::default()
             };
-            docker.create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body).await.unwrap();
+            docker
+                .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
+                .await
+                .unwrap();
             name
         }
     };
     let lab = |worker: &str| {
-        HashMap::from([("dev.stevedore.managed".to_owned(), "true".to_owned()), ("dev.stevedore.worker".to_owned(), worker.to_owned())])
+        HashMap::from([
+            ("dev.stevedore.managed".to_owned(), "true".to_owned()),
+            ("dev.stevedore.worker".to_owned(), worker.to_owned()),
+        ])
     };
     let never_started = mk(format!("{w}-created"), lab(&w)).await;
     let other = mk(format!("{w2}-keep"), lab(&w2)).await;
-    let unlabelled = mk(format!("{w}-unlabelled"), HashMap::from([(support::TEST_LABEL.to_owned(), "true".to_owned())])).await;
+    let unlabelled =
+        mk(format!("{w}-unlabelled"), HashMap::from([(support::TEST_LABEL.to_owned(), "true".to_owned())])).await;
     docker
-        .create_volume(VolumeCreateRequest { name: Some(format!("{w}-vol")), labels: Some(lab(&w)), ..Default::default() })
+        .create_volume(VolumeCreateRequest {
+            name: Some(format!("{w}-vol")),
+            labels: Some(lab(&w)),
+            ..Default::default()
+        })
         .await
         .unwrap();
 
@@ -228,6 +241,9 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     let _ = never_started;
     for keep in [&other, &unlabelled] {
         assert!(docker.inspect_container(keep, None).await.is_ok(), "{keep} must survive");
-        docker.remove_container(keep, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await.unwrap();
+        docker
+            .remove_container(keep, Some(RemoveContainerOptionsBuilder::default().force(true).build()))
+            .await
+            .unwrap();
     }
 }

@@ -102,7 +102,11 @@ async fn exit_codes_and_signals() {
     assert_eq!((o.status, o.exit_code, o.signal), (Status::HandlerError, Some(3), None), "{}", o.to_json());
     assert_eq!(o.evidence.logs.stderr.bytes, 5, "the init's sentinel is not part of the log");
     let o = run(&rung, &cmd(&image, &w, &t.path().join("b"), "exit 137")).await;
-    assert_eq!((o.status, o.exit_code, o.signal), (Status::HandlerError, Some(137), None), "137 by itself is not a kill");
+    assert_eq!(
+        (o.status, o.exit_code, o.signal),
+        (Status::HandlerError, Some(137), None),
+        "137 by itself is not a kill"
+    );
     let o = run(&rung, &cmd(&image, &w, &t.path().join("c"), "kill -9 $$")).await;
     assert_eq!((o.status, o.exit_code, o.signal), (Status::Killed, None, Some(9)), "{}", o.to_json());
     assert_eq!(o.evidence.oom_kills, Some(0));
@@ -195,9 +199,14 @@ async fn inputs_from_a_private_root_dir_stay_untouched() {
             (m.uid(), m.gid(), m.mode())
         })
         .collect();
-    let r = cmd(&image, &w, &t.path().join("o"), "cat /in/d/data.txt > /out/copy; touch /in/x 2>/dev/null && echo WROTE; id -u")
-        .input_dir(&input)
-        .input("data", "d/data.txt");
+    let r = cmd(
+        &image,
+        &w,
+        &t.path().join("o"),
+        "cat /in/d/data.txt > /out/copy; touch /in/x 2>/dev/null && echo WROTE; id -u",
+    )
+    .input_dir(&input)
+    .input("data", "d/data.txt");
     let o = run(&rung, &r).await;
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     assert_eq!(std::fs::read(t.path().join("o/copy")).unwrap(), b"payload-123");
@@ -229,7 +238,8 @@ async fn hostile_outputs_are_refused_and_named() {
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     let names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["d/secret", "real"], "only regular files, no symlinked dir followed");
-    let refused: Vec<(String, String)> = o.evidence.refused_outputs.iter().map(|r| (r.name.clone(), r.why.clone())).collect();
+    let refused: Vec<(String, String)> =
+        o.evidence.refused_outputs.iter().map(|r| (r.name.clone(), r.why.clone())).collect();
     for (name, why) in [("link", "symlink"), ("fifo", "fifo"), ("dirlink", "symlink")] {
         assert!(refused.iter().any(|(n, w)| n == name && w == why), "{name} not refused as {why}: {refused:?}");
     }

@@ -3,9 +3,7 @@
 mod support;
 
 use std::time::Instant;
-use stevedore::image::pack::{
-    LABEL_ENTRY, LABEL_EXE_SHA256, LABEL_FINGERPRINT, LABEL_MANAGED, LABEL_PACKED,
-};
+use stevedore::image::pack::{LABEL_ENTRY, LABEL_EXE_SHA256, LABEL_FINGERPRINT, LABEL_MANAGED, LABEL_PACKED};
 use stevedore::image::{PackError, PackSpec, build_image_from_dir_tar, ensure_image};
 use support::{TEST_LABEL, engine, run_container};
 
@@ -18,8 +16,7 @@ async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
     spec.fingerprint = Some("test-fingerprint".to_owned());
     spec.labels.insert(TEST_LABEL.to_owned(), "true".to_owned());
     let tricky = r#"a "quoted" \ $HOME=x"#;
-    spec.labels
-        .insert("dev.stevedore.test.tricky".to_owned(), tricky.to_owned());
+    spec.labels.insert("dev.stevedore.test.tricky".to_owned(), tricky.to_owned());
 
     let t = Instant::now();
     let packed = ensure_image(&docker, &spec).await.unwrap();
@@ -76,26 +73,14 @@ async fn packed_static_busybox_has_the_non_root_user() {
     let ran = run_container(&docker, tag, None, &["id"]).await;
     support::remove_image(&docker, tag).await;
     assert_eq!(ran.code, 0, "{}", ran.output);
-    assert!(
-        ran.output
-            .contains("uid=65532(stevedore) gid=65532(stevedore)"),
-        "{}",
-        ran.output
-    );
+    assert!(ran.output.contains("uid=65532(stevedore) gid=65532(stevedore)"), "{}", ran.output);
 }
 
 #[tokio::test]
 async fn busybox_image_runs_a_shell() {
     let Some(docker) = engine().await else { return };
     let image = support::busybox_image(&docker).await;
-    let labels = docker
-        .inspect_image(&image)
-        .await
-        .unwrap()
-        .config
-        .unwrap()
-        .labels
-        .unwrap();
+    let labels = docker.inspect_image(&image).await.unwrap().config.unwrap().labels.unwrap();
     assert_eq!(labels[TEST_LABEL], "true");
     assert!(!labels.contains_key(LABEL_MANAGED));
     let ran = run_container(&docker, &image, Some("65532"), &["sh", "-c", "echo hi"]).await;
@@ -109,14 +94,8 @@ async fn busybox_image_runs_a_shell() {
 async fn a_failing_build_reports_the_builders_message() {
     let Some(docker) = engine().await else { return };
     let tag = "stevedore-test/never-built:latest";
-    let context = support::tar_of(&[(
-        "Dockerfile",
-        0o644,
-        b"FROM scratch\nCOPY no-such-file /x\n".as_slice(),
-    )]);
-    let err = build_image_from_dir_tar(&docker, tag, context)
-        .await
-        .unwrap_err();
+    let context = support::tar_of(&[("Dockerfile", 0o644, b"FROM scratch\nCOPY no-such-file /x\n".as_slice())]);
+    let err = build_image_from_dir_tar(&docker, tag, context).await.unwrap_err();
     match &err {
         PackError::Build { message, .. } => assert!(message.contains("no-such-file"), "{message}"),
         other => panic!("expected a build error, got {other:?}"),

@@ -6,10 +6,11 @@ use std::fmt;
 /// How strongly a rung isolates an attempt from the worker and the host.
 ///
 /// Ordered: `None < Process < Sandboxed < Vm`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Level {
     /// In the worker's own process.
+    #[default]
     None = 0,
     /// In a child process of the worker.
     Process = 1,
@@ -28,12 +29,6 @@ impl Level {
             Level::Sandboxed => "sandboxed",
             Level::Vm => "vm",
         }
-    }
-}
-
-impl Default for Level {
-    fn default() -> Self {
-        Level::None
     }
 }
 

@@ -442,7 +442,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = t.path();
         std::fs::create_dir(p.join("in")).unwrap();
-        let cases: Vec<(Request, fn(&RequestError) -> bool)> = vec![
+        type Case = (Request, fn(&RequestError) -> bool);
+        let cases: Vec<Case> = vec![
             (Request::command("", ["true"], p.join("out")), |e| matches!(e, RequestError::JobId(_))),
             (base(p).worker("bad worker!"), |e| matches!(e, RequestError::WorkerId(_))),
             (Request::handler("j", " ", p.join("out")), |e| matches!(e, RequestError::EmptyHandler)),

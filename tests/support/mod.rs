@@ -6,9 +6,7 @@
 
 use bollard::Docker;
 use bollard::models::ContainerCreateBody;
-use bollard::query_parameters::{
-    CreateContainerOptions, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
-};
+use bollard::query_parameters::{CreateContainerOptions, LogsOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::path::Path;
@@ -40,9 +38,7 @@ pub async fn engine() -> Option<Docker> {
     match attempt.await {
         Ok(docker) => Some(docker),
         Err(why) if in_ci() => {
-            panic!(
-                "CI=true and no Docker engine is reachable ({why}): tests that need it must fail"
-            )
+            panic!("CI=true and no Docker engine is reachable ({why}): tests that need it must fail")
         }
         Err(why) => {
             eprintln!("SKIP: no Docker engine ({why})");
@@ -57,15 +53,11 @@ pub async fn busybox_image(docker: &Docker) -> String {
     static BUILT: OnceCell<String> = OnceCell::const_new();
     BUILT
         .get_or_init(|| async {
-            let sha =
-                stevedore::container::tools::sha256_file(Path::new(BUSYBOX)).unwrap_or_else(|e| {
-                    panic!("{BUSYBOX} is needed (apt-get install busybox-static): {e}")
-                });
+            let sha = stevedore::container::tools::sha256_file(Path::new(BUSYBOX))
+                .unwrap_or_else(|e| panic!("{BUSYBOX} is needed (apt-get install busybox-static): {e}"));
             if let Ok(image) = docker.inspect_image(BUSYBOX_IMAGE).await {
                 let labels = image.config.and_then(|c| c.labels).unwrap_or_default();
-                if labels.get(TEST_LABEL).is_some_and(|v| v == "true")
-                    && labels.get(BUSYBOX_SHA_LABEL) == Some(&sha)
-                {
+                if labels.get(TEST_LABEL).is_some_and(|v| v == "true") && labels.get(BUSYBOX_SHA_LABEL) == Some(&sha) {
                     return BUSYBOX_IMAGE.to_owned();
                 }
             }
@@ -75,10 +67,7 @@ pub async fn busybox_image(docker: &Docker) -> String {
                  LABEL {TEST_LABEL}=true {BUSYBOX_SHA_LABEL}={sha}\n"
             );
             let busybox = std::fs::read(BUSYBOX).unwrap();
-            let context = tar_of(&[
-                ("Dockerfile", 0o644, dockerfile.as_bytes()),
-                ("busybox", 0o755, &busybox),
-            ]);
+            let context = tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("busybox", 0o755, &busybox)]);
             stevedore::image::build_image_from_dir_tar(docker, BUSYBOX_IMAGE, context)
                 .await
                 .unwrap_or_else(|e| panic!("building {BUSYBOX_IMAGE}: {e:?}"));
@@ -128,20 +117,14 @@ pub async fn run_container(docker: &Docker, image: &str, user: Option<&str>, cmd
         .unwrap_or_else(|e| panic!("create from {image}: {e}"));
     let id = created.id;
     let result = async {
-        docker
-            .start_container(&id, None)
-            .await
-            .map_err(|e| format!("start: {e}"))?;
+        docker.start_container(&id, None).await.map_err(|e| format!("start: {e}"))?;
         let code = match docker.wait_container(&id, None).next().await {
             Some(Ok(r)) => r.status_code,
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
             Some(Err(e)) => return Err(format!("wait: {e}")),
             None => return Err("wait: no answer".to_owned()),
         };
-        let mut logs = docker.logs(
-            &id,
-            Some(LogsOptionsBuilder::new().stdout(true).stderr(true).build()),
-        );
+        let mut logs = docker.logs(&id, Some(LogsOptionsBuilder::new().stdout(true).stderr(true).build()));
         let mut output = String::new();
         while let Some(chunk) = logs.next().await {
             output.push_str(&chunk.map_err(|e| format!("logs: {e}"))?.to_string());
@@ -149,12 +132,7 @@ pub async fn run_container(docker: &Docker, image: &str, user: Option<&str>, cmd
         Ok(Ran { code, output })
     }
     .await;
-    let removed = docker
-        .remove_container(
-            &id,
-            Some(RemoveContainerOptionsBuilder::new().force(true).build()),
-        )
-        .await;
+    let removed = docker.remove_container(&id, Some(RemoveContainerOptionsBuilder::new().force(true).build())).await;
     let ran = result.unwrap_or_else(|e| panic!("container {id} from {image}: {e}"));
     removed.unwrap_or_else(|e| panic!("remove container {id}: {e}"));
     ran
@@ -163,18 +141,9 @@ pub async fn run_container(docker: &Docker, image: &str, user: Option<&str>, cmd
 /// Removes an image by tag or id; a missing one is fine.
 pub async fn remove_image(docker: &Docker, image: &str) {
     use bollard::query_parameters::RemoveImageOptionsBuilder;
-    match docker
-        .remove_image(
-            image,
-            Some(RemoveImageOptionsBuilder::new().force(true).build()),
-            None,
-        )
-        .await
-    {
+    match docker.remove_image(image, Some(RemoveImageOptionsBuilder::new().force(true).build()), None).await {
         Ok(_) => {}
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
-        }) => {}
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => panic!("remove image {image}: {e}"),
     }
 }
