@@ -157,13 +157,7 @@ fn is_pid1() -> bool {
 
 fn block_signals() -> Result<SignalFd, Errno> {
     let mut mask = SigSet::empty();
-    for s in [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGCHLD,
-    ] {
+    for s in raw::HANDLED {
         mask.add(s);
     }
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)?;
