@@ -133,10 +133,15 @@ pub fn load(path: Option<&Path>, name: Option<&str>) -> Result<ContainerConfig, 
 
 /// Parses profiles text and builds the configuration of profile `name`.
 pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, ProfileError> {
-    let file: File = toml::from_str(text).map_err(|e| ProfileError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+    let file: File =
+        toml::from_str(text).map_err(|e| ProfileError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
     let have = file.profiles.keys().cloned().collect::<Vec<_>>().join(", ");
     let mut profiles = file.profiles;
-    let p = profiles.remove(name).ok_or_else(|| ProfileError::Unknown { name: name.into(), path: path.to_path_buf(), have })?;
+    let p = profiles.remove(name).ok_or_else(|| ProfileError::Unknown {
+        name: name.into(),
+        path: path.to_path_buf(),
+        have,
+    })?;
     let bad = |what: &str, why: String| ProfileError::Value { profile: name.into(), what: what.into(), why };
     let mut cfg = ContainerConfig { profile: Some(name.to_owned()), ..ContainerConfig::default() };
     cfg.worker_image = p.image;
@@ -166,7 +171,8 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     }
     cfg.env = p.env;
     for (k, file) in p.env_files {
-        let v = std::fs::read_to_string(&file).map_err(|e| bad("env_files", format!("{k}: cannot read {}: {e}", file.display())))?;
+        let v = std::fs::read_to_string(&file)
+            .map_err(|e| bad("env_files", format!("{k}: cannot read {}: {e}", file.display())))?;
         cfg.env.insert(k, v.trim_end_matches('\n').to_owned());
     }
     let d = &p.defaults;

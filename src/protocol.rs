@@ -294,9 +294,10 @@ pub fn decode_stdin_frame(r: &mut impl BufRead) -> Result<(String, InitSpec, Vec
     Ok((nonce, spec, payload))
 }
 
-/// The bytes the init writes on its stderr once the result record is in place.
+/// The bytes the init writes on its stderr once the result record is in place. It starts
+/// with the nonce so the host holds back nothing but a possible start of it.
 pub fn done_sentinel(nonce: &str) -> String {
-    format!("\n{nonce}:done\n")
+    format!("{nonce}:done\n")
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use stevedore::protocol::{
-    HandlerRequest, INIT_MARKER, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE,
-    StoppedBy, WaitStatus, done_sentinel, encode_stdin_frame,
+    HandlerRequest, INIT_MARKER, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE, StoppedBy, WaitStatus,
+    done_sentinel, encode_stdin_frame,
 };
 use tempfile::TempDir;
 
@@ -55,14 +55,7 @@ fn start_in(control: TempDir, stdin_bytes: &[u8]) -> Init {
     stdin.write_all(stdin_bytes).unwrap();
     let stdout = BufReader::new(child.stdout.take().unwrap());
     let stderr = child.stderr.take().unwrap();
-    Init {
-        child,
-        stdin: Some(stdin),
-        stdout,
-        stderr,
-        stderr_seen: Vec::new(),
-        control,
-    }
+    Init { child, stdin: Some(stdin), stdout, stderr, stderr_seen: Vec::new(), control }
 }
 
 fn start(spec: &InitSpec, payload: &[u8]) -> Init {
@@ -103,21 +96,11 @@ impl Init {
     /// and collects the exit status and the rest of the output.
     fn finish(mut self) -> Finished {
         let sentinel = done_sentinel(NONCE);
-        assert!(
-            self.stderr_until(sentinel.as_bytes()),
-            "no sentinel: {}",
-            String::from_utf8_lossy(&self.stderr_seen)
-        );
-        assert!(
-            self.control.path().join(RESULT_FILE).is_file(),
-            "sentinel before the record"
-        );
+        assert!(self.stderr_until(sentinel.as_bytes()), "no sentinel: {}", String::from_utf8_lossy(&self.stderr_seen));
+        assert!(self.control.path().join(RESULT_FILE).is_file(), "sentinel before the record");
         let record = self.record();
         // The init waits for the host to close stdin, and ignores SIGTERM meanwhile.
-        assert!(
-            self.child.try_wait().unwrap().is_none(),
-            "init exited before stdin EOF"
-        );
+        assert!(self.child.try_wait().unwrap().is_none(), "init exited before stdin EOF");
         kill(self.pid(), Signal::SIGTERM).unwrap();
         drop(self.stdin.take());
         let status = self.child.wait().unwrap();
@@ -174,12 +157,8 @@ fn ok_run_stages_files_and_reports() {
     assert!(f.stderr.starts_with("err\n"), "{}", f.stderr);
     assert!(f.stderr.ends_with(&done_sentinel(NONCE)), "{}", f.stderr);
     let control = f.control.path();
-    assert_eq!(
-        std::fs::read(control.join(PAYLOAD_FILE)).unwrap(),
-        b"the payload"
-    );
-    let back: HandlerRequest =
-        serde_json::from_slice(&std::fs::read(control.join(REQUEST_FILE)).unwrap()).unwrap();
+    assert_eq!(std::fs::read(control.join(PAYLOAD_FILE)).unwrap(), b"the payload");
+    let back: HandlerRequest = serde_json::from_slice(&std::fs::read(control.join(REQUEST_FILE)).unwrap()).unwrap();
     assert_eq!(back, req);
     assert_eq!(f.record.oom_guard, None);
 }
@@ -190,10 +169,7 @@ fn exit_codes_and_signals_are_told_apart() {
     assert_eq!(run(&sh("exit 137")).record.wait, WaitStatus::Code(137));
     assert_eq!(run(&sh("kill -9 $$")).record.wait, WaitStatus::Signal(9));
     // A real-time signal, which nix cannot name.
-    assert_eq!(
-        run(&sh("kill -s 40 $$")).record.wait,
-        WaitStatus::Signal(40)
-    );
+    assert_eq!(run(&sh("kill -s 40 $$")).record.wait, WaitStatus::Signal(40));
 }
 
 #[test]
@@ -204,18 +180,12 @@ fn env_is_exactly_the_spec_and_cwd_is_set() {
     assert_eq!(run(&s).stdout, "A=1\nB=two words\n");
     let mut s = spec(&["/bin/pwd"]);
     s.cwd = dir.path().to_str().unwrap().into();
-    assert_eq!(
-        run(&s).stdout.trim_end(),
-        dir.path().canonicalize().unwrap().to_str().unwrap()
-    );
+    assert_eq!(run(&s).stdout.trim_end(), dir.path().canonicalize().unwrap().to_str().unwrap());
 }
 
 #[test]
 fn term_with_a_term_ignoring_child_ends_in_kill() {
-    let mut init = start(
-        &sh("trap '' TERM; echo ready; while :; do sleep 1; done"),
-        b"",
-    );
+    let mut init = start(&sh("trap '' TERM; echo ready; while :; do sleep 1; done"), b"");
     assert_eq!(init.stdout_line(), "ready\n");
     kill(init.pid(), Signal::SIGTERM).unwrap();
     let f = init.finish();
@@ -236,10 +206,7 @@ fn term_with_a_cooperative_child_is_term() {
 
 #[test]
 fn stdin_eof_before_the_end_is_the_dead_man_switch() {
-    let mut init = start(
-        &sh("trap '' TERM; echo ready; while :; do sleep 1; done"),
-        b"",
-    );
+    let mut init = start(&sh("trap '' TERM; echo ready; while :; do sleep 1; done"), b"");
     assert_eq!(init.stdout_line(), "ready\n");
     let t = Instant::now();
     drop(init.stdin.take());
@@ -259,18 +226,10 @@ fn stdin_eof_before_the_end_is_the_dead_man_switch() {
 fn spawn_failure_is_reported() {
     let f = run(&spec(&["/nonexistent/prog", "x"]));
     match &f.record.wait {
-        WaitStatus::SpawnFailed(why) => assert!(
-            why.starts_with("cannot execute /nonexistent/prog: "),
-            "{why}"
-        ),
+        WaitStatus::SpawnFailed(why) => assert!(why.starts_with("cannot execute /nonexistent/prog: "), "{why}"),
         other => panic!("{other:?}"),
     }
-    assert!(
-        f.stderr
-            .contains("stevedore: cannot execute /nonexistent/prog"),
-        "{}",
-        f.stderr
-    );
+    assert!(f.stderr.contains("stevedore: cannot execute /nonexistent/prog"), "{}", f.stderr);
     assert!(f.status.success());
     let f = run(&spec(&[]));
     assert!(matches!(f.record.wait, WaitStatus::SpawnFailed(_)));
@@ -315,11 +274,7 @@ fn unwritable_control_dir_exits_125() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    init.stdin
-        .take()
-        .unwrap()
-        .write_all(&encode_stdin_frame(NONCE, &sh("true"), b""))
-        .unwrap();
+    init.stdin.take().unwrap().write_all(&encode_stdin_frame(NONCE, &sh("true"), b"")).unwrap();
     let out = init.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write payload"));
@@ -328,12 +283,7 @@ fn unwritable_control_dir_exits_125() {
 #[test]
 fn command_starts_with_a_clean_signal_state() {
     // Run directly, not through sh, which would reset its own mask.
-    let f = run(&spec(&[
-        "/bin/grep",
-        "-E",
-        "^Sig(Blk|Ign)",
-        "/proc/self/status",
-    ]));
+    let f = run(&spec(&["/bin/grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"]));
     let field = |name: &str| {
         let line = f.stdout.lines().find_map(|l| l.strip_prefix(name)).unwrap();
         u64::from_str_radix(line.trim(), 16).unwrap()

@@ -26,7 +26,9 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
     let image = common::own_image(&rung, handlers).await?;
     let out = tempfile_dir()?;
     let worker = common::mint_worker();
-    let mut req = Request::handler("smoke", "true", out.join("out")).worker(worker.clone()).timeout(std::time::Duration::from_secs(60));
+    let mut req = Request::handler("smoke", "true", out.join("out"))
+        .worker(worker.clone())
+        .timeout(std::time::Duration::from_secs(60));
     req.policy.image = image;
     req.fingerprint = Some(handlers.fingerprint());
     let result = rung.run(&req, CancellationToken::new()).await;

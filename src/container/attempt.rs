@@ -6,9 +6,7 @@ use super::labels::{self, AttemptLabels, Owner};
 use super::logs::{CappedLog, SentinelScanner};
 use super::spec::{self, Applied, CONTROL_BYTES, Volumes};
 use super::{env as envlayer, pipe, staging};
-use crate::contract::{
-    Evidence, Exit, Facts, LaunchError, Outcome, Request, Status, Task, Usage, decide, reason,
-};
+use crate::contract::{Evidence, Exit, Facts, LaunchError, Outcome, Request, Status, Task, Usage, decide, reason};
 use crate::outputs;
 use crate::protocol::{
     self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, InitRecord,
@@ -159,8 +157,13 @@ async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, Launc
         .await;
         match res {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(msg)) => Err(LaunchError::ImageUnavailable { image: image.to_owned(), why: format!("{why}; pull failed: {msg}") }),
-            Err(_) => Err(LaunchError::ImageUnavailable { image: image.to_owned(), why: format!("{why}; pull timed out") }),
+            Ok(Err(msg)) => Err(LaunchError::ImageUnavailable {
+                image: image.to_owned(),
+                why: format!("{why}; pull failed: {msg}"),
+            }),
+            Err(_) => {
+                Err(LaunchError::ImageUnavailable { image: image.to_owned(), why: format!("{why}; pull timed out") })
+            }
         }
     };
     if shared.config.pull == PullPolicy::Always {
@@ -170,7 +173,10 @@ async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, Launc
         Ok(i) => i,
         Err(err) if err.is_not_found() => {
             if shared.config.pull == PullPolicy::Never {
-                return Err(LaunchError::ImageUnavailable { image: image.into(), why: "not present and pull policy is never".into() });
+                return Err(LaunchError::ImageUnavailable {
+                    image: image.into(),
+                    why: "not present and pull policy is never".into(),
+                });
             }
             pull("not present".into()).await?;
             e.call("inspect image", e.docker.inspect_image(image))
@@ -246,10 +252,15 @@ async fn stage_inputs(
     let producer = tokio::task::spawn_blocking(move || staging::write_input_tar(&src, uid, gid, writer));
     let body_stream = async_stream_from(&mut rx);
     let opts = UploadToContainerOptionsBuilder::default().path(IN_DIR).build();
-    let upload = e.call("upload inputs", e.docker.upload_to_container(name, Some(opts), bollard::body_try_stream(body_stream)));
+    let upload =
+        e.call("upload inputs", e.docker.upload_to_container(name, Some(opts), bollard::body_try_stream(body_stream)));
     let up = upload.await;
-    let report = producer.await.map_err(|err| LaunchError::Staging { what: "input tar".into(), source: Box::new(err) })?;
-    let report = report.map_err(|err| LaunchError::Staging { what: format!("reading input dir {}", dir.display()), source: Box::new(err) })?;
+    let report =
+        producer.await.map_err(|err| LaunchError::Staging { what: "input tar".into(), source: Box::new(err) })?;
+    let report = report.map_err(|err| LaunchError::Staging {
+        what: format!("reading input dir {}", dir.display()),
+        source: Box::new(err),
+    })?;
     up.map_err(|err| LaunchError::Staging { what: "uploading inputs".into(), source: Box::new(err) })?;
     let opts = RemoveContainerOptionsBuilder::default().force(true).build();
     if e.call("remove staging container", e.docker.remove_container(name, Some(opts))).await.is_ok() {
@@ -372,7 +383,9 @@ async fn run_inner(
     let image_ref = if !req.policy.image.is_empty() {
         req.policy.image.clone()
     } else {
-        cfg.worker_image.clone().ok_or_else(|| LaunchError::NotAllowed("no image given and no worker image configured".into()))?
+        cfg.worker_image
+            .clone()
+            .ok_or_else(|| LaunchError::NotAllowed("no image given and no worker image configured".into()))?
     };
     let image = resolve_image(&shared, &image_ref).await?;
     let argv: Vec<String> = match &req.task {
@@ -389,7 +402,11 @@ async fn run_inner(
             if let (Some(want), Some(have)) = (&req.fingerprint, image.labels.get(labels::FINGERPRINT))
                 && want != have
             {
-                return Err(LaunchError::FingerprintMismatch { image: image_ref.clone(), expected: want.clone(), actual: have.clone() });
+                return Err(LaunchError::FingerprintMismatch {
+                    image: image_ref.clone(),
+                    expected: want.clone(),
+                    actual: have.clone(),
+                });
             }
             let _ = h;
             argv.push(HANDLER_MARKER.to_owned());
@@ -398,8 +415,10 @@ async fn run_inner(
     };
 
     if !req.output_dir.exists() {
-        std::fs::create_dir(&req.output_dir)
-            .map_err(|e| LaunchError::Staging { what: format!("creating output dir {}", req.output_dir.display()), source: Box::new(e) })?;
+        std::fs::create_dir(&req.output_dir).map_err(|e| LaunchError::Staging {
+            what: format!("creating output dir {}", req.output_dir.display()),
+            source: Box::new(e),
+        })?;
     }
     let applied: Applied = spec::apply_limits(&req.limits, cfg);
 
@@ -423,7 +442,8 @@ async fn run_inner(
     ]);
 
     shared.in_flight.lock().expect("in-flight set").insert(attempt_id.clone());
-    let mut cleanup = Cleanup { shared: shared.clone(), attempt_id: attempt_id.clone(), left: Leftovers::default(), done: false };
+    let mut cleanup =
+        Cleanup { shared: shared.clone(), attempt_id: attempt_id.clone(), left: Leftovers::default(), done: false };
     let owner = Owner { worker: &req.worker_id, incarnation: &shared.incarnation, executor: &cfg.name };
     let attempt_labels = AttemptLabels {
         owner,
@@ -434,7 +454,20 @@ async fn run_inner(
         extra: &cfg.labels,
     };
 
-    let launched = launch(&shared, req, &cancel, &name, &image_ref, &image, argv, &applied, &layered, &attempt_labels, &mut cleanup.left).await;
+    let launched = launch(
+        &shared,
+        req,
+        &cancel,
+        &name,
+        &image_ref,
+        &image,
+        argv,
+        &applied,
+        &layered,
+        &attempt_labels,
+        &mut cleanup.left,
+    )
+    .await;
     let mut running = match launched {
         Ok(r) => r,
         Err(e) => {
@@ -481,10 +514,9 @@ async fn run_inner(
     let mut records = Records::default();
     let mut extract: Option<Result<outputs::ExtractReport, String>> = None;
     if end == End::Sentinel {
-        records = download(&shared, &name, CONTROL_DIR, read_records).await.unwrap_or_else(|e| Records {
-            init: Some(Err(format!("control area unreadable: {e}"))),
-            handler: None,
-        });
+        records = download(&shared, &name, CONTROL_DIR, read_records)
+            .await
+            .unwrap_or_else(|e| Records { init: Some(Err(format!("control area unreadable: {e}"))), handler: None });
         let dest = req.output_dir.clone();
         let max = applied.disk + (1 << 20);
         extract = Some(download(&shared, &name, OUT_DIR, move |r| outputs::extract_tar(r, "out", &dest, max)).await);
@@ -686,7 +718,10 @@ async fn run_inner(
         handler_error = format!("exited with code {c}");
     }
     if verdict.reason == Some(reason::OUTPUT_LIMIT) {
-        handler_error = format!("outputs exceed the caps ({} files, {} bytes)", cfg.output_caps.max_files, cfg.output_caps.max_total_bytes);
+        handler_error = format!(
+            "outputs exceed the caps ({} files, {} bytes)",
+            cfg.output_caps.max_files, cfg.output_caps.max_total_bytes
+        );
     }
     outcome.handler_error = handler_error;
     outcome.permanent = permanent;
@@ -714,12 +749,20 @@ fn apply_counters(
         usage.sources.insert("wall_time_ms".into(), "init monotonic clock".into());
         rec.wall_time_ms
     } else {
-        ev.refused_claims.push(format!("wall_time_ms {} exceeds the host's {} ms", rec.wall_time_ms, host_wall.as_millis()));
+        ev.refused_claims.push(format!(
+            "wall_time_ms {} exceeds the host's {} ms",
+            rec.wall_time_ms,
+            host_wall.as_millis()
+        ));
         usage.sources.insert("wall_time_ms".into(), "host_clock".into());
         host_wall.as_millis() as u64
     };
     usage.wall_time_ms = Some(wall_ms);
-    let cpus = applied.cpu_millis.map(|m| m as f64 / 1000.0).unwrap_or(engine.ncpu.max(1) as f64).min(engine.ncpu.max(1) as f64);
+    let cpus = applied
+        .cpu_millis
+        .map(|m| m as f64 / 1000.0)
+        .unwrap_or(engine.ncpu.max(1) as f64)
+        .min(engine.ncpu.max(1) as f64);
     let max_cpu_ms = (host_wall.as_millis() as f64 * cpus * 1.05) as u64 + 200;
     let c = &rec.cgroup;
     let rusage_cpu = (rec.rusage.user_us + rec.rusage.system_us) / 1000;
@@ -834,8 +877,12 @@ async fn launch(
             ..Default::default()
         };
         left.volumes.push(vol.clone());
-        e.call("create volume", e.docker.create_volume(in_req)).await.map_err(|err| engine_err("create volume", err))?;
-        let report = stage_inputs(shared, dir, vol, image_ref, &format!("{name}-stage"), attempt_labels.for_role("stage"), left).await?;
+        e.call("create volume", e.docker.create_volume(in_req))
+            .await
+            .map_err(|err| engine_err("create volume", err))?;
+        let report =
+            stage_inputs(shared, dir, vol, image_ref, &format!("{name}-stage"), attempt_labels.for_role("stage"), left)
+                .await?;
         if !report.skipped.is_empty() {
             tracing::info!(skipped = ?report.skipped, "input entries that are not files, dirs or symlinks were not staged");
         }
@@ -861,15 +908,18 @@ async fn launch(
         .await
         .map_err(|err| engine_err("create container", err))?;
 
-    let opts = AttachContainerOptionsBuilder::default().stdin(true).stdout(true).stderr(true).stream(true).logs(false).build();
+    let opts =
+        AttachContainerOptionsBuilder::default().stdin(true).stdout(true).stderr(true).stream(true).logs(false).build();
     let attached = e
         .call("attach container", e.docker.attach_container(name, Some(opts)))
         .await
         .map_err(|err| engine_err("attach container", err))?;
 
     let log_dir = cfg.log_dir.join(&req.worker_id);
-    std::fs::create_dir_all(&log_dir)
-        .map_err(|err| LaunchError::Staging { what: format!("log dir {}", log_dir.display()), source: Box::new(err) })?;
+    std::fs::create_dir_all(&log_dir).map_err(|err| LaunchError::Staging {
+        what: format!("log dir {}", log_dir.display()),
+        source: Box::new(err),
+    })?;
     let stdout_log = CappedLog::create(&log_dir.join(format!("{name}.stdout")), cfg.log_cap_bytes)
         .map_err(|err| LaunchError::Staging { what: "stdout log".into(), source: Box::new(err) })?;
     let stderr_log = CappedLog::create(&log_dir.join(format!("{name}.stderr")), cfg.log_cap_bytes)
@@ -887,7 +937,8 @@ async fn launch(
         while let Some(item) = output.next().await {
             let Ok(item) = item else { break };
             match item {
-                bollard::container::LogOutput::StdOut { message } | bollard::container::LogOutput::Console { message } => {
+                bollard::container::LogOutput::StdOut { message }
+                | bollard::container::LogOutput::Console { message } => {
                     d.stdout.write(&message);
                     if let Some(l) = &live {
                         l(Stream::Stdout, &message);

@@ -75,7 +75,15 @@ fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
         f.push("cgroup_namespaces");
     }
     // Flags of the create API that every engine speaking ≥ 1.41 honours.
-    f.extend(["no_new_privileges", "read_only_rootfs", "cap_drop", "network_none", "tmpfs", "ulimits", "log_driver_none"]);
+    f.extend([
+        "no_new_privileges",
+        "read_only_rootfs",
+        "cap_drop",
+        "network_none",
+        "tmpfs",
+        "ulimits",
+        "log_driver_none",
+    ]);
     if info.runtimes.as_ref().is_some_and(|r| r.keys().any(|k| k.contains("runsc") || k.contains("kata"))) {
         f.push("vm_runtime");
     }
@@ -108,7 +116,10 @@ pub enum EngineError {
 impl EngineError {
     /// Whether the engine said the object does not exist.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, EngineError::Api { source: bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }, .. })
+        matches!(
+            self,
+            EngineError::Api { source: bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }, .. }
+        )
     }
 
     /// The engine's message, if it sent one.

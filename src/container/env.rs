@@ -71,7 +71,8 @@ mod tests {
         assert_eq!(env["B"], "req");
         assert_eq!(env["C"], "req");
         assert_eq!(env["STEVEDORE_OUT"], "/out", "a request cannot override protocol variables");
-        let o: BTreeMap<_, _> = l.overrides.iter().map(|o| (o.key.clone(), (o.origin.clone(), o.overrode.clone()))).collect();
+        let o: BTreeMap<_, _> =
+            l.overrides.iter().map(|o| (o.key.clone(), (o.origin.clone(), o.overrode.clone()))).collect();
         assert_eq!(o["A"], ("profile".into(), vec!["image".into()]));
         assert_eq!(o["C"], ("request".into(), vec!["profile".into()]));
         assert_eq!(o["STEVEDORE_OUT"], ("protocol".into(), vec!["request".into()]));

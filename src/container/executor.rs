@@ -38,7 +38,8 @@ impl ContainerExecutor {
             .map_err(|e| LaunchError::Staging { what: "init bundle".into(), source: Box::new(e) })?
             .map_err(|e| LaunchError::Staging { what: "init bundle".into(), source: Box::new(e) })?;
         let budget = (engine.facts.mem_total_bytes / (1 << 20)) * 8 / 10;
-        let memory_budget_mib = u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
+        let memory_budget_mib =
+            u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
         let shared = Shared {
             engine,
             tools_dir: bundle.host_dir().to_path_buf(),
@@ -129,7 +130,11 @@ impl Executor for ContainerExecutor {
         self.shared.config.level()
     }
 
-    fn run<'a>(&'a self, request: &'a Request, cancel: CancellationToken) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
+    fn run<'a>(
+        &'a self,
+        request: &'a Request,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
         Box::pin(async move { self.admitted(request, &cancel).await })
     }
 

@@ -60,12 +60,8 @@ pub struct AttemptLabels<'a> {
 impl AttemptLabels<'_> {
     /// The label map for an object with `role`.
     pub fn for_role(&self, role: &str) -> HashMap<String, String> {
-        let mut m: HashMap<String, String> = self
-            .extra
-            .iter()
-            .filter(|(k, _)| !k.starts_with(PREFIX))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let mut m: HashMap<String, String> =
+            self.extra.iter().filter(|(k, _)| !k.starts_with(PREFIX)).map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut put = |k: &str, v: &str| {
             m.insert(k.to_owned(), v.to_owned());
         };

@@ -82,7 +82,12 @@ impl SentinelScanner {
             self.held.clear();
             return (out, true);
         }
-        let keep = (self.needle.len() - 1).min(self.held.len());
+        // Hold back only a tail that could be the start of the sentinel, so live output
+        // is never delayed by more than a partial match.
+        let keep = (1..self.needle.len().min(self.held.len() + 1))
+            .rev()
+            .find(|&k| self.held.ends_with(&self.needle[..k]))
+            .unwrap_or(0);
         let out: Vec<u8> = self.held.drain(..self.held.len() - keep).collect();
         (out, false)
     }
@@ -120,7 +125,7 @@ mod tests {
 
     #[test]
     fn sentinel_split_across_chunks() {
-        let needle = b"\nabc:done\n";
+        let needle = b"abc:done\n";
         let stream = b"hello world\nabc:done\nTRAILING".to_vec();
         for split in 0..stream.len() {
             let mut s = SentinelScanner::new(needle);
@@ -131,16 +136,23 @@ mod tests {
                 found = f2;
             }
             assert!(found, "split {split}");
-            assert_eq!(out, b"hello world", "split {split}");
+            assert_eq!(out, b"hello world\n", "split {split}");
         }
     }
 
     #[test]
     fn no_sentinel_passes_everything() {
-        let mut s = SentinelScanner::new(b"\nzz:done\n");
+        let mut s = SentinelScanner::new(b"zz:done\n");
         let (mut out, found) = s.feed(b"abc\nzz:do");
         assert!(!found);
+        assert_eq!(out, b"abc\n", "only a possible start of the sentinel is held back");
         out.extend(s.finish());
         assert_eq!(out, b"abc\nzz:do");
+    }
+
+    #[test]
+    fn live_lines_are_not_held_back() {
+        let mut s = SentinelScanner::new(b"0123abcd:done\n");
+        assert_eq!(s.feed(b"ready\n"), (b"ready\n".to_vec(), false));
     }
 }

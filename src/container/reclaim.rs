@@ -109,7 +109,11 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
             }
             match std::fs::remove_file(ent.path()) {
                 Ok(()) => report.paths_removed.push(ent.path().display().to_string()),
-                Err(err) => report.failed.push(ReclaimFailure { kind: "path".into(), id: ent.path().display().to_string(), error: err.to_string() }),
+                Err(err) => report.failed.push(ReclaimFailure {
+                    kind: "path".into(),
+                    id: ent.path().display().to_string(),
+                    error: err.to_string(),
+                }),
             }
         }
     }

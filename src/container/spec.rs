@@ -46,7 +46,8 @@ pub fn apply_limits(req: &ResourceLimits, cfg: &ContainerConfig) -> Applied {
             _ => Some(v),
         }
     };
-    let memory = pick(key::MEMORY, req.memory_bytes(), Some(cfg.default_memory_bytes)).unwrap_or(cfg.default_memory_bytes);
+    let memory =
+        pick(key::MEMORY, req.memory_bytes(), Some(cfg.default_memory_bytes)).unwrap_or(cfg.default_memory_bytes);
     let pids = pick(key::PIDS, req.pids(), Some(cfg.default_pids)).unwrap_or(cfg.default_pids);
     let disk = pick(key::DISK, req.disk_bytes(), Some(cfg.default_disk_bytes)).unwrap_or(cfg.default_disk_bytes);
     let cpu_millis = pick(key::CPU, req.cpu_millis(), cfg.default_cpu_millis);
@@ -327,7 +328,10 @@ mod tests {
         };
         let a = apply_limits(&ResourceLimits::new().with("memory", 1 << 30).with("gpu", 1500), &cfg);
         assert_eq!(a.memory, 128 << 20);
-        assert_eq!(a.narrowed, vec![NarrowedLimit { key: "memory".into(), from: 1 << 30, to: 128 << 20, why: "profile ceiling".into() }]);
+        assert_eq!(
+            a.narrowed,
+            vec![NarrowedLimit { key: "memory".into(), from: 1 << 30, to: 128 << 20, why: "profile ceiling".into() }]
+        );
         assert_eq!(a.gpus, Some(2));
     }
 
@@ -361,7 +365,18 @@ mod tests {
         assert_eq!(s.body.stdin_once, Some(true));
         let ep = s.body.entrypoint.unwrap();
         assert_eq!(&ep[1..], &[INIT_MARKER.to_owned(), CONTROL_DIR.to_owned()]);
-        for k in ["memory", "pids", "cpu", "network", "read_only_rootfs", "capabilities", "no_new_privileges", "non_root", "disk", "image_volumes"] {
+        for k in [
+            "memory",
+            "pids",
+            "cpu",
+            "network",
+            "read_only_rootfs",
+            "capabilities",
+            "no_new_privileges",
+            "non_root",
+            "disk",
+            "image_volumes",
+        ] {
             assert!(s.enforcement.contains_key(k), "missing enforcement {k}");
         }
         assert!(s.skipped.is_empty(), "{:?}", s.skipped);

@@ -138,12 +138,10 @@ pub fn sha256_file(path: &Path) -> io::Result<String> {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// What `ldd` says about an executable.
@@ -164,10 +162,7 @@ fn run_ldd(exe: &Path) -> Result<Linkage, ToolsError> {
         // ldd prints in the C locale's words, which the parser depends on.
         .env("LC_ALL", "C")
         .output()
-        .map_err(|source| ToolsError::LddSpawn {
-            path: exe.to_owned(),
-            source,
-        })?;
+        .map_err(|source| ToolsError::LddSpawn { path: exe.to_owned(), source })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     parse_ldd(exe, out.status.success(), &stdout, &stderr)
@@ -178,10 +173,7 @@ fn parse_ldd(exe: &Path, success: bool, stdout: &str, stderr: &str) -> Result<Li
     if all.contains("not a dynamic executable") || all.contains("statically linked") {
         return Ok(Linkage::Static);
     }
-    let fail = |message: String| ToolsError::Ldd {
-        path: exe.to_owned(),
-        message,
-    };
+    let fail = |message: String| ToolsError::Ldd { path: exe.to_owned(), message };
     if !success {
         return Err(fail(stderr.trim().to_owned()));
     }
@@ -196,10 +188,7 @@ fn parse_ldd(exe: &Path, success: bool, stdout: &str, stderr: &str) -> Result<Li
         if let Some((name, path)) = line.split_once("=>") {
             let (name, path) = (name.trim(), path.trim());
             if path == "not found" || path.is_empty() {
-                return Err(ToolsError::MissingLibrary {
-                    path: exe.to_owned(),
-                    name: name.to_owned(),
-                });
+                return Err(ToolsError::MissingLibrary { path: exe.to_owned(), name: name.to_owned() });
             }
             if !path.starts_with('/') {
                 return Err(fail(format!("unexpected line {line:?}")));
@@ -231,8 +220,7 @@ fn ensure_base(base: &Path) -> Result<(), ToolsError> {
     match fs::DirBuilder::new().mode(DIR_MODE).create(base) {
         Ok(()) => {
             // The umask may have narrowed the mode; containers run as other users.
-            fs::set_permissions(base, fs::Permissions::from_mode(DIR_MODE))
-                .map_err(io_err("set mode of", base))?;
+            fs::set_permissions(base, fs::Permissions::from_mode(DIR_MODE)).map_err(io_err("set mode of", base))?;
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -244,10 +232,7 @@ fn ensure_base(base: &Path) -> Result<(), ToolsError> {
         Err(e) => return Err(io_err("create", base)(e)),
     }
     let meta = fs::symlink_metadata(base).map_err(io_err("inspect", base))?;
-    let untrusted = |why| ToolsError::Untrusted {
-        path: base.to_owned(),
-        why,
-    };
+    let untrusted = |why| ToolsError::Untrusted { path: base.to_owned(), why };
     if !meta.is_dir() {
         return Err(untrusted("not a directory"));
     }
@@ -266,38 +251,22 @@ impl ToolsBundle {
     pub fn prepare(exe: &Path, base: &Path) -> Result<ToolsBundle, ToolsError> {
         let exe_name = exe
             .file_name()
-            .ok_or(ToolsError::BadName {
-                path: exe.to_owned(),
-                why: "no file name",
-            })?
+            .ok_or(ToolsError::BadName { path: exe.to_owned(), why: "no file name" })?
             .to_str()
-            .ok_or(ToolsError::BadName {
-                path: exe.to_owned(),
-                why: "not UTF-8",
-            })?
+            .ok_or(ToolsError::BadName { path: exe.to_owned(), why: "not UTF-8" })?
             .to_owned();
         if exe_name == LIB_DIR || exe_name == MANIFEST {
-            return Err(ToolsError::BadName {
-                path: exe.to_owned(),
-                why: "reserved inside a bundle",
-            });
+            return Err(ToolsError::BadName { path: exe.to_owned(), why: "reserved inside a bundle" });
         }
-        let digest = sha256_file(exe).map_err(|source| ToolsError::ReadExe {
-            path: exe.to_owned(),
-            source,
-        })?;
+        let digest = sha256_file(exe).map_err(|source| ToolsError::ReadExe { path: exe.to_owned(), source })?;
         ensure_base(base)?;
         let dir = base.join(format!("bundle-{}", &digest[..16]));
         if let Some(bundle) = Self::reuse(&dir, &digest)? {
             return Ok(bundle);
         }
         let linkage = run_ldd(exe)?;
-        let tmp = base.join(format!(
-            ".tmp-bundle-{}-{}-{:08x}",
-            &digest[..16],
-            std::process::id(),
-            rand::random::<u32>()
-        ));
+        let tmp =
+            base.join(format!(".tmp-bundle-{}-{}-{:08x}", &digest[..16], std::process::id(), rand::random::<u32>()));
         let result = Self::build(&tmp, exe, &exe_name, &digest, &linkage);
         let manifest = match result {
             Ok(m) => m,
@@ -335,16 +304,14 @@ impl ToolsBundle {
             return Self::discard(dir);
         };
         let intact = manifest.exe_sha256 == digest
-            && manifest.sizes.iter().all(|(rel, size)| {
-                fs::metadata(dir.join(rel)).is_ok_and(|m| m.is_file() && m.len() == *size)
-            });
+            && manifest
+                .sizes
+                .iter()
+                .all(|(rel, size)| fs::metadata(dir.join(rel)).is_ok_and(|m| m.is_file() && m.len() == *size));
         if !intact {
             return Self::discard(dir);
         }
-        Ok(Some(ToolsBundle {
-            dir: dir.to_owned(),
-            manifest,
-        }))
+        Ok(Some(ToolsBundle { dir: dir.to_owned(), manifest }))
     }
 
     fn discard(dir: &Path) -> Result<Option<ToolsBundle>, ToolsError> {
@@ -356,24 +323,14 @@ impl ToolsBundle {
         Ok(None)
     }
 
-    fn build(
-        tmp: &Path,
-        exe: &Path,
-        exe_name: &str,
-        digest: &str,
-        linkage: &Linkage,
-    ) -> Result<Manifest, ToolsError> {
-        fs::DirBuilder::new()
-            .mode(DIR_MODE)
-            .create(tmp)
-            .map_err(io_err("create", tmp))?;
+    fn build(tmp: &Path, exe: &Path, exe_name: &str, digest: &str, linkage: &Linkage) -> Result<Manifest, ToolsError> {
+        fs::DirBuilder::new().mode(DIR_MODE).create(tmp).map_err(io_err("create", tmp))?;
         let mut sizes = BTreeMap::new();
         let mut copy = |from: &Path, rel: String, mode: u32| -> Result<(), ToolsError> {
             let to = tmp.join(&rel);
             // fs::copy follows a host symlink, so the bundle holds real files.
             let size = fs::copy(from, &to).map_err(io_err("copy", from))?;
-            fs::set_permissions(&to, fs::Permissions::from_mode(mode))
-                .map_err(io_err("set mode of", &to))?;
+            fs::set_permissions(&to, fs::Permissions::from_mode(mode)).map_err(io_err("set mode of", &to))?;
             sizes.insert(rel, size);
             Ok(())
         };
@@ -382,10 +339,7 @@ impl ToolsBundle {
             Linkage::Static => (None, Vec::new()),
             Linkage::Dynamic { loader, libs } => {
                 let lib = tmp.join(LIB_DIR);
-                fs::DirBuilder::new()
-                    .mode(DIR_MODE)
-                    .create(&lib)
-                    .map_err(io_err("create", &lib))?;
+                fs::DirBuilder::new().mode(DIR_MODE).create(&lib).map_err(io_err("create", &lib))?;
                 let loader_name = loader
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -410,23 +364,15 @@ impl ToolsBundle {
         // DirBuilder's mode is narrowed by the umask; a non-root container user must read in.
         for d in [tmp.to_owned(), tmp.join(LIB_DIR)] {
             if d.exists() {
-                fs::set_permissions(&d, fs::Permissions::from_mode(DIR_MODE))
-                    .map_err(io_err("set mode of", &d))?;
+                fs::set_permissions(&d, fs::Permissions::from_mode(DIR_MODE)).map_err(io_err("set mode of", &d))?;
             }
         }
-        let manifest = Manifest {
-            exe: exe_name.to_owned(),
-            exe_sha256: digest.to_owned(),
-            loader,
-            libs,
-            sizes,
-        };
+        let manifest = Manifest { exe: exe_name.to_owned(), exe_sha256: digest.to_owned(), loader, libs, sizes };
         let path = tmp.join(MANIFEST);
         let mut file = fs::File::create(&path).map_err(io_err("create", &path))?;
         file.write_all(&serde_json::to_vec(&manifest).expect("a manifest always serialises"))
             .map_err(io_err("write", &path))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(DATA_MODE))
-            .map_err(io_err("set mode of", &path))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(DATA_MODE)).map_err(io_err("set mode of", &path))?;
         Ok(manifest)
     }
 
@@ -490,24 +436,12 @@ impl ToolsBundle {
 
     /// Appends the bundle under `prefix` (e.g. `"app"`, or `""` for the root) to a tar,
     /// owned by 0:0 with the bundle's modes, so the result does not depend on the host.
-    pub fn append_to_tar<W: Write>(
-        &self,
-        tar: &mut tar::Builder<W>,
-        prefix: &str,
-    ) -> Result<(), ToolsError> {
+    pub fn append_to_tar<W: Write>(&self, tar: &mut tar::Builder<W>, prefix: &str) -> Result<(), ToolsError> {
         let prefix = prefix.trim_matches('/');
         let at = |rel: &str| {
-            if prefix.is_empty() {
-                rel.to_owned()
-            } else {
-                format!("{prefix}/{rel}")
-            }
+            if prefix.is_empty() { rel.to_owned() } else { format!("{prefix}/{rel}") }
         };
-        let tar_err = |source| ToolsError::Io {
-            op: "write tar of",
-            path: self.dir.clone(),
-            source,
-        };
+        let tar_err = |source| ToolsError::Io { op: "write tar of", path: self.dir.clone(), source };
         if !prefix.is_empty() {
             append_dir(tar, &format!("{prefix}/")).map_err(tar_err)?;
         }
@@ -525,8 +459,7 @@ impl ToolsBundle {
                     header.set_uid(0);
                     header.set_gid(0);
                     header.set_mtime(0);
-                    tar.append_data(&mut header, at(&rel), file)
-                        .map_err(tar_err)?;
+                    tar.append_data(&mut header, at(&rel), file).map_err(tar_err)?;
                 }
             }
         }
@@ -538,11 +471,7 @@ impl ToolsBundle {
     pub fn to_tar(&self) -> Result<Vec<u8>, ToolsError> {
         let mut tar = tar::Builder::new(Vec::new());
         self.append_to_tar(&mut tar, "")?;
-        tar.into_inner().map_err(|source| ToolsError::Io {
-            op: "finish tar of",
-            path: self.dir.clone(),
-            source,
-        })
+        tar.into_inner().map_err(|source| ToolsError::Io { op: "finish tar of", path: self.dir.clone(), source })
     }
 }
 
@@ -559,12 +488,7 @@ pub(crate) fn append_dir<W: Write>(tar: &mut tar::Builder<W>, path: &str) -> io:
 }
 
 /// Appends a root-owned regular file held in memory.
-pub(crate) fn append_bytes<W: Write>(
-    tar: &mut tar::Builder<W>,
-    path: &str,
-    mode: u32,
-    data: &[u8],
-) -> io::Result<()> {
+pub(crate) fn append_bytes<W: Write>(tar: &mut tar::Builder<W>, path: &str, mode: u32, data: &[u8]) -> io::Result<()> {
     let mut header = tar::Header::new_gnu();
     header.set_entry_type(tar::EntryType::Regular);
     header.set_size(data.len() as u64);
@@ -612,13 +536,7 @@ mod tests {
         assert!(loader.starts_with("ld-linux"), "{loader}");
         assert!(bundle.libs().iter().any(|l| l.starts_with("libc.so")));
         let dir = bundle.host_dir();
-        assert!(
-            dir.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("bundle-")
-        );
+        assert!(dir.file_name().unwrap().to_str().unwrap().starts_with("bundle-"));
         assert_eq!(mode(&base), 0o755);
         assert_eq!(mode(dir), 0o755);
         assert_eq!(mode(&dir.join("lib")), 0o755);
@@ -630,10 +548,8 @@ mod tests {
             assert_eq!(mode(&p), 0o644, "{lib}");
         }
         // Exactly what ldd listed, nothing else.
-        let mut on_disk: Vec<String> = fs::read_dir(dir.join("lib"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
+        let mut on_disk: Vec<String> =
+            fs::read_dir(dir.join("lib")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         on_disk.sort();
         let mut expected: Vec<String> = bundle.libs().to_vec();
         expected.push(loader.to_owned());
@@ -652,11 +568,7 @@ mod tests {
         );
 
         let entries = tar_entries(&bundle.to_tar().unwrap());
-        assert!(
-            entries
-                .iter()
-                .all(|(_, _, uid, gid)| *uid == 0 && *gid == 0)
-        );
+        assert!(entries.iter().all(|(_, _, uid, gid)| *uid == 0 && *gid == 0));
         assert!(entries.contains(&(name.to_owned(), 0o755, 0, 0)));
         assert!(entries.contains(&(format!("lib/{loader}"), 0o755, 0, 0)));
         assert!(entries.contains(&("lib/".to_owned(), 0o755, 0, 0)));
@@ -687,11 +599,7 @@ mod tests {
         let before = fs::metadata(&marker).unwrap().ino();
         let second = ToolsBundle::prepare(busybox, base.path()).unwrap();
         assert_eq!(first, second);
-        assert_eq!(
-            fs::metadata(&marker).unwrap().ino(),
-            before,
-            "rebuilt, not reused"
-        );
+        assert_eq!(fs::metadata(&marker).unwrap().ino(), before, "rebuilt, not reused");
         // No temp dirs left behind.
         assert_eq!(fs::read_dir(base.path()).unwrap().count(), 1);
     }
@@ -715,19 +623,11 @@ mod tests {
                    \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f60)\n\
                    \tld-linux-x86-64.so.2 => /lib64/ld-linux-x86-64.so.2 (0x00007f61)\n\
                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f60c72d8000)\n";
-        let Linkage::Dynamic { loader, libs } = parse_ldd(exe, true, out, "").unwrap() else {
-            panic!("static")
-        };
+        let Linkage::Dynamic { loader, libs } = parse_ldd(exe, true, out, "").unwrap() else { panic!("static") };
         assert_eq!(loader, PathBuf::from("/lib64/ld-linux-x86-64.so.2"));
         assert_eq!(libs.keys().collect::<Vec<_>>(), vec!["libgcc_s.so.1"]);
-        assert_eq!(
-            parse_ldd(exe, false, "", "\tnot a dynamic executable\n").unwrap(),
-            Linkage::Static
-        );
-        assert_eq!(
-            parse_ldd(exe, true, "\tstatically linked\n", "").unwrap(),
-            Linkage::Static
-        );
+        assert_eq!(parse_ldd(exe, false, "", "\tnot a dynamic executable\n").unwrap(), Linkage::Static);
+        assert_eq!(parse_ldd(exe, true, "\tstatically linked\n", "").unwrap(), Linkage::Static);
         assert!(matches!(
             parse_ldd(exe, true, "\tlibfoo.so.1 => not found\n", ""),
             Err(ToolsError::MissingLibrary { .. })

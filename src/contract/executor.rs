@@ -64,8 +64,11 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
 
     /// Runs one attempt. `Err` only when the attempt never ran; a handler that ran and
     /// failed is an `Ok(Outcome)` with a non-`ok` status.
-    fn run<'a>(&'a self, request: &'a Request, cancel: CancellationToken)
-    -> BoxFuture<'a, Result<Outcome, LaunchError>>;
+    fn run<'a>(
+        &'a self,
+        request: &'a Request,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, LaunchError>>;
 
     /// Removes what `worker_id` leaked across a restart, except this process's own
     /// attempts in flight. Called once at startup; a failure is reported, not fatal.

@@ -96,9 +96,7 @@ pub enum ParseError {
 }
 
 fn split_number(s: &str) -> (&str, &str) {
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     (&s[..end], &s[end..])
 }
 

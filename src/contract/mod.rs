@@ -1,8 +1,8 @@
 //! The engine-agnostic contract: types, the `Executor` trait, the registry.
 
 mod error;
-pub mod incarnation;
 mod executor;
+pub mod incarnation;
 mod level;
 pub mod limits;
 mod outcome;
@@ -15,7 +15,7 @@ pub use error::{Cause, LaunchError};
 pub use executor::{BoxFuture, Executor, ReclaimError, ReclaimFailure, ReclaimReport};
 pub use level::Level;
 pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
-pub use outcome::{EnvOverride, Evidence, LogCapture, Logs, NarrowedLimit, OutputFile, Outcome, RefusedEntry, Usage};
+pub use outcome::{EnvOverride, Evidence, LogCapture, Logs, NarrowedLimit, Outcome, OutputFile, RefusedEntry, Usage};
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};
 pub use request::{MAX_PAYLOAD_BYTES, PriorOutput, Request, RequestError, Task, valid_worker_id};

@@ -224,7 +224,9 @@ mod tests {
         o.evidence.oom_kills = Some(0);
         o.evidence.worker = "w".into();
         let v: serde_json::Value = serde_json::from_str(&o.to_json()).unwrap();
-        for k in ["status", "reason", "handler_error", "exit_code", "signal", "permanent", "usage", "outputs", "evidence"] {
+        for k in
+            ["status", "reason", "handler_error", "exit_code", "signal", "permanent", "usage", "outputs", "evidence"]
+        {
             assert!(v.get(k).is_some(), "missing {k}");
         }
         assert_eq!(v["status"], "handler_error");

@@ -31,11 +31,7 @@ impl Policy {
 
     /// The effective grace period.
     pub fn grace(&self) -> Duration {
-        if self.grace_period_ms <= 0 {
-            DEFAULT_GRACE
-        } else {
-            Duration::from_millis(self.grace_period_ms as u64)
-        }
+        if self.grace_period_ms <= 0 { DEFAULT_GRACE } else { Duration::from_millis(self.grace_period_ms as u64) }
     }
 
     /// Sets the grace period (builder style).

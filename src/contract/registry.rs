@@ -95,12 +95,8 @@ impl Registry {
         if policy.allow_downgrade {
             return Ok(default.clone());
         }
-        let registered = self
-            .rungs
-            .iter()
-            .map(|r| format!("{}({})", r.name(), r.level()))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let registered =
+            self.rungs.iter().map(|r| format!("{}({})", r.name(), r.level())).collect::<Vec<_>>().join(", ");
         Err(SelectError::Unsatisfiable { wanted: policy.level, registered })
     }
 
@@ -174,7 +170,10 @@ mod tests {
     fn unsatisfiable_lists_every_rung() {
         let r = reg(&[("inproc", Level::None), ("docker", Level::Sandboxed)]);
         let err = r.select(&Policy::at_least(Level::Vm)).unwrap_err();
-        assert_eq!(err.to_string(), "no executor provides isolation level vm (registered: inproc(none), docker(sandboxed))");
+        assert_eq!(
+            err.to_string(),
+            "no executor provides isolation level vm (registered: inproc(none), docker(sandboxed))"
+        );
         assert!(r.check_satisfiable([&Policy::at_least(Level::Vm)]).is_err());
         assert!(r.check_satisfiable([&Policy::at_least(Level::Sandboxed)]).is_ok());
     }

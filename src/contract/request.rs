@@ -180,9 +180,7 @@ fn plain_label(s: &str, max: usize) -> bool {
 
 /// Whether `s` is a valid worker ID: 1-128 characters of `[A-Za-z0-9_.-]`.
 pub fn valid_worker_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 impl Request {
@@ -345,7 +343,11 @@ impl Request {
         if let Some(m) = self.limits.memory_bytes()
             && m < (6 << 20)
         {
-            return Err(RequestError::Limit { key: "memory".into(), value: m, why: "below the engine's 6 MiB minimum" });
+            return Err(RequestError::Limit {
+                key: "memory".into(),
+                value: m,
+                why: "below the engine's 6 MiB minimum",
+            });
         }
         if let Some(d) = self.limits.disk_bytes()
             && d < (1 << 20)

@@ -149,9 +149,7 @@ pub fn decide(f: &Facts) -> Verdict {
     if f.panicked {
         return verdict(Status::Killed, Some(reason::PANICKED));
     }
-    let succeeded = f.exit == Exit::Code(0)
-        && f.handler_error.is_none()
-        && (!f.expects_record || f.has_record);
+    let succeeded = f.exit == Exit::Code(0) && f.handler_error.is_none() && (!f.expects_record || f.has_record);
     if !succeeded && f.oom_kills > 0 {
         return verdict(Status::OomKilled, Some(reason::OOM));
     }

@@ -27,22 +27,17 @@ pub fn builtin() -> Handlers {
     Handlers::new()
         .with_version(concat!("stevedore ", env!("CARGO_PKG_VERSION")))
         .register("true", |_| async { Ok(()) })
-        .register("echo", |ctx| async move {
-            write(&ctx.output("payload"), &ctx.payload).await
-        })
+        .register("echo", |ctx| async move { write(&ctx.output("payload"), &ctx.payload).await })
         .register("write-outputs", |ctx| async move {
             write(&ctx.output("a.txt"), b"alpha\n").await?;
             write(&ctx.output("dir/b.json"), br#"{"b":1}"#).await
         })
-        .register("fail", |ctx| async move {
-            Err(HandlerError::new(text_or(&ctx, "failed")))
-        })
-        .register("fail-permanent", |ctx| async move {
-            Err(HandlerError::permanent(text_or(&ctx, "failed permanently")))
-        })
-        .register("panic", |ctx| async move {
-            panic!("{}", text_or(&ctx, "the panic handler panicked"))
-        })
+        .register("fail", |ctx| async move { Err(HandlerError::new(text_or(&ctx, "failed"))) })
+        .register(
+            "fail-permanent",
+            |ctx| async move { Err(HandlerError::permanent(text_or(&ctx, "failed permanently"))) },
+        )
+        .register("panic", |ctx| async move { panic!("{}", text_or(&ctx, "the panic handler panicked")) })
         .register("sleep", |ctx| async move {
             let d = millis(&ctx)?;
             tokio::select! {
@@ -77,9 +72,7 @@ pub fn builtin() -> Handlers {
             Ok(())
         })
         .register("cat-input", |ctx| async move {
-            let src = ctx
-                .input("in")
-                .ok_or_else(|| HandlerError::permanent("no input slot \"in\""))?;
+            let src = ctx.input("in").ok_or_else(|| HandlerError::permanent("no input slot \"in\""))?;
             tokio::fs::copy(src, ctx.output("copy"))
                 .await
                 .map_err(|e| HandlerError::context(format!("copying {}", src.display()), e))?;
@@ -88,21 +81,12 @@ pub fn builtin() -> Handlers {
 }
 
 fn text_or(ctx: &HandlerContext, default: &str) -> String {
-    if ctx.payload.is_empty() {
-        default.to_owned()
-    } else {
-        ctx.payload_text().into_owned()
-    }
+    if ctx.payload.is_empty() { default.to_owned() } else { ctx.payload_text().into_owned() }
 }
 
-fn parse_payload<T: std::str::FromStr>(
-    ctx: &HandlerContext,
-    what: &str,
-) -> Result<T, HandlerError> {
+fn parse_payload<T: std::str::FromStr>(ctx: &HandlerContext, what: &str) -> Result<T, HandlerError> {
     let text = ctx.payload_text();
-    text.trim().parse().map_err(|_| {
-        HandlerError::permanent(format!("payload must be {what}, got {:?}", text.trim()))
-    })
+    text.trim().parse().map_err(|_| HandlerError::permanent(format!("payload must be {what}, got {:?}", text.trim())))
 }
 
 fn millis(ctx: &HandlerContext) -> Result<Duration, HandlerError> {
@@ -115,15 +99,13 @@ async fn write(path: &Path, bytes: &[u8]) -> Result<(), HandlerError> {
             .await
             .map_err(|e| HandlerError::context(format!("creating {}", parent.display()), e))?;
     }
-    tokio::fs::write(path, bytes)
-        .await
-        .map_err(|e| HandlerError::context(format!("writing {}", path.display()), e))
+    tokio::fs::write(path, bytes).await.map_err(|e| HandlerError::context(format!("writing {}", path.display()), e))
 }
 
 async fn sha256_file(path: PathBuf) -> Result<String, HandlerError> {
     tokio::task::spawn_blocking(move || {
-        let mut file = std::fs::File::open(&path)
-            .map_err(|e| HandlerError::context(format!("opening {}", path.display()), e))?;
+        let mut file =
+            std::fs::File::open(&path).map_err(|e| HandlerError::context(format!("opening {}", path.display()), e))?;
         let mut h = Sha256::new();
         std::io::copy(&mut file, &mut h)
             .map_err(|e| HandlerError::context(format!("reading {}", path.display()), e))?;
@@ -198,11 +180,6 @@ mod tests {
     #[tokio::test]
     async fn cat_input_without_slot_is_permanent() {
         let t = tempfile::tempdir().unwrap();
-        assert!(
-            call("cat-input", ctx(t.path(), ""))
-                .await
-                .unwrap_err()
-                .permanent
-        );
+        assert!(call("cat-input", ctx(t.path(), "")).await.unwrap_err().permanent);
     }
 }

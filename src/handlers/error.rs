@@ -19,40 +19,22 @@ pub struct HandlerError {
 impl HandlerError {
     /// A retryable error with `message`.
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            permanent: false,
-            source: None,
-        }
+        Self { message: message.into(), permanent: false, source: None }
     }
 
     /// An error that retrying cannot fix.
     pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            permanent: true,
-            ..Self::new(message)
-        }
+        Self { permanent: true, ..Self::new(message) }
     }
 
     /// A retryable error carrying `err`, with its text as the message.
     pub fn from_error<E: Error + Send + Sync + 'static>(err: E) -> Self {
-        Self {
-            message: err.to_string(),
-            permanent: false,
-            source: Some(Box::new(err)),
-        }
+        Self { message: err.to_string(), permanent: false, source: Some(Box::new(err)) }
     }
 
     /// A retryable error carrying `err`, with the message `"<context>: <err>"`.
-    pub fn context<E: Error + Send + Sync + 'static>(
-        context: impl std::fmt::Display,
-        err: E,
-    ) -> Self {
-        Self {
-            message: format!("{context}: {err}"),
-            permanent: false,
-            source: Some(Box::new(err)),
-        }
+    pub fn context<E: Error + Send + Sync + 'static>(context: impl std::fmt::Display, err: E) -> Self {
+        Self { message: format!("{context}: {err}"), permanent: false, source: Some(Box::new(err)) }
     }
 
     /// Attaches `err` as the source, keeping the message.
@@ -158,28 +140,15 @@ mod tests {
         assert!(e.source().unwrap().downcast_ref::<Inner>().is_some());
         let e = HandlerError::from(std::io::Error::other("disk"));
         assert_eq!(e.to_string(), "disk");
-        assert!(
-            e.source()
-                .unwrap()
-                .downcast_ref::<std::io::Error>()
-                .is_some()
-        );
-        let e = HandlerError::new("m")
-            .with_source(Inner)
-            .with_permanent(true);
+        assert!(e.source().unwrap().downcast_ref::<std::io::Error>().is_some());
+        let e = HandlerError::new("m").with_source(Inner).with_permanent(true);
         assert!(e.permanent && e.source.is_some());
     }
 
     #[test]
     fn chains() {
-        assert_eq!(
-            error_chain(&HandlerError::new("outer").with_source(Inner)),
-            "outer: inner"
-        );
-        assert_eq!(
-            error_chain(&HandlerError::context("ctx", Inner)),
-            "ctx: inner"
-        );
+        assert_eq!(error_chain(&HandlerError::new("outer").with_source(Inner)), "outer: inner");
+        assert_eq!(error_chain(&HandlerError::context("ctx", Inner)), "ctx: inner");
         assert_eq!(error_chain(&HandlerError::from_error(Inner)), "inner");
     }
 

@@ -107,10 +107,7 @@ impl Handlers {
 
 impl fmt::Debug for Handlers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Handlers")
-            .field("names", &self.names())
-            .field("version", &self.version)
-            .finish()
+        f.debug_struct("Handlers").field("names", &self.names()).field("version", &self.version).finish()
     }
 }
 
@@ -119,9 +116,7 @@ mod tests {
     use super::*;
 
     fn set(names: &[&str]) -> Handlers {
-        names
-            .iter()
-            .fold(Handlers::new(), |h, n| h.register(*n, |_| async { Ok(()) }))
+        names.iter().fold(Handlers::new(), |h, n| h.register(*n, |_| async { Ok(()) }))
     }
 
     #[test]
@@ -143,14 +138,8 @@ mod tests {
         assert_ne!(base, set(&["a", "b", "c"]).fingerprint());
         assert_ne!(base, set(&["a\u{a0}b"]).fingerprint());
         assert_ne!(base, set(&["a", "b"]).with_version("1").fingerprint());
-        assert_ne!(
-            set(&["a"]).with_version("1").fingerprint(),
-            set(&["a"]).with_version("2").fingerprint()
-        );
-        assert_ne!(
-            Handlers::new().fingerprint(),
-            set(&[""; 0]).with_version("").fingerprint()
-        );
+        assert_ne!(set(&["a"]).with_version("1").fingerprint(), set(&["a"]).with_version("2").fingerprint());
+        assert_ne!(Handlers::new().fingerprint(), set(&[""; 0]).with_version("").fingerprint());
     }
 
     #[test]

@@ -11,9 +11,7 @@
 
 use crate::container::tools::{ToolsBundle, ToolsError, append_bytes, append_dir};
 use bollard::Docker;
-use bollard::query_parameters::{
-    BuildImageOptionsBuilder, CreateImageOptionsBuilder, RemoveImageOptionsBuilder,
-};
+use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuilder, RemoveImageOptionsBuilder};
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -95,13 +93,7 @@ pub struct PackSpec {
 impl PackSpec {
     /// A spec with no fingerprint, no extra labels and the default non-root user.
     pub fn new(exe: impl Into<PathBuf>, tag: impl Into<String>) -> Self {
-        PackSpec {
-            exe: exe.into(),
-            tag: tag.into(),
-            fingerprint: None,
-            labels: BTreeMap::new(),
-            user: DEFAULT_USER,
-        }
+        PackSpec { exe: exe.into(), tag: tag.into(), fingerprint: None, labels: BTreeMap::new(), user: DEFAULT_USER }
     }
 }
 
@@ -125,10 +117,7 @@ fn labels_for(spec: &PackSpec, bundle: &ToolsBundle, entry: &[String]) -> BTreeM
     };
     own(LABEL_MANAGED, "true".to_owned());
     own(LABEL_PACKED, "true".to_owned());
-    own(
-        LABEL_ENTRY,
-        serde_json::to_string(entry).expect("strings always serialise"),
-    );
+    own(LABEL_ENTRY, serde_json::to_string(entry).expect("strings always serialise"));
     own(LABEL_EXE_SHA256, bundle.exe_sha256().to_owned());
     if let Some(fp) = &spec.fingerprint {
         own(LABEL_FINGERPRINT, fp.clone());
@@ -146,9 +135,7 @@ fn rootfs_tar(spec: &PackSpec, bundle: &ToolsBundle) -> Result<Vec<u8>, PackErro
     let mut passwd = "root:x:0:0:root:/:/sbin/nologin\n".to_owned();
     let mut group = "root:x:0:\n".to_owned();
     if uid != 0 {
-        passwd.push_str(&format!(
-            "{USER_NAME}:x:{uid}:{gid}:{USER_NAME}:/nonexistent:/sbin/nologin\n"
-        ));
+        passwd.push_str(&format!("{USER_NAME}:x:{uid}:{gid}:{USER_NAME}:/nonexistent:/sbin/nologin\n"));
     }
     if gid != 0 {
         group.push_str(&format!("{USER_NAME}:x:{gid}:\n"));
@@ -165,16 +152,11 @@ fn rootfs_tar(spec: &PackSpec, bundle: &ToolsBundle) -> Result<Vec<u8>, PackErro
 }
 
 /// The Dockerfile instructions the import applies: user, entrypoint, labels.
-fn changes(
-    spec: &PackSpec,
-    entry: &[String],
-    labels: &BTreeMap<String, String>,
-) -> Result<Vec<String>, PackError> {
+fn changes(spec: &PackSpec, entry: &[String], labels: &BTreeMap<String, String>) -> Result<Vec<String>, PackError> {
     let mut label = String::from("LABEL");
     for (k, v) in labels {
-        let key_ok = !k.is_empty()
-            && k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/'));
+        let key_ok =
+            !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/'));
         if !key_ok || v.chars().any(char::is_control) {
             return Err(PackError::BadLabel { key: k.clone() });
         }
@@ -191,10 +173,7 @@ fn changes(
     }
     Ok(vec![
         format!("USER {}", user_string(spec.user)),
-        format!(
-            "ENTRYPOINT {}",
-            serde_json::to_string(entry).expect("strings always serialise")
-        ),
+        format!("ENTRYPOINT {}", serde_json::to_string(entry).expect("strings always serialise")),
         label,
     ])
 }
@@ -213,22 +192,13 @@ pub async fn pack_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImage,
     pack_bundle(docker, spec, &bundle).await
 }
 
-async fn pack_bundle(
-    docker: &Docker,
-    spec: &PackSpec,
-    bundle: &ToolsBundle,
-) -> Result<PackedImage, PackError> {
+async fn pack_bundle(docker: &Docker, spec: &PackSpec, bundle: &ToolsBundle) -> Result<PackedImage, PackError> {
     let entry = bundle.argv(APP_DIR);
     let labels = labels_for(spec, bundle, &entry);
     let changes = changes(spec, &entry, &labels)?;
     let rootfs = rootfs_tar(spec, bundle)?;
     let id = import(docker, &spec.tag, rootfs, changes).await?;
-    Ok(PackedImage {
-        id,
-        tag: spec.tag.clone(),
-        entry,
-        reused: false,
-    })
+    Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: false })
 }
 
 /// Reuses `spec.tag` when it already holds this exe packed the same way, else packs it
@@ -239,14 +209,9 @@ pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImag
     let wanted = labels_for(spec, &bundle, &entry);
     let previous = match docker.inspect_image(&spec.tag).await {
         Ok(image) => Some(image),
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
-        }) => None,
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => None,
         Err(source) => {
-            return Err(PackError::Engine {
-                op: "inspect image",
-                source,
-            });
+            return Err(PackError::Engine { op: "inspect image", source });
         }
     };
     let mut stale = None;
@@ -259,12 +224,7 @@ pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImag
         let same_user = config.user.as_deref() == Some(user_string(spec.user).as_str());
         match image.id {
             Some(id) if same_labels && same_user => {
-                return Ok(PackedImage {
-                    id,
-                    tag: spec.tag.clone(),
-                    entry,
-                    reused: true,
-                });
+                return Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: true });
             }
             Some(id) if have.get(LABEL_PACKED).is_some_and(|v| v == "true") => stale = Some(id),
             _ => {}
@@ -282,21 +242,10 @@ pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImag
 }
 
 /// Imports a root filesystem tar as a one-layer image with `changes` applied.
-async fn import(
-    docker: &Docker,
-    reference: &str,
-    rootfs: Vec<u8>,
-    changes: Vec<String>,
-) -> Result<String, PackError> {
+async fn import(docker: &Docker, reference: &str, rootfs: Vec<u8>, changes: Vec<String>) -> Result<String, PackError> {
     let (repo, tag) = split_tag(reference);
-    let options = CreateImageOptionsBuilder::new()
-        .from_src("-")
-        .repo(repo)
-        .tag(tag)
-        .changes(changes)
-        .build();
-    let mut stream =
-        docker.create_image(Some(options), Some(bollard::body_full(rootfs.into())), None);
+    let options = CreateImageOptionsBuilder::new().from_src("-").repo(repo).tag(tag).changes(changes).build();
+    let mut stream = docker.create_image(Some(options), Some(bollard::body_full(rootfs.into())), None);
     let mut id = None;
     while let Some(item) = stream.next().await {
         match item {
@@ -310,16 +259,10 @@ async fn import(
                 bollard::errors::Error::DockerStreamError { error: message }
                 | bollard::errors::Error::DockerResponseServerError { message, .. },
             ) => {
-                return Err(PackError::Build {
-                    tag: reference.to_owned(),
-                    message: message.trim().to_owned(),
-                });
+                return Err(PackError::Build { tag: reference.to_owned(), message: message.trim().to_owned() });
             }
             Err(source) => {
-                return Err(PackError::Engine {
-                    op: "import image",
-                    source,
-                });
+                return Err(PackError::Engine { op: "import image", source });
             }
         }
     }
@@ -331,11 +274,7 @@ async fn import(
 
 /// Builds any Dockerfile context (a tar with `Dockerfile` at its root) into `tag` with the
 /// engine's legacy builder; returns the image id.
-pub async fn build_image_from_dir_tar(
-    docker: &Docker,
-    tag: &str,
-    context_tar: Vec<u8>,
-) -> Result<String, PackError> {
+pub async fn build_image_from_dir_tar(docker: &Docker, tag: &str, context_tar: Vec<u8>) -> Result<String, PackError> {
     build(docker, tag, context_tar).await
 }
 
@@ -367,23 +306,14 @@ async fn build(docker: &Docker, tag: &str, context: Vec<u8>) -> Result<String, P
                 }
             }
             Err(bollard::errors::Error::DockerStreamError { error }) => {
-                return Err(PackError::Build {
-                    tag: tag.to_owned(),
-                    message: error.trim().to_owned(),
-                });
+                return Err(PackError::Build { tag: tag.to_owned(), message: error.trim().to_owned() });
             }
             Err(bollard::errors::Error::DockerResponseServerError { message, .. }) => {
                 // The engine refused the build up front (e.g. a bad Dockerfile).
-                return Err(PackError::Build {
-                    tag: tag.to_owned(),
-                    message: message.trim().to_owned(),
-                });
+                return Err(PackError::Build { tag: tag.to_owned(), message: message.trim().to_owned() });
             }
             Err(source) => {
-                return Err(PackError::Engine {
-                    op: "build image",
-                    source,
-                });
+                return Err(PackError::Engine { op: "build image", source });
             }
         }
     }
@@ -397,19 +327,11 @@ async fn build(docker: &Docker, tag: &str, context: Vec<u8>) -> Result<String, P
 /// The id of the image `tag` just made; its absence is a failed build with `message`.
 async fn inspect_id(docker: &Docker, tag: &str, message: String) -> Result<String, PackError> {
     match docker.inspect_image(tag).await {
-        Ok(image) => image.id.ok_or_else(|| PackError::NoImageId {
-            tag: tag.to_owned(),
-        }),
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
-        }) => Err(PackError::Build {
-            tag: tag.to_owned(),
-            message,
-        }),
-        Err(source) => Err(PackError::Engine {
-            op: "inspect image",
-            source,
-        }),
+        Ok(image) => image.id.ok_or_else(|| PackError::NoImageId { tag: tag.to_owned() }),
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
+            Err(PackError::Build { tag: tag.to_owned(), message })
+        }
+        Err(source) => Err(PackError::Engine { op: "inspect image", source }),
     }
 }
 
@@ -425,8 +347,7 @@ mod tests {
         let mut spec = PackSpec::new(&exe, "t:latest");
         spec.fingerprint = Some("fp1".to_owned());
         spec.labels.insert("x".to_owned(), "y".to_owned());
-        spec.labels
-            .insert(LABEL_MANAGED.to_owned(), "false".to_owned());
+        spec.labels.insert(LABEL_MANAGED.to_owned(), "false".to_owned());
         let entry = bundle.argv(APP_DIR);
         assert_eq!(entry[0], format!("/app/lib/{}", bundle.loader().unwrap()));
         let labels = labels_for(&spec, &bundle, &entry);
@@ -468,19 +389,13 @@ mod tests {
         assert_eq!(changes[2], r#"LABEL k="a \"b\" \\ \$HOME""#);
         for (k, v) in [("a b", "v"), ("", "v"), ("k", "line\nbreak")] {
             let labels = BTreeMap::from([(k.to_owned(), v.to_owned())]);
-            assert!(matches!(
-                changes_of(&spec, &labels),
-                Err(PackError::BadLabel { .. })
-            ));
+            assert!(matches!(changes_of(&spec, &labels), Err(PackError::BadLabel { .. })));
         }
         spec.user = (0, 0);
         assert_eq!(changes_of(&spec, &BTreeMap::new()).unwrap()[0], "USER 0:0");
     }
 
-    fn changes_of(
-        spec: &PackSpec,
-        labels: &BTreeMap<String, String>,
-    ) -> Result<Vec<String>, PackError> {
+    fn changes_of(spec: &PackSpec, labels: &BTreeMap<String, String>) -> Result<Vec<String>, PackError> {
         changes(spec, &[], labels)
     }
 

@@ -1,8 +1,8 @@
 //! The in-process rung.
 
 use crate::contract::{
-    BoxFuture, Executor, Exit, Facts, LaunchError, Level, Outcome, ReclaimError, ReclaimReport,
-    Request, Status, Task, decide, reason, valid_worker_id,
+    BoxFuture, Executor, Exit, Facts, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request, Status, Task,
+    decide, reason, valid_worker_id,
 };
 use crate::handlers::{HandlerContext, HandlerError, Handlers, cap_text, error_chain, panic_text};
 use crate::outputs::{self, Caps, WalkReport};
@@ -83,11 +83,7 @@ impl InProcessExecutor {
         &self.handlers
     }
 
-    async fn attempt(
-        &self,
-        request: &Request,
-        cancel: CancellationToken,
-    ) -> Result<Outcome, LaunchError> {
+    async fn attempt(&self, request: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
         // Taken before the check so that `close` either refuses this attempt or waits for it.
         let _in_flight = self.tracker.token();
         if self.tracker.is_closed() {
@@ -97,10 +93,7 @@ impl InProcessExecutor {
         let name = match &request.task {
             Task::Handler(name) => name,
             Task::Command(_) => {
-                return Err(LaunchError::NotAllowed(format!(
-                    "{} runs handlers, not plain commands",
-                    self.name
-                )));
+                return Err(LaunchError::NotAllowed(format!("{} runs handlers, not plain commands", self.name)));
             }
         };
         if cancel.is_cancelled() {
@@ -116,33 +109,18 @@ impl InProcessExecutor {
                 "handler set fingerprint mismatch: request expects {expected}, this worker has {}",
                 self.fingerprint
             );
-            return Ok(launch_failed(
-                outcome,
-                start,
-                msg,
-                reason::FINGERPRINT_MISMATCH,
-            ));
+            return Ok(launch_failed(outcome, start, msg, reason::FINGERPRINT_MISMATCH));
         }
         let Some(handler) = self.handlers.get(name).cloned() else {
-            return Ok(launch_failed(
-                outcome,
-                start,
-                format!("unknown handler {name:?}"),
-                reason::UNKNOWN_HANDLER,
-            ));
+            return Ok(launch_failed(outcome, start, format!("unknown handler {name:?}"), reason::UNKNOWN_HANDLER));
         };
         tokio::fs::create_dir_all(&request.output_dir)
             .await
-            .map_err(|e| LaunchError::Staging {
-                what: "output dir".into(),
-                source: Box::new(e),
-            })?;
+            .map_err(|e| LaunchError::Staging { what: "output dir".into(), source: Box::new(e) })?;
 
         let end = if request.deadline.is_some_and(|d| d <= start) {
             // Not started at all, so nothing of it can still be running.
-            End::Deadline {
-                still_running: false,
-            }
+            End::Deadline { still_running: false }
         } else {
             let ctx = context(request, cancel.child_token());
             let handler_cancel = ctx.cancel.clone();
@@ -151,11 +129,7 @@ impl InProcessExecutor {
                 // Called inside the task, so that a handler panicking before its first
                 // await is caught like any other panic.
                 let result = handler(ctx).await;
-                Returned {
-                    result,
-                    at: Instant::now(),
-                    cancelled: caller_cancel.is_cancelled(),
-                }
+                Returned { result, at: Instant::now(), cancelled: caller_cancel.is_cancelled() }
             });
             let settle = SETTLE.min(request.policy.grace());
             wait(task, request.deadline, &cancel, &handler_cancel, settle).await
@@ -189,8 +163,7 @@ impl InProcessExecutor {
                 if still_running {
                     outcome.evidence.still_running = true;
                     outcome.evidence.notes.push(
-                        "the handler was cancelled but has not returned; an in-process handler cannot be killed"
-                            .into(),
+                        "the handler was cancelled but has not returned; an in-process handler cannot be killed".into(),
                     );
                 }
             }
@@ -214,24 +187,14 @@ impl InProcessExecutor {
         ev.started_at_unix_ms = Some(unix_ms());
         for (key, amount) in &request.limits.0 {
             if *amount > 0 {
-                ev.skipped.insert(
-                    format!("limit.{key}"),
-                    "the in-process rung enforces no limits".into(),
-                );
+                ev.skipped.insert(format!("limit.{key}"), "the in-process rung enforces no limits".into());
             }
         }
         if !request.env.is_empty() {
-            ev.skipped.insert(
-                "env".into(),
-                "in-process handlers see the worker's own environment".into(),
-            );
+            ev.skipped.insert("env".into(), "in-process handlers see the worker's own environment".into());
         }
-        o.usage
-            .sources
-            .insert("cpu_time_ms".into(), SHARED_PROCESS.into());
-        o.usage
-            .sources
-            .insert("peak_memory_bytes".into(), SHARED_PROCESS.into());
+        o.usage.sources.insert("cpu_time_ms".into(), SHARED_PROCESS.into());
+        o.usage.sources.insert("peak_memory_bytes".into(), SHARED_PROCESS.into());
         o
     }
 
@@ -278,24 +241,14 @@ async fn wait(
     match joined {
         // What happened first wins: the task notes when the handler returned and whether
         // the caller had cancelled by then.
-        Some(Ok(r)) if late(r.at) => End::Deadline {
-            still_running: false,
-        },
-        Some(Ok(r)) if r.cancelled => End::Cancelled {
-            still_running: false,
-        },
+        Some(Ok(r)) if late(r.at) => End::Deadline { still_running: false },
+        Some(Ok(r)) if r.cancelled => End::Cancelled { still_running: false },
         Some(Ok(r)) => End::Returned(r.result),
         Some(Err(e)) if e.is_panic() => End::Panicked(panic_text(&*e.into_panic())),
         // The runtime is shutting down under us.
-        Some(Err(_)) => End::Cancelled {
-            still_running: false,
-        },
-        None if late(Instant::now()) => End::Deadline {
-            still_running: true,
-        },
-        None => End::Cancelled {
-            still_running: true,
-        },
+        Some(Err(_)) => End::Cancelled { still_running: false },
+        None if late(Instant::now()) => End::Deadline { still_running: true },
+        None => End::Cancelled { still_running: true },
     }
 }
 
@@ -307,11 +260,7 @@ fn context(request: &Request, cancel: CancellationToken) -> HandlerContext {
         job_id: request.job_id.clone(),
         attempt: request.attempt,
         payload: request.payload.clone(),
-        inputs: request
-            .inputs
-            .iter()
-            .map(|(slot, rel)| (slot.clone(), input_dir.join(rel)))
-            .collect(),
+        inputs: request.inputs.iter().map(|(slot, rel)| (slot.clone(), input_dir.join(rel))).collect(),
         input_dir,
         output_dir: abs(&request.output_dir),
         prior_outputs: request.prior_outputs.clone(),
@@ -321,18 +270,12 @@ fn context(request: &Request, cancel: CancellationToken) -> HandlerContext {
 }
 
 fn launch_failed(mut o: Outcome, start: Instant, msg: String, why: &'static str) -> Outcome {
-    let verdict = decide(&Facts {
-        launch_failed: Some(msg.clone()),
-        ..Facts::default()
-    });
+    let verdict = decide(&Facts { launch_failed: Some(msg.clone()), ..Facts::default() });
     o.status = verdict.status;
     o.reason = Some(verdict.reason.unwrap_or(why).to_owned());
     o.handler_error = msg;
     o.permanent = true;
-    o.usage.sources.insert(
-        "disk_written_bytes".into(),
-        "unavailable: the handler did not run".into(),
-    );
+    o.usage.sources.insert("disk_written_bytes".into(), "unavailable: the handler did not run".into());
     finish(&mut o, start);
     o
 }
@@ -347,35 +290,23 @@ fn record_outputs(o: &mut Outcome, walked: Option<Result<WalkReport, String>>, s
             o.outputs = report.files;
         }
         Some(Err(e)) => {
-            sources.insert(
-                "disk_written_bytes".into(),
-                format!("unavailable: walking the outputs failed: {e}"),
-            );
-            o.evidence
-                .notes
-                .push(format!("walking the output dir failed: {e}"));
+            sources.insert("disk_written_bytes".into(), format!("unavailable: walking the outputs failed: {e}"));
+            o.evidence.notes.push(format!("walking the output dir failed: {e}"));
         }
         None => {
-            sources.insert(
-                "disk_written_bytes".into(),
-                format!("unavailable: outputs are not walked for {status}"),
-            );
+            sources.insert("disk_written_bytes".into(), format!("unavailable: outputs are not walked for {status}"));
         }
     }
 }
 
 fn finish(o: &mut Outcome, start: Instant) {
     o.usage.wall_time_ms = Some(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
-    o.usage
-        .sources
-        .insert("wall_time_ms".into(), "host_clock".into());
+    o.usage.sources.insert("wall_time_ms".into(), "host_clock".into());
     o.evidence.finished_at_unix_ms = Some(unix_ms());
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Executor for InProcessExecutor {
@@ -395,19 +326,13 @@ impl Executor for InProcessExecutor {
         Box::pin(self.attempt(request, cancel))
     }
 
-    fn reclaim<'a>(
-        &'a self,
-        worker_id: &'a str,
-    ) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
+    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
         Box::pin(async move {
             if !valid_worker_id(worker_id) {
                 return Err(ReclaimError::WorkerId(worker_id.to_owned()));
             }
             // Nothing outlives the worker's process, so nothing can leak across a restart.
-            Ok(ReclaimReport {
-                worker: worker_id.to_owned(),
-                ..ReclaimReport::default()
-            })
+            Ok(ReclaimReport { worker: worker_id.to_owned(), ..ReclaimReport::default() })
         })
     }
 

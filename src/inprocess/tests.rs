@@ -70,20 +70,11 @@ fn sha(bytes: &[u8]) -> String {
 async fn ok_lists_outputs_hashed() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(&req(t.path(), "write-outputs"), CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref(), o.handler_error.as_str()),
-        (Status::Ok, None, "")
-    );
+    let o = e.run(&req(t.path(), "write-outputs"), CancellationToken::new()).await.unwrap();
+    assert_eq!((o.status, o.reason.as_deref(), o.handler_error.as_str()), (Status::Ok, None, ""));
     let names: Vec<_> = o.outputs.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["a.txt", "dir/b.json"]);
-    assert_eq!(
-        (o.outputs[0].size, o.outputs[0].hash.as_str()),
-        (6, sha(b"alpha\n").as_str())
-    );
+    assert_eq!((o.outputs[0].size, o.outputs[0].hash.as_str()), (6, sha(b"alpha\n").as_str()));
     assert_eq!(o.outputs[1].hash, sha(br#"{"b":1}"#));
     assert_eq!(o.usage.disk_written_bytes, Some(6 + 7));
     assert_eq!(o.usage.sources["disk_written_bytes"], "walked");
@@ -94,10 +85,7 @@ async fn ok_lists_outputs_hashed() {
     assert!(o.usage.sources["peak_memory_bytes"].starts_with("unavailable: in-process"));
     assert_eq!((o.exit_code, o.signal, o.permanent), (None, None, false));
     let ev = &o.evidence;
-    assert_eq!(
-        (ev.executor.as_str(), ev.level, ev.worker.as_str()),
-        ("inprocess", Some(Level::None), "w1")
-    );
+    assert_eq!((ev.executor.as_str(), ev.level, ev.worker.as_str()), ("inprocess", Some(Level::None), "w1"));
     assert_eq!(ev.incarnation, "boot-1");
     assert!(ev.started_at_unix_ms.unwrap() <= ev.finished_at_unix_ms.unwrap());
     assert!(!ev.still_running);
@@ -107,77 +95,34 @@ async fn ok_lists_outputs_hashed() {
 async fn echo_writes_the_payload() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(
-            &req(t.path(), "echo").payload("hello"),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let o = e.run(&req(t.path(), "echo").payload("hello"), CancellationToken::new()).await.unwrap();
     assert_eq!(o.status, Status::Ok);
-    assert_eq!(
-        std::fs::read(t.path().join("out/payload")).unwrap(),
-        b"hello"
-    );
+    assert_eq!(std::fs::read(t.path().join("out/payload")).unwrap(), b"hello");
 }
 
 #[tokio::test]
 async fn handler_error_keeps_cause() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(&req(t.path(), "typed-error"), CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::HandlerError, None)
-    );
+    let o = e.run(&req(t.path(), "typed-error"), CancellationToken::new()).await.unwrap();
+    assert_eq!((o.status, o.reason.as_deref()), (Status::HandlerError, None));
     assert_eq!(o.handler_error, "fixing the widget: the widget is broken");
     assert!(!o.permanent);
     let cause = o.cause.as_ref().expect("cause kept");
-    let he = cause
-        .downcast_ref::<HandlerError>()
-        .expect("the handler's own error");
-    assert!(
-        std::error::Error::source(he)
-            .unwrap()
-            .downcast_ref::<WidgetError>()
-            .is_some()
-    );
-    assert_eq!(
-        o.outputs
-            .iter()
-            .map(|f| f.name.as_str())
-            .collect::<Vec<_>>(),
-        ["partial"]
-    );
-    assert!(
-        o.to_json().contains("handler_error"),
-        "serialises without the cause"
-    );
+    let he = cause.downcast_ref::<HandlerError>().expect("the handler's own error");
+    assert!(std::error::Error::source(he).unwrap().downcast_ref::<WidgetError>().is_some());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["partial"]);
+    assert!(o.to_json().contains("handler_error"), "serialises without the cause");
 }
 
 #[tokio::test]
 async fn fail_and_fail_permanent() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(
-            &req(t.path(), "fail").payload("nope"),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (o.status, o.handler_error.as_str(), o.permanent),
-        (Status::HandlerError, "nope", false)
-    );
+    let o = e.run(&req(t.path(), "fail").payload("nope"), CancellationToken::new()).await.unwrap();
+    assert_eq!((o.status, o.handler_error.as_str(), o.permanent), (Status::HandlerError, "nope", false));
     let t = tempfile::tempdir().unwrap();
-    let o = e
-        .run(&req(t.path(), "fail-permanent"), CancellationToken::new())
-        .await
-        .unwrap();
+    let o = e.run(&req(t.path(), "fail-permanent"), CancellationToken::new()).await.unwrap();
     assert_eq!((o.status, o.permanent), (Status::HandlerError, true));
     assert!(!o.handler_error.is_empty());
 }
@@ -186,24 +131,12 @@ async fn fail_and_fail_permanent() {
 async fn panic_is_killed_and_worker_survives() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(
-            &req(t.path(), "panic").payload("kaboom"),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::Killed, Some("panicked"))
-    );
+    let o = e.run(&req(t.path(), "panic").payload("kaboom"), CancellationToken::new()).await.unwrap();
+    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("panicked")));
     assert!(o.handler_error.contains("kaboom"), "{}", o.handler_error);
     assert!(o.outputs.is_empty());
     let t = tempfile::tempdir().unwrap();
-    let o = e
-        .run(&req(t.path(), "true"), CancellationToken::new())
-        .await
-        .unwrap();
+    let o = e.run(&req(t.path(), "true"), CancellationToken::new()).await.unwrap();
     assert_eq!(o.status, Status::Ok);
 }
 
@@ -213,30 +146,13 @@ async fn timeout_on_time_although_handler_blocks() {
     let (e, _) = exec();
     let timeout = Duration::from_millis(200);
     let start = Instant::now();
-    let o = e
-        .run(
-            &req(t.path(), "ignore-cancel")
-                .payload("1500")
-                .timeout(timeout),
-            CancellationToken::new(),
-        )
-        .await;
+    let o = e.run(&req(t.path(), "ignore-cancel").payload("1500").timeout(timeout), CancellationToken::new()).await;
     let took = start.elapsed();
     let o = o.unwrap();
     assert!(took < timeout + Duration::from_millis(500), "took {took:?}");
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::Timeout, Some("deadline"))
-    );
+    assert_eq!((o.status, o.reason.as_deref()), (Status::Timeout, Some("deadline")));
     assert!(o.evidence.still_running);
-    assert!(
-        o.evidence
-            .notes
-            .iter()
-            .any(|n| n.contains("cannot be killed")),
-        "{:?}",
-        o.evidence.notes
-    );
+    assert!(o.evidence.notes.iter().any(|n| n.contains("cannot be killed")), "{:?}", o.evidence.notes);
     assert!(o.outputs.is_empty() && o.usage.disk_written_bytes.is_none());
     assert!(o.usage.sources["disk_written_bytes"].starts_with("unavailable"));
 }
@@ -246,22 +162,11 @@ async fn timeout_of_cooperative_handler_is_seen_finished() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
     let o = e
-        .run(
-            &req(t.path(), "sleep")
-                .payload("60000")
-                .timeout(Duration::from_millis(50)),
-            CancellationToken::new(),
-        )
+        .run(&req(t.path(), "sleep").payload("60000").timeout(Duration::from_millis(50)), CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::Timeout, Some("deadline"))
-    );
-    assert!(
-        !o.evidence.still_running,
-        "a cooperative handler returns within the settle time"
-    );
+    assert_eq!((o.status, o.reason.as_deref()), (Status::Timeout, Some("deadline")));
+    assert!(!o.evidence.still_running, "a cooperative handler returns within the settle time");
     assert!(o.handler_error.is_empty());
 }
 
@@ -269,12 +174,7 @@ async fn timeout_of_cooperative_handler_is_seen_finished() {
 async fn deadline_already_passed_does_not_run() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(
-            &req(t.path(), "echo").payload("x").deadline(Instant::now()),
-            CancellationToken::new(),
-        )
-        .await;
+    let o = e.run(&req(t.path(), "echo").payload("x").deadline(Instant::now()), CancellationToken::new()).await;
     let o = o.unwrap();
     assert_eq!(o.status, Status::Timeout);
     assert!(!t.path().join("out/payload").exists());
@@ -293,10 +193,7 @@ async fn cancellation_is_killed_cancelled() {
     };
     let (o, ()) = tokio::join!(run, steer);
     let o = o.unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::Killed, Some("cancelled"))
-    );
+    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("cancelled")));
     assert!(!o.evidence.still_running);
     assert!(o.outputs.is_empty());
 }
@@ -313,10 +210,7 @@ async fn cancellation_of_stubborn_handler_returns() {
     };
     let (o, ()) = tokio::join!(e.run(&r, cancel.clone()), steer);
     let o = o.unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::Killed, Some("cancelled"))
-    );
+    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("cancelled")));
     assert!(o.evidence.still_running);
 }
 
@@ -334,10 +228,7 @@ async fn cancelled_before_start_is_a_launch_error() {
 async fn unknown_handler_is_launch_failed_permanent() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
-    let o = e
-        .run(&req(t.path(), "nope"), CancellationToken::new())
-        .await
-        .unwrap();
+    let o = e.run(&req(t.path(), "nope"), CancellationToken::new()).await.unwrap();
     assert_eq!((o.status, o.permanent), (Status::LaunchFailed, true));
     assert_eq!(o.reason.as_deref(), Some("unknown_handler"));
     assert!(o.handler_error.contains("unknown handler") && o.handler_error.contains("nope"));
@@ -349,28 +240,12 @@ async fn fingerprint_mismatch_names_both_values() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
     let theirs = "sha256:0000";
-    let o = e
-        .run(
-            &req(t.path(), "true").fingerprint(theirs),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let o = e.run(&req(t.path(), "true").fingerprint(theirs), CancellationToken::new()).await.unwrap();
     assert_eq!((o.status, o.permanent), (Status::LaunchFailed, true));
     assert_eq!(o.reason.as_deref(), Some("fingerprint_mismatch"));
     let ours = e.handlers().fingerprint();
-    assert!(
-        o.handler_error.contains(theirs) && o.handler_error.contains(&ours),
-        "{}",
-        o.handler_error
-    );
-    let o = e
-        .run(
-            &req(t.path(), "true").fingerprint(ours),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    assert!(o.handler_error.contains(theirs) && o.handler_error.contains(&ours), "{}", o.handler_error);
+    let o = e.run(&req(t.path(), "true").fingerprint(ours), CancellationToken::new()).await.unwrap();
     assert_eq!(o.status, Status::Ok);
 }
 
@@ -378,25 +253,13 @@ async fn fingerprint_mismatch_names_both_values() {
 async fn invalid_request_is_permanent_err() {
     let t = tempfile::tempdir().unwrap();
     let (e, _) = exec();
+    let err = e.run(&req(t.path(), "true").attempt(0), CancellationToken::new()).await.unwrap_err();
+    assert!(matches!(err, LaunchError::InvalidRequest(_)) && err.is_permanent(), "{err:?}");
     let err = e
-        .run(&req(t.path(), "true").attempt(0), CancellationToken::new())
+        .run(&Request::command("j", ["true"], t.path().join("out")).worker("w1"), CancellationToken::new())
         .await
         .unwrap_err();
-    assert!(
-        matches!(err, LaunchError::InvalidRequest(_)) && err.is_permanent(),
-        "{err:?}"
-    );
-    let err = e
-        .run(
-            &Request::command("j", ["true"], t.path().join("out")).worker("w1"),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, LaunchError::NotAllowed(_)) && err.is_permanent(),
-        "{err:?}"
-    );
+    assert!(matches!(err, LaunchError::NotAllowed(_)) && err.is_permanent(), "{err:?}");
 }
 
 #[tokio::test]
@@ -407,21 +270,10 @@ async fn close_refuses_new_and_waits_for_in_flight() {
     let steer = async {
         gates.started.notified().await;
         // One poll of close: it must mark the rung closed but not complete.
-        assert!(
-            tokio::time::timeout(Duration::ZERO, e.close())
-                .await
-                .is_err(),
-            "close waits for the attempt"
-        );
+        assert!(tokio::time::timeout(Duration::ZERO, e.close()).await.is_err(), "close waits for the attempt");
         let t2 = tempfile::tempdir().unwrap();
-        let err = e
-            .run(&req(t2.path(), "true"), CancellationToken::new())
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(err, LaunchError::Closed(ref n) if n == "inprocess"),
-            "{err:?}"
-        );
+        let err = e.run(&req(t2.path(), "true"), CancellationToken::new()).await.unwrap_err();
+        assert!(matches!(err, LaunchError::Closed(ref n) if n == "inprocess"), "{err:?}");
         gates.release.notify_one();
     };
     let (o, ()) = tokio::join!(e.run(&r, CancellationToken::new()), steer);
@@ -435,9 +287,7 @@ async fn inputs_are_resolved_and_hashed() {
     std::fs::create_dir(t.path().join("in")).unwrap();
     std::fs::write(t.path().join("in/data.bin"), b"input bytes").unwrap();
     let (e, _) = exec();
-    let r = req(t.path(), "inputs")
-        .input_dir(t.path().join("in"))
-        .input("in", "data.bin");
+    let r = req(t.path(), "inputs").input_dir(t.path().join("in")).input("in", "data.bin");
     let o = e.run(&r, CancellationToken::new()).await.unwrap();
     assert_eq!(o.status, Status::Ok, "{}", o.handler_error);
     let text = std::fs::read_to_string(t.path().join("out/inputs.txt")).unwrap();
@@ -447,31 +297,16 @@ async fn inputs_are_resolved_and_hashed() {
         .worker("w1")
         .input_dir(t.path().join("in"))
         .input("in", "data.bin");
-    assert_eq!(
-        e.run(&r, CancellationToken::new()).await.unwrap().status,
-        Status::Ok
-    );
-    assert_eq!(
-        std::fs::read(t2.path().join("out/copy")).unwrap(),
-        b"input bytes"
-    );
+    assert_eq!(e.run(&r, CancellationToken::new()).await.unwrap().status, Status::Ok);
+    assert_eq!(std::fs::read(t2.path().join("out/copy")).unwrap(), b"input bytes");
 }
 
 #[tokio::test]
 async fn output_cap_says_output_limit() {
     let t = tempfile::tempdir().unwrap();
-    let e = InProcessExecutor::new(builtin(), "b").with_caps(Caps {
-        max_files: 1,
-        max_total_bytes: 1 << 20,
-    });
-    let o = e
-        .run(&req(t.path(), "write-outputs"), CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        (o.status, o.reason.as_deref()),
-        (Status::HandlerError, Some("output_limit"))
-    );
+    let e = InProcessExecutor::new(builtin(), "b").with_caps(Caps { max_files: 1, max_total_bytes: 1 << 20 });
+    let o = e.run(&req(t.path(), "write-outputs"), CancellationToken::new()).await.unwrap();
+    assert_eq!((o.status, o.reason.as_deref()), (Status::HandlerError, Some("output_limit")));
 }
 
 #[tokio::test]
@@ -480,11 +315,7 @@ async fn evidence_says_limits_are_not_enforced() {
     let (e, _) = exec();
     let r = req(t.path(), "true").limits(ResourceLimits::new().with("memory", 64 << 20));
     let o = e.run(&r, CancellationToken::new()).await.unwrap();
-    assert!(
-        o.evidence.skipped.contains_key("limit.memory"),
-        "{:?}",
-        o.evidence.skipped
-    );
+    assert!(o.evidence.skipped.contains_key("limit.memory"), "{:?}", o.evidence.skipped);
     assert!(o.evidence.enforcement.is_empty());
 }
 
@@ -493,10 +324,7 @@ async fn usable_as_trait_object_with_a_name() {
     let t = tempfile::tempdir().unwrap();
     let e: Arc<dyn Executor> = Arc::new(InProcessExecutor::new(builtin(), "b").with_name("local"));
     assert_eq!((e.name(), e.level()), ("local", Level::None));
-    let o = e
-        .run(&req(t.path(), "true"), CancellationToken::new())
-        .await
-        .unwrap();
+    let o = e.run(&req(t.path(), "true"), CancellationToken::new()).await.unwrap();
     assert_eq!(o.evidence.executor, "local");
     let report = e.reclaim("w1").await.unwrap();
     assert_eq!(report.worker, "w1");

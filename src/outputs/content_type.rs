@@ -11,9 +11,7 @@ pub fn content_type(name: &str, head: &[u8]) -> String {
     if let Some(by_name) = mime_guess::from_path(name).first_raw() {
         return by_name.to_owned();
     }
-    infer::get(head)
-        .map_or(UNKNOWN, |t| t.mime_type())
-        .to_owned()
+    infer::get(head).map_or(UNKNOWN, |t| t.mime_type()).to_owned()
 }
 
 #[cfg(test)]
@@ -23,10 +21,7 @@ mod tests {
     #[test]
     fn by_name_then_magic_then_unknown() {
         assert_eq!(content_type("dir/r.json", b"{}"), "application/json");
-        assert_eq!(
-            content_type("image", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"),
-            "image/png"
-        );
+        assert_eq!(content_type("image", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR"), "image/png");
         assert_eq!(content_type("blob", b"\x01\x02\x03"), UNKNOWN);
         assert_eq!(content_type("empty", b""), UNKNOWN);
     }

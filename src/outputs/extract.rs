@@ -43,21 +43,10 @@ pub struct ExtractReport {
 /// symlink or file), `device`, `hardlink`, `duplicate`, `over_cap`, `unsupported`,
 /// `unwritable: <error>`. Once writing a file would pass `max_bytes`, no further file is
 /// written. A malformed stream is an error; what was extracted before it stays.
-pub fn extract_tar(
-    r: impl Read,
-    strip: &str,
-    dest: &Path,
-    max_bytes: u64,
-) -> io::Result<ExtractReport> {
+pub fn extract_tar(r: impl Read, strip: &str, dest: &Path, max_bytes: u64) -> io::Result<ExtractReport> {
     let root = openat(AT_FDCWD, dest, dir_flags(), Mode::empty())?;
     let strip: Vec<&[u8]> = components(strip.as_bytes()).collect();
-    let mut x = Extractor {
-        root,
-        max_bytes,
-        report: ExtractReport::default(),
-        over_cap: false,
-        over_cap_named: 0,
-    };
+    let mut x = Extractor { root, max_bytes, report: ExtractReport::default(), over_cap: false, over_cap_named: 0 };
     let mut archive = tar::Archive::new(r);
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -110,8 +99,7 @@ impl Fail {
 }
 
 fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
-    path.split(|&b| b == b'/')
-        .filter(|c| !c.is_empty() && *c != b".")
+    path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".")
 }
 
 /// The components of `raw` below `strip`, or `Err` when the path is not safe to create.
@@ -140,10 +128,7 @@ struct Extractor {
 impl Extractor {
     fn skip(&mut self, name: &[u8], why: impl Into<String>) {
         if self.report.skipped.len() < MAX_SKIPPED {
-            self.report.skipped.push(RefusedEntry {
-                name: escape_name(name),
-                why: why.into(),
-            });
+            self.report.skipped.push(RefusedEntry { name: escape_name(name), why: why.into() });
         }
     }
 
@@ -204,34 +189,24 @@ impl Extractor {
                     Err(e) => return Err(Fail::unwritable(e)),
                 };
                 // The caller must be able to read and clean up what it gets back.
-                fchmod(&dir, Mode::from_bits_truncate(header_mode | 0o700))
-                    .map_err(Fail::unwritable)
+                fchmod(&dir, Mode::from_bits_truncate(header_mode | 0o700)).map_err(Fail::unwritable)
             }
             EntryType::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| Fail::skip("unsupported"))?
-                    .into_owned();
+                let target = entry.link_name_bytes().ok_or_else(|| Fail::skip("unsupported"))?.into_owned();
                 let parent = self.open_dir(dirs, true)?;
                 symlinkat(target.as_slice(), &parent, name).map_err(exists_or_unwritable)
             }
             EntryType::Fifo => {
                 let parent = self.open_dir(dirs, true)?;
-                mkfifoat(&parent, name, Mode::from_bits_truncate(header_mode))
-                    .map_err(exists_or_unwritable)
+                mkfifoat(&parent, name, Mode::from_bits_truncate(header_mode)).map_err(exists_or_unwritable)
             }
             EntryType::Link => {
-                let target = entry
-                    .link_name_bytes()
-                    .ok_or_else(|| Fail::skip("hardlink"))?
-                    .into_owned();
+                let target = entry.link_name_bytes().ok_or_else(|| Fail::skip("hardlink"))?.into_owned();
                 let target = relative(&target, strip).map_err(|()| Fail::skip("hardlink"))?;
                 let Some((target_name, target_dirs)) = target.split_last() else {
                     return Err(Fail::skip("hardlink"));
                 };
-                let from = self
-                    .open_dir(target_dirs, false)
-                    .map_err(|_| Fail::skip("hardlink"))?;
+                let from = self.open_dir(target_dirs, false).map_err(|_| Fail::skip("hardlink"))?;
                 let parent = self.open_dir(dirs, true)?;
                 // No AT_SYMLINK_FOLLOW: a link to a symlink links the symlink itself, and
                 // the kernel refuses to hard-link a directory.
@@ -261,17 +236,14 @@ impl Extractor {
             return Err(Fail::OverCap);
         }
         let parent = self.open_dir(dirs, true)?;
-        let flags =
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = openat(&parent, name, flags, Mode::from_bits_truncate(0o600))
-            .map_err(exists_or_unwritable)?;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = openat(&parent, name, flags, Mode::from_bits_truncate(0o600)).map_err(exists_or_unwritable)?;
         let mut file = File::from(fd);
         match copy_within(entry, &mut file, room) {
             Ok(written) => {
                 self.report.bytes += written;
                 // The caller must be able to read (and hash) what it gets back.
-                fchmod(file.as_fd(), Mode::from_bits_truncate(mode | 0o400))
-                    .map_err(Fail::unwritable)
+                fchmod(file.as_fd(), Mode::from_bits_truncate(mode | 0o400)).map_err(Fail::unwritable)
             }
             Err(fail) => {
                 drop(file);
@@ -286,11 +258,7 @@ impl Extractor {
 }
 
 fn exists_or_unwritable(e: Errno) -> Fail {
-    if e == Errno::EEXIST {
-        Fail::skip("duplicate")
-    } else {
-        Fail::unwritable(e)
-    }
+    if e == Errno::EEXIST { Fail::skip("duplicate") } else { Fail::unwritable(e) }
 }
 
 /// Copies at most `room` bytes; more (a sparse file larger than its header said) is
@@ -325,14 +293,7 @@ mod tests {
 
     /// Appends an entry with exactly these name bytes, which `tar::Builder` would refuse
     /// to write for hostile names.
-    fn raw(
-        b: &mut tar::Builder<Vec<u8>>,
-        kind: EntryType,
-        path: &[u8],
-        link: &[u8],
-        data: &[u8],
-        mode: u32,
-    ) {
+    fn raw(b: &mut tar::Builder<Vec<u8>>, kind: EntryType, path: &[u8], link: &[u8], data: &[u8], mode: u32) {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(kind);
         h.set_size(data.len() as u64);
@@ -354,10 +315,7 @@ mod tests {
     }
 
     fn why<'a>(r: &'a ExtractReport, name: &str) -> Option<&'a str> {
-        r.skipped
-            .iter()
-            .find(|e| e.name == name)
-            .map(|e| e.why.as_str())
+        r.skipped.iter().find(|e| e.name == name).map(|e| e.why.as_str())
     }
 
     #[test]
@@ -389,29 +347,10 @@ mod tests {
         let after = walk(dest.path(), &Caps::default()).unwrap();
         assert_eq!(after, before);
         assert_eq!(after.files.len(), 5);
-        let refused: Vec<(&str, &str)> = after
-            .refused
-            .iter()
-            .map(|e| (e.name.as_str(), e.why.as_str()))
-            .collect();
-        assert_eq!(
-            refused,
-            [
-                ("bad\\xff", "non_utf8_name"),
-                ("link", "symlink"),
-                ("pipe", "fifo")
-            ]
-        );
-        assert_eq!(
-            fs::read_link(dest.path().join("link")).unwrap(),
-            Path::new("a.txt")
-        );
-        assert!(
-            fs::symlink_metadata(dest.path().join("pipe"))
-                .unwrap()
-                .file_type()
-                .is_fifo()
-        );
+        let refused: Vec<(&str, &str)> = after.refused.iter().map(|e| (e.name.as_str(), e.why.as_str())).collect();
+        assert_eq!(refused, [("bad\\xff", "non_utf8_name"), ("link", "symlink"), ("pipe", "fifo")]);
+        assert_eq!(fs::read_link(dest.path().join("link")).unwrap(), Path::new("a.txt"));
+        assert!(fs::symlink_metadata(dest.path().join("pipe")).unwrap().file_type().is_fifo());
         let mode = fs::metadata(dest.path().join("a.txt")).unwrap().mode() & 0o7777;
         assert_eq!(mode, 0o640);
     }
@@ -426,14 +365,7 @@ mod tests {
         file(&mut b, "out/../escape", b"x");
         file(&mut b, "../escape", b"x");
         file(&mut b, "out/sub/../../escape", b"x");
-        raw(
-            &mut b,
-            EntryType::Regular,
-            abs.as_os_str().as_bytes(),
-            b"",
-            b"x",
-            0o644,
-        );
+        raw(&mut b, EntryType::Regular, abs.as_os_str().as_bytes(), b"", b"x", 0o644);
         file(&mut b, "elsewhere/x", b"x");
         file(&mut b, "out/ok", b"ok");
         let r = extract(b, &dest, u64::MAX);
@@ -460,42 +392,14 @@ mod tests {
         file(&mut b, "out/a/passwd", b"pwned");
         raw(&mut b, EntryType::Directory, b"out/a/sub/", b"", b"", 0o755);
         // `v -> <outside>/victim` then a file `v`: must not write through to the victim.
-        raw(
-            &mut b,
-            EntryType::Symlink,
-            b"out/v",
-            victim.as_os_str().as_bytes(),
-            b"",
-            0o777,
-        );
+        raw(&mut b, EntryType::Symlink, b"out/v", victim.as_os_str().as_bytes(), b"", 0o777);
         file(&mut b, "out/v", b"pwned");
         // A directory entry over the symlink must not chmod what it points at.
         raw(&mut b, EntryType::Directory, b"out/a/", b"", b"", 0o777);
         // Hard links may not reach outside, nor through the symlink.
-        raw(
-            &mut b,
-            EntryType::Link,
-            b"out/h1",
-            victim.as_os_str().as_bytes(),
-            b"",
-            0o644,
-        );
-        raw(
-            &mut b,
-            EntryType::Link,
-            b"out/h2",
-            b"out/a/victim",
-            b"",
-            0o644,
-        );
-        raw(
-            &mut b,
-            EntryType::Link,
-            b"out/h3",
-            b"out/../victim",
-            b"",
-            0o644,
-        );
+        raw(&mut b, EntryType::Link, b"out/h1", victim.as_os_str().as_bytes(), b"", 0o644);
+        raw(&mut b, EntryType::Link, b"out/h2", b"out/a/victim", b"", 0o644);
+        raw(&mut b, EntryType::Link, b"out/h3", b"out/../victim", b"", 0o644);
         let r = extract(b, dest.path(), u64::MAX);
 
         assert_eq!(r.entries, 2, "{:?}", r.skipped);
@@ -509,12 +413,7 @@ mod tests {
         assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1);
         assert_eq!(fs::read(&victim).unwrap(), b"original");
         assert_eq!(fs::metadata(outside.path()).unwrap().mode(), outside_mode);
-        assert!(
-            fs::symlink_metadata(dest.path().join("a"))
-                .unwrap()
-                .file_type()
-                .is_symlink()
-        );
+        assert!(fs::symlink_metadata(dest.path().join("a")).unwrap().file_type().is_symlink());
     }
 
     #[test]
@@ -524,14 +423,7 @@ mod tests {
         raw(&mut b, EntryType::Regular, b"out/x/y/z", b"", b"z", 0o4755);
         raw(&mut b, EntryType::Directory, b"out/x/", b"", b"", 0o1750);
         raw(&mut b, EntryType::Regular, b"out/locked", b"", b"l", 0o000);
-        raw(
-            &mut b,
-            EntryType::Link,
-            b"out/x/again",
-            b"out/x/y/z",
-            b"",
-            0o644,
-        );
+        raw(&mut b, EntryType::Link, b"out/x/again", b"out/x/y/z", b"", 0o644);
         raw(&mut b, EntryType::Char, b"out/null", b"", b"", 0o666);
         raw(&mut b, EntryType::Regular, b"out/n\xffb", b"", b"n", 0o644);
         let r = extract(b, dest.path(), u64::MAX);
@@ -542,14 +434,8 @@ mod tests {
         assert_eq!(mode("x"), 0o750);
         assert_eq!(mode("locked"), 0o400);
         assert_eq!(fs::read(dest.path().join("x/again")).unwrap(), b"z");
-        assert_eq!(
-            fs::metadata(dest.path().join("x/again")).unwrap().nlink(),
-            2
-        );
-        assert_eq!(
-            fs::read(dest.path().join(OsStr::from_bytes(b"n\xffb"))).unwrap(),
-            b"n"
-        );
+        assert_eq!(fs::metadata(dest.path().join("x/again")).unwrap().nlink(), 2);
+        assert_eq!(fs::read(dest.path().join(OsStr::from_bytes(b"n\xffb"))).unwrap(), b"n");
         assert!(!dest.path().join("null").exists());
     }
 
@@ -566,14 +452,7 @@ mod tests {
             format!("{len}{body}")
         };
         let mut b = tar::Builder::new(Vec::new());
-        raw(
-            &mut b,
-            EntryType::XHeader,
-            b"PaxHeader",
-            b"",
-            record("path", &name).as_bytes(),
-            0o644,
-        );
+        raw(&mut b, EntryType::XHeader, b"PaxHeader", b"", record("path", &name).as_bytes(), 0o644);
         file(&mut b, "out/truncated-name", b"pax");
         let r = extract(b, dest.path(), u64::MAX);
         assert_eq!(r.entries, 1, "{:?}", r.skipped);

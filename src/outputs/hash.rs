@@ -36,11 +36,7 @@ pub fn hash_reader(mut r: impl Read, head_len: usize) -> io::Result<Hashed> {
         }
         size += n as u64;
     }
-    Ok(Hashed {
-        size,
-        hash: format!("sha256:{:x}", hasher.finalize()),
-        head,
-    })
+    Ok(Hashed { size, hash: format!("sha256:{:x}", hasher.finalize()), head })
 }
 
 #[cfg(test)]
@@ -51,15 +47,9 @@ mod tests {
     fn known_digests() {
         let h = hash_reader(&b""[..], 8).unwrap();
         assert_eq!(h.size, 0);
-        assert_eq!(
-            h.hash,
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(h.hash, "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
         let h = hash_reader(&b"abc"[..], 2).unwrap();
-        assert_eq!(
-            h.hash,
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(h.hash, "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert_eq!(h.head, b"ab");
     }
 }

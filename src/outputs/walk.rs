@@ -32,10 +32,7 @@ pub struct Caps {
 
 impl Default for Caps {
     fn default() -> Self {
-        Self {
-            max_files: 10_000,
-            max_total_bytes: 16 << 30,
-        }
+        Self { max_files: 10_000, max_total_bytes: 16 << 30 }
     }
 }
 
@@ -59,11 +56,7 @@ pub struct WalkReport {
 /// to open or read `dir` itself is an error; trouble below it becomes a refused entry.
 pub fn walk(dir: &Path, caps: &Caps) -> io::Result<WalkReport> {
     let root = Dir::open(dir, dir_flags(), Mode::empty()).map_err(io::Error::from)?;
-    let mut w = Walker {
-        caps,
-        report: WalkReport::default(),
-        over_cap_named: 0,
-    };
+    let mut w = Walker { caps, report: WalkReport::default(), over_cap_named: 0 };
     w.dir(root, b"", 0)?;
     let mut report = w.report;
     report.files.sort_by(|a, b| a.name.cmp(&b.name));
@@ -131,10 +124,7 @@ impl Walker<'_> {
 
     fn refuse(&mut self, name: &[u8], why: impl Into<String>) {
         if self.report.refused.len() < MAX_REFUSED {
-            self.report.refused.push(RefusedEntry {
-                name: escape_name(name),
-                why: why.into(),
-            });
+            self.report.refused.push(RefusedEntry { name: escape_name(name), why: why.into() });
         }
     }
 
@@ -149,11 +139,7 @@ impl Walker<'_> {
     /// Reads the entries of `dir`, keeping only the first ones by order when there are more
     /// than the caps could ever use, so one huge directory cannot exhaust memory.
     fn children(&self, dir: &mut Dir) -> io::Result<(Vec<Child>, bool)> {
-        let keep = self
-            .caps
-            .max_files
-            .saturating_add(MAX_REFUSED)
-            .saturating_add(1);
+        let keep = self.caps.max_files.saturating_add(MAX_REFUSED).saturating_add(1);
         let mut heap = BinaryHeap::new();
         let mut truncated = false;
         // A second descriptor for classifying: the iterator holds `dir` borrowed.
@@ -175,11 +161,7 @@ impl Walker<'_> {
             if kind == Kind::Dir {
                 key.push(b'/');
             }
-            heap.push(Child {
-                key,
-                name: name.to_vec(),
-                kind,
-            });
+            heap.push(Child { key, name: name.to_vec(), kind });
             if heap.len() > keep {
                 heap.pop();
                 truncated = true;
@@ -209,11 +191,7 @@ impl Walker<'_> {
         }
         // The dropped entries sort after every kept one, so the caps count from here on.
         if truncated {
-            let name = if prefix.is_empty() {
-                b".".as_slice()
-            } else {
-                &prefix[..prefix.len() - 1]
-            };
+            let name = if prefix.is_empty() { b".".as_slice() } else { &prefix[..prefix.len() - 1] };
             self.over_cap(name);
         }
         Ok(())
@@ -261,10 +239,7 @@ impl Walker<'_> {
                 return self.refuse(path, "unreadable: not a regular file");
             }
         }
-        let room = self
-            .caps
-            .max_total_bytes
-            .saturating_sub(self.report.total_bytes);
+        let room = self.caps.max_total_bytes.saturating_sub(self.report.total_bytes);
         let size = u64::try_from(st.st_size).unwrap_or(0);
         if self.report.files.len() >= self.caps.max_files || size > room {
             return self.over_cap(path);
@@ -277,16 +252,10 @@ impl Walker<'_> {
         if hashed.size > room {
             return self.over_cap(path);
         }
-        let name =
-            String::from_utf8(path.to_vec()).expect("checked to be UTF-8 component by component");
+        let name = String::from_utf8(path.to_vec()).expect("checked to be UTF-8 component by component");
         let content_type = content_type(&name, &hashed.head);
         self.report.total_bytes += hashed.size;
-        self.report.files.push(OutputFile {
-            name,
-            size: hashed.size,
-            hash: hashed.hash,
-            content_type,
-        });
+        self.report.files.push(OutputFile { name, size: hashed.size, hash: hashed.hash, content_type });
     }
 }
 
@@ -305,10 +274,8 @@ mod tests {
 
     /// The digest by an independent implementation.
     fn sha256sum(path: &Path) -> String {
-        let out = Command::new("sha256sum")
-            .stdin(Stdio::from(File::open(path).unwrap()))
-            .output()
-            .expect("sha256sum runs");
+        let out =
+            Command::new("sha256sum").stdin(Stdio::from(File::open(path).unwrap())).output().expect("sha256sum runs");
         assert!(out.status.success());
         let text = String::from_utf8(out.stdout).unwrap();
         format!("sha256:{}", text.split_whitespace().next().unwrap())
@@ -326,10 +293,7 @@ mod tests {
     }
 
     fn refused(r: &WalkReport, name: &str) -> Option<String> {
-        r.refused
-            .iter()
-            .find(|e| e.name == name)
-            .map(|e| e.why.clone())
+        r.refused.iter().find(|e| e.name == name).map(|e| e.why.clone())
     }
 
     #[test]
@@ -360,15 +324,9 @@ mod tests {
             assert_eq!(f.hash, sha256sum(&path), "{name}");
             assert_eq!(f.hash.len(), "sha256:".len() + 64);
         }
-        assert_eq!(
-            r.total_bytes,
-            cases.iter().map(|(_, d)| d.len() as u64).sum::<u64>()
-        );
+        assert_eq!(r.total_bytes, cases.iter().map(|(_, d)| d.len() as u64).sum::<u64>());
         let empty = r.files.iter().find(|f| f.name == "empty").unwrap();
-        assert_eq!(
-            empty.hash,
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(empty.hash, "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 
     #[test]
@@ -381,14 +339,7 @@ mod tests {
         write(t.path(), "a-c", b"3");
         let all = walk(t.path(), &Caps::default()).unwrap();
         assert_eq!(names(&all), ["a b", "a-c", "a/b"]);
-        let one = walk(
-            t.path(),
-            &Caps {
-                max_files: 1,
-                ..Caps::default()
-            },
-        )
-        .unwrap();
+        let one = walk(t.path(), &Caps { max_files: 1, ..Caps::default() }).unwrap();
         assert_eq!(names(&one), ["a b"]);
         assert!(one.limit_hit);
         assert_eq!(refused(&one, "a-c").as_deref(), Some("over_cap"));
@@ -420,13 +371,7 @@ mod tests {
         mkfifo(&t.path().join("pipe"), Mode::from_bits_truncate(0o644)).unwrap();
         let _listener = UnixListener::bind(t.path().join("sock")).unwrap();
         // Only root may make a device node; elsewhere that case is just not exercised.
-        let dev = mknod(
-            &t.path().join("null"),
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o600),
-            makedev(1, 3),
-        )
-        .is_ok();
+        let dev = mknod(&t.path().join("null"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o600), makedev(1, 3)).is_ok();
         let r = walk(t.path(), &Caps::default()).unwrap();
         assert_eq!(names(&r), ["f.txt"]);
         assert_eq!(refused(&r, "pipe").as_deref(), Some("fifo"));
@@ -447,10 +392,7 @@ mod tests {
         fs::write(t.path().join("sub").join(OsStr::from_bytes(b"\xc3(")), b"w").unwrap();
         let r = walk(t.path(), &Caps::default()).unwrap();
         assert_eq!(names(&r), ["sub/ok"]);
-        assert_eq!(
-            refused(&r, "bad\\xffname").as_deref(),
-            Some("non_utf8_name")
-        );
+        assert_eq!(refused(&r, "bad\\xffname").as_deref(), Some("non_utf8_name"));
         assert_eq!(refused(&r, "dir\\xfe").as_deref(), Some("non_utf8_name"));
         assert_eq!(refused(&r, "sub/\\xc3(").as_deref(), Some("non_utf8_name"));
         assert_eq!(r.refused.len(), 3, "{:?}", r.refused);
@@ -462,39 +404,18 @@ mod tests {
         for n in ["a", "b", "c"] {
             write(t.path(), n, &[0u8; 10]);
         }
-        let exact = walk(
-            t.path(),
-            &Caps {
-                max_files: 3,
-                max_total_bytes: 30,
-            },
-        )
-        .unwrap();
+        let exact = walk(t.path(), &Caps { max_files: 3, max_total_bytes: 30 }).unwrap();
         assert!(!exact.limit_hit);
         assert_eq!(exact.total_bytes, 30);
 
-        let files = walk(
-            t.path(),
-            &Caps {
-                max_files: 2,
-                max_total_bytes: 1 << 20,
-            },
-        )
-        .unwrap();
+        let files = walk(t.path(), &Caps { max_files: 2, max_total_bytes: 1 << 20 }).unwrap();
         assert!(files.limit_hit);
         assert_eq!(names(&files), ["a", "b"]);
         assert_eq!(files.total_bytes, 20);
         assert_eq!(refused(&files, "c").as_deref(), Some("over_cap"));
 
         write(t.path(), "d", b"");
-        let bytes = walk(
-            t.path(),
-            &Caps {
-                max_files: 100,
-                max_total_bytes: 25,
-            },
-        )
-        .unwrap();
+        let bytes = walk(t.path(), &Caps { max_files: 100, max_total_bytes: 25 }).unwrap();
         assert!(bytes.limit_hit);
         assert_eq!(names(&bytes), ["a", "b"]);
         assert_eq!(bytes.total_bytes, 20);
@@ -509,14 +430,7 @@ mod tests {
         for i in 0..(MAX_OVER_CAP_NAMED + 50) {
             write(t.path(), &format!("f{i:04}"), b"");
         }
-        let r = walk(
-            t.path(),
-            &Caps {
-                max_files: 1,
-                ..Caps::default()
-            },
-        )
-        .unwrap();
+        let r = walk(t.path(), &Caps { max_files: 1, ..Caps::default() }).unwrap();
         assert_eq!(r.files.len(), 1);
         assert_eq!(r.refused.len(), MAX_OVER_CAP_NAMED);
     }
@@ -525,21 +439,10 @@ mod tests {
     fn content_types() {
         let t = tempfile::tempdir().unwrap();
         write(t.path(), "r.json", b"{\"a\":1}");
-        write(
-            t.path(),
-            "picture",
-            b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x02\0\0\0",
-        );
+        write(t.path(), "picture", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x02\0\0\0");
         write(t.path(), "blob", &[1, 2, 3, 4]);
         let r = walk(t.path(), &Caps::default()).unwrap();
-        let ct = |n: &str| {
-            r.files
-                .iter()
-                .find(|f| f.name == n)
-                .unwrap()
-                .content_type
-                .clone()
-        };
+        let ct = |n: &str| r.files.iter().find(|f| f.name == n).unwrap().content_type.clone();
         assert_eq!(ct("r.json"), "application/json");
         assert_eq!(ct("picture"), "image/png");
         assert_eq!(ct("blob"), "application/octet-stream");

@@ -28,8 +28,7 @@ const V1_UNLIMITED_FROM: u64 = 1 << 62;
 /// Parses a file holding one unsigned integer (`memory.peak`, `cpuacct.usage`, ...).
 pub fn parse_single(content: &str) -> Result<u64, String> {
     let t = content.trim();
-    t.parse()
-        .map_err(|_| format!("not an unsigned integer: {:?}", truncate(t)))
+    t.parse().map_err(|_| format!("not an unsigned integer: {:?}", truncate(t)))
 }
 
 /// Parses a v2 limit file (`memory.max`): a number, or `max` for no limit (`Ok(None)`).
@@ -56,9 +55,7 @@ pub fn parse_keyed(content: &str, key: &str) -> Result<u64, String> {
         }
     }
     let value = found.ok_or_else(|| format!("no {key} line"))?;
-    value
-        .parse()
-        .map_err(|_| format!("{key} is not an unsigned integer: {:?}", truncate(value)))
+    value.parse().map_err(|_| format!("{key} is not an unsigned integer: {:?}", truncate(value)))
 }
 
 fn truncate(s: &str) -> &str {
@@ -81,10 +78,7 @@ pub enum Version {
 pub fn detect(root: &Path) -> Option<Version> {
     if root.join("cgroup.controllers").is_file() {
         Some(Version::V2)
-    } else if root.join("memory").is_dir()
-        || root.join("cpuacct").is_dir()
-        || root.join("cpu,cpuacct").is_dir()
-    {
+    } else if root.join("memory").is_dir() || root.join("cpuacct").is_dir() || root.join("cpu,cpuacct").is_dir() {
         Some(Version::V1)
     } else {
         None
@@ -100,13 +94,7 @@ pub fn read_counters(root: &Path) -> CgroupCounters {
         Some(Version::V1) => read_v1(root, &mut c),
         None => {
             let why = format!("no cgroup filesystem at {}", root.display());
-            for key in [
-                KEY_VERSION,
-                KEY_MEMORY_PEAK,
-                KEY_MEMORY_LIMIT,
-                KEY_OOM_KILLS,
-                KEY_CPU,
-            ] {
+            for key in [KEY_VERSION, KEY_MEMORY_PEAK, KEY_MEMORY_LIMIT, KEY_OOM_KILLS, KEY_CPU] {
                 c.missing.insert(key.into(), why.clone());
             }
         }
@@ -116,47 +104,22 @@ pub fn read_counters(root: &Path) -> CgroupCounters {
 
 fn read_v2(root: &Path, c: &mut CgroupCounters) {
     c.version = Some(2);
-    c.memory_peak_bytes = figure(
-        c,
-        KEY_MEMORY_PEAK,
-        root,
-        "memory.peak",
-        Some("kernel < 5.19"),
-        parse_single,
-    );
-    c.oom_kills = figure(c, KEY_OOM_KILLS, root, "memory.events", None, |s| {
-        parse_keyed(s, "oom_kill")
-    });
-    c.cpu_usage_ns = figure(c, KEY_CPU, root, "cpu.stat", None, |s| {
-        parse_keyed(s, "usage_usec").map(|us| us.saturating_mul(1000))
-    });
+    c.memory_peak_bytes = figure(c, KEY_MEMORY_PEAK, root, "memory.peak", Some("kernel < 5.19"), parse_single);
+    c.oom_kills = figure(c, KEY_OOM_KILLS, root, "memory.events", None, |s| parse_keyed(s, "oom_kill"));
+    c.cpu_usage_ns =
+        figure(c, KEY_CPU, root, "cpu.stat", None, |s| parse_keyed(s, "usage_usec").map(|us| us.saturating_mul(1000)));
     c.memory_limit_bytes = limit(c, root, "memory.max", parse_v2_limit);
 }
 
 fn read_v1(root: &Path, c: &mut CgroupCounters) {
     c.version = Some(1);
-    c.memory_peak_bytes = figure(
-        c,
-        KEY_MEMORY_PEAK,
-        root,
-        "memory/memory.max_usage_in_bytes",
-        None,
-        parse_single,
-    );
+    c.memory_peak_bytes = figure(c, KEY_MEMORY_PEAK, root, "memory/memory.max_usage_in_bytes", None, parse_single);
     // The oom_kill line only exists from kernel 4.13.
-    c.oom_kills = figure(
-        c,
-        KEY_OOM_KILLS,
-        root,
-        "memory/memory.oom_control",
-        None,
-        |s| parse_keyed(s, "oom_kill").map_err(|e| format!("{e} (kernel < 4.13?)")),
-    );
-    let cpu = if root.join("cpuacct/cpuacct.usage").exists() {
-        "cpuacct/cpuacct.usage"
-    } else {
-        "cpu,cpuacct/cpuacct.usage"
-    };
+    c.oom_kills = figure(c, KEY_OOM_KILLS, root, "memory/memory.oom_control", None, |s| {
+        parse_keyed(s, "oom_kill").map_err(|e| format!("{e} (kernel < 4.13?)"))
+    });
+    let cpu =
+        if root.join("cpuacct/cpuacct.usage").exists() { "cpuacct/cpuacct.usage" } else { "cpu,cpuacct/cpuacct.usage" };
     c.cpu_usage_ns = figure(c, KEY_CPU, root, cpu, None, parse_single);
     c.memory_limit_bytes = limit(c, root, "memory/memory.limit_in_bytes", parse_v1_limit);
 }
@@ -170,9 +133,7 @@ fn figure(
     absent_hint: Option<&str>,
     parse: impl FnOnce(&str) -> Result<u64, String>,
 ) -> Option<u64> {
-    match read(root, file, absent_hint)
-        .and_then(|s| parse(&s).map_err(|e| format!("{file} malformed: {e}")))
-    {
+    match read(root, file, absent_hint).and_then(|s| parse(&s).map_err(|e| format!("{file} malformed: {e}"))) {
         Ok(n) => Some(n),
         Err(why) => {
             c.missing.insert(key.into(), why);
@@ -187,13 +148,10 @@ fn limit(
     file: &str,
     parse: fn(&str) -> Result<Option<u64>, String>,
 ) -> Option<u64> {
-    match read(root, file, None)
-        .and_then(|s| parse(&s).map_err(|e| format!("{file} malformed: {e}")))
-    {
+    match read(root, file, None).and_then(|s| parse(&s).map_err(|e| format!("{file} malformed: {e}"))) {
         Ok(Some(n)) => Some(n),
         Ok(None) => {
-            c.missing
-                .insert(KEY_MEMORY_LIMIT.into(), format!("{file} says no limit"));
+            c.missing.insert(KEY_MEMORY_LIMIT.into(), format!("{file} says no limit"));
             None
         }
         Err(why) => {
@@ -246,15 +204,8 @@ mod tests {
         assert_eq!(parse_keyed(V2_CPU, "usage_usec"), Ok(123456));
         assert_eq!(parse_keyed(V1_OOM, "oom_kill"), Ok(1));
         // A key that is a prefix of another must not match it.
-        assert_eq!(
-            parse_keyed("oom_kill_disable 0\noom_kill 5\n", "oom_kill"),
-            Ok(5)
-        );
-        assert!(
-            parse_keyed("oom_kill_disable 0\nunder_oom 0\n", "oom_kill")
-                .unwrap_err()
-                .contains("no oom_kill")
-        );
+        assert_eq!(parse_keyed("oom_kill_disable 0\noom_kill 5\n", "oom_kill"), Ok(5));
+        assert!(parse_keyed("oom_kill_disable 0\nunder_oom 0\n", "oom_kill").unwrap_err().contains("no oom_kill"));
         assert!(parse_keyed("oom_kill x\n", "oom_kill").is_err());
         assert!(parse_keyed("oom_kill\n", "oom_kill").is_err());
     }
@@ -290,10 +241,7 @@ mod tests {
         put(d.path(), "memory.max", "67108864\n");
         let c = read_counters(d.path());
         assert_eq!(c.memory_peak_bytes, None);
-        assert_eq!(
-            c.missing[KEY_MEMORY_PEAK],
-            "memory.peak absent (kernel < 5.19)"
-        );
+        assert_eq!(c.missing[KEY_MEMORY_PEAK], "memory.peak absent (kernel < 5.19)");
         assert_eq!(c.oom_kills, None);
         assert!(c.missing[KEY_OOM_KILLS].starts_with("memory.events malformed"));
         assert!(c.missing[KEY_CPU].contains("cpu.stat absent"));
@@ -320,26 +268,13 @@ mod tests {
     fn v1_old_kernel_and_no_limit() {
         let d = tempfile::tempdir().unwrap();
         put(d.path(), "memory/memory.max_usage_in_bytes", "garbage\n");
-        put(
-            d.path(),
-            "memory/memory.oom_control",
-            "oom_kill_disable 0\nunder_oom 0\n",
-        );
-        put(
-            d.path(),
-            "memory/memory.limit_in_bytes",
-            "9223372036854771712\n",
-        );
+        put(d.path(), "memory/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\n");
+        put(d.path(), "memory/memory.limit_in_bytes", "9223372036854771712\n");
         put(d.path(), "cpuacct/cpuacct.usage", "5\n");
         let c = read_counters(d.path());
-        assert_eq!(
-            (c.memory_peak_bytes, c.oom_kills, c.memory_limit_bytes),
-            (None, None, None)
-        );
+        assert_eq!((c.memory_peak_bytes, c.oom_kills, c.memory_limit_bytes), (None, None, None));
         assert_eq!(c.cpu_usage_ns, Some(5));
-        assert!(
-            c.missing[KEY_MEMORY_PEAK].starts_with("memory/memory.max_usage_in_bytes malformed")
-        );
+        assert!(c.missing[KEY_MEMORY_PEAK].starts_with("memory/memory.max_usage_in_bytes malformed"));
         assert!(c.missing[KEY_OOM_KILLS].contains("kernel < 4.13"));
         assert!(c.missing[KEY_MEMORY_LIMIT].contains("no limit"));
     }

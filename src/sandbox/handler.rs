@@ -7,8 +7,8 @@
 
 use crate::handlers::{Handler, HandlerContext, Handlers, cap_text, error_chain, panic_text};
 use crate::protocol::{
-    self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult,
-    IN_DIR, OUT_DIR, PAYLOAD_FILE, REQUEST_FILE, parse_claim,
+    self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, OUT_DIR,
+    PAYLOAD_FILE, REQUEST_FILE, parse_claim,
 };
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -39,9 +39,8 @@ pub fn main(handlers: &Handlers, args: &[String]) -> i32 {
         Some(i) => &args[i + 1..],
         None => args,
     };
-    let dir_from = |var: &str, default: &str| {
-        std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
-    };
+    let dir_from =
+        |var: &str, default: &str| std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
     let control = match rest {
         [] => dir_from(protocol::env::CONTROL, CONTROL_DIR),
         [dir] => PathBuf::from(dir),
@@ -50,12 +49,7 @@ pub fn main(handlers: &Handlers, args: &[String]) -> i32 {
             return exit_code::LAUNCH_FAILED;
         }
     };
-    run_in(
-        handlers,
-        &control,
-        &dir_from(protocol::env::IN, IN_DIR),
-        &dir_from(protocol::env::OUT, OUT_DIR),
-    )
+    run_in(handlers, &control, &dir_from(protocol::env::IN, IN_DIR), &dir_from(protocol::env::OUT, OUT_DIR))
 }
 
 /// Runs the handler the control dir asks for, with the given input and output dirs, and
@@ -64,14 +58,7 @@ pub fn main(handlers: &Handlers, args: &[String]) -> i32 {
 ///
 /// Blocks on a runtime of its own: do not call it from async code.
 pub fn run_in(handlers: &Handlers, control_dir: &Path, in_dir: &Path, out_dir: &Path) -> i32 {
-    run_with(
-        handlers,
-        control_dir,
-        in_dir,
-        out_dir,
-        CancellationToken::new(),
-        true,
-    )
+    run_with(handlers, control_dir, in_dir, out_dir, CancellationToken::new(), true)
 }
 
 /// What the runner found: the record's result, error text and permanence.
@@ -83,11 +70,7 @@ struct Verdict {
 
 impl Verdict {
     fn launch_failed(error: String, permanent: bool) -> Self {
-        Self {
-            result: HandlerResult::LaunchFailed,
-            error,
-            permanent,
-        }
+        Self { result: HandlerResult::LaunchFailed, error, permanent }
     }
 }
 
@@ -134,40 +117,27 @@ fn prepare(
     cancel: CancellationToken,
 ) -> Result<(Handler, HandlerContext), Verdict> {
     let req_path = control_dir.join(REQUEST_FILE);
-    let req: HandlerRequest = std::fs::File::open(&req_path)
-        .map_err(protocol::ClaimError::Io)
-        .and_then(parse_claim)
-        .map_err(|e| {
+    let req: HandlerRequest =
+        std::fs::File::open(&req_path).map_err(protocol::ClaimError::Io).and_then(parse_claim).map_err(|e| {
             let permanent = !matches!(e, protocol::ClaimError::Io(_));
-            Verdict::launch_failed(
-                format!("reading {}: {}", req_path.display(), error_chain(&e)),
-                permanent,
-            )
+            Verdict::launch_failed(format!("reading {}: {}", req_path.display(), error_chain(&e)), permanent)
         })?;
     let payload = read_payload(&control_dir.join(PAYLOAD_FILE))?;
     if let Some(expected) = req.fingerprint.as_deref()
         && expected != fingerprint
     {
         return Err(Verdict::launch_failed(
-            format!(
-                "handler set fingerprint mismatch: request expects {expected}, this worker has {fingerprint}"
-            ),
+            format!("handler set fingerprint mismatch: request expects {expected}, this worker has {fingerprint}"),
             true,
         ));
     }
     let Some(handler) = handlers.get(&req.handler).cloned() else {
-        return Err(Verdict::launch_failed(
-            format!("unknown handler {:?}", req.handler),
-            true,
-        ));
+        return Err(Verdict::launch_failed(format!("unknown handler {:?}", req.handler), true));
     };
     let mut inputs = std::collections::BTreeMap::new();
     for (slot, path) in &req.inputs {
         let resolved = resolve_input(in_dir, path).ok_or_else(|| {
-            Verdict::launch_failed(
-                format!("input slot {slot:?}: path {path:?} is not under {IN_DIR}"),
-                true,
-            )
+            Verdict::launch_failed(format!("input slot {slot:?}: path {path:?} is not under {IN_DIR}"), true)
         })?;
         inputs.insert(slot.clone(), resolved);
     }
@@ -179,9 +149,7 @@ fn prepare(
         output_dir: out_dir.to_path_buf(),
         inputs,
         prior_outputs: req.prior_outputs,
-        deadline: req
-            .deadline_ms
-            .map(|ms| Instant::now() + Duration::from_millis(ms)),
+        deadline: req.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
         cancel,
     };
     Ok((handler, ctx))
@@ -194,24 +162,16 @@ fn read_payload(path: &Path) -> Result<Vec<u8>, Verdict> {
         // The init may skip writing an empty payload.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(payload),
         Err(e) => {
-            return Err(Verdict::launch_failed(
-                format!("reading {}: {e}", path.display()),
-                false,
-            ));
+            return Err(Verdict::launch_failed(format!("reading {}: {e}", path.display()), false));
         }
         Ok(f) => {
             f.take(max as u64 + 1)
                 .read_to_end(&mut payload)
-                .map_err(|e| {
-                    Verdict::launch_failed(format!("reading {}: {e}", path.display()), false)
-                })?;
+                .map_err(|e| Verdict::launch_failed(format!("reading {}: {e}", path.display()), false))?;
         }
     }
     if payload.len() > max {
-        return Err(Verdict::launch_failed(
-            format!("payload exceeds the {max}-byte limit"),
-            true,
-        ));
+        return Err(Verdict::launch_failed(format!("payload exceeds the {max}-byte limit"), true));
     }
     Ok(payload)
 }
@@ -220,22 +180,12 @@ fn read_payload(path: &Path) -> Result<Vec<u8>, Verdict> {
 /// would leave it.
 fn resolve_input(in_dir: &Path, path: &str) -> Option<PathBuf> {
     let path = Path::new(path);
-    let rel = if path.is_absolute() {
-        path.strip_prefix(IN_DIR).ok()?
-    } else {
-        path
-    };
-    rel.components()
-        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-        .then(|| in_dir.join(rel))
+    let rel = if path.is_absolute() { path.strip_prefix(IN_DIR).ok()? } else { path };
+    rel.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)).then(|| in_dir.join(rel))
 }
 
 fn execute(handler: Handler, ctx: HandlerContext, on_sigterm: bool) -> Verdict {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return Verdict::launch_failed(format!("starting the runtime: {e}"), false),
     };
@@ -244,9 +194,7 @@ fn execute(handler: Handler, ctx: HandlerContext, on_sigterm: bool) -> Verdict {
     let joined = rt.block_on(async move {
         let mut sigterm = if on_sigterm {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .inspect_err(|e| {
-                    eprintln!("stevedore handler runner: cannot listen for SIGTERM: {e}")
-                })
+                .inspect_err(|e| eprintln!("stevedore handler runner: cannot listen for SIGTERM: {e}"))
                 .ok()
         } else {
             None
@@ -276,26 +224,12 @@ fn execute(handler: Handler, ctx: HandlerContext, on_sigterm: bool) -> Verdict {
     // Blocking tasks a handler left behind must not hold up the record or the exit.
     rt.shutdown_background();
     match joined {
-        Ok(Ok(())) => Verdict {
-            result: HandlerResult::Ok,
-            error: String::new(),
-            permanent: false,
-        },
-        Ok(Err(e)) => Verdict {
-            result: HandlerResult::Error,
-            error: error_chain(&e),
-            permanent: e.permanent,
-        },
-        Err(e) if e.is_panic() => Verdict {
-            result: HandlerResult::Panicked,
-            error: panic_text(&*e.into_panic()),
-            permanent: false,
-        },
-        Err(e) => Verdict {
-            result: HandlerResult::Error,
-            error: format!("handler task ended: {e}"),
-            permanent: false,
-        },
+        Ok(Ok(())) => Verdict { result: HandlerResult::Ok, error: String::new(), permanent: false },
+        Ok(Err(e)) => Verdict { result: HandlerResult::Error, error: error_chain(&e), permanent: e.permanent },
+        Err(e) if e.is_panic() => {
+            Verdict { result: HandlerResult::Panicked, error: panic_text(&*e.into_panic()), permanent: false }
+        }
+        Err(e) => Verdict { result: HandlerResult::Error, error: format!("handler task ended: {e}"), permanent: false },
     }
 }
 
@@ -336,12 +270,7 @@ mod tests {
         for d in [&control, &input, &output] {
             std::fs::create_dir(d).unwrap();
         }
-        Area {
-            _t: t,
-            control,
-            input,
-            output,
-        }
+        Area { _t: t, control, input, output }
     }
 
     fn request(handler: &str) -> HandlerRequest {
@@ -357,11 +286,7 @@ mod tests {
     }
 
     fn stage(a: &Area, req: &HandlerRequest, payload: &[u8]) {
-        std::fs::write(
-            a.control.join(REQUEST_FILE),
-            serde_json::to_vec(req).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(a.control.join(REQUEST_FILE), serde_json::to_vec(req).unwrap()).unwrap();
         std::fs::write(a.control.join(PAYLOAD_FILE), payload).unwrap();
     }
 
@@ -379,20 +304,11 @@ mod tests {
         stage(&a, &request("echo"), b"hi there");
         let h = builtin();
         assert_eq!(run(&h, &a), exit_code::OK);
-        assert_eq!(
-            std::fs::read(a.output.join("payload")).unwrap(),
-            b"hi there"
-        );
+        assert_eq!(std::fs::read(a.output.join("payload")).unwrap(), b"hi there");
         let r = record(&a);
-        assert_eq!(
-            (r.result, r.error.as_str(), r.permanent),
-            (HandlerResult::Ok, "", false)
-        );
+        assert_eq!((r.result, r.error.as_str(), r.permanent), (HandlerResult::Ok, "", false));
         assert_eq!(r.fingerprint, h.fingerprint());
-        let left: Vec<_> = std::fs::read_dir(&a.control)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let left: Vec<_> = std::fs::read_dir(&a.control).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left.len(), 3, "no temporary file left behind: {left:?}");
     }
 
@@ -402,10 +318,7 @@ mod tests {
         stage(&a, &request("fail"), b"bad input");
         assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
         let r = record(&a);
-        assert_eq!(
-            (r.result, r.error.as_str(), r.permanent),
-            (HandlerResult::Error, "bad input", false)
-        );
+        assert_eq!((r.result, r.error.as_str(), r.permanent), (HandlerResult::Error, "bad input", false));
 
         let a = area();
         stage(&a, &request("fail-permanent"), b"");
@@ -416,11 +329,7 @@ mod tests {
     #[test]
     fn error_text_is_capped() {
         let a = area();
-        stage(
-            &a,
-            &request("fail"),
-            "x".repeat(protocol::MAX_ERROR_TEXT * 2).as_bytes(),
-        );
+        stage(&a, &request("fail"), "x".repeat(protocol::MAX_ERROR_TEXT * 2).as_bytes());
         assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
         assert!(record(&a).error.len() <= protocol::MAX_ERROR_TEXT);
     }
@@ -449,32 +358,14 @@ mod tests {
     fn fingerprint_mismatch_names_both_values() {
         let a = area();
         let h = builtin();
-        stage(
-            &a,
-            &HandlerRequest {
-                fingerprint: Some("sha256:feed".into()),
-                ..request("true")
-            },
-            b"",
-        );
+        stage(&a, &HandlerRequest { fingerprint: Some("sha256:feed".into()), ..request("true") }, b"");
         assert_eq!(run(&h, &a), exit_code::LAUNCH_FAILED);
         let r = record(&a);
         assert_eq!((r.result, r.permanent), (HandlerResult::LaunchFailed, true));
-        assert!(
-            r.error.contains("sha256:feed") && r.error.contains(&h.fingerprint()),
-            "{}",
-            r.error
-        );
+        assert!(r.error.contains("sha256:feed") && r.error.contains(&h.fingerprint()), "{}", r.error);
 
         let a = area();
-        stage(
-            &a,
-            &HandlerRequest {
-                fingerprint: Some(h.fingerprint()),
-                ..request("true")
-            },
-            b"",
-        );
+        stage(&a, &HandlerRequest { fingerprint: Some(h.fingerprint()), ..request("true") }, b"");
         assert_eq!(run(&h, &a), exit_code::OK);
     }
 
@@ -489,31 +380,19 @@ mod tests {
         assert_eq!((r.result, r.permanent), (HandlerResult::LaunchFailed, true));
 
         let a = area();
-        std::fs::write(
-            a.control.join(REQUEST_FILE),
-            vec![b' '; protocol::MAX_RECORD_BYTES as usize + 1],
-        )
-        .unwrap();
+        std::fs::write(a.control.join(REQUEST_FILE), vec![b' '; protocol::MAX_RECORD_BYTES as usize + 1]).unwrap();
         assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED);
         assert!(record(&a).error.contains("larger than"));
 
         let a = area();
-        assert_eq!(
-            run(&builtin(), &a),
-            exit_code::LAUNCH_FAILED,
-            "no request at all"
-        );
+        assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED, "no request at all");
         assert!(!record(&a).permanent);
     }
 
     #[test]
     fn missing_payload_is_empty() {
         let a = area();
-        std::fs::write(
-            a.control.join(REQUEST_FILE),
-            serde_json::to_vec(&request("echo")).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(a.control.join(REQUEST_FILE), serde_json::to_vec(&request("echo")).unwrap()).unwrap();
         assert_eq!(run(&builtin(), &a), exit_code::OK);
         assert_eq!(std::fs::read(a.output.join("payload")).unwrap(), b"");
     }
@@ -524,32 +403,15 @@ mod tests {
         std::fs::write(a.input.join("x.txt"), b"xx").unwrap();
         std::fs::create_dir(a.input.join("sub")).unwrap();
         std::fs::write(a.input.join("sub/in.txt"), b"copied").unwrap();
-        let inputs = BTreeMap::from([
-            ("in".to_owned(), "/in/sub/in.txt".to_owned()),
-            ("x".into(), "x.txt".into()),
-        ]);
-        stage(
-            &a,
-            &HandlerRequest {
-                inputs: inputs.clone(),
-                ..request("cat-input")
-            },
-            b"",
-        );
+        let inputs = BTreeMap::from([("in".to_owned(), "/in/sub/in.txt".to_owned()), ("x".into(), "x.txt".into())]);
+        stage(&a, &HandlerRequest { inputs: inputs.clone(), ..request("cat-input") }, b"");
         assert_eq!(run(&builtin(), &a), exit_code::OK, "{:?}", record(&a).error);
         assert_eq!(std::fs::read(a.output.join("copy")).unwrap(), b"copied");
 
         for bad in ["/etc/passwd", "../x.txt", "/in/../etc"] {
             let a = area();
             let inputs = BTreeMap::from([("in".to_owned(), bad.to_owned())]);
-            stage(
-                &a,
-                &HandlerRequest {
-                    inputs,
-                    ..request("cat-input")
-                },
-                b"",
-            );
+            stage(&a, &HandlerRequest { inputs, ..request("cat-input") }, b"");
             assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED, "{bad}");
             assert_eq!(record(&a).result, HandlerResult::LaunchFailed);
         }
@@ -558,14 +420,7 @@ mod tests {
     #[test]
     fn deadline_cancels_the_handler() {
         let a = area();
-        stage(
-            &a,
-            &HandlerRequest {
-                deadline_ms: Some(50),
-                ..request("sleep")
-            },
-            b"60000",
-        );
+        stage(&a, &HandlerRequest { deadline_ms: Some(50), ..request("sleep") }, b"60000");
         let start = Instant::now();
         assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
         assert!(start.elapsed() < Duration::from_secs(10));
@@ -578,10 +433,7 @@ mod tests {
         stage(&a, &request("sleep"), b"60000");
         let cancel = CancellationToken::new();
         cancel.cancel();
-        assert_eq!(
-            run_with(&builtin(), &a.control, &a.input, &a.output, cancel, false),
-            exit_code::HANDLER_ERROR
-        );
+        assert_eq!(run_with(&builtin(), &a.control, &a.input, &a.output, cancel, false), exit_code::HANDLER_ERROR);
         assert_eq!(record(&a).error, "cancelled");
     }
 
@@ -589,9 +441,8 @@ mod tests {
     fn error_sources_are_kept_as_text() {
         let a = area();
         stage(&a, &request("io"), b"");
-        let h = Handlers::new().register("io", |_| async {
-            Err(HandlerError::new("saving").with_source(io::Error::other("disk full")))
-        });
+        let h = Handlers::new()
+            .register("io", |_| async { Err(HandlerError::new("saving").with_source(io::Error::other("disk full"))) });
         assert_eq!(run(&h, &a), exit_code::HANDLER_ERROR);
         assert_eq!(record(&a).error, "saving: disk full");
     }
@@ -604,9 +455,6 @@ mod tests {
         let argv = ["/tools/ld.so", "/tools/stevedore", HANDLER_MARKER, &control].map(String::from);
         assert_eq!(main(&builtin(), &argv), exit_code::LAUNCH_FAILED);
         assert!(record(&a).error.contains("no-such-handler"));
-        assert_eq!(
-            main(&builtin(), &[HANDLER_MARKER.into(), "a".into(), "b".into()]),
-            exit_code::LAUNCH_FAILED
-        );
+        assert_eq!(main(&builtin(), &[HANDLER_MARKER.into(), "a".into(), "b".into()]), exit_code::LAUNCH_FAILED);
     }
 }

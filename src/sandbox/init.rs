@@ -11,8 +11,7 @@
 
 use super::cgroup;
 use crate::protocol::{
-    self, ChildrenRusage, FsSpace, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE,
-    StoppedBy, WaitStatus,
+    self, ChildrenRusage, FsSpace, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE, StoppedBy, WaitStatus,
 };
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -140,10 +139,7 @@ fn run(args: &[String]) -> Result<(), InitError> {
     };
     let json = serde_json::to_vec(&record).expect("an init record always serialises");
     write_atomic(&control, RESULT_FILE, &json).map_err(control_err(RESULT_FILE))?;
-    write_all_raw(
-        io::stderr().as_fd(),
-        protocol::done_sentinel(&nonce).as_bytes(),
-    );
+    write_all_raw(io::stderr().as_fd(), protocol::done_sentinel(&nonce).as_bytes());
     if ended.stdin_open {
         // The host downloads outputs now; SIGTERM stays blocked and is simply never read.
         wait_for_eof(stdin_fd());
@@ -316,25 +312,15 @@ fn spawn(spec: &InitSpec) -> Result<Running, String> {
         .current_dir(&spec.cwd)
         .stdin(Stdio::null())
         .process_group(0);
-    let rx = raw::prepare_child(&mut cmd, spec.child_oom_score_adj)
-        .map_err(|e| format!("cannot set up {prog}: {e}"))?;
+    let rx =
+        raw::prepare_child(&mut cmd, spec.child_oom_score_adj).map_err(|e| format!("cannot set up {prog}: {e}"))?;
     let started = Instant::now();
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot execute {prog}: {e}"))?;
+    let child = cmd.spawn().map_err(|e| format!("cannot execute {prog}: {e}"))?;
     // Closes the parent's copy of the errno pipe's write end, so its read below ends.
     drop(cmd);
     let pid = Pid::from_raw(child.id() as i32);
-    let oom_guard = spec
-        .child_oom_score_adj
-        .zip(rx)
-        .map(|(n, rx)| oom_report(n, pid, rx));
-    Ok(Running {
-        child,
-        pid,
-        started,
-        oom_guard,
-    })
+    let oom_guard = spec.child_oom_score_adj.zip(rx).map(|(n, rx)| oom_report(n, pid, rx));
+    Ok(Running { child, pid, started, oom_guard })
 }
 
 /// The crate's only unsafe code: signal dispositions and the fork-to-exec window, which
@@ -349,9 +335,7 @@ mod raw {
 
     use nix::fcntl::OFlag;
     use nix::sys::prctl;
-    use nix::sys::signal::{
-        SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal, sigaction, sigprocmask,
-    };
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal, sigaction, sigprocmask};
     use nix::sys::stat::Mode;
     use std::io;
     use std::os::fd::OwnedFd;
@@ -359,13 +343,8 @@ mod raw {
     use std::process::Command;
 
     /// The signals the init handles through its signalfd.
-    pub(super) const HANDLED: [Signal; 5] = [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGCHLD,
-    ];
+    pub(super) const HANDLED: [Signal; 5] =
+        [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGCHLD];
 
     fn default_dispositions() {
         let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
@@ -385,10 +364,7 @@ mod raw {
     /// empty mask (std leaves the init's blocked set in place), and, when `oom` is set,
     /// writes it to its own `oom_score_adj` so even its first instruction runs with it.
     /// Returns the read end of a pipe on which the child reports that write's errno.
-    pub(super) fn prepare_child(
-        cmd: &mut Command,
-        oom: Option<i32>,
-    ) -> io::Result<Option<OwnedFd>> {
+    pub(super) fn prepare_child(cmd: &mut Command, oom: Option<i32>) -> io::Result<Option<OwnedFd>> {
         let value = oom.map(|n| n.to_string().into_bytes());
         let (rx, tx) = match value {
             Some(_) => {
@@ -409,11 +385,7 @@ mod raw {
                     // other process of the container exists yet to look at this one's memory.
                     let _ = prctl::set_dumpable(true);
                     let path = c"/proc/self/oom_score_adj";
-                    let failed = match nix::fcntl::open(
-                        path,
-                        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
-                        Mode::empty(),
-                    ) {
+                    let failed = match nix::fcntl::open(path, OFlag::O_WRONLY | OFlag::O_CLOEXEC, Mode::empty()) {
                         Ok(fd) => nix::unistd::write(&fd, value).err(),
                         Err(e) => Some(e),
                     };
@@ -432,10 +404,7 @@ fn oom_report(n: i32, pid: Pid, rx: OwnedFd) -> String {
     let mut errno = [0u8; 4];
     let mut f = fs::File::from(rx);
     if f.read_exact(&mut errno).is_ok() {
-        return format!(
-            "not applied: {}",
-            Errno::from_raw(i32::from_ne_bytes(errno))
-        );
+        return format!("not applied: {}", Errno::from_raw(i32::from_ne_bytes(errno)));
     }
     let read = |p: String| fs::read_to_string(p).map(|s| s.trim().to_owned());
     let init = read("/proc/self/oom_score_adj".into()).unwrap_or_else(|_| "unknown".into());
@@ -527,21 +496,12 @@ impl Supervisor {
                         eprintln!("stevedore: init: poll failed: {e}; killing the command");
                         kill_everything(Signal::SIGKILL, self.pgid());
                         self.stopped_by = Some(StoppedBy::Kill);
-                        let st = self
-                            .running
-                            .child
-                            .wait()
-                            .map(wait_status)
-                            .unwrap_or(WaitStatus::Signal(0));
+                        let st = self.running.child.wait().map(wait_status).unwrap_or(WaitStatus::Signal(0));
                         self.end = Some((st, Instant::now()));
                         return;
                     }
                 }
-                let ready = |i: usize| {
-                    fds.get(i)
-                        .and_then(PollFd::revents)
-                        .is_some_and(|r| !r.is_empty())
-                };
+                let ready = |i: usize| fds.get(i).and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
                 (ready(0), ready(1))
             };
             if sig_ready {
@@ -562,9 +522,7 @@ impl Supervisor {
             };
             match Signal::try_from(info.ssi_signo as i32) {
                 Ok(Signal::SIGCHLD) => self.reap_ready(),
-                Ok(Signal::SIGTERM | Signal::SIGINT) => {
-                    self.begin_stop(StoppedBy::Term, self.grace)
-                }
+                Ok(Signal::SIGTERM | Signal::SIGINT) => self.begin_stop(StoppedBy::Term, self.grace),
                 // Not the host's stop protocol, but the command may want them (reload, dump).
                 Ok(sig @ (Signal::SIGHUP | Signal::SIGQUIT)) if self.end.is_none() => {
                     let _ = killpg(self.running.pid, sig);
@@ -649,9 +607,7 @@ impl Supervisor {
                     // not the main child (checked first), reap it blindly.
                     self.reap_main();
                     match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
-                        Ok(NixWait::Exited(pid, c)) if pid == self.running.pid => {
-                            self.record_main(WaitStatus::Code(c))
-                        }
+                        Ok(NixWait::Exited(pid, c)) if pid == self.running.pid => self.record_main(WaitStatus::Code(c)),
                         Ok(NixWait::Signaled(pid, s, _)) if pid == self.running.pid => {
                             self.record_main(WaitStatus::Signal(s as i32))
                         }
@@ -689,8 +645,7 @@ fn reap_stragglers(pgid: Option<Pid>) -> u32 {
 
 fn children_rusage() -> ChildrenRusage {
     let micros = |tv: nix::sys::time::TimeVal| {
-        u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000
-            + u64::try_from(tv.tv_usec()).unwrap_or(0)
+        u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000 + u64::try_from(tv.tv_usec()).unwrap_or(0)
     };
     match getrusage(UsageWho::RUSAGE_CHILDREN) {
         Ok(u) => ChildrenRusage {
@@ -735,44 +690,23 @@ mod tests {
         bytes.extend_from_slice(b"AFTER");
         let mut cur = io::Cursor::new(bytes);
         let (nonce, got, payload) = read_frame(&mut cur).unwrap();
-        assert_eq!(
-            (nonce.as_str(), got, payload.as_slice()),
-            ("00ff", spec(), &b"payload\nbytes"[..])
-        );
+        assert_eq!((nonce.as_str(), got, payload.as_slice()), ("00ff", spec(), &b"payload\nbytes"[..]));
         assert_eq!(cur.position() as usize, frame.len());
     }
 
     #[test]
     fn malformed_frames_are_refused() {
         let frame = encode_stdin_frame("00ff", &spec(), b"xyz");
-        assert!(
-            read_frame(&frame[..frame.len() - 1]).is_err(),
-            "truncated payload"
-        );
+        assert!(read_frame(&frame[..frame.len() - 1]).is_err(), "truncated payload");
         assert!(read_frame(&b""[..]).is_err(), "empty stdin");
-        assert!(
-            read_frame(&b"STEVEDORE/1 nonce!\n"[..]).is_err(),
-            "non-hex nonce"
-        );
+        assert!(read_frame(&b"STEVEDORE/1 nonce!\n"[..]).is_err(), "non-hex nonce");
         let bad_spec = b"STEVEDORE/1 ab\n2\n{}0\n";
-        assert!(matches!(
-            read_frame(&bad_spec[..]),
-            Err(protocol::FrameError::Spec(_))
-        ));
+        assert!(matches!(read_frame(&bad_spec[..]), Err(protocol::FrameError::Spec(_))));
     }
 
     #[test]
     fn non_pid1_never_kills_minus_one() {
-        for g in [
-            None,
-            Some(-1),
-            Some(0),
-            Some(1),
-            Some(2),
-            Some(4242),
-            Some(i32::MAX),
-            Some(i32::MIN),
-        ] {
+        for g in [None, Some(-1), Some(0), Some(1), Some(2), Some(4242), Some(i32::MAX), Some(i32::MIN)] {
             let t = kill_target(false, g.map(Pid::from_raw));
             match t {
                 KillTarget::Namespace => panic!("kill(-1) outside PID 1 for {g:?}"),
@@ -786,11 +720,7 @@ mod tests {
     #[test]
     fn kill_everything_outside_pid1_kills_only_the_group() {
         assert!(!is_pid1());
-        let mut child = Command::new("sleep")
-            .arg("30")
-            .process_group(0)
-            .spawn()
-            .unwrap();
+        let mut child = Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
         kill_everything(Signal::SIGKILL, Some(Pid::from_raw(child.id() as i32)));
         assert_eq!(child.wait().unwrap().signal(), Some(9));
     }
@@ -808,26 +738,16 @@ mod tests {
         assert_eq!(fs::read(&victim).unwrap(), b"untouched");
         std::os::unix::fs::symlink(&victim, d.path().join("payload")).unwrap();
         write_atomic(d.path(), "payload", b"new").unwrap();
-        assert!(
-            !fs::symlink_metadata(d.path().join("payload"))
-                .unwrap()
-                .is_symlink()
-        );
+        assert!(!fs::symlink_metadata(d.path().join("payload")).unwrap().is_symlink());
         assert_eq!(fs::read(&victim).unwrap(), b"untouched");
     }
 
     #[test]
     fn wait_status_keeps_raw_numbers() {
-        assert_eq!(
-            wait_status(ExitStatus::from_raw(3 << 8)),
-            WaitStatus::Code(3)
-        );
+        assert_eq!(wait_status(ExitStatus::from_raw(3 << 8)), WaitStatus::Code(3));
         assert_eq!(wait_status(ExitStatus::from_raw(9)), WaitStatus::Signal(9));
         // A real-time signal, which nix's WaitStatus cannot represent.
-        assert_eq!(
-            wait_status(ExitStatus::from_raw(40)),
-            WaitStatus::Signal(40)
-        );
+        assert_eq!(wait_status(ExitStatus::from_raw(40)), WaitStatus::Signal(40));
     }
 
     #[test]
@@ -837,9 +757,6 @@ mod tests {
             dir: "/c".into(),
             source: io::Error::from(io::ErrorKind::PermissionDenied),
         };
-        assert_eq!(
-            error_chain(&e),
-            "cannot write result.json in the control dir /c: permission denied"
-        );
+        assert_eq!(error_chain(&e), "cannot write result.json in the control dir /c: permission denied");
     }
 }
