@@ -54,7 +54,8 @@ async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
 }
 
 fn sha256sum(path: &Path) -> String {
-    let out = std::process::Command::new("sha256sum").arg(path).output().unwrap();
+    // Through stdin: sha256sum escapes odd file names in its output.
+    let out = std::process::Command::new("sha256sum").stdin(std::fs::File::open(path).unwrap()).output().unwrap();
     format!("sha256:{}", String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap())
 }
 
@@ -87,7 +88,8 @@ async fn ok_with_outputs_hashed_and_owned_by_the_caller() {
     assert_eq!(std::fs::read(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap(), b"done\n");
     assert_eq!(o.evidence.worker, w);
     assert!(o.evidence.container_id.is_some());
-    assert_eq!(o.usage.disk_written_bytes, Some(6 + 100000 + 2 + 1 + 2));
+    assert_eq!(o.usage.disk_written_bytes, Some(6 + 100_000 + 2 + 1 + 1));
+    assert_eq!(o.usage.disk_written_bytes, Some(o.outputs.iter().map(|f| f.size).sum()));
     assert!(o.usage.wall_time_ms.is_some());
     assert_eq!(labelled(&docker, &w).await, (0, 0), "nothing left in the engine");
 }

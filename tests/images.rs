@@ -47,7 +47,7 @@ async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
     assert_eq!(config.user.as_deref(), Some("65532:65532"));
 
     let t = Instant::now();
-    let ran = run_container(&docker, tag, Some("65532"), &[]).await;
+    let ran = run_container(&docker, tag, Some("65532"), &["--version"]).await;
     eprintln!("run (create+start+wait+logs+remove): {:?}", t.elapsed());
     assert_eq!(ran.code, 0, "{}", ran.output);
 

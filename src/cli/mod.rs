@@ -28,7 +28,7 @@ enum Command {
     /// Boot, census, run a trivial jailed attempt, drain; print `drain: ok` last
     Smoke,
     /// Run one attempt of a command or handler in a fresh container
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Remove what a worker left behind
     Reclaim(reclaim::ReclaimArgs),
     /// Manage worker images
@@ -52,7 +52,7 @@ pub fn main(handlers: Handlers) -> ExitCode {
         match cli.command {
             Command::Census => census::census(&cli.global).await,
             Command::Smoke => smoke::smoke(&cli.global, &handlers).await,
-            Command::Run(args) => run::run(&cli.global, args, &handlers).await,
+            Command::Run(args) => run::run(&cli.global, *args, &handlers).await,
             Command::Reclaim(args) => reclaim::reclaim(&cli.global, args).await,
             Command::Image(cmd) => image::image(&cli.global, cmd, &handlers).await,
         }

@@ -126,7 +126,7 @@ fn tmpfs_mount(target: &str, size: u64, mode: i64, read_only: bool) -> Mount {
 
 fn covered(path: &str, ours: &[&str]) -> bool {
     let p = path.trim_end_matches('/');
-    ours.iter().any(|o| p == *o)
+    ours.contains(&p)
 }
 
 /// Builds the container spec.
@@ -206,8 +206,8 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         }
         None => put(&mut skipped, "cpu", "no cpu limit requested or configured".into()),
     }
-    match a.gpus {
-        Some(n) => {
+    if let Some(n) = a.gpus {
+        {
             host.device_requests = Some(vec![DeviceRequest {
                 driver: Some(String::new()),
                 count: Some(n as i64),
@@ -216,7 +216,6 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
             }]);
             put(&mut enforcement, "gpu", format!("{n} device(s) requested"));
         }
-        None => {}
     }
     if cfg.network == "none" {
         put(&mut enforcement, "network", "none".into());
