@@ -2,11 +2,9 @@
 
 mod support;
 
-use bollard::Docker;
 use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
-    RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use std::collections::HashMap;
@@ -15,20 +13,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
-
-fn worker(tag: &str) -> String {
-    format!("t-{tag}-{:08x}", rand::random::<u32>())
-}
-
-async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, usize) {
-    let filters = stevedore::container::labels::worker_filter(worker);
-    let c = docker
-        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
-        .await
-        .unwrap();
-    let v = docker.list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build())).await.unwrap();
-    (c.into_iter().filter_map(|c| c.id).collect(), v.volumes.unwrap_or_default().len())
-}
 
 fn json(out: &[u8]) -> serde_json::Value {
     let s = String::from_utf8_lossy(out);
@@ -78,42 +62,38 @@ fn smoke_without_engine_fails_with_the_reason() {
 #[tokio::test]
 async fn run_a_builtin_handler() {
     let Some(docker) = support::engine().await else { return };
-    let w = worker("cli-handler");
+    let w = support::worker("cli-handler");
     let t = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args(["run", "--quiet", "--worker", &w, "--handler", "echo", "--payload", "hello", "--output"])
-        .arg(t.path().join("o"))
-        .output()
-        .unwrap();
+    let run = |out: &str, args: &[&str]| {
+        Command::new(BIN)
+            .args(["run", "--quiet", "--worker", &w, "--output"])
+            .arg(t.path().join(out))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run("o", &["--handler", "echo", "--payload", "hello"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json(&out.stdout);
     assert_eq!(v["status"], "ok", "{v}");
     assert_eq!(v["outputs"][0]["name"], "payload");
     assert_eq!(std::fs::read(t.path().join("o/payload")).unwrap(), b"hello");
-    let out = Command::new(BIN)
-        .args(["run", "--quiet", "--worker", &w, "--handler", "no-such-handler", "--output"])
-        .arg(t.path().join("p"))
-        .output()
-        .unwrap();
-    let v = json(&out.stdout);
+    let v = json(&run("p", &["--handler", "no-such-handler"]).stdout);
     assert_eq!(v["status"], "launch_failed", "{v}");
     assert_eq!(v["permanent"], true);
-    let out = Command::new(BIN)
-        .args(["run", "--quiet", "--worker", &w, "--handler", "true", "--fingerprint", "sha256:0000", "--output"])
-        .arg(t.path().join("q"))
-        .output()
-        .unwrap();
+    let out = run("q", &["--handler", "true", "--fingerprint", "sha256:0000"]);
     assert_eq!(out.status.code(), Some(2), "a mismatch visible on the image is a launch error");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("sha256:0000") && err.contains("fingerprint"), "{err}");
-    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+    let actual = stevedore::handlers::builtin().fingerprint();
+    assert!(err.contains("sha256:0000") && err.contains(&actual), "both fingerprints named: {err}");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn eight_runs_at_once() {
     let Some(docker) = support::engine().await else { return };
     let image = support::busybox_image(&docker).await;
-    let w = worker("eight");
+    let w = support::worker("eight");
     let t = tempfile::tempdir().unwrap();
     let children: Vec<_> = (0..8)
         .map(|i| {
@@ -133,7 +113,7 @@ async fn eight_runs_at_once() {
         assert_eq!(json(&out.stdout)["status"], "ok");
         assert_eq!(std::fs::read_to_string(t.path().join(format!("o{i}/id"))).unwrap(), format!("job-{i}\n"));
     }
-    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 /// Starts `stevedore run` with a command that prints `ready` and then sleeps, and waits
@@ -165,7 +145,7 @@ fn start_sleeper(image: &str, w: &str, out: &std::path::Path) -> std::process::C
 async fn sigterm_cancels_cleans_up_and_exits_143() {
     let Some(docker) = support::engine().await else { return };
     let image = support::busybox_image(&docker).await;
-    let w = worker("sigterm");
+    let w = support::worker("sigterm");
     let t = tempfile::tempdir().unwrap();
     let child = start_sleeper(&image, &w, &t.path().join("o"));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
@@ -174,18 +154,18 @@ async fn sigterm_cancels_cleans_up_and_exits_143() {
     let v = json(&out.stdout);
     assert_eq!(v["status"], "killed");
     assert_eq!(v["reason"], "cancelled");
-    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn dead_man_switch_and_reclaim_after_a_crash() {
     let Some(docker) = support::engine().await else { return };
     let image = support::busybox_image(&docker).await;
-    let w = worker("crash");
-    let w2 = worker("other");
+    let w = support::worker("crash");
+    let w2 = support::worker("other");
     let t = tempfile::tempdir().unwrap();
     let mut child = start_sleeper(&image, &w, &t.path().join("o"));
-    let (ids, _) = labelled(&docker, &w).await;
+    let (ids, _) = support::labelled(&docker, &w).await;
     assert_eq!(ids.len(), 1, "the attempt's container is running");
     child.kill().unwrap();
     child.wait().unwrap();
@@ -237,7 +217,7 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     let v = json(&out.stdout);
     assert_eq!(v["containers_removed"], 2, "{v}");
     assert!(v["volumes_removed"].as_u64().unwrap() >= 1, "{v}");
-    assert_eq!(labelled(&docker, &w).await, (vec![], 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
     let _ = never_started;
     for keep in [&other, &unlabelled] {
         assert!(docker.inspect_container(keep, None).await.is_ok(), "{keep} must survive");

@@ -3,7 +3,6 @@
 mod support;
 
 use bollard::Docker;
-use bollard::query_parameters::{ListContainersOptionsBuilder, ListVolumesOptionsBuilder};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,10 +11,6 @@ use stevedore::{Executor, Outcome, Request, ResourceLimits, Status};
 use tokio_util::sync::CancellationToken;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
-
-fn worker(tag: &str) -> String {
-    format!("t-{tag}-{:08x}", rand::random::<u32>())
-}
 
 async fn setup() -> Option<(Docker, String)> {
     let docker = support::engine().await?;
@@ -32,17 +27,6 @@ async fn rung() -> ContainerExecutor {
     rung_with(ContainerConfig::default()).await
 }
 
-/// Containers and volumes labelled with `worker`.
-async fn labelled(docker: &Docker, worker: &str) -> (usize, usize) {
-    let filters = stevedore::container::labels::worker_filter(worker);
-    let c = docker
-        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
-        .await
-        .unwrap();
-    let v = docker.list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build())).await.unwrap();
-    (c.len(), v.volumes.unwrap_or_default().len())
-}
-
 fn cmd(image: &str, worker: &str, out: &Path, script: &str) -> Request {
     let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker);
     r.policy.image = image.to_owned();
@@ -51,6 +35,17 @@ fn cmd(image: &str, worker: &str, out: &Path, script: &str) -> Request {
 
 async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
     rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
+}
+
+/// (uid, gid, mode) of each path.
+fn owner_and_mode(paths: &[&Path]) -> Vec<(u32, u32, u32)> {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid(), m.mode())
+        })
+        .collect()
 }
 
 fn sha256sum(path: &Path) -> String {
@@ -63,7 +58,7 @@ fn sha256sum(path: &Path) -> String {
 async fn ok_with_outputs_hashed_and_owned_by_the_caller() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = worker("ok");
+    let w = support::worker("ok");
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("out");
     let script = "printf 'hello\\n' > /out/a.txt; mkdir -p /out/sub; head -c 100000 /dev/urandom > /out/sub/rand.bin; \
@@ -91,14 +86,14 @@ async fn ok_with_outputs_hashed_and_owned_by_the_caller() {
     assert_eq!(o.usage.disk_written_bytes, Some(6 + 100_000 + 2 + 1 + 1));
     assert_eq!(o.usage.disk_written_bytes, Some(o.outputs.iter().map(|f| f.size).sum()));
     assert!(o.usage.wall_time_ms.is_some());
-    assert_eq!(labelled(&docker, &w).await, (0, 0), "nothing left in the engine");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing left in the engine");
 }
 
 #[tokio::test]
 async fn exit_codes_and_signals() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = worker("exit");
+    let w = support::worker("exit");
     let t = tempfile::tempdir().unwrap();
     let o = run(&rung, &cmd(&image, &w, &t.path().join("a"), "echo oops >&2; exit 3")).await;
     assert_eq!((o.status, o.exit_code, o.signal), (Status::HandlerError, Some(3), None), "{}", o.to_json());
@@ -120,14 +115,14 @@ async fn exit_codes_and_signals() {
     let o = run(&rung, &r).await;
     assert_eq!(o.status, Status::LaunchFailed, "{}", o.to_json());
     assert!(o.handler_error.contains("/no/such/program"), "{}", o.handler_error);
-    assert_eq!(labelled(&docker, &w).await, (0, 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn deadline_with_a_term_ignoring_command() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = worker("deadline");
+    let w = support::worker("deadline");
     let t = tempfile::tempdir().unwrap();
     let grace = Duration::from_secs(1);
     let deadline = Duration::from_secs(2);
@@ -143,14 +138,13 @@ async fn deadline_with_a_term_ignoring_command() {
     assert!(t.path().join("o/p").exists(), "files stay on disk");
     assert!(took < deadline + grace + Duration::from_secs(2) + Duration::from_secs(3), "took {took:?}");
     assert_eq!(o.signal, Some(9), "SIGKILLed after the grace");
-    assert_eq!(labelled(&docker, &w).await, (0, 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn cancellation() {
     let Some((docker, image)) = setup().await else { return };
-    let rung = rung().await;
-    let w = worker("cancel");
+    let w = support::worker("cancel");
     let t = tempfile::tempdir().unwrap();
     let mut r = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 60");
     r.policy = r.policy.clone().with_grace(Duration::from_secs(5));
@@ -167,26 +161,25 @@ async fn cancellation() {
         })),
         ..ContainerConfig::default()
     };
-    let rung2 = rung_with(cfg).await;
-    drop(rung);
+    let rung = rung_with(cfg).await;
     let t2 = token.clone();
     tokio::spawn(async move {
         if rx.await.is_ok() {
             t2.cancel();
         }
     });
-    let o = rung2.run(&r, token).await.unwrap();
+    let o = rung.run(&r, token).await.unwrap();
     assert_eq!(o.status, Status::Killed, "{}", o.to_json());
     assert_eq!(o.reason.as_deref(), Some("cancelled"));
     assert_eq!(o.signal, Some(15), "sleep died of the forwarded SIGTERM");
-    assert_eq!(labelled(&docker, &w).await, (0, 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn inputs_from_a_private_root_dir_stay_untouched() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = worker("inputs");
+    let w = support::worker("inputs");
     let t = tempfile::tempdir().unwrap();
     let input = t.path().join("in");
     std::fs::create_dir(&input).unwrap();
@@ -194,13 +187,7 @@ async fn inputs_from_a_private_root_dir_stay_untouched() {
     std::fs::create_dir(input.join("d")).unwrap();
     std::fs::write(input.join("d/data.txt"), b"payload-123").unwrap();
     std::fs::set_permissions(input.join("d/data.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
-    let before: Vec<_> = [input.clone(), input.join("d/data.txt")]
-        .iter()
-        .map(|p| {
-            let m = std::fs::metadata(p).unwrap();
-            (m.uid(), m.gid(), m.mode())
-        })
-        .collect();
+    let before = owner_and_mode(&[&input, &input.join("d/data.txt")]);
     let r = cmd(
         &image,
         &w,
@@ -215,23 +202,17 @@ async fn inputs_from_a_private_root_dir_stay_untouched() {
     let stdout = std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap();
     assert!(!stdout.contains("WROTE"), "/in is read-only");
     assert_eq!(stdout.trim(), "65532", "runs as the non-root sandbox user");
-    let after: Vec<_> = [input.clone(), input.join("d/data.txt")]
-        .iter()
-        .map(|p| {
-            let m = std::fs::metadata(p).unwrap();
-            (m.uid(), m.gid(), m.mode())
-        })
-        .collect();
+    let after = owner_and_mode(&[&input, &input.join("d/data.txt")]);
     assert_eq!(before, after, "inputs untouched");
     assert_eq!(std::fs::read(input.join("d/data.txt")).unwrap(), b"payload-123");
-    assert_eq!(labelled(&docker, &w).await, (0, 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn hostile_outputs_are_refused_and_named() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = worker("hostile");
+    let w = support::worker("hostile");
     let t = tempfile::tempdir().unwrap();
     let out = t.path().join("o");
     let script = "echo ok > /out/real; ln -s /etc/passwd /out/link; mkfifo /out/fifo; mkdir /out/d; echo s > /out/d/secret; \
@@ -246,14 +227,14 @@ async fn hostile_outputs_are_refused_and_named() {
         assert!(refused.iter().any(|(n, w)| n == name && w == why), "{name} not refused as {why}: {refused:?}");
     }
     assert!(refused.iter().any(|(n, w)| n.contains("\\xff") && w == "non_utf8_name"), "{refused:?}");
-    assert_eq!(labelled(&docker, &w).await, (0, 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]
 async fn bad_requests_create_nothing() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = worker("bad");
+    let w = support::worker("bad");
     let t = tempfile::tempdir().unwrap();
     std::fs::create_dir(t.path().join("full")).unwrap();
     std::fs::write(t.path().join("full/x"), b"").unwrap();
@@ -273,7 +254,7 @@ async fn bad_requests_create_nothing() {
     r.policy.image = "stevedore-test/no-such-image:1".into();
     let err = rung.run(&r, CancellationToken::new()).await.expect_err("unknown image");
     assert!(matches!(err, stevedore::LaunchError::ImageUnavailable { .. }), "{err}");
-    assert_eq!(labelled(&docker, &w).await, (0, 0), "nothing created for rejected requests");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing created for rejected requests");
     assert!(!t.path().join("o").exists());
 }
 
@@ -289,5 +270,8 @@ async fn api_version_is_negotiated() {
     assert!(parse(&f.api_version) <= parse(&f.max_api_version), "{f:?}");
     assert!(parse(&f.api_version) <= parse(bollard::API_DEFAULT_VERSION.to_string().as_str()));
     assert!(parse(&f.api_version) >= parse(&f.min_api_version));
+    let client = bollard::API_DEFAULT_VERSION.to_string();
+    let expected = parse(&f.max_api_version).min(parse(&client));
+    assert_eq!(parse(&f.api_version), expected, "the newest version both sides speak ({f:?}, client {client})");
     assert!(!f.engine_version.is_empty());
 }

@@ -33,21 +33,11 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
 
 /// Runs `stevedore census`.
 pub async fn census(g: &Global) -> u8 {
-    let cfg = match common::config(g) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("stevedore: {e}");
-            return 2;
-        }
-    };
-    match common::connect(cfg).await {
+    match common::rung(g, 1, |_| {}).await {
         Ok(rung) => {
             println!("{}", line(&rung));
             0
         }
-        Err(e) => {
-            eprintln!("stevedore: {}", super::common_error(&e));
-            1
-        }
+        Err(code) => code,
     }
 }

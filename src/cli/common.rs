@@ -37,11 +37,31 @@ pub async fn connect(cfg: ContainerConfig) -> Result<ContainerExecutor, LaunchEr
     ContainerExecutor::connect(cfg, crate::contract::incarnation::current()).await
 }
 
+/// The rung for these options, after `adjust` had its say on the configuration; on failure
+/// the message is printed and the exit code returned: 2 for bad options,
+/// `unreachable_code` when the engine cannot be reached.
+pub async fn rung(
+    g: &Global,
+    unreachable_code: u8,
+    adjust: impl FnOnce(&mut ContainerConfig),
+) -> Result<ContainerExecutor, u8> {
+    let mut cfg = config(g).map_err(|e| {
+        eprintln!("stevedore: {e}");
+        2
+    })?;
+    adjust(&mut cfg);
+    connect(cfg).await.map_err(|e| {
+        eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+        unreachable_code
+    })
+}
+
 /// Makes sure stevedore's own worker image exists (packing this binary on first use) and
 /// returns its tag.
 pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
-    let digest = crate::container::tools::sha256_file(&exe).map_err(|e| format!("cannot read own binary: {e}"))?;
+    let digest = crate::container::tools::exe_digest(&exe, &rung.config().tools_dir)
+        .map_err(|e| format!("cannot read own binary: {e}"))?;
     let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());

@@ -25,19 +25,9 @@ pub enum ImageCommand {
 /// Runs an image command.
 pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
     let ImageCommand::Pack { exe, tag, fingerprint } = cmd;
-    let cfg = match common::config(g) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("stevedore: {e}");
-            return 2;
-        }
-    };
-    let rung = match common::connect(cfg).await {
+    let rung = match common::rung(g, 1, |_| {}).await {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("stevedore: {}", super::common_error(&e));
-            return 1;
-        }
+        Err(code) => return code,
     };
     let own = std::env::current_exe().ok().and_then(|p| p.canonicalize().ok());
     let mut spec = PackSpec::new(exe.clone(), tag);
@@ -48,7 +38,7 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             0
         }
         Err(e) => {
-            eprintln!("stevedore: {}", super::common_error(&e));
+            eprintln!("stevedore: {}", crate::contract::error_chain(&e));
             1
         }
     }

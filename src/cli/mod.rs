@@ -60,15 +60,3 @@ pub fn main(handlers: Handlers) -> ExitCode {
     rt.shutdown_timeout(std::time::Duration::from_secs(5));
     ExitCode::from(code)
 }
-
-/// A launch error with its causes, on one line.
-pub(crate) fn common_error(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        src = s.source();
-    }
-    msg
-}

@@ -13,19 +13,9 @@ pub struct ReclaimArgs {
 
 /// Runs `stevedore reclaim`.
 pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
-    let cfg = match common::config(g) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("stevedore: {e}");
-            return 2;
-        }
-    };
-    let rung = match common::connect(cfg).await {
+    let rung = match common::rung(g, 1, |_| {}).await {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("stevedore: {}", super::common_error(&e));
-            return 1;
-        }
+        Err(code) => return code,
     };
     match rung.reclaim(&a.worker).await {
         Ok(r) => {
@@ -43,7 +33,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
             0
         }
         Err(e) => {
-            eprintln!("stevedore: {}", super::common_error(&e));
+            eprintln!("stevedore: {}", crate::contract::error_chain(&e));
             1
         }
     }

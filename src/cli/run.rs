@@ -149,29 +149,27 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let mut cfg = match common::config(g) {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    if let Some(n) = &a.network {
-        cfg.network = n.clone();
-    }
-    if !a.quiet {
-        let live: LiveOutput = Arc::new(|_s: Stream, bytes: &[u8]| {
-            let mut err = std::io::stderr().lock();
-            let _ = err.write_all(bytes);
-            let _ = err.flush();
-        });
-        cfg.live_output = Some(live);
-    }
     // Install signal handlers before anything can be created, so no signal leaks a container.
     let (mut sigint, mut sigterm) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
         (Ok(i), Ok(t)) => (i, t),
         _ => return fail("cannot install signal handlers"),
     };
-    let rung = match common::connect(cfg).await {
+    let adjust = |cfg: &mut crate::container::ContainerConfig| {
+        if let Some(n) = &a.network {
+            cfg.network = n.clone();
+        }
+        if !a.quiet {
+            let live: LiveOutput = Arc::new(|_s: Stream, bytes: &[u8]| {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(bytes);
+                let _ = err.flush();
+            });
+            cfg.live_output = Some(live);
+        }
+    };
+    let rung = match common::rung(g, 2, adjust).await {
         Ok(r) => r,
-        Err(e) => return fail(crate::cli::common_error(&e)),
+        Err(code) => return code,
     };
     let mut req = req;
     if req.handler_name().is_some() && req.policy.image.is_empty() {
@@ -221,7 +219,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
                 0
             }
         }
-        Some(Err(e)) => fail(crate::cli::common_error(&e)),
+        Some(Err(e)) => fail(crate::contract::error_chain(&e)),
         None => 0,
     };
     match got {

@@ -21,7 +21,7 @@ pub async fn smoke(g: &Global, handlers: &Handlers) -> u8 {
 
 async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
     let cfg = common::config(g)?;
-    let rung = common::connect(cfg).await.map_err(|e| format!("boot: {}", super::common_error(&e)))?;
+    let rung = common::connect(cfg).await.map_err(|e| format!("boot: {}", crate::contract::error_chain(&e)))?;
     println!("{}", super::census::line(&rung));
     let image = common::own_image(&rung, handlers).await?;
     let out = tempfile_dir()?;
@@ -33,7 +33,7 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
     req.fingerprint = Some(handlers.fingerprint());
     let result = rung.run(&req, CancellationToken::new()).await;
     let _ = std::fs::remove_dir_all(&out);
-    let outcome = result.map_err(|e| format!("attempt: {}", super::common_error(&e)))?;
+    let outcome = result.map_err(|e| format!("attempt: {}", crate::contract::error_chain(&e)))?;
     println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
     if outcome.status != Status::Ok {
         return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));

@@ -15,8 +15,7 @@ use crate::protocol::{
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    KillContainerOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
-    UploadToContainerOptionsBuilder,
+    KillContainerOptionsBuilder, UploadToContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use rand::Rng;
@@ -78,19 +77,14 @@ impl std::fmt::Debug for Cleanup {
 async fn remove_all(shared: &Shared, left: &Leftovers) -> Vec<String> {
     let mut errors = Vec::new();
     let e = &shared.engine;
+    // Containers first: a volume in use cannot be removed.
     for c in &left.containers {
-        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
-        if let Err(err) = e.call("remove container", e.docker.remove_container(c, Some(opts))).await
-            && !err.is_not_found()
-        {
+        if let Err(err) = e.remove_container(c).await {
             errors.push(format!("container {c}: {}", err.message()));
         }
     }
     for v in &left.volumes {
-        let opts = RemoveVolumeOptionsBuilder::default().force(true).build();
-        if let Err(err) = e.call("remove volume", e.docker.remove_volume(v, Some(opts))).await
-            && !err.is_not_found()
-        {
+        if let Err(err) = e.remove_volume(v).await {
             errors.push(format!("volume {v}: {}", err.message()));
         }
     }
@@ -247,10 +241,9 @@ async fn stage_inputs(
         .await
         .map_err(|err| engine_err("create staging container", err))?;
     let (uid, gid) = shared.config.uid_gid();
-    let (writer, mut rx) = pipe::writer(8);
+    let (writer, body_stream) = pipe::writer(8);
     let src = dir.to_path_buf();
     let producer = tokio::task::spawn_blocking(move || staging::write_input_tar(&src, uid, gid, writer));
-    let body_stream = async_stream_from(&mut rx);
     let opts = UploadToContainerOptionsBuilder::default().path(IN_DIR).build();
     let upload =
         e.call("upload inputs", e.docker.upload_to_container(name, Some(opts), bollard::body_try_stream(body_stream)));
@@ -262,26 +255,10 @@ async fn stage_inputs(
         source: Box::new(err),
     })?;
     up.map_err(|err| LaunchError::Staging { what: "uploading inputs".into(), source: Box::new(err) })?;
-    let opts = RemoveContainerOptionsBuilder::default().force(true).build();
-    if e.call("remove staging container", e.docker.remove_container(name, Some(opts))).await.is_ok() {
+    if e.remove_container(name).await.is_ok() {
         left.containers.retain(|c| c != name);
     }
     Ok(report)
-}
-
-fn async_stream_from(
-    rx: &mut tokio::sync::mpsc::Receiver<Result<bytes::Bytes, std::io::Error>>,
-) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
-    let (tx2, rx2) = tokio::sync::mpsc::channel(8);
-    let mut rx_owned = std::mem::replace(rx, tokio::sync::mpsc::channel(1).1);
-    tokio::spawn(async move {
-        while let Some(item) = rx_owned.recv().await {
-            if tx2.send(item).await.is_err() {
-                break;
-            }
-        }
-    });
-    futures_util::stream::unfold(rx2, |mut r| async move { r.recv().await.map(|i| (i, r)) })
 }
 
 /// Downloads `path` from the container as a tar and hands it to `consume` on a blocking thread.
@@ -390,7 +367,7 @@ async fn run_inner(
     let image = resolve_image(&shared, &image_ref).await?;
     let argv: Vec<String> = match &req.task {
         Task::Command(argv) => argv.clone(),
-        Task::Handler(h) => {
+        Task::Handler(_) => {
             let entry = image.labels.get(labels::ENTRY).ok_or_else(|| LaunchError::ImageUnavailable {
                 image: image_ref.clone(),
                 why: format!("not a stevedore worker image (no {} label)", labels::ENTRY),
@@ -408,7 +385,6 @@ async fn run_inner(
                     actual: have.clone(),
                 });
             }
-            let _ = h;
             argv.push(HANDLER_MARKER.to_owned());
             argv
         }
@@ -585,7 +561,9 @@ async fn run_inner(
         Some(rec) => {
             let stopped = rec.stopped_by.is_some();
             facts.deadline_fired = deadline_fired && stopped;
-            facts.cancelled = cancelled && !facts.deadline_fired && stopped;
+            // What happened first wins: a command that ended before the init was told to
+            // stop it was neither timed out nor cancelled (`decide` orders the rest).
+            facts.cancelled = cancelled && stopped;
             match &rec.wait {
                 WaitStatus::Code(c) => facts.exit = Exit::Code(*c),
                 WaitStatus::Signal(s) => facts.exit = Exit::Signal(*s),
@@ -606,8 +584,8 @@ async fn run_inner(
         }
         None => {
             facts.deadline_fired = deadline_fired;
-            facts.cancelled = cancelled && !deadline_fired;
-            facts.removed_externally = removed_externally && !deadline_fired && !cancelled;
+            facts.cancelled = cancelled;
+            facts.removed_externally = removed_externally;
             let code = state.as_ref().and_then(|s| s.exit_code);
             // stevedore's init never exits above 128 by itself: such a code is a signal from outside.
             facts.exit = match code {
@@ -891,7 +869,7 @@ async fn launch(
         return Err(LaunchError::CancelledBeforeStart);
     }
 
-    let spec = spec::build(&spec::SpecInput {
+    let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
         config: cfg,
         image: image_ref,
         init_argv: shared.init_argv.clone(),
@@ -904,7 +882,7 @@ async fn launch(
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
     left.containers.push(name.to_owned());
     let created = e
-        .call("create container", e.docker.create_container(Some(opts), spec.body.clone()))
+        .call("create container", e.docker.create_container(Some(opts), body))
         .await
         .map_err(|err| engine_err("create container", err))?;
 
@@ -1020,14 +998,5 @@ async fn launch(
             }
         }
     }
-    Ok(Running {
-        container_id: created.id,
-        started,
-        input,
-        done_rx,
-        drain,
-        enforcement: spec.enforcement,
-        skipped: spec.skipped,
-        ports,
-    })
+    Ok(Running { container_id: created.id, started, input, done_rx, drain, enforcement, skipped, ports })
 }

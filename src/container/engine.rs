@@ -2,6 +2,7 @@
 //! stevedore's own on every call.
 
 use bollard::Docker;
+use bollard::query_parameters::{RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder};
 use std::future::Future;
 use std::time::Duration;
 
@@ -35,45 +36,27 @@ pub struct EngineFacts {
 }
 
 fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
-    let mut f = Vec::new();
+    let flags = [
+        (info.memory_limit, "memory"),
+        (info.swap_limit, "memory_swap"),
+        (info.cpu_cfs_quota, "cpu"),
+        (info.cpu_shares, "cpu_shares"),
+        (info.pids_limit, "pids"),
+        (info.oom_kill_disable, "oom_kill_disable"),
+    ];
+    let security = [
+        ("seccomp", "seccomp"),
+        ("apparmor", "apparmor"),
+        ("selinux", "selinux"),
+        ("userns", "user_namespaces"),
+        ("rootless", "rootless"),
+        ("cgroupns", "cgroup_namespaces"),
+    ];
     let sec = info.security_options.clone().unwrap_or_default();
-    let has = |name: &str| sec.iter().any(|s| s.contains(&format!("name={name}")));
-    if info.memory_limit == Some(true) {
-        f.push("memory");
-    }
-    if info.swap_limit == Some(true) {
-        f.push("memory_swap");
-    }
-    if info.cpu_cfs_quota == Some(true) {
-        f.push("cpu");
-    }
-    if info.cpu_shares == Some(true) {
-        f.push("cpu_shares");
-    }
-    if info.pids_limit == Some(true) {
-        f.push("pids");
-    }
-    if info.oom_kill_disable == Some(true) {
-        f.push("oom_kill_disable");
-    }
-    if has("seccomp") {
-        f.push("seccomp");
-    }
-    if has("apparmor") {
-        f.push("apparmor");
-    }
-    if has("selinux") {
-        f.push("selinux");
-    }
-    if has("userns") {
-        f.push("user_namespaces");
-    }
-    if has("rootless") {
-        f.push("rootless");
-    }
-    if has("cgroupns") {
-        f.push("cgroup_namespaces");
-    }
+    let mut f: Vec<&str> = flags.iter().filter(|(on, _)| *on == Some(true)).map(|(_, name)| *name).collect();
+    f.extend(
+        security.iter().filter(|(opt, _)| sec.iter().any(|s| s.contains(&format!("name={opt}")))).map(|(_, n)| *n),
+    );
     // Flags of the create API that every engine speaking ≥ 1.41 honours.
     f.extend([
         "no_new_privileges",
@@ -88,6 +71,21 @@ fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
         f.push("vm_runtime");
     }
     f.into_iter().map(str::to_owned).collect()
+}
+
+/// `fut`, or a timeout error once `timeout` has passed.
+async fn timed<T>(
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, bollard::errors::Error>>,
+) -> Result<T, bollard::errors::Error> {
+    tokio::time::timeout(timeout, fut).await.unwrap_or(Err(bollard::errors::Error::RequestTimeoutError))
+}
+
+fn gone_is_ok(r: Result<(), EngineError>) -> Result<(), EngineError> {
+    match r {
+        Err(e) if e.is_not_found() => Ok(()),
+        r => r,
+    }
 }
 
 /// An engine call that failed.
@@ -165,18 +163,10 @@ impl Engine {
             Docker::connect_with_http(&endpoint, timeout.as_secs().max(1), bollard::API_DEFAULT_VERSION)
         }
         .map_err(|e| (endpoint.clone(), e))?;
-        let docker = tokio::time::timeout(timeout, docker.negotiate_version())
-            .await
-            .map_err(|_| (endpoint.clone(), bollard::errors::Error::RequestTimeoutError))?
-            .map_err(|e| (endpoint.clone(), e))?;
-        let version = tokio::time::timeout(timeout, docker.version())
-            .await
-            .map_err(|_| (endpoint.clone(), bollard::errors::Error::RequestTimeoutError))?
-            .map_err(|e| (endpoint.clone(), e))?;
-        let info = tokio::time::timeout(timeout, docker.info())
-            .await
-            .map_err(|_| (endpoint.clone(), bollard::errors::Error::RequestTimeoutError))?
-            .map_err(|e| (endpoint.clone(), e))?;
+        let fail = |e| (endpoint.clone(), e);
+        let docker = timed(timeout, docker.negotiate_version()).await.map_err(fail)?;
+        let version = timed(timeout, docker.version()).await.map_err(fail)?;
+        let info = timed(timeout, docker.info()).await.map_err(fail)?;
         let facts = EngineFacts {
             engine_version: version.version.clone().unwrap_or_default(),
             api_version: docker.client_version().to_string(),
@@ -196,6 +186,19 @@ impl Engine {
             features: features(&info),
         };
         Ok(Self { docker, endpoint, facts, timeout })
+    }
+
+    /// Removes a container in any state with its anonymous volumes; one already gone is
+    /// removed as far as stevedore is concerned.
+    pub async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        gone_is_ok(self.call("remove container", self.docker.remove_container(id, Some(opts))).await)
+    }
+
+    /// Removes a volume; one already gone counts as removed.
+    pub async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        let opts = RemoveVolumeOptionsBuilder::default().force(true).build();
+        gone_is_ok(self.call("remove volume", self.docker.remove_volume(name, Some(opts))).await)
     }
 
     /// Runs one engine call under stevedore's own timeout.

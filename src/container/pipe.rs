@@ -41,10 +41,13 @@ pub struct ChannelWriter {
 
 const CHUNK: usize = 256 << 10;
 
-/// Creates a writer and the receiver of its chunks.
-pub fn writer(depth: usize) -> (ChannelWriter, mpsc::Receiver<Result<Bytes, io::Error>>) {
+/// Creates a writer and the stream of its chunks (an engine request body).
+pub fn writer(
+    depth: usize,
+) -> (ChannelWriter, impl futures_util::Stream<Item = Result<Bytes, io::Error>> + Send + 'static) {
     let (tx, rx) = mpsc::channel(depth);
-    (ChannelWriter { tx, buf: Vec::with_capacity(CHUNK) }, rx)
+    let chunks = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    (ChannelWriter { tx, buf: Vec::with_capacity(CHUNK) }, chunks)
 }
 
 impl ChannelWriter {

@@ -1,15 +1,40 @@
 //! Reclaim: remove everything a worker left behind, except this process's attempts in flight.
 
 use super::attempt::Shared;
+use super::engine::EngineError;
 use super::labels;
 use crate::contract::{ReclaimError, ReclaimFailure, ReclaimReport};
-use bollard::query_parameters::{
-    ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
-};
+use bollard::query_parameters::{ListContainersOptionsBuilder, ListVolumesOptionsBuilder};
 use futures_util::StreamExt;
+use std::future::Future;
 
 /// Removals in parallel at once.
 const PARALLEL: usize = 8;
+
+/// Runs `remove` on every id, [`PARALLEL`] at once; returns the ids removed and the failures.
+async fn remove_each<F, Fut>(ids: Vec<String>, kind: &str, remove: F) -> (Vec<String>, Vec<ReclaimFailure>)
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<(), EngineError>>,
+{
+    let results: Vec<(String, Result<(), EngineError>)> = futures_util::stream::iter(ids)
+        .map(|id| {
+            let fut = remove(id.clone());
+            async move { (id, fut.await) }
+        })
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    let mut removed = Vec::new();
+    let mut failed = Vec::new();
+    for (id, r) in results {
+        match r {
+            Ok(()) => removed.push(id),
+            Err(err) => failed.push(ReclaimFailure { kind: kind.to_owned(), id, error: err.message() }),
+        }
+    }
+    (removed, failed)
+}
 
 /// Sweeps the engine (and the host log area) for `worker`.
 pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimReport, ReclaimError> {
@@ -42,26 +67,9 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
             targets.push(id);
         }
     }
-    let results: Vec<(String, Result<(), String>)> = futures_util::stream::iter(targets)
-        .map(|id| async move {
-            let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
-            let r = e.call("remove container", e.docker.remove_container(&id, Some(opts))).await;
-            let r = match r {
-                Ok(()) => Ok(()),
-                Err(err) if err.is_not_found() => Ok(()),
-                Err(err) => Err(err.message()),
-            };
-            (id, r)
-        })
-        .buffer_unordered(PARALLEL)
-        .collect()
-        .await;
-    for (id, r) in results {
-        match r {
-            Ok(()) => report.containers_removed.push(id),
-            Err(error) => report.failed.push(ReclaimFailure { kind: "container".into(), id, error }),
-        }
-    }
+    let (removed, failed) = remove_each(targets, "container", |id| async move { e.remove_container(&id).await }).await;
+    report.containers_removed = removed;
+    report.failed.extend(failed);
 
     let opts = ListVolumesOptionsBuilder::default().filters(&labels::worker_filter(worker)).build();
     let volumes = e
@@ -79,25 +87,9 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
             targets.push(v.name);
         }
     }
-    let results: Vec<(String, Result<(), String>)> = futures_util::stream::iter(targets)
-        .map(|name| async move {
-            let opts = RemoveVolumeOptionsBuilder::default().force(true).build();
-            let r = match e.call("remove volume", e.docker.remove_volume(&name, Some(opts))).await {
-                Ok(()) => Ok(()),
-                Err(err) if err.is_not_found() => Ok(()),
-                Err(err) => Err(err.message()),
-            };
-            (name, r)
-        })
-        .buffer_unordered(PARALLEL)
-        .collect()
-        .await;
-    for (name, r) in results {
-        match r {
-            Ok(()) => report.volumes_removed.push(name),
-            Err(error) => report.failed.push(ReclaimFailure { kind: "volume".into(), id: name, error }),
-        }
-    }
+    let (removed, failed) = remove_each(targets, "volume", |name| async move { e.remove_volume(&name).await }).await;
+    report.volumes_removed = removed;
+    report.failed.extend(failed);
 
     // Log captures of attempts that are not in flight.
     let dir = shared.config.log_dir.join(worker);

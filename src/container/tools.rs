@@ -26,6 +26,8 @@ use std::process::Command;
 const MANIFEST: &str = ".bundle.json";
 /// The library dir inside a bundle.
 const LIB_DIR: &str = "lib";
+/// Under the base: remembered digests of executables, by file identity.
+const DIGESTS: &str = "digests";
 const DIR_MODE: u32 = 0o755;
 const EXEC_MODE: u32 = 0o755;
 const DATA_MODE: u32 = 0o644;
@@ -134,6 +136,36 @@ pub fn sha256_file(path: &Path) -> io::Result<String> {
         hasher.update(&buf[..n]);
     }
     Ok(hex(&hasher.finalize()))
+}
+
+/// The sha256 of `exe` (64 lowercase hex digits), remembered under `base` by the file's
+/// identity (device, inode, size, modification time) so that a process start does not
+/// re-read a large binary that has not changed; any write or replacement changes the
+/// identity. `base` is checked like the bundles it sits beside.
+pub fn exe_digest(exe: &Path, base: &Path) -> Result<String, ToolsError> {
+    let read_err = |source| ToolsError::ReadExe { path: exe.to_owned(), source };
+    let meta = fs::metadata(exe).map_err(read_err)?;
+    let key = format!("{:x}-{:x}-{:x}-{:x}.{:x}", meta.dev(), meta.ino(), meta.len(), meta.mtime(), meta.mtime_nsec());
+    ensure_base(base)?;
+    let dir = base.join(DIGESTS);
+    let memo = dir.join(&key);
+    if let Ok(d) = fs::read_to_string(&memo)
+        && d.len() == 64
+        && d.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    {
+        return Ok(d);
+    }
+    let digest = sha256_file(exe).map_err(read_err)?;
+    // Remembering is an optimisation: a failure only costs the next start a re-read.
+    let tmp = dir.join(format!(".{key}.{:08x}", rand::random::<u32>()));
+    let remembered = fs::DirBuilder::new().mode(DIR_MODE).recursive(true).create(&dir).and_then(|()| {
+        fs::write(&tmp, &digest)?;
+        fs::rename(&tmp, &memo)
+    });
+    if remembered.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    Ok(digest)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -258,8 +290,7 @@ impl ToolsBundle {
         if exe_name == LIB_DIR || exe_name == MANIFEST {
             return Err(ToolsError::BadName { path: exe.to_owned(), why: "reserved inside a bundle" });
         }
-        let digest = sha256_file(exe).map_err(|source| ToolsError::ReadExe { path: exe.to_owned(), source })?;
-        ensure_base(base)?;
+        let digest = exe_digest(exe, base)?;
         let dir = base.join(format!("bundle-{}", &digest[..16]));
         if let Some(bundle) = Self::reuse(&dir, &digest)? {
             return Ok(bundle);
@@ -503,6 +534,25 @@ pub(crate) fn append_bytes<W: Write>(tar: &mut tar::Builder<W>, path: &str, mode
 mod tests {
     use super::*;
 
+    #[test]
+    fn digest_is_remembered_by_file_identity() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("base");
+        let exe = t.path().join("prog");
+        fs::write(&exe, b"version one").unwrap();
+        let first = exe_digest(&exe, &base).unwrap();
+        assert_eq!(first, sha256_file(&exe).unwrap());
+        assert_eq!(fs::read_dir(base.join(DIGESTS)).unwrap().count(), 1, "remembered");
+        assert_eq!(exe_digest(&exe, &base).unwrap(), first);
+        // A replaced file has another identity, so its digest is computed afresh.
+        let new = t.path().join("prog.new");
+        fs::write(&new, b"version two!").unwrap();
+        fs::rename(&new, &exe).unwrap();
+        let second = exe_digest(&exe, &base).unwrap();
+        assert_eq!(second, sha256_file(&exe).unwrap());
+        assert_ne!(first, second);
+    }
+
     fn tar_entries(bytes: &[u8]) -> Vec<(String, u32, u64, u64)> {
         let mut archive = tar::Archive::new(bytes);
         archive
@@ -601,7 +651,9 @@ mod tests {
         assert_eq!(first, second);
         assert_eq!(fs::metadata(&marker).unwrap().ino(), before, "rebuilt, not reused");
         // No temp dirs left behind.
-        assert_eq!(fs::read_dir(base.path()).unwrap().count(), 1);
+        let left: Vec<_> =
+            fs::read_dir(base.path()).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n != DIGESTS).collect();
+        assert_eq!(left.len(), 1, "only the bundle, no temporary dir: {left:?}");
     }
 
     #[test]

@@ -2,6 +2,22 @@
 
 use super::RequestError;
 
+/// The error's text followed by its sources' (those its text does not already end with),
+/// on one line: for places that keep or print only text.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.ends_with(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// A boxed cause from an engine or the filesystem.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -11,7 +11,7 @@ mod registry;
 mod request;
 pub mod status;
 
-pub use error::{Cause, LaunchError};
+pub use error::{Cause, LaunchError, error_chain};
 pub use executor::{BoxFuture, Executor, ReclaimError, ReclaimFailure, ReclaimReport};
 pub use level::Level;
 pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};

@@ -2,6 +2,8 @@
 
 use std::error::Error;
 
+pub(crate) use crate::contract::error_chain;
+
 /// The error a handler returns: a message for the outcome, whether retrying can help, and
 /// optionally the underlying error (kept as `Outcome::cause` by the in-process rung).
 #[derive(Debug, thiserror::Error)]
@@ -93,22 +95,6 @@ pub(crate) fn cap_text(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}{MARK}", &text[..end])
-}
-
-/// The error's text followed by its sources' (those its text does not already end with),
-/// for places that keep only text.
-pub(crate) fn error_chain(e: &dyn Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.ends_with(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// The message of a panic payload (`panic!` gives a `&str` or a `String`).

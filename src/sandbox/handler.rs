@@ -10,7 +10,7 @@ use crate::protocol::{
     self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, OUT_DIR,
     PAYLOAD_FILE, REQUEST_FILE, parse_claim,
 };
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -243,12 +243,8 @@ async fn sigterm_received(sig: &mut Option<tokio::signal::unix::Signal>) {
 }
 
 fn write_record(control_dir: &Path, record: &HandlerRecord) -> io::Result<()> {
-    // Written aside and renamed, so that a reader never sees half a record.
-    let tmp = control_dir.join(format!(".{HANDLER_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec(record).map_err(io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, control_dir.join(HANDLER_FILE))
+    let json = serde_json::to_vec(record).map_err(io::Error::other)?;
+    super::atomic::write_atomic(control_dir, HANDLER_FILE, &json)
 }
 
 #[cfg(test)]

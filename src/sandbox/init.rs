@@ -9,12 +9,13 @@
 //! Single-threaded on purpose: signals arrive through a signalfd polled beside stdin, so no
 //! handler ever runs concurrently with the bookkeeping.
 
+use super::atomic::write_atomic;
 use super::cgroup;
+use crate::contract::error_chain;
 use crate::protocol::{
     self, ChildrenRusage, FsSpace, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE, StoppedBy, WaitStatus,
 };
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::prctl;
 use nix::sys::resource::{UsageWho, getrusage};
@@ -22,10 +23,9 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, killpg, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus as NixWait, waitid, waitpid};
 use nix::unistd::{Pid, getpid};
-use std::fs::{self, OpenOptions};
-use std::io::{self, BufReader, Read, Write};
+use std::fs;
+use std::io::{self, BufReader, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -68,17 +68,6 @@ pub fn main(args: &[String]) -> i32 {
             EXIT_SETUP_FAILED
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn run(args: &[String]) -> Result<(), InitError> {
@@ -185,40 +174,6 @@ impl Read for RawStdin {
 /// `read_line` go byte by byte and lets `read_exact` read straight into its target.
 fn read_frame(r: impl Read) -> Result<(String, InitSpec, Vec<u8>), protocol::FrameError> {
     protocol::decode_stdin_frame(&mut BufReader::with_capacity(1, r))
-}
-
-/// Writes `dir/name` through a fresh temp file and a rename, so the reader never sees half
-/// a file. The command runs as the same uid and may have planted a symlink or a directory
-/// at either name; neither is followed.
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    remove_any(&tmp)?;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(OFlag::O_NOFOLLOW.bits())
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    let dst = dir.join(name);
-    match fs::rename(&tmp, &dst) {
-        Err(_) if fs::symlink_metadata(&dst).is_ok_and(|m| m.is_dir()) => {
-            fs::remove_dir_all(&dst)?;
-            fs::rename(&tmp, &dst)
-        }
-        r => r,
-    }
-}
-
-fn remove_any(p: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(p),
-        Ok(_) => fs::remove_file(p),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 fn write_all_raw(fd: BorrowedFd<'_>, mut bytes: &[u8]) {
@@ -723,23 +678,6 @@ mod tests {
         let mut child = Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
         kill_everything(Signal::SIGKILL, Some(Pid::from_raw(child.id() as i32)));
         assert_eq!(child.wait().unwrap().signal(), Some(9));
-    }
-
-    #[test]
-    fn atomic_write_replaces_planted_symlinks_and_dirs() {
-        let d = tempfile::tempdir().unwrap();
-        let victim = d.path().join("victim");
-        fs::write(&victim, "untouched").unwrap();
-        std::os::unix::fs::symlink(&victim, d.path().join(".result.json.tmp")).unwrap();
-        fs::create_dir(d.path().join("result.json")).unwrap();
-        fs::write(d.path().join("result.json/x"), "x").unwrap();
-        write_atomic(d.path(), "result.json", b"{}").unwrap();
-        assert_eq!(fs::read(d.path().join("result.json")).unwrap(), b"{}");
-        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
-        std::os::unix::fs::symlink(&victim, d.path().join("payload")).unwrap();
-        write_atomic(d.path(), "payload", b"new").unwrap();
-        assert!(!fs::symlink_metadata(d.path().join("payload")).unwrap().is_symlink());
-        assert_eq!(fs::read(&victim).unwrap(), b"untouched");
     }
 
     #[test]

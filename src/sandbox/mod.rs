@@ -1,5 +1,6 @@
 //! What runs inside the container: stevedore's init (PID 1) and the handler runner.
 
+mod atomic;
 pub mod cgroup;
 pub mod handler;
 pub mod init;

@@ -6,7 +6,10 @@
 
 use bollard::Docker;
 use bollard::models::ContainerCreateBody;
-use bollard::query_parameters::{CreateContainerOptions, LogsOptionsBuilder, RemoveContainerOptionsBuilder};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder,
+};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::path::Path;
@@ -146,4 +149,26 @@ pub async fn remove_image(docker: &Docker, image: &str) {
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
         Err(e) => panic!("remove image {image}: {e}"),
     }
+}
+
+/// A worker ID unique to one test.
+pub fn worker(tag: &str) -> String {
+    format!("t-{tag}-{:08x}", rand::random::<u32>())
+}
+
+/// The containers (ids) and volumes (names) in the engine labelled with `worker`.
+pub async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, Vec<String>) {
+    let filters = stevedore::container::labels::worker_filter(worker);
+    let containers = docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        .await
+        .expect("list containers");
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build()))
+        .await
+        .expect("list volumes");
+    (
+        containers.into_iter().filter_map(|c| c.id).collect(),
+        volumes.volumes.unwrap_or_default().into_iter().map(|v| v.name).collect(),
+    )
 }
