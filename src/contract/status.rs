@@ -169,7 +169,9 @@ pub fn decide(f: &Facts) -> Verdict {
     if f.output_limit {
         return verdict(Status::HandlerError, Some(reason::OUTPUT_LIMIT));
     }
-    verdict(Status::Ok, None)
+    // A handler that hit ENOSPC and still exited 0 succeeded, but the caller should know
+    // its outputs were cut at the limit.
+    verdict(Status::Ok, disk)
 }
 
 #[cfg(test)]
@@ -271,6 +273,12 @@ mod tests {
     fn disk_full_failure_says_disk_limit() {
         let f = Facts { disk_full: true, exit: Exit::Code(1), ..Facts::default() };
         assert_eq!(decide(&f), verdict(Status::HandlerError, Some("disk_limit")));
+    }
+
+    #[test]
+    fn disk_full_success_is_ok_and_says_disk_limit() {
+        let f = Facts { disk_full: true, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Ok, Some("disk_limit")));
     }
 
     #[test]
