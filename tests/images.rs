@@ -71,9 +71,23 @@ async fn packed_static_busybox_has_the_non_root_user() {
     assert_eq!(packed.entry, ["/app/busybox"]);
     // The image's USER applies; /etc/passwd and /etc/group name it.
     let ran = run_container(&docker, tag, None, &["id"]).await;
-    support::remove_image(&docker, tag).await;
     assert_eq!(ran.code, 0, "{}", ran.output);
     assert!(ran.output.contains("uid=65532(stevedore) gid=65532(stevedore)"), "{}", ran.output);
+
+    // As with `docker run IMAGE ARGV`, a plain command runs after the image's ENTRYPOINT.
+    let w = support::worker("entrypoint");
+    let t = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stevedore"))
+        .args(["run", "--quiet", "--worker", &w, "--image", tag, "--output"])
+        .arg(t.path().join("o"))
+        .args(["--", "sh", "-c", "echo via-entrypoint > /out/x"])
+        .output()
+        .unwrap();
+    support::remove_image(&docker, tag).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(std::fs::read_to_string(t.path().join("o/x")).unwrap(), "via-entrypoint\n");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
 #[tokio::test]

@@ -134,6 +134,8 @@ struct ImageFacts {
     volumes: Vec<String>,
     working_dir: Option<String>,
     labels: HashMap<String, String>,
+    /// The image's `ENTRYPOINT`: a plain command runs after it, as with `docker run IMAGE ARGV`.
+    entrypoint: Vec<String>,
 }
 
 async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, LaunchError> {
@@ -186,6 +188,7 @@ async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, Launc
         volumes: cfg.volumes.map(|v| v.into_iter().collect()).unwrap_or_default(),
         working_dir: cfg.working_dir.filter(|w| !w.is_empty()),
         labels: cfg.labels.unwrap_or_default(),
+        entrypoint: cfg.entrypoint.unwrap_or_default().into_iter().filter(|a| !a.is_empty()).collect(),
     })
 }
 
@@ -366,7 +369,7 @@ async fn run_inner(
     };
     let image = resolve_image(&shared, &image_ref).await?;
     let argv: Vec<String> = match &req.task {
-        Task::Command(argv) => argv.clone(),
+        Task::Command(argv) => image.entrypoint.iter().chain(argv).cloned().collect(),
         Task::Handler(_) => {
             let entry = image.labels.get(labels::ENTRY).ok_or_else(|| LaunchError::ImageUnavailable {
                 image: image_ref.clone(),
