@@ -120,7 +120,7 @@ async fn peak_memory_is_the_containers_high_water_mark() {
     let peak = o.usage.peak_memory_bytes.expect("peak measured");
     eprintln!("one 200 MiB allocation: peak {:.1} MiB", peak as f64 / MIB as f64);
     assert!((200 * MIB..=264 * MIB).contains(&peak), "peak {peak} not within [200, 264] MiB");
-    assert!(o.usage.sources["peak_memory_bytes"].contains("cgroup"), "{:?}", o.usage.sources);
+    assert_eq!(o.usage.sources["peak_memory_bytes"], "cgroup", "{:?}", o.usage.sources);
 
     // Two processes hold 120 MiB each at the same moment: each signals that it holds its
     // allocation, then waits for the other before releasing it.
@@ -181,7 +181,7 @@ async fn cpu_time_is_what_the_kernel_counted_and_cpus_halves_throughput() {
     assert!(own >= 1000, "the loop hardly ran: {text}");
     let ratio = cpu as f64 / own as f64;
     assert!((0.8..=1.2).contains(&ratio), "cpu {cpu} ms vs the process's own {own} ms");
-    assert!(o.usage.sources["cpu_time_ms"].contains("cgroup"), "{:?}", o.usage.sources);
+    assert_eq!(o.usage.sources["cpu_time_ms"], "cgroup", "{:?}", o.usage.sources);
 
     let half = ResourceLimits::new().with(key::CPU, 500);
     let o = run(&rung, &sh(&image, &w, &t.path().join("b"), BUSY_3S, half)).await;

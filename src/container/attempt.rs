@@ -598,7 +598,8 @@ async fn run_inner(
             if ev.engine_oom_killed == Some(true) {
                 facts.oom_kills = 1;
                 ev.oom_kills = Some(1);
-                usage.sources.insert("oom_kills".into(), "engine State.OOMKilled (no record from the init)".into());
+                usage.sources.insert("oom_kills".into(), "engine".into());
+                ev.notes.push("oom_kills from the engine's State.OOMKilled: the init left no record".into());
             }
             usage.wall_time_ms = Some(host_wall.as_millis() as u64);
             usage.sources.insert("wall_time_ms".into(), "host_clock".into());
@@ -658,7 +659,7 @@ async fn run_inner(
     match extracted_bytes {
         Some(b) => {
             usage.disk_written_bytes = Some(b);
-            usage.sources.insert("disk_written_bytes".into(), "archive (regular files left in /out)".into());
+            usage.sources.insert("disk_written_bytes".into(), "archive".into());
         }
         None => {
             usage.sources.insert("disk_written_bytes".into(), "unavailable: /out could not be collected".into());
@@ -727,7 +728,7 @@ fn apply_counters(
     facts: &mut Facts,
 ) {
     let wall_ms = if rec.wall_time_ms <= host_wall.as_millis() as u64 + 1000 {
-        usage.sources.insert("wall_time_ms".into(), "init monotonic clock".into());
+        usage.sources.insert("wall_time_ms".into(), "init_clock".into());
         rec.wall_time_ms
     } else {
         ev.refused_claims.push(format!(
@@ -746,11 +747,18 @@ fn apply_counters(
         .min(engine.ncpu.max(1) as f64);
     let max_cpu_ms = (host_wall.as_millis() as f64 * cpus * 1.05) as u64 + 200;
     let c = &rec.cgroup;
+    if let Some(v) = c.version {
+        // The sources say `cgroup`; the note says which files, once.
+        ev.notes.push(format!(
+            "usage read by the init from cgroup v{v} just before the container ended: cpu of the whole \
+             container, memory high-water mark (including tmpfs /out and /tmp pages), oom_kill count"
+        ));
+    }
     let rusage_cpu = (rec.rusage.user_us + rec.rusage.system_us) / 1000;
     match c.cpu_usage_ns.map(|ns| ns / 1_000_000) {
         Some(ms) if ms <= max_cpu_ms => {
             usage.cpu_time_ms = Some(ms);
-            usage.sources.insert("cpu_time_ms".into(), format!("cgroup v{} (whole container)", c.version.unwrap_or(0)));
+            usage.sources.insert("cpu_time_ms".into(), "cgroup".into());
         }
         other => {
             if let Some(ms) = other {
@@ -758,7 +766,7 @@ fn apply_counters(
             }
             if rusage_cpu <= max_cpu_ms {
                 usage.cpu_time_ms = Some(rusage_cpu);
-                usage.sources.insert("cpu_time_ms".into(), "rusage (reaped processes)".into());
+                usage.sources.insert("cpu_time_ms".into(), "rusage".into());
             } else {
                 usage.sources.insert("cpu_time_ms".into(), "unavailable: claims failed bound checks".into());
             }
@@ -768,10 +776,7 @@ fn apply_counters(
     match c.memory_peak_bytes {
         Some(p) if p <= max_peak => {
             usage.peak_memory_bytes = Some(p);
-            usage.sources.insert(
-                "peak_memory_bytes".into(),
-                format!("cgroup v{} high-water mark (includes tmpfs /out and /tmp pages)", c.version.unwrap_or(0)),
-            );
+            usage.sources.insert("peak_memory_bytes".into(), "cgroup".into());
         }
         other => {
             if let Some(p) = other {
@@ -785,7 +790,7 @@ fn apply_counters(
         Some(n) if n < 1_000_000 => {
             ev.oom_kills = Some(n);
             facts.oom_kills = n;
-            usage.sources.insert("oom_kills".into(), format!("cgroup v{}", c.version.unwrap_or(0)));
+            usage.sources.insert("oom_kills".into(), "cgroup".into());
             if n == 0 && ev.engine_oom_killed == Some(true) {
                 ev.notes.push("the engine reports OOMKilled but the cgroup counted no OOM kill".into());
             }
