@@ -4,7 +4,8 @@
 //! [profiles.dev]
 //! image = "stevedore-worker:latest"   # worker image for handlers
 //! runtime = "runc"
-//! network = "none"
+//! network = "bridge"                 # default "none"; published ports need another mode
+//! allow_networks = ["none"]           # other modes `run --network` may choose (default: none)
 //! user = "65532:65532"
 //! log_cap = "4m"
 //! pull = "never"                      # never | if_missing | always
@@ -93,6 +94,8 @@ struct Profile {
     image: Option<String>,
     runtime: Option<String>,
     network: Option<String>,
+    #[serde(default)]
+    allow_networks: Vec<String>,
     user: Option<String>,
     log_cap: Option<String>,
     pull: Option<PullPolicy>,
@@ -149,6 +152,8 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     if let Some(n) = p.network {
         cfg.network = n;
     }
+    // A request cannot turn on what its profile does not allow (CONTRACT §5, profiles).
+    cfg.network_choices = Some(p.allow_networks.into_iter().collect());
     if let Some(u) = p.user {
         cfg.user = u;
     }
@@ -168,6 +173,9 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     for (cport, hport) in p.ports {
         let c: u16 = cport.parse().map_err(|_| bad("ports", format!("container port {cport:?} is not a number")))?;
         cfg.ports.insert(c, hport);
+    }
+    if !cfg.ports.is_empty() && cfg.network == "none" {
+        return Err(bad("ports", "published ports need a network mode other than none".into()));
     }
     cfg.env = p.env;
     for (k, file) in p.env_files {

@@ -37,19 +37,52 @@ pub async fn connect(cfg: ContainerConfig) -> Result<ContainerExecutor, LaunchEr
     ContainerExecutor::connect(cfg, crate::contract::incarnation::current()).await
 }
 
+/// Switches the network mode as a request asks, unless the profile forbids that mode.
+pub fn choose_network(cfg: &mut ContainerConfig, mode: &str) -> Result<(), String> {
+    if mode != cfg.network
+        && let Some(allowed) = &cfg.network_choices
+        && !allowed.contains(mode)
+    {
+        let allowed: Vec<&str> = std::iter::once(cfg.network.as_str()).chain(allowed.iter().map(String::as_str)).collect();
+        return Err(format!(
+            "profile {:?} forbids network mode {mode:?} (allowed: {}; a profile permits others with allow_networks)",
+            cfg.profile.as_deref().unwrap_or("default"),
+            allowed.join(", ")
+        ));
+    }
+    cfg.network = mode.to_owned();
+    Ok(())
+}
+
+/// Refuses a configuration that would silently not do what it says.
+fn check(cfg: &ContainerConfig) -> Result<(), String> {
+    if !cfg.ports.is_empty() && cfg.network == "none" {
+        let ports: Vec<String> = cfg.ports.keys().map(u16::to_string).collect();
+        return Err(format!(
+            "profile {:?} publishes ports {} but the network mode is none: ports need a network (e.g. bridge)",
+            cfg.profile.as_deref().unwrap_or("default"),
+            ports.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// The rung for these options, after `adjust` had its say on the configuration; on failure
-/// the message is printed and the exit code returned: 2 for bad options,
-/// `unreachable_code` when the engine cannot be reached.
+/// the message is printed and the exit code returned: 2 for bad options (or an `adjust`
+/// the profile forbids), `unreachable_code` when the engine cannot be reached.
 pub async fn rung(
     g: &Global,
     unreachable_code: u8,
-    adjust: impl FnOnce(&mut ContainerConfig),
+    adjust: impl FnOnce(&mut ContainerConfig) -> Result<(), String>,
 ) -> Result<ContainerExecutor, u8> {
     let mut cfg = config(g).map_err(|e| {
         eprintln!("stevedore: {e}");
         2
     })?;
-    adjust(&mut cfg);
+    adjust(&mut cfg).and_then(|()| check(&cfg)).map_err(|e| {
+        eprintln!("stevedore: {e}");
+        2
+    })?;
     connect(cfg).await.map_err(|e| {
         eprintln!("stevedore: {}", crate::contract::error_chain(&e));
         unreachable_code

@@ -48,7 +48,7 @@ fn is_own(exe: &Path) -> bool {
 pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
     match cmd {
         ImageCommand::Pack { exe, tag, fingerprint } => {
-            let rung = match common::rung(g, 1, |_| {}).await {
+            let rung = match common::rung(g, 1, |_| Ok(())).await {
                 Ok(r) => r,
                 Err(code) => return code,
             };

@@ -13,7 +13,7 @@ pub struct ReclaimArgs {
 
 /// Runs `stevedore reclaim`.
 pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
-    let rung = match common::rung(g, 1, |_| {}).await {
+    let rung = match common::rung(g, 1, |_| Ok(())).await {
         Ok(r) => r,
         Err(code) => return code,
     };

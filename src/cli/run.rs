@@ -156,7 +156,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     };
     let adjust = |cfg: &mut crate::container::ContainerConfig| {
         if let Some(n) = &a.network {
-            cfg.network = n.clone();
+            common::choose_network(cfg, n)?;
         }
         if !a.quiet {
             let live: LiveOutput = Arc::new(|_s: Stream, bytes: &[u8]| {
@@ -166,6 +166,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             });
             cfg.live_output = Some(live);
         }
+        Ok(())
     };
     let rung = match common::rung(g, 2, adjust).await {
         Ok(r) => r,
