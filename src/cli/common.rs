@@ -8,15 +8,16 @@ use std::path::PathBuf;
 
 /// Options of every command.
 #[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Global Options")]
 pub struct Global {
-    /// Engine endpoint (default: DOCKER_HOST, else the local socket)
-    #[arg(long, global = true, env = "DOCKER_HOST")]
+    /// Engine endpoint, e.g. unix:///var/run/docker.sock (default: the local socket)
+    #[arg(long, global = true, env = "DOCKER_HOST", value_name = "URL", hide_env_values = true)]
     pub host: Option<String>,
-    /// Profiles file (TOML)
-    #[arg(long, global = true, env = "STEVEDORE_CONFIG")]
+    /// Profiles file (default: $XDG_CONFIG_HOME/stevedore/profiles.toml)
+    #[arg(long, global = true, env = "STEVEDORE_CONFIG", value_name = "FILE", hide_env_values = true)]
     pub config: Option<PathBuf>,
-    /// Profile to use from the profiles file
-    #[arg(long, global = true)]
+    /// Profile to use from the profiles file (default: "default")
+    #[arg(long, global = true, value_name = "NAME")]
     pub profile: Option<String>,
 }
 

@@ -22,7 +22,7 @@ pub enum ImageCommand {
         #[arg(long, value_name = "FP")]
         fingerprint: Option<String>,
     },
-    /// Write a root filesystem for the top-level Dockerfile; print its `--build-arg`s
+    /// Write a root filesystem (and DIR.args, its build args) for the top-level Dockerfile
     #[command(after_help = "Example (see the Dockerfile):\n  \
                             stevedore image rootfs --exe target/release/stevedore --dir target/worker-rootfs\n  \
                             docker build -t stevedore-worker:latest $(cat target/worker-rootfs.args) .")]

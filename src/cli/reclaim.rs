@@ -7,7 +7,7 @@ use crate::contract::Executor;
 #[derive(Debug, clap::Args)]
 pub struct ReclaimArgs {
     /// The worker whose objects to remove
-    #[arg(long)]
+    #[arg(long, value_name = "ID")]
     worker: String,
 }
 
