@@ -44,7 +44,8 @@ pub fn choose_network(cfg: &mut ContainerConfig, mode: &str) -> Result<(), Strin
         && let Some(allowed) = &cfg.network_choices
         && !allowed.contains(mode)
     {
-        let allowed: Vec<&str> = std::iter::once(cfg.network.as_str()).chain(allowed.iter().map(String::as_str)).collect();
+        let allowed: Vec<&str> =
+            std::iter::once(cfg.network.as_str()).chain(allowed.iter().map(String::as_str)).collect();
         return Err(format!(
             "profile {:?} forbids network mode {mode:?} (allowed: {}; a profile permits others with allow_networks)",
             cfg.profile.as_deref().unwrap_or("default"),

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
     /// Pack an executable (with its loader and libraries when dynamic) into a FROM scratch image
-    #[command(after_help = "Examples:\n  stevedore image pack --exe target/release/stevedore --tag stevedore-worker:dev\n  \
-                            stevedore image pack --exe ./my-worker --tag my-worker:1 --fingerprint sha256:...")]
+    #[command(
+        after_help = "Examples:\n  stevedore image pack --exe target/release/stevedore --tag stevedore-worker:dev\n  \
+                            stevedore image pack --exe ./my-worker --tag my-worker:1 --fingerprint sha256:..."
+    )]
     Pack {
         /// The executable to pack
         #[arg(long, value_name = "PATH")]

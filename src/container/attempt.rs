@@ -949,10 +949,8 @@ async fn launch(
     if let Err(err) = e.call("start container", e.docker.start_container(name, None)).await {
         drain.abort();
         let msg = err.message();
-        return Err(spec::port_taken(cfg, &msg, Box::new(err)).unwrap_or_else(|source| LaunchError::Engine {
-            op: "start container",
-            source,
-        }));
+        return Err(spec::port_taken(cfg, &msg, Box::new(err))
+            .unwrap_or_else(|source| LaunchError::Engine { op: "start container", source }));
     }
     let handler_request = match &req.task {
         Task::Handler(h) => Some(HandlerRequest {

@@ -291,7 +291,11 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
 /// The launch error for an engine refusal `msg` that says a published port is taken, naming
 /// the explicit host port (the one the message mentions, else the first) and the profile;
 /// `None` when `msg` is not about a taken port or no host port was explicit.
-pub fn port_taken(cfg: &ContainerConfig, msg: &str, source: crate::contract::Cause) -> Result<LaunchError, crate::contract::Cause> {
+pub fn port_taken(
+    cfg: &ContainerConfig,
+    msg: &str,
+    source: crate::contract::Cause,
+) -> Result<LaunchError, crate::contract::Cause> {
     let taken = msg.contains("port is already allocated") || msg.contains("address already in use");
     let explicit: Vec<(u16, u16)> = cfg.ports.iter().filter(|(_, h)| **h != 0).map(|(c, h)| (*c, *h)).collect();
     let named = explicit.iter().find(|(_, h)| msg.contains(&format!(":{h}"))).or(explicit.first());
