@@ -253,6 +253,21 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_allows_only_its_network_and_listed_ones() {
+        let cfg = parse("[profiles.a]\n", Path::new("p.toml"), "a").unwrap();
+        assert_eq!(cfg.network, "none");
+        assert_eq!(cfg.network_choices, Some(Default::default()), "nothing else unless listed");
+        let cfg = parse("[profiles.a]\nallow_networks = [\"bridge\"]\n", Path::new("p.toml"), "a").unwrap();
+        assert_eq!(cfg.network_choices.unwrap().into_iter().collect::<Vec<_>>(), ["bridge"]);
+    }
+
+    #[test]
+    fn published_ports_need_a_network() {
+        let err = parse("[profiles.a]\nports = { \"80\" = 0 }\n", Path::new("p.toml"), "a").unwrap_err().to_string();
+        assert!(err.contains("profile \"a\"") && err.contains("ports") && err.contains("none"), "{err}");
+    }
+
+    #[test]
     fn unknown_profile_lists_the_others() {
         let err = parse("[profiles.a]\n[profiles.b]\n", Path::new("p.toml"), "c").unwrap_err().to_string();
         assert!(err.contains("a, b"), "{err}");
