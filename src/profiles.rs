@@ -4,7 +4,8 @@
 //! [profiles.dev]
 //! image = "stevedore-worker:latest"   # worker image for handlers
 //! runtime = "runc"
-//! network = "none"
+//! network = "bridge"                 # default "none"; published ports need another mode
+//! allow_networks = ["none"]           # other modes `run --network` may choose (default: none)
 //! user = "65532:65532"
 //! log_cap = "4m"
 //! pull = "never"                      # never | if_missing | always
@@ -93,6 +94,8 @@ struct Profile {
     image: Option<String>,
     runtime: Option<String>,
     network: Option<String>,
+    #[serde(default)]
+    allow_networks: Vec<String>,
     user: Option<String>,
     log_cap: Option<String>,
     pull: Option<PullPolicy>,
@@ -149,6 +152,8 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     if let Some(n) = p.network {
         cfg.network = n;
     }
+    // A request cannot turn on what its profile does not allow (CONTRACT §5, profiles).
+    cfg.network_choices = Some(p.allow_networks.into_iter().collect());
     if let Some(u) = p.user {
         cfg.user = u;
     }
@@ -168,6 +173,9 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     for (cport, hport) in p.ports {
         let c: u16 = cport.parse().map_err(|_| bad("ports", format!("container port {cport:?} is not a number")))?;
         cfg.ports.insert(c, hport);
+    }
+    if !cfg.ports.is_empty() && cfg.network == "none" {
+        return Err(bad("ports", "published ports need a network mode other than none".into()));
     }
     cfg.env = p.env;
     for (k, file) in p.env_files {
@@ -242,6 +250,21 @@ mod tests {
         let err = parse(text, Path::new("p.toml"), "dev").unwrap_err().to_string();
         assert!(err.contains("netwrok"), "{err}");
         assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn a_profile_allows_only_its_network_and_listed_ones() {
+        let cfg = parse("[profiles.a]\n", Path::new("p.toml"), "a").unwrap();
+        assert_eq!(cfg.network, "none");
+        assert_eq!(cfg.network_choices, Some(Default::default()), "nothing else unless listed");
+        let cfg = parse("[profiles.a]\nallow_networks = [\"bridge\"]\n", Path::new("p.toml"), "a").unwrap();
+        assert_eq!(cfg.network_choices.unwrap().into_iter().collect::<Vec<_>>(), ["bridge"]);
+    }
+
+    #[test]
+    fn published_ports_need_a_network() {
+        let err = parse("[profiles.a]\nports = { \"80\" = 0 }\n", Path::new("p.toml"), "a").unwrap_err().to_string();
+        assert!(err.contains("profile \"a\"") && err.contains("ports") && err.contains("none"), "{err}");
     }
 
     #[test]

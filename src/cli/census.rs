@@ -33,7 +33,7 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
 
 /// Runs `stevedore census`.
 pub async fn census(g: &Global) -> u8 {
-    match common::rung(g, 1, |_| {}).await {
+    match common::rung(g, 1, |_| Ok(())).await {
         Ok(rung) => {
             println!("{}", line(&rung));
             0

@@ -8,15 +8,16 @@ use std::path::PathBuf;
 
 /// Options of every command.
 #[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Global Options")]
 pub struct Global {
-    /// Engine endpoint (default: DOCKER_HOST, else the local socket)
-    #[arg(long, global = true, env = "DOCKER_HOST")]
+    /// Engine endpoint, e.g. unix:///var/run/docker.sock (default: the local socket)
+    #[arg(long, global = true, env = "DOCKER_HOST", value_name = "URL", hide_env_values = true)]
     pub host: Option<String>,
-    /// Profiles file (TOML)
-    #[arg(long, global = true, env = "STEVEDORE_CONFIG")]
+    /// Profiles file (default: $XDG_CONFIG_HOME/stevedore/profiles.toml)
+    #[arg(long, global = true, env = "STEVEDORE_CONFIG", value_name = "FILE", hide_env_values = true)]
     pub config: Option<PathBuf>,
-    /// Profile to use from the profiles file
-    #[arg(long, global = true)]
+    /// Profile to use from the profiles file (default: "default")
+    #[arg(long, global = true, value_name = "NAME")]
     pub profile: Option<String>,
 }
 
@@ -37,19 +38,53 @@ pub async fn connect(cfg: ContainerConfig) -> Result<ContainerExecutor, LaunchEr
     ContainerExecutor::connect(cfg, crate::contract::incarnation::current()).await
 }
 
+/// Switches the network mode as a request asks, unless the profile forbids that mode.
+pub fn choose_network(cfg: &mut ContainerConfig, mode: &str) -> Result<(), String> {
+    if mode != cfg.network
+        && let Some(allowed) = &cfg.network_choices
+        && !allowed.contains(mode)
+    {
+        let allowed: Vec<&str> =
+            std::iter::once(cfg.network.as_str()).chain(allowed.iter().map(String::as_str)).collect();
+        return Err(format!(
+            "profile {:?} forbids network mode {mode:?} (allowed: {}; a profile permits others with allow_networks)",
+            cfg.profile.as_deref().unwrap_or("default"),
+            allowed.join(", ")
+        ));
+    }
+    cfg.network = mode.to_owned();
+    Ok(())
+}
+
+/// Refuses a configuration that would silently not do what it says.
+fn check(cfg: &ContainerConfig) -> Result<(), String> {
+    if !cfg.ports.is_empty() && cfg.network == "none" {
+        let ports: Vec<String> = cfg.ports.keys().map(u16::to_string).collect();
+        return Err(format!(
+            "profile {:?} publishes ports {} but the network mode is none: ports need a network (e.g. bridge)",
+            cfg.profile.as_deref().unwrap_or("default"),
+            ports.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// The rung for these options, after `adjust` had its say on the configuration; on failure
-/// the message is printed and the exit code returned: 2 for bad options,
-/// `unreachable_code` when the engine cannot be reached.
+/// the message is printed and the exit code returned: 2 for bad options (or an `adjust`
+/// the profile forbids), `unreachable_code` when the engine cannot be reached.
 pub async fn rung(
     g: &Global,
     unreachable_code: u8,
-    adjust: impl FnOnce(&mut ContainerConfig),
+    adjust: impl FnOnce(&mut ContainerConfig) -> Result<(), String>,
 ) -> Result<ContainerExecutor, u8> {
     let mut cfg = config(g).map_err(|e| {
         eprintln!("stevedore: {e}");
         2
     })?;
-    adjust(&mut cfg);
+    adjust(&mut cfg).and_then(|()| check(&cfg)).map_err(|e| {
+        eprintln!("stevedore: {e}");
+        2
+    })?;
     connect(cfg).await.map_err(|e| {
         eprintln!("stevedore: {}", crate::contract::error_chain(&e));
         unreachable_code

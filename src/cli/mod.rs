@@ -11,9 +11,31 @@ use crate::handlers::Handlers;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+const EXAMPLES: &str = "\
+Examples:
+  stevedore census
+  stevedore smoke
+  stevedore run --image stevedore-test/busybox:latest --output ./out -- sh -c 'echo hi > /out/hi'
+  stevedore run --handler echo --payload hello --output ./out
+  stevedore --config profiles.toml --profile web run --image IMG --output ./out -- httpd -f -p 8080
+  stevedore reclaim --worker W
+  stevedore image pack --exe ./my-worker --tag my-worker:dev
+
+Run 'stevedore COMMAND --help' for more information on a command.";
+
 /// Run each attempt of a job in a fresh Docker container and report, as facts, what happened.
 #[derive(Debug, Parser)]
-#[command(name = "stevedore", version, about, long_about = None)]
+#[command(
+    name = "stevedore",
+    version,
+    about,
+    long_about = None,
+    override_usage = "stevedore [OPTIONS] COMMAND",
+    subcommand_value_name = "COMMAND",
+    subcommand_help_heading = "Commands",
+    after_help = EXAMPLES,
+    disable_help_subcommand = true
+)]
 pub struct Cli {
     #[command(flatten)]
     global: common::Global,
@@ -24,15 +46,20 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print what the engine is and what it can enforce, as one JSON line
+    #[command(after_help = "Exit status: 0 when the engine is reachable, 1 otherwise (the reason on stderr).")]
     Census,
     /// Boot, census, run a trivial jailed attempt, drain; print `drain: ok` last
+    #[command(after_help = "Works on an engine with no images: stevedore packs itself into a FROM scratch image.\n\
+                            Exit status: 0 when every step succeeded, else 1 with a last line `drain: failed WHY`.")]
     Smoke,
     /// Run one attempt of a command or handler in a fresh container
     Run(Box<run::RunArgs>),
-    /// Remove what a worker left behind
+    /// Remove the containers and volumes a worker left behind
+    #[command(after_help = "Example:\n  stevedore reclaim --worker W\n\n\
+                            Prints a JSON summary (containers_removed, volumes_removed). Exit status: 0, or 1 on failure.")]
     Reclaim(reclaim::ReclaimArgs),
-    /// Manage worker images
-    #[command(subcommand)]
+    /// Make worker images
+    #[command(subcommand, override_usage = "stevedore image COMMAND", disable_help_subcommand = true)]
     Image(image::ImageCommand),
 }
 

@@ -7,13 +7,13 @@ use crate::contract::Executor;
 #[derive(Debug, clap::Args)]
 pub struct ReclaimArgs {
     /// The worker whose objects to remove
-    #[arg(long)]
+    #[arg(long, value_name = "ID")]
     worker: String,
 }
 
 /// Runs `stevedore reclaim`.
 pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
-    let rung = match common::rung(g, 1, |_| {}).await {
+    let rung = match common::rung(g, 1, |_| Ok(())).await {
         Ok(r) => r,
         Err(code) => return code,
     };

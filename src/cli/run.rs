@@ -11,72 +11,89 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+const RUN_AFTER_HELP: &str = "\
+Prints the Outcome as ONE JSON object on stdout; the container's output goes live to stderr.
+
+Exit status:
+  0        the attempt ran, whatever its status (with --exit-status: its exit code, or 128+signal)
+  2        launch error or bad options (message on stderr; nothing is left in the engine)
+  130/143  cancelled by SIGINT/SIGTERM (SIGTERM, grace, SIGKILL; a second signal removes it at once)
+
+Examples:
+  stevedore run --image stevedore-test/busybox:latest --input ./in --output ./out \\
+      --memory 256m --cpus 0.5 --timeout 30s -- sh -c 'wc -c /in/* > /out/sizes.txt'
+  stevedore run --handler echo --payload hello --output ./out
+  stevedore --config profiles.toml --profile dev run -e K=V --image IMG --output ./out -- env";
+
 /// Arguments of `stevedore run`.
 #[derive(Debug, clap::Args)]
-#[command(override_usage = "stevedore run [OPTIONS] --output DIR (--handler NAME | -- ARGV...)")]
+#[command(
+    override_usage = "stevedore run [OPTIONS] --output DIR -- ARGV...\n       stevedore run [OPTIONS] --output DIR --handler NAME [--payload STR]",
+    after_help = RUN_AFTER_HELP
+)]
 pub struct RunArgs {
     /// Image to run in (default for handlers: stevedore's own worker image)
-    #[arg(long)]
+    #[arg(long, value_name = "IMAGE", help_heading = "Attempt")]
     image: Option<String>,
-    /// Worker ID (default: a unique one is minted and shown in the outcome)
-    #[arg(long)]
+    /// Worker ID (default: a unique one, shown on stderr)
+    #[arg(long, value_name = "ID", help_heading = "Attempt")]
     worker: Option<String>,
     /// Job ID (default: a unique one)
-    #[arg(long)]
+    #[arg(long, value_name = "ID", help_heading = "Attempt")]
     job: Option<String>,
     /// Attempt number
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_name = "N", help_heading = "Attempt")]
     attempt: u32,
     /// Directory mounted read-only at /in
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Files")]
     input: Option<PathBuf>,
     /// Named input slot NAME=RELATIVE_PATH (repeatable)
-    #[arg(long = "slot", value_name = "NAME=PATH")]
+    #[arg(long = "slot", value_name = "NAME=PATH", help_heading = "Files")]
     slots: Vec<String>,
     /// Empty directory that receives /out
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Files")]
     output: PathBuf,
     /// Memory limit (e.g. 64m, 1g)
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
     memory: Option<String>,
     /// CPU limit in cores (e.g. 0.5)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Limits (narrowed to the profile's ceilings)")]
     cpus: Option<String>,
     /// Process limit
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Limits (narrowed to the profile's ceilings)")]
     pids: Option<u64>,
     /// Disk limit for /out (e.g. 50m)
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
     disk: Option<String>,
     /// Deadline from now (e.g. 10s, 500ms, 2m)
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
     timeout: Option<String>,
     /// Time between SIGTERM and SIGKILL (default 30s)
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
     grace: Option<String>,
-    /// Environment variable K=V (repeatable)
-    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    /// Set an environment variable (repeatable; above the image's and the profile's)
+    #[arg(long = "env", short = 'e', value_name = "K=V", help_heading = "Attempt")]
     env: Vec<String>,
-    /// Network mode (default: none)
-    #[arg(long, value_name = "MODE")]
+    /// Network mode (default: the profile's, else none; only modes the profile allows)
+    #[arg(long, value_name = "MODE", help_heading = "Attempt")]
     network: Option<String>,
     /// Do not stream the container's output to stderr
-    #[arg(long, short = 'q')]
+    #[arg(long, short = 'q', help_heading = "Output")]
     quiet: bool,
     /// Exit with the attempt's exit code (or 128+signal) instead of 0
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     exit_status: bool,
     /// Run this handler of the worker image instead of a command
-    #[arg(long, value_name = "NAME", conflicts_with = "argv")]
+    #[arg(long, value_name = "NAME", conflicts_with = "argv", help_heading = "Handler")]
     handler: Option<String>,
     /// Payload for the handler
-    #[arg(long, value_name = "STR", conflicts_with = "payload_file")]
+    #[arg(long, value_name = "STR", conflicts_with = "payload_file", help_heading = "Handler")]
     payload: Option<String>,
     /// Payload for the handler, from a file
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Handler")]
     payload_file: Option<PathBuf>,
     /// Expected handler-set fingerprint
-    #[arg(long, value_name = "FP")]
+    #[arg(long, value_name = "FP", help_heading = "Handler")]
     fingerprint: Option<String>,
     /// The command to run
     #[arg(last = true, value_name = "ARGV")]
@@ -156,7 +173,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     };
     let adjust = |cfg: &mut crate::container::ContainerConfig| {
         if let Some(n) = &a.network {
-            cfg.network = n.clone();
+            common::choose_network(cfg, n)?;
         }
         if !a.quiet {
             let live: LiveOutput = Arc::new(|_s: Stream, bytes: &[u8]| {
@@ -166,6 +183,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             });
             cfg.live_output = Some(live);
         }
+        Ok(())
     };
     let rung = match common::rung(g, 2, adjust).await {
         Ok(r) => r,

@@ -957,13 +957,8 @@ async fn launch(
     if let Err(err) = e.call("start container", e.docker.start_container(name, None)).await {
         drain.abort();
         let msg = err.message();
-        if msg.contains("port is already allocated") || msg.contains("address already in use") {
-            return Err(LaunchError::NotAllowed(format!(
-                "a published port is taken ({msg}) [profile {}]",
-                cfg.profile.as_deref().unwrap_or("default")
-            )));
-        }
-        return Err(engine_err("start container", err));
+        return Err(spec::port_taken(cfg, &msg, Box::new(err))
+            .unwrap_or_else(|source| LaunchError::Engine { op: "start container", source }));
     }
     let handler_request = match &req.task {
         Task::Handler(h) => Some(HandlerRequest {

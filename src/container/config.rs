@@ -76,6 +76,10 @@ pub struct ContainerConfig {
     pub user: String,
     /// The network mode (default `none`).
     pub network: String,
+    /// Other network modes a caller (e.g. `stevedore run --network`) may switch to; `None`
+    /// (the default without a profile) allows any. A profile allows only its own mode and
+    /// its `allow_networks`.
+    pub network_choices: Option<std::collections::BTreeSet<String>>,
     /// Memory when the request sets none (default 1 GiB).
     pub default_memory_bytes: u64,
     /// Process count when the request sets none (default 512).
@@ -145,6 +149,7 @@ impl Default for ContainerConfig {
             worker_image: None,
             user: "65532:65532".into(),
             network: "none".into(),
+            network_choices: None,
             default_memory_bytes: 1 << 30,
             default_pids: 512,
             default_disk_bytes: 512 << 20,

@@ -1,7 +1,7 @@
 //! From a request and the configuration to the engine's container spec (pure).
 
 use super::config::ContainerConfig;
-use crate::contract::{NarrowedLimit, ResourceLimits, limits::key};
+use crate::contract::{LaunchError, NarrowedLimit, ResourceLimits, limits::key};
 use crate::protocol::{CONTROL_DIR, IN_DIR, INIT_MARKER, OUT_DIR, TMP_DIR, TOOLS_DIR};
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountTmpfsOptions, MountType,
@@ -288,6 +288,28 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     Spec { body, enforcement, skipped }
 }
 
+/// The launch error for an engine refusal `msg` that says a published port is taken, naming
+/// the explicit host port (the one the message mentions, else the first) and the profile;
+/// `None` when `msg` is not about a taken port or no host port was explicit.
+pub fn port_taken(
+    cfg: &ContainerConfig,
+    msg: &str,
+    source: crate::contract::Cause,
+) -> Result<LaunchError, crate::contract::Cause> {
+    let taken = msg.contains("port is already allocated") || msg.contains("address already in use");
+    let explicit: Vec<(u16, u16)> = cfg.ports.iter().filter(|(_, h)| **h != 0).map(|(c, h)| (*c, *h)).collect();
+    let named = explicit.iter().find(|(_, h)| msg.contains(&format!(":{h}"))).or(explicit.first());
+    match named {
+        Some((container_port, port)) if taken => Ok(LaunchError::PortTaken {
+            port: *port,
+            container_port: *container_port,
+            profile: cfg.profile.clone().unwrap_or_else(|| "default".into()),
+            source,
+        }),
+        _ => Err(source),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +401,21 @@ mod tests {
             assert!(s.enforcement.contains_key(k), "missing enforcement {k}");
         }
         assert!(s.skipped.is_empty(), "{:?}", s.skipped);
+    }
+
+    #[test]
+    fn a_taken_port_names_the_port_and_the_profile() {
+        let cfg = ContainerConfig {
+            ports: BTreeMap::from([(80, 0), (8080, 41000), (9090, 42000)]),
+            profile: Some("web".into()),
+            ..ContainerConfig::default()
+        };
+        let msg = "Error starting userland proxy: listen tcp4 127.0.0.1:42000: bind: address already in use";
+        let err = port_taken(&cfg, msg, msg.into()).unwrap();
+        assert_eq!(err.to_string(), r#"host port 42000 (container port 9090) of profile "web" is taken"#);
+        assert!(port_taken(&cfg, "no such image", "x".into()).is_err());
+        let ephemeral_only = ContainerConfig { ports: BTreeMap::from([(80, 0)]), ..ContainerConfig::default() };
+        assert!(port_taken(&ephemeral_only, msg, "x".into()).is_err());
     }
 
     #[test]

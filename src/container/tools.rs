@@ -188,6 +188,15 @@ enum Linkage {
     },
 }
 
+/// Where a dynamic executable's loader and libraries are on the host, as `ldd` resolves
+/// them: `None` for a static executable, else (loader path, library paths).
+pub fn host_linkage(exe: &Path) -> Result<Option<(PathBuf, Vec<PathBuf>)>, ToolsError> {
+    Ok(match run_ldd(exe)? {
+        Linkage::Static => None,
+        Linkage::Dynamic { loader, libs } => Some((loader, libs.into_values().collect())),
+    })
+}
+
 fn run_ldd(exe: &Path) -> Result<Linkage, ToolsError> {
     let out = Command::new("ldd")
         .arg(exe)

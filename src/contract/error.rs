@@ -79,6 +79,19 @@ pub enum LaunchError {
     /// the configuration does not allow the request
     #[error("not allowed by configuration: {0}")]
     NotAllowed(String),
+    /// a host port the configuration publishes explicitly is already in use (no fallback)
+    #[error("host port {port} (container port {container_port}) of profile {profile:?} is taken")]
+    PortTaken {
+        /// The host port.
+        port: u16,
+        /// The container port it was to forward to.
+        container_port: u16,
+        /// The profile that asked for it (`default` without one).
+        profile: String,
+        /// The engine's message.
+        #[source]
+        source: Cause,
+    },
     /// the rung is closed
     #[error("executor {0} is closed and accepts no new attempts")]
     Closed(String),

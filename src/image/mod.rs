@@ -2,4 +2,6 @@
 
 pub mod pack;
 
-pub use pack::{PackError, PackSpec, PackedImage, build_image_from_dir_tar, ensure_image, pack_image};
+pub use pack::{
+    PackError, PackSpec, PackedImage, Rootfs, build_image_from_dir_tar, ensure_image, pack_image, write_rootfs,
+};

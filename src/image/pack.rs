@@ -14,7 +14,7 @@ use bollard::Docker;
 use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuilder, RemoveImageOptionsBuilder};
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Label: stevedore manages this object.
 pub const LABEL_MANAGED: &str = "dev.stevedore.managed";
@@ -66,6 +66,21 @@ pub enum PackError {
     BadLabel {
         /// The label's key.
         key: String,
+    },
+    /// a root filesystem directory could not be written
+    #[error("cannot write the root filesystem at {path}")]
+    Rootfs {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// the root filesystem directory already has files in it
+    #[error("{path} exists and is not empty: give a new or empty directory")]
+    RootfsNotEmpty {
+        /// The directory.
+        path: PathBuf,
     },
     /// the build finished without naming an image
     #[error("image build of {tag} produced no image id")]
@@ -129,9 +144,8 @@ fn user_string(user: (u32, u32)) -> String {
     format!("{}:{}", user.0, user.1)
 }
 
-/// The image's root filesystem: the bundle under [`APP_DIR`] and the user's passwd/group.
-fn rootfs_tar(spec: &PackSpec, bundle: &ToolsBundle) -> Result<Vec<u8>, PackError> {
-    let (uid, gid) = spec.user;
+fn passwd_and_group(user: (u32, u32)) -> (String, String) {
+    let (uid, gid) = user;
     let mut passwd = "root:x:0:0:root:/:/sbin/nologin\n".to_owned();
     let mut group = "root:x:0:\n".to_owned();
     if uid != 0 {
@@ -140,6 +154,12 @@ fn rootfs_tar(spec: &PackSpec, bundle: &ToolsBundle) -> Result<Vec<u8>, PackErro
     if gid != 0 {
         group.push_str(&format!("{USER_NAME}:x:{gid}:\n"));
     }
+    (passwd, group)
+}
+
+/// The image's root filesystem: the bundle under [`APP_DIR`] and the user's passwd/group.
+fn rootfs_tar(spec: &PackSpec, bundle: &ToolsBundle) -> Result<Vec<u8>, PackError> {
+    let (passwd, group) = passwd_and_group(spec.user);
     let mut tar = tar::Builder::new(Vec::new());
     bundle.append_to_tar(&mut tar, APP_DIR.trim_start_matches('/'))?;
     (|| {
@@ -176,6 +196,70 @@ fn changes(spec: &PackSpec, entry: &[String], labels: &BTreeMap<String, String>)
         format!("ENTRYPOINT {}", serde_json::to_string(entry).expect("strings always serialise")),
         label,
     ])
+}
+
+/// What [`write_rootfs`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rootfs {
+    /// The argv that execs the executable in an image made from the directory.
+    pub entry: Vec<String>,
+    /// Files written, relative to the directory.
+    pub files: Vec<String>,
+}
+
+/// Writes a root filesystem for a `FROM scratch` Dockerfile (`COPY rootfs/ /`) into `dir`,
+/// which must be absent or empty: the executable at `/app/NAME`, and for a dynamic one its
+/// loader and libraries at the paths where the host has them, so that `/app/NAME` runs
+/// directly (a Dockerfile cannot take its `ENTRYPOINT` from a build argument, so the
+/// entry must not depend on how the executable is linked); plus `/etc/passwd` and
+/// `/etc/group` naming `user`. Needs no engine.
+pub fn write_rootfs(exe: &Path, dir: &Path, user: (u32, u32)) -> Result<Rootfs, PackError> {
+    use std::os::unix::fs::PermissionsExt;
+    let name = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| PackError::Rootfs { path: exe.to_owned(), source: std::io::Error::other("no UTF-8 file name") })?
+        .to_owned();
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(PackError::RootfsNotEmpty { path: dir.to_owned() });
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(PackError::Rootfs { path: dir.to_owned(), source }),
+    }
+    let linkage = crate::container::tools::host_linkage(exe)?;
+    let mut files = Vec::new();
+    let mut put = |from: Option<&Path>, rel: &str, mode: u32, body: &[u8]| -> Result<(), PackError> {
+        let to = dir.join(rel);
+        let err = |source| PackError::Rootfs { path: to.clone(), source };
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(err)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
+        }
+        match from {
+            // fs::copy follows a host symlink (libc.so.6 -> libc-2.36.so), so the image holds the file.
+            Some(from) => std::fs::copy(from, &to).map(drop).map_err(err)?,
+            None => std::fs::write(&to, body).map_err(err)?,
+        }
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+        files.push(rel.to_owned());
+        Ok(())
+    };
+    std::fs::create_dir_all(dir).map_err(|source| PackError::Rootfs { path: dir.to_owned(), source })?;
+    put(Some(exe), &format!("{}/{name}", APP_DIR.trim_start_matches('/')), 0o755, b"")?;
+    if let Some((loader, libs)) = &linkage {
+        let rel = |p: &Path| p.to_string_lossy().trim_start_matches('/').to_owned();
+        put(Some(loader), &rel(loader), 0o755, b"")?;
+        for lib in libs {
+            put(Some(lib), &rel(lib), 0o644, b"")?;
+        }
+    }
+    let (passwd, group) = passwd_and_group(user);
+    put(None, "etc/passwd", 0o644, passwd.as_bytes())?;
+    put(None, "etc/group", 0o644, group.as_bytes())?;
+    Ok(Rootfs { entry: vec![format!("{APP_DIR}/{name}")], files })
 }
 
 /// Splits `name:tag` (a `:` in a registry host's port is not a tag).
