@@ -154,8 +154,9 @@ async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
         if (got.0, got.1.as_deref()) != want {
             wrong.push(format!("{job} {kind:?}: {}", result.unwrap().to_json()));
         }
-        *tally.entry((kind, format!("{}{}", got.0, got.1.map(|r| format!("/{r}")).unwrap_or_default()))).or_default() +=
-            1;
+        *tally
+            .entry((kind, format!("{}{}", got.0, got.1.map(|r| format!("/{r}")).unwrap_or_default())))
+            .or_default() += 1;
         finished += 1;
         if finished == WARM_UP {
             rss_after_warm_up = Some(rss_kib());
