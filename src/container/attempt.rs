@@ -57,10 +57,31 @@ fn engine_err(op: &'static str, e: EngineError) -> LaunchError {
 struct Leftovers {
     containers: Vec<String>,
     volumes: Vec<String>,
+    /// Tracked tasks running calls that create objects; removal waits for them.
+    creating: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Runs an engine call that creates an object on the rung's tracked tasks, so that it
+/// completes even if the attempt's future is dropped meanwhile: a removal racing an
+/// unfinished create would find nothing, and the object would appear afterwards and leak.
+async fn creating<T: Send + 'static>(
+    shared: &Shared,
+    left: &mut Leftovers,
+    op: &'static str,
+    call: impl Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> Result<T, LaunchError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    left.creating.push(shared.tracker.spawn(async move {
+        let _ = tx.send(call.await);
+    }));
+    match rx.await {
+        Ok(r) => r.map_err(|err| engine_err(op, err)),
+        Err(_) => Err(LaunchError::Staging { what: format!("engine call {op} was abandoned"), source: op.into() }),
+    }
 }
 
 /// Removes the attempt's objects. Explicit cleanup awaits [`Cleanup::run`]; if the attempt's
-/// future is dropped first, `Drop` hands the same work to the rung's tracked tasks.
+/// future is dropped first, `Drop` hands the rest of the work to the rung's tracked tasks.
 struct Cleanup {
     shared: Arc<Shared>,
     attempt_id: String,
@@ -74,29 +95,52 @@ impl std::fmt::Debug for Cleanup {
     }
 }
 
-async fn remove_all(shared: &Shared, left: &Leftovers) -> Vec<String> {
-    let mut errors = Vec::new();
+/// What removing an attempt's objects found.
+#[derive(Debug, Default)]
+struct Removed {
+    errors: Vec<String>,
+    /// Containers that someone else had removed or was removing.
+    by_others: Vec<String>,
+}
+
+/// Removes what `left` lists. Each object leaves the list only once its removal was tried,
+/// so a removal interrupted by a dropped future leaves the rest to the backstop.
+async fn remove_all(shared: &Shared, left: &mut Leftovers) -> Removed {
+    for handle in std::mem::take(&mut left.creating) {
+        let _ = handle.await;
+    }
+    let mut removed = Removed::default();
     let e = &shared.engine;
     // Containers first: a volume in use cannot be removed.
-    for c in &left.containers {
-        if let Err(err) = e.remove_container(c).await {
-            errors.push(format!("container {c}: {}", err.message()));
+    while let Some(c) = left.containers.first() {
+        match e.remove_container(c).await {
+            Ok(super::engine::Removal::Removed) => {}
+            Ok(super::engine::Removal::ByOthers) => removed.by_others.push(c.clone()),
+            Err(err) => removed.errors.push(format!("container {c}: {}", err.message())),
         }
+        left.containers.remove(0);
     }
-    for v in &left.volumes {
+    while let Some(v) = left.volumes.first() {
         if let Err(err) = e.remove_volume(v).await {
-            errors.push(format!("volume {v}: {}", err.message()));
+            removed.errors.push(format!("volume {v}: {}", err.message()));
         }
+        left.volumes.remove(0);
     }
-    errors
+    removed
+}
+
+fn forget_in_flight(shared: &Shared, attempt_id: &str) {
+    // Never panics: a poisoned set is still a set.
+    shared.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(attempt_id);
 }
 
 impl Cleanup {
-    async fn run(mut self) -> Vec<String> {
+    async fn run(mut self) -> Removed {
+        let removed = remove_all(&self.shared, &mut self.left).await;
+        // Only now: dropped halfway, `Drop` must still see what is left.
         self.done = true;
-        let errors = remove_all(&self.shared, &self.left).await;
-        self.shared.in_flight.lock().expect("in-flight set").remove(&self.attempt_id);
-        errors
+        forget_in_flight(&self.shared, &self.attempt_id);
+        removed
     }
 }
 
@@ -106,17 +150,17 @@ impl Drop for Cleanup {
             return;
         }
         let shared = self.shared.clone();
-        let left = std::mem::take(&mut self.left);
+        let mut left = std::mem::take(&mut self.left);
         let id = self.attempt_id.clone();
         // Never panic or block here: without a runtime the objects stay labelled for `reclaim`.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let tracker = shared.tracker.clone();
             tracker.spawn_on(
                 async move {
-                    let errors = remove_all(&shared, &left).await;
-                    shared.in_flight.lock().map(|mut s| s.remove(&id)).ok();
-                    if !errors.is_empty() {
-                        tracing::warn!(attempt_id = %id, ?errors, "backstop cleanup left objects behind");
+                    let removed = remove_all(&shared, &mut left).await;
+                    forget_in_flight(&shared, &id);
+                    if !removed.errors.is_empty() {
+                        tracing::warn!(attempt_id = %id, errors = ?removed.errors, "backstop cleanup left objects behind");
                     }
                 },
                 &handle,
@@ -209,7 +253,7 @@ fn tmpfs_volume(name: &str, size: u64, uid: u32, gid: u32, labels: HashMap<Strin
 /// Uploads the caller's input dir into `volume` through a created, never-started helper
 /// container (the attempt's own mount of it is read-only, which the archive API refuses).
 async fn stage_inputs(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     dir: &Path,
     volume: &str,
     image: &str,
@@ -240,9 +284,11 @@ async fn stage_inputs(
     };
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
     left.containers.push(name.to_owned());
-    e.call("create staging container", e.docker.create_container(Some(opts), body))
-        .await
-        .map_err(|err| engine_err("create staging container", err))?;
+    let s = shared.clone();
+    creating(shared, left, "create staging container", async move {
+        s.engine.call("create staging container", s.engine.docker.create_container(Some(opts), body)).await
+    })
+    .await?;
     let (uid, gid) = shared.config.uid_gid();
     let (writer, body_stream) = pipe::writer(8);
     let src = dir.to_path_buf();
@@ -332,6 +378,24 @@ enum End {
 struct Drained {
     stdout: CappedLog,
     stderr: CappedLog,
+    /// The panic message, if the live-output callback panicked.
+    live_panicked: Option<String>,
+}
+
+/// Hands a chunk to the live-output callback. One that panics is switched off for the rest
+/// of the attempt and named in the evidence: the caller's view of the output must not end the
+/// drain, and with it the attempt's record and cleanup.
+fn show_live(live: &mut Option<super::config::LiveOutput>, panicked: &mut Option<String>, s: Stream, bytes: &[u8]) {
+    let Some(callback) = live else { return };
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(s, bytes))) {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|m| (*m).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-text panic payload".to_owned());
+        *panicked = Some(msg);
+        *live = None;
+    }
 }
 
 /// Runs one attempt. `Err` only when the container never started.
@@ -420,7 +484,7 @@ async fn run_inner(
         ("protocol", protocol_env),
     ]);
 
-    shared.in_flight.lock().expect("in-flight set").insert(attempt_id.clone());
+    shared.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(attempt_id.clone());
     let mut cleanup =
         Cleanup { shared: shared.clone(), attempt_id: attempt_id.clone(), left: Leftovers::default(), done: false };
     let owner = Owner { worker: &req.worker_id, incarnation: &shared.incarnation, executor: &cfg.name };
@@ -450,9 +514,9 @@ async fn run_inner(
     let mut running = match launched {
         Ok(r) => r,
         Err(e) => {
-            let errors = cleanup.run().await;
-            if !errors.is_empty() {
-                tracing::warn!(?errors, "cleanup after launch error left objects behind");
+            let removed = cleanup.run().await;
+            if !removed.errors.is_empty() {
+                tracing::warn!(errors = ?removed.errors, "cleanup after launch error left objects behind");
             }
             return Err(e);
         }
@@ -511,9 +575,14 @@ async fn run_inner(
     };
     let e = &shared.engine;
     let inspect = e.call("inspect container", e.docker.inspect_container(&name, None)).await;
-    let removed_externally = matches!(&inspect, Err(err) if err.is_not_found());
-    let state = inspect.ok().and_then(|i| i.state);
-    let cleanup_errors = cleanup.run().await;
+    let state = inspect.as_ref().ok().and_then(|i| i.state.clone());
+    let removal_seen =
+        state.as_ref().is_some_and(|s| s.status == Some(bollard::models::ContainerStateStatusEnum::REMOVING));
+    let removed = cleanup.run().await;
+    // Gone, being removed, or removed under our own removal: someone else did it.
+    let removed_externally = matches!(&inspect, Err(err) if err.is_not_found())
+        || removal_seen
+        || removed.by_others.iter().any(|c| c == &name);
 
     // Facts.
     let mut ev = Evidence {
@@ -539,9 +608,12 @@ async fn run_inner(
     if let Some(d) = &drained {
         ev.logs.stdout = d.stdout.capture();
         ev.logs.stderr = d.stderr.capture();
+        if let Some(msg) = &d.live_panicked {
+            ev.notes.push(format!("the live_output callback panicked ({msg}); live output was switched off"));
+        }
     }
     ev.engine_oom_killed = state.as_ref().and_then(|s| s.oom_killed);
-    for err in cleanup_errors {
+    for err in removed.errors {
         ev.notes.push(format!("cleanup: {err}"));
     }
     if hard_killed {
@@ -849,12 +921,16 @@ async fn launch(
         control: format!("{name}-ctl"),
     };
     let out_req = tmpfs_volume(&volumes.output, applied.disk, uid, gid, attempt_labels.for_role("out"));
+    let create_volume = |req: VolumeCreateRequest| {
+        let s = shared.clone();
+        async move { s.engine.call("create volume", s.engine.docker.create_volume(req)).await }
+    };
     left.volumes.push(volumes.output.clone());
-    e.call("create volume", e.docker.create_volume(out_req)).await.map_err(|err| engine_err("create volume", err))?;
+    creating(shared, left, "create volume", create_volume(out_req)).await?;
     let control_size = CONTROL_BYTES + req.payload.len() as u64;
     let ctl_req = tmpfs_volume(&volumes.control, control_size, uid, gid, attempt_labels.for_role("control"));
     left.volumes.push(volumes.control.clone());
-    e.call("create volume", e.docker.create_volume(ctl_req)).await.map_err(|err| engine_err("create volume", err))?;
+    creating(shared, left, "create volume", create_volume(ctl_req)).await?;
     if let (Some(dir), Some(vol)) = (&req.input_dir, &volumes.input) {
         let in_req = VolumeCreateRequest {
             name: Some(vol.clone()),
@@ -863,9 +939,7 @@ async fn launch(
             ..Default::default()
         };
         left.volumes.push(vol.clone());
-        e.call("create volume", e.docker.create_volume(in_req))
-            .await
-            .map_err(|err| engine_err("create volume", err))?;
+        creating(shared, left, "create volume", create_volume(in_req)).await?;
         let report =
             stage_inputs(shared, dir, vol, image_ref, &format!("{name}-stage"), attempt_labels.for_role("stage"), left)
                 .await?;
@@ -889,10 +963,11 @@ async fn launch(
     });
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
     left.containers.push(name.to_owned());
-    let created = e
-        .call("create container", e.docker.create_container(Some(opts), body))
-        .await
-        .map_err(|err| engine_err("create container", err))?;
+    let s = shared.clone();
+    let created = creating(shared, left, "create container", async move {
+        s.engine.call("create container", s.engine.docker.create_container(Some(opts), body)).await
+    })
+    .await?;
 
     let opts =
         AttachContainerOptionsBuilder::default().stdin(true).stdout(true).stderr(true).stream(true).logs(false).build();
@@ -913,11 +988,11 @@ async fn launch(
 
     let nonce = random_hex(16);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let live = cfg.live_output.clone();
+    let mut live = cfg.live_output.clone();
     let sentinel = protocol::done_sentinel(&nonce);
     let mut output = attached.output;
     let drain = tokio::spawn(async move {
-        let mut d = Drained { stdout: stdout_log, stderr: stderr_log };
+        let mut d = Drained { stdout: stdout_log, stderr: stderr_log, live_panicked: None };
         let mut scanner = SentinelScanner::new(sentinel.as_bytes());
         let mut done_tx = Some(done_tx);
         while let Some(item) = output.next().await {
@@ -926,17 +1001,13 @@ async fn launch(
                 bollard::container::LogOutput::StdOut { message }
                 | bollard::container::LogOutput::Console { message } => {
                     d.stdout.write(&message);
-                    if let Some(l) = &live {
-                        l(Stream::Stdout, &message);
-                    }
+                    show_live(&mut live, &mut d.live_panicked, Stream::Stdout, &message);
                 }
                 bollard::container::LogOutput::StdErr { message } => {
                     let (pass, found) = scanner.feed(&message);
                     d.stderr.write(&pass);
-                    if let Some(l) = &live
-                        && !pass.is_empty()
-                    {
-                        l(Stream::Stderr, &pass);
+                    if !pass.is_empty() {
+                        show_live(&mut live, &mut d.live_panicked, Stream::Stderr, &pass);
                     }
                     if found && let Some(tx) = done_tx.take() {
                         let _ = tx.send(true);

@@ -2,7 +2,10 @@
 //! stevedore's own on every call.
 
 use bollard::Docker;
-use bollard::query_parameters::{RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder};
+use bollard::query_parameters::{
+    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -88,6 +91,15 @@ fn gone_is_ok(r: Result<(), EngineError>) -> Result<(), EngineError> {
     }
 }
 
+/// Who removed a container that [`Engine::remove_container`] made sure is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// This call removed it.
+    Removed,
+    /// It was already gone, or someone else was removing it and it is gone now.
+    ByOthers,
+}
+
 /// An engine call that failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -117,6 +129,16 @@ impl EngineError {
         matches!(
             self,
             EngineError::Api { source: bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }, .. }
+        )
+    }
+
+    /// Whether the engine refused because someone else is removing the object.
+    fn is_removal_in_progress(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Api {
+                source: bollard::errors::Error::DockerResponseServerError { status_code: 409, message }, ..
+            } if message.contains("already in progress")
         )
     }
 
@@ -188,11 +210,39 @@ impl Engine {
         Ok(Self { docker, endpoint, facts, timeout })
     }
 
-    /// Removes a container in any state with its anonymous volumes; one already gone is
-    /// removed as far as stevedore is concerned.
-    pub async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
+    /// Removes a container in any state with its anonymous volumes. One already gone is
+    /// removed as far as stevedore is concerned; one that someone else is removing is waited
+    /// for, because until it is gone its volumes are in use and cannot be removed.
+    pub async fn remove_container(&self, id: &str) -> Result<Removal, EngineError> {
         let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
-        gone_is_ok(self.call("remove container", self.docker.remove_container(id, Some(opts))).await)
+        match self.call("remove container", self.docker.remove_container(id, Some(opts))).await {
+            Ok(()) => Ok(Removal::Removed),
+            Err(e) if e.is_not_found() => Ok(Removal::ByOthers),
+            Err(e) if e.is_removal_in_progress() => {
+                if self.wait_removed(id).await.is_err() {
+                    // The other removal may have failed and left the container: try ours again.
+                    let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+                    gone_is_ok(self.call("remove container", self.docker.remove_container(id, Some(opts))).await)?;
+                }
+                Ok(Removal::ByOthers)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits (under stevedore's timeout) until the container no longer exists.
+    async fn wait_removed(&self, id: &str) -> Result<(), EngineError> {
+        let opts = WaitContainerOptionsBuilder::default().condition("removed").build();
+        let mut waiting = self.docker.wait_container(id, Some(opts));
+        let first = self.call("wait for removal", async { waiting.next().await.transpose() }).await;
+        match first {
+            // A non-zero exit code arrives as an error, yet the container is gone.
+            Ok(_) | Err(EngineError::Api { source: bollard::errors::Error::DockerContainerWaitError { .. }, .. }) => {
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes a volume; one already gone counts as removed.

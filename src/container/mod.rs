@@ -14,5 +14,5 @@ pub mod staging;
 pub mod tools;
 
 pub use config::{ContainerConfig, Hardening, LiveOutput, PullPolicy, Stream};
-pub use engine::{Engine, EngineFacts};
+pub use engine::{Engine, EngineFacts, Removal};
 pub use executor::ContainerExecutor;

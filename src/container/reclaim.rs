@@ -67,7 +67,8 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
             targets.push(id);
         }
     }
-    let (removed, failed) = remove_each(targets, "container", |id| async move { e.remove_container(&id).await }).await;
+    let (removed, failed) =
+        remove_each(targets, "container", |id| async move { e.remove_container(&id).await.map(|_| ()) }).await;
     report.containers_removed = removed;
     report.failed.extend(failed);
 

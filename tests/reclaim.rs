@@ -1,0 +1,383 @@
+//! Nothing leaks and nothing overloads, against the real engine: dropped futures, panics in
+//! stevedore's host code, admission, reclaim at scale, engine faults, signals to the command.
+
+mod support;
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use stevedore::container::{ContainerConfig, ContainerExecutor, LiveOutput, Stream};
+use stevedore::{Executor, LaunchError, Request, ResourceLimits, Status};
+use tokio::sync::{Mutex, Notify};
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
+
+/// Tests that time something run one at a time within this file.
+static MEASURING: Mutex<()> = Mutex::const_new(());
+
+async fn setup() -> Option<(Docker, String)> {
+    let docker = support::engine().await?;
+    let image = support::busybox_image(&docker).await;
+    Some((docker, image))
+}
+
+async fn rung_with(cfg: ContainerConfig) -> ContainerExecutor {
+    let cfg = ContainerConfig { init_exe: Some(BIN.into()), ..cfg };
+    ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect")
+}
+
+fn cmd(image: &str, worker: &str, out: &Path, script: &str) -> Request {
+    let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker);
+    r.policy.image = image.to_owned();
+    r
+}
+
+/// A live-output callback that wakes `notify` whenever stdout carries `word`.
+fn notify_on(word: &'static str, notify: Arc<Notify>) -> LiveOutput {
+    Arc::new(move |s: Stream, bytes: &[u8]| {
+        if s == Stream::Stdout && String::from_utf8_lossy(bytes).contains(word) {
+            notify.notify_one();
+        }
+    })
+}
+
+const NOTHING: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+
+#[tokio::test]
+async fn dropped_run_futures_leave_nothing_once_close_returns() {
+    let Some((docker, image)) = setup().await else { return };
+    let ready = Arc::new(Notify::new());
+    let rung =
+        rung_with(ContainerConfig { live_output: Some(notify_on("ready", ready.clone())), ..Default::default() }).await;
+    let w = support::worker("drop");
+    let t = tempfile::tempdir().unwrap();
+
+    // Dropped once the command runs.
+    let req = cmd(&image, &w, &t.path().join("a"), "echo ready; sleep 60");
+    tokio::select! {
+        r = rung.run(&req, CancellationToken::new()) => panic!("the attempt ended by itself: {r:?}"),
+        _ = ready.notified() => {}
+    }
+    let (containers, _) = support::labelled(&docker, &w).await;
+    assert!(!containers.is_empty(), "the dropped attempt's container is still there until its cleanup runs");
+
+    // Dropped at points spread over staging, creation and start (an input dir adds a volume
+    // and a staging container); where exactly does not matter, each one must be cleaned up.
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::write(input.join("f"), b"x").unwrap();
+    for (i, ms) in [0u64, 5, 10, 20, 40, 80, 120, 160, 250, 400, 600, 900].into_iter().enumerate() {
+        let mut req = cmd(&image, &w, &t.path().join(format!("b{i}")), "sleep 60");
+        req.input_dir = Some(input.clone());
+        let ran = tokio::time::timeout(Duration::from_millis(ms), rung.run(&req, CancellationToken::new())).await;
+        assert!(ran.is_err(), "the attempt ended by itself: {ran:?}");
+    }
+    let closing = Instant::now();
+    rung.close().await;
+    eprintln!("close waited {:?} for the dropped attempts' cleanup", closing.elapsed());
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn a_panicking_live_output_callback_leaves_nothing() {
+    let Some((docker, image)) = setup().await else { return };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let live: LiveOutput = Arc::new(move |_s: Stream, _b: &[u8]| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        panic!("live view broke");
+    });
+    let rung = rung_with(ContainerConfig { live_output: Some(live), ..Default::default() }).await;
+    let w = support::worker("panic");
+    let t = tempfile::tempdir().unwrap();
+    let req = cmd(&image, &w, &t.path().join("o"), "echo one; echo two >&2; echo three; echo kept > /out/x");
+    let o = rung.run(&req, CancellationToken::new()).await.expect("the attempt runs");
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a callback that panicked is not called again");
+    assert!(o.evidence.notes.iter().any(|n| n.contains("live_output callback panicked (live view broke)")), "{o:?}");
+    assert_eq!(o.evidence.logs.stdout.bytes, "one\nthree\n".len() as u64, "the capture goes on");
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["x"]);
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn admission_holds_the_bound_with_16_attempts_at_once() {
+    let Some((docker, image)) = setup().await else { return };
+    const BOUND: usize = 4;
+    // Containers started minus finished, as the commands themselves report it.
+    let running = Arc::new(AtomicI64::new(0));
+    let most_running = Arc::new(AtomicI64::new(0));
+    let (r, m) = (running.clone(), most_running.clone());
+    let live: LiveOutput = Arc::new(move |s: Stream, bytes: &[u8]| {
+        if s != Stream::Stdout {
+            return;
+        }
+        let starts = bytes.iter().filter(|b| **b == b'S').count() as i64;
+        let ends = bytes.iter().filter(|b| **b == b'E').count() as i64;
+        let now = r.fetch_add(starts, Ordering::SeqCst) + starts;
+        m.fetch_max(now, Ordering::SeqCst);
+        r.fetch_sub(ends, Ordering::SeqCst);
+    });
+    let rung = rung_with(ContainerConfig { max_in_flight: BOUND, live_output: Some(live), ..Default::default() }).await;
+    let w = support::worker("admit");
+    let t = tempfile::tempdir().unwrap();
+    let reqs: Vec<Request> =
+        (0..16).map(|i| cmd(&image, &w, &t.path().join(format!("o{i}")), "echo S; sleep 1; echo E")).collect();
+
+    // The engine's view: the worker's containers that exist at once, polled while they run.
+    let stop = CancellationToken::new();
+    let poller = {
+        let (docker, w, stop) = (docker.clone(), w.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut most = 0;
+            let mut polls = 0;
+            while !stop.is_cancelled() {
+                most = most.max(support::labelled(&docker, &w).await.0.len());
+                polls += 1;
+            }
+            (most, polls)
+        })
+    };
+    let started = Instant::now();
+    let outcomes = futures_util::future::join_all(reqs.iter().map(|r| rung.run(r, CancellationToken::new()))).await;
+    let elapsed = started.elapsed();
+    stop.cancel();
+    let (most_containers, polls) = poller.await.unwrap();
+    for o in &outcomes {
+        let o = o.as_ref().expect("admitted, never refused");
+        assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    }
+    let most_running = most_running.load(Ordering::SeqCst);
+    eprintln!(
+        "admission: 16 attempts in {elapsed:?}; most running at once (commands' view) {most_running}, \
+         most containers at once (engine's view, {polls} polls) {most_containers}"
+    );
+    assert!(most_running as usize <= BOUND, "{most_running} commands ran at once");
+    assert!(most_containers <= BOUND, "{most_containers} containers existed at once");
+    assert!(most_running >= 2, "attempts ran side by side ({most_running})");
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn admission_refuses_when_told_not_to_wait_and_beyond_the_memory_budget() {
+    let Some((docker, image)) = setup().await else { return };
+    let started = Arc::new(AtomicUsize::new(0));
+    let both = Arc::new(Notify::new());
+    let (s, n) = (started.clone(), both.clone());
+    let live: LiveOutput = Arc::new(move |st: Stream, bytes: &[u8]| {
+        if st == Stream::Stdout && bytes.contains(&b'S') && s.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
+            n.notify_one();
+        }
+    });
+    let cfg =
+        ContainerConfig { max_in_flight: 2, wait_for_admission: false, live_output: Some(live), ..Default::default() };
+    let rung = rung_with(cfg).await;
+    let w = support::worker("refuse");
+    let t = tempfile::tempdir().unwrap();
+    let cancel = CancellationToken::new();
+    let a = cmd(&image, &w, &t.path().join("a"), "echo S; sleep 60");
+    let b = cmd(&image, &w, &t.path().join("b"), "echo S; sleep 60");
+    let third = cmd(&image, &w, &t.path().join("c"), "true");
+    let (ra, rb, refused) = tokio::join!(rung.run(&a, cancel.clone()), rung.run(&b, cancel.clone()), async {
+        both.notified().await;
+        let refused = rung.run(&third, CancellationToken::new()).await;
+        cancel.cancel();
+        refused
+    });
+    match refused {
+        Err(LaunchError::AdmissionRefused(msg)) => {
+            assert!(msg.contains("2 attempts in flight"), "{msg}");
+            let text = LaunchError::AdmissionRefused(msg).to_string();
+            assert!(text.starts_with("admission refused: "), "{text}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(!t.path().join("c").exists(), "a refused attempt touches nothing");
+    for o in [ra, rb] {
+        let o = o.expect("admitted");
+        assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+    }
+
+    // One request alone beyond 80 % of the host, whether the rung waits or not.
+    let host = rung.engine().facts.mem_total_bytes;
+    for wait in [false, true] {
+        let rung = rung_with(ContainerConfig { wait_for_admission: wait, ..Default::default() }).await;
+        let mut big = cmd(&image, &w, &t.path().join("big"), "true");
+        big.limits = ResourceLimits::new().with(stevedore::contract::limits::key::MEMORY, host);
+        match rung.run(&big, CancellationToken::new()).await {
+            Err(LaunchError::AdmissionRefused(msg)) => {
+                assert!(msg.contains("exceeds the rung's budget") && msg.contains("MiB"), "{msg}")
+            }
+            other => panic!("expected a memory refusal, got {other:?}"),
+        }
+        rung.close().await;
+    }
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+async fn create_leftover(docker: &Docker, image: &str, name: String, worker: &str, cmd: &[&str]) -> String {
+    let labels = HashMap::from([
+        ("dev.stevedore.managed".to_owned(), "true".to_owned()),
+        ("dev.stevedore.worker".to_owned(), worker.to_owned()),
+    ]);
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    docker.create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body).await.unwrap();
+    name
+}
+
+#[tokio::test]
+async fn reclaim_removes_100_leaked_containers() {
+    let Some((docker, image)) = setup().await else { return };
+    let _one_at_a_time = MEASURING.lock().await;
+    let rung = rung_with(ContainerConfig::default()).await;
+    let w = support::worker("reclaim100");
+    // 80 created and never started, 15 started and exited, 5 running; 20 volumes.
+    let made: Vec<String> = futures_util::stream::iter(0..100)
+        .map(|i| {
+            let (docker, image, w) = (docker.clone(), image.clone(), w.clone());
+            async move {
+                let cmd: &[&str] = if i >= 95 { &["sleep", "300"] } else { &["true"] };
+                let name = create_leftover(&docker, &image, format!("{w}-{i}"), &w, cmd).await;
+                if i >= 80 {
+                    docker.start_container(&name, None).await.unwrap();
+                }
+                name
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    for i in 0..20 {
+        let labels = HashMap::from([
+            ("dev.stevedore.managed".to_owned(), "true".to_owned()),
+            ("dev.stevedore.worker".to_owned(), w.clone()),
+        ]);
+        let volume =
+            VolumeCreateRequest { name: Some(format!("{w}-v{i}")), labels: Some(labels), ..Default::default() };
+        docker.create_volume(volume).await.unwrap();
+    }
+    assert_eq!(support::labelled(&docker, &w).await.0.len(), made.len());
+
+    let started = Instant::now();
+    let report = rung.reclaim(&w).await.expect("the sweep runs");
+    let elapsed = started.elapsed();
+    eprintln!(
+        "reclaim: {} containers and {} volumes removed in {elapsed:?} ({} failed)",
+        report.containers_removed.len(),
+        report.volumes_removed.len(),
+        report.failed.len()
+    );
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!((report.containers_removed.len(), report.volumes_removed.len()), (100, 20));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_engine_is_a_launch_error_naming_the_endpoint() {
+    let cfg = ContainerConfig {
+        endpoint: Some("unix:///nonexistent.sock".into()),
+        init_exe: Some(BIN.into()),
+        ..Default::default()
+    };
+    let err = ContainerExecutor::connect(cfg, "inc").await.expect_err("nothing listens there");
+    assert!(matches!(err, LaunchError::EngineUnreachable { .. }), "{err:?}");
+    assert!(err.to_string().contains("unix:///nonexistent.sock"), "{err}");
+}
+
+#[tokio::test]
+async fn a_container_removed_from_outside_is_killed_removed_externally() {
+    let Some((docker, image)) = setup().await else { return };
+    let ready = Arc::new(Notify::new());
+    let rung =
+        rung_with(ContainerConfig { live_output: Some(notify_on("ready", ready.clone())), ..Default::default() }).await;
+    let w = support::worker("rmf");
+    let t = tempfile::tempdir().unwrap();
+    let req = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 300");
+    let remove = async {
+        ready.notified().await;
+        let (ids, _) = support::labelled(&docker, &w).await;
+        assert_eq!(ids.len(), 1);
+        let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+        docker.remove_container(&ids[0], Some(opts)).await.unwrap();
+    };
+    let attempt = async { tokio::join!(rung.run(&req, CancellationToken::new()), remove).0 };
+    let o = tokio::time::timeout(Duration::from_secs(60), attempt)
+        .await
+        .expect("the attempt ends soon after its container is gone")
+        .expect("it had started: an outcome, not a launch error");
+    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("removed_externally")), "{}", o.to_json());
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// `stevedore run` of a command that says `ready` and sleeps; returns once it said so.
+fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
+    let mut child = Command::new(BIN)
+        .args(["run", "--worker", w, "--image", image, "--grace", "2s", "--output"])
+        .arg(out)
+        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("ready") => break,
+            Some(_) => continue,
+            None => panic!("stevedore run ended before the container was ready"),
+        }
+    }
+    // Keep draining so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+/// The leak seen before: the container removed from outside while two SIGTERMs reach the
+/// command; stevedore's own removal found the outside one in progress and its volumes in use.
+#[tokio::test]
+async fn outside_removal_and_a_double_sigterm_leave_nothing() {
+    let Some((docker, image)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    // The two removals race differently each time; several rounds cover more of the orders.
+    for round in 0..3 {
+        let w = support::worker("rm2term");
+        let child = start_sleeper(&image, &w, &t.path().join(format!("o{round}")));
+        let (ids, volumes) = support::labelled(&docker, &w).await;
+        assert_eq!((ids.len(), volumes.len()), (1, 2), "one container and its two tmpfs volumes");
+        let removal = {
+            let docker = docker.clone();
+            let id = ids[0].clone();
+            tokio::spawn(async move {
+                let opts = RemoveContainerOptionsBuilder::default().force(true).build();
+                docker.remove_container(&id, Some(opts)).await
+            })
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
+        assert_eq!(out.status.code(), Some(143), "{}", String::from_utf8_lossy(&out.stderr));
+        let _ = removal.await.unwrap();
+        assert_eq!(support::labelled(&docker, &w).await, NOTHING, "round {round}");
+    }
+}
