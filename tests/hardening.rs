@@ -59,7 +59,7 @@ async fn the_sandbox_is_read_only_offline_unprivileged_and_limited() {
         echo uid=$(id -u) gid=$(id -g)
         echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ,)
         wget -q -T 2 -O /dev/null http://192.0.2.1/ 2>/dev/null; echo wget=$?
-        grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status | tr -d '\t' | sed 's/:/=/'
+        grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status | tr -d '\t' | sed 's/:/=/'
         echo nofile=$(ulimit -n)
         m=/sys/fs/cgroup/memory
         if [ -e $m/memory.limit_in_bytes ]; then
@@ -89,15 +89,16 @@ async fn the_sandbox_is_read_only_offline_unprivileged_and_limited() {
         assert_eq!(get(cap), "0000000000000000", "{cap}: all capabilities dropped");
     }
     assert_eq!(get("NoNewPrivs"), "1");
+    // Mode 2 is a seccomp filter; the evidence says the engine's profile applies only when it does.
+    assert_eq!(get("Seccomp") == "2", o.evidence.enforcement.contains_key("seccomp"), "{:?}", o.evidence);
     assert_eq!(get("nofile"), "4096");
     assert!(get("memory").starts_with(&format!("{} ", 96 * MIB)), "memory limit applied: {}", get("memory"));
     assert!(lines.contains(&format!("memsw={}", 96 * MIB)) || lines.contains("memsw=0"), "swap off: {lines}");
     assert_eq!(get("pids"), "77");
     let tmp_kib: u64 = get("tmpsize").parse().unwrap();
     assert!(tmp_kib * 1024 <= 96 * MIB, "/tmp ({tmp_kib} KiB) is no larger than the memory limit");
-    for item in
-        ["read_only_rootfs", "network", "capabilities", "no_new_privileges", "non_root", "pids", "memory", "tmp"]
-    {
+    let items = ["read_only_rootfs", "network", "capabilities", "no_new_privileges", "non_root", "pids", "memory"];
+    for item in items.into_iter().chain(["tmp", "nofile", "init", "log_driver", "host_mounts", "disk"]) {
         assert!(o.evidence.enforcement.contains_key(item), "{item} not in the evidence: {:?}", o.evidence.enforcement);
     }
     assert_eq!(std::fs::read_to_string(input.join("f")).unwrap(), "x");

@@ -951,7 +951,7 @@ async fn launch(
         return Err(LaunchError::CancelledBeforeStart);
     }
 
-    let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
+    let spec::Spec { body, mut enforcement, mut skipped } = spec::build(&spec::SpecInput {
         config: cfg,
         image: image_ref,
         init_argv: shared.init_argv.clone(),
@@ -961,6 +961,12 @@ async fn launch(
         applied,
         image_volumes: image.volumes.clone(),
     });
+    // stevedore leaves the engine's seccomp profile in place; the evidence says whether there is one.
+    if e.facts.security_options.iter().any(|o| o.contains("seccomp")) {
+        enforcement.insert("seccomp".into(), "the engine's default profile".into());
+    } else {
+        skipped.insert("seccomp".into(), "the engine reports no seccomp support".into());
+    }
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
     left.containers.push(name.to_owned());
     let s = shared.clone();
