@@ -116,3 +116,33 @@ async fn a_failing_build_reports_the_builders_message() {
     }
     assert!(docker.inspect_image(tag).await.is_err());
 }
+
+#[tokio::test]
+async fn concurrent_packs_of_one_tag_leave_one_image() {
+    use bollard::query_parameters::ListImagesOptionsBuilder;
+    let Some(docker) = engine().await else { return };
+    let tag = format!("stevedore-test/packed-race:{:08x}", rand::random::<u32>());
+    let marker = format!("race-{:08x}", rand::random::<u32>());
+    let mut spec = PackSpec::new("/bin/busybox", tag.as_str());
+    spec.labels.insert(TEST_LABEL.to_owned(), marker.clone());
+    let packs: Vec<_> = (0..4)
+        .map(|_| {
+            let (docker, spec) = (docker.clone(), spec.clone());
+            tokio::spawn(async move { ensure_image(&docker, &spec).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    let mut fresh = 0;
+    for p in packs {
+        let packed = p.await.unwrap().unwrap();
+        fresh += usize::from(!packed.reused);
+        ids.push(packed.id);
+    }
+    let filters = std::collections::HashMap::from([("label", vec![format!("{TEST_LABEL}={marker}")])]);
+    let images = docker.list_images(Some(ListImagesOptionsBuilder::new().all(true).filters(&filters).build())).await;
+    support::remove_image(&docker, &tag).await;
+    let images = images.unwrap();
+    assert_eq!(fresh, 1, "one pack, three reuses");
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    assert_eq!(images.len(), 1, "no untagged duplicate: {images:?}");
+}

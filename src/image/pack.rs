@@ -82,6 +82,15 @@ pub enum PackError {
         /// The directory.
         path: PathBuf,
     },
+    /// the host-wide lock that keeps two processes from packing the same tag at once failed
+    #[error("cannot lock {path}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// the build finished without naming an image
     #[error("image build of {tag} produced no image id")]
     NoImageId {
@@ -287,7 +296,12 @@ async fn pack_bundle(docker: &Docker, spec: &PackSpec, bundle: &ToolsBundle) -> 
 
 /// Reuses `spec.tag` when it already holds this exe packed the same way, else packs it
 /// (and removes the image the tag pointed to before, when stevedore had packed it).
+///
+/// Processes on one host that ensure the same tag at once (eight `stevedore run --handler`
+/// on first use) take turns on a lock file: the first packs, the others reuse its image,
+/// and no untagged duplicate is left behind.
 pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImage, PackError> {
+    let _lock = lock_tag(&spec.tag).await?;
     let bundle = ToolsBundle::prepare_default(&spec.exe)?;
     let entry = bundle.argv(APP_DIR);
     let wanted = labels_for(spec, &bundle, &entry);
@@ -323,6 +337,23 @@ pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImag
         }
     }
     Ok(packed)
+}
+
+/// Takes the host-wide lock for `tag` (released when the returned file is dropped).
+async fn lock_tag(tag: &str) -> Result<nix::fcntl::Flock<std::fs::File>, PackError> {
+    use sha2::Digest;
+    let dir = crate::container::tools::default_base().join("locks");
+    let path = dir.join(format!("pack-{:x}.lock", sha2::Sha256::digest(tag.as_bytes())));
+    let err = |path: &Path, source| PackError::Lock { path: path.to_owned(), source };
+    std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
+    let file =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| err(&path, e))?;
+    // flock blocks: wait for it off the async workers.
+    let p = path.clone();
+    tokio::task::spawn_blocking(move || nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive))
+        .await
+        .map_err(|e| err(&p, std::io::Error::other(e)))?
+        .map_err(|(_, errno)| err(&path, errno.into()))
 }
 
 /// Imports a root filesystem tar as a one-layer image with `changes` applied.
