@@ -12,7 +12,8 @@
 //! - [`sandbox`]: what runs inside the container: stevedore's init (PID 1) and the handler runner.
 //! - [`protocol`]: the wire between the host and the sandbox.
 //! - [`outputs`]: walking, hashing and safely extracting outputs.
-//! - [`image`]: packing a worker binary into a FROM scratch image without a registry.
+//! - [`image`]: packing a worker binary into a FROM scratch image without a registry, and
+//!   listing or removing the stale ones.
 //! - [`profiles`]: named configurations of the container rung, from TOML.
 //! - [`cli`]: the `stevedore` command.
 //!

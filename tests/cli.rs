@@ -216,6 +216,7 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json(&out.stdout);
     assert_eq!(v["containers_removed"], 2, "{v}");
+    assert!(v["stale_images"].is_array(), "stale worker images are listed: {v}");
     assert!(v["volumes_removed"].as_u64().unwrap() >= 1, "{v}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
     let _ = never_started;

@@ -146,3 +146,42 @@ async fn concurrent_packs_of_one_tag_leave_one_image() {
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
     assert_eq!(images.len(), 1, "no untagged duplicate: {images:?}");
 }
+
+#[tokio::test]
+async fn stale_packed_images_are_listed_and_removed_on_request() {
+    use bollard::models::ContainerCreateBody;
+    use bollard::query_parameters::RemoveContainerOptionsBuilder;
+    use stevedore::image::{remove_images, stale_images};
+    let Some(docker) = engine().await else { return };
+    let marker = format!("stale-{:08x}", rand::random::<u32>());
+    let tag = |name: &str| format!("stevedore-test/{name}:{marker}");
+    let (unused, kept, used) = (tag("unused"), tag("kept"), tag("used"));
+    for t in [&unused, &kept, &used] {
+        let mut spec = PackSpec::new("/bin/busybox", t.as_str());
+        spec.labels.insert(TEST_LABEL.to_owned(), marker.clone());
+        // Distinct images: the same content and labels would import as one id.
+        spec.labels.insert("dev.stevedore.test.name".to_owned(), t.clone());
+        stevedore::image::pack_image(&docker, &spec).await.unwrap();
+    }
+    let body = ContainerCreateBody {
+        image: Some(used.clone()),
+        cmd: Some(vec!["true".into()]),
+        labels: Some([(TEST_LABEL.to_owned(), "true".to_owned())].into()),
+        ..Default::default()
+    };
+    let container = docker.create_container(None, body).await.unwrap().id;
+
+    let only_ours = [format!("{TEST_LABEL}={marker}")];
+    let stale = stale_images(&docker, std::slice::from_ref(&kept), &only_ours).await.unwrap();
+    let tags: Vec<_> = stale.iter().flat_map(|s| s.tags.clone()).collect();
+    let removal = remove_images(&docker, &stale).await;
+    let after = stale_images(&docker, &[], &only_ours).await.unwrap();
+    docker.remove_container(&container, Some(RemoveContainerOptionsBuilder::new().force(true).build())).await.unwrap();
+    for t in [&unused, &kept, &used] {
+        support::remove_image(&docker, t).await;
+    }
+    assert_eq!(tags, [unused.clone()], "in use and kept images are not stale");
+    assert_eq!((removal.removed.len(), removal.failed.len()), (1, 0), "{removal:?}");
+    let after: Vec<_> = after.iter().flat_map(|s| s.tags.clone()).collect();
+    assert_eq!(after, [kept], "the used one is in use; the kept one is stale once not kept");
+}

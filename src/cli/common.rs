@@ -94,14 +94,20 @@ pub async fn rung(
 /// Makes sure stevedore's own worker image exists (packing this binary on first use) and
 /// returns its tag.
 pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
-    let digest = crate::container::tools::exe_digest(&exe, &rung.config().tools_dir)
-        .map_err(|e| format!("cannot read own binary: {e}"))?;
-    let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
+    let (exe, tag) = own_tag(rung)?;
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());
     ensure_image(&rung.engine().docker, &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
     Ok(tag)
+}
+
+/// This binary and the tag of its own worker image (`stevedore-worker:<digest16>`).
+pub fn own_tag(rung: &ContainerExecutor) -> Result<(std::path::PathBuf, String), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
+    let digest = crate::container::tools::exe_digest(&exe, &rung.config().tools_dir)
+        .map_err(|e| format!("cannot read own binary: {e}"))?;
+    let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
+    Ok((exe, tag))
 }
 
 /// Mints a worker ID for a command run without one.

@@ -54,9 +54,10 @@ enum Command {
     Smoke,
     /// Run one attempt of a command or handler in a fresh container
     Run(Box<run::RunArgs>),
-    /// Remove the containers and volumes a worker left behind
-    #[command(after_help = "Example:\n  stevedore reclaim --worker W\n\n\
-                            Prints a JSON summary (containers_removed, volumes_removed). Exit status: 0, or 1 on failure.")]
+    /// Remove the containers and volumes a worker left behind; list or remove stale worker images
+    #[command(after_help = "Examples:\n  stevedore reclaim --worker W\n  stevedore reclaim --images\n\n\
+                            Prints a JSON summary (containers_removed, volumes_removed, stale_images, \
+                            images_removed). Exit status: 0 when the sweep ran, 1 when it could not.")]
     Reclaim(reclaim::ReclaimArgs),
     /// Make worker images
     #[command(subcommand, override_usage = "stevedore image COMMAND", disable_help_subcommand = true)]

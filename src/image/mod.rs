@@ -1,7 +1,9 @@
 //! Worker images: packing an executable into a `FROM scratch` image through the engine.
 
 pub mod pack;
+pub mod stale;
 
 pub use pack::{
     PackError, PackSpec, PackedImage, Rootfs, build_image_from_dir_tar, ensure_image, pack_image, write_rootfs,
 };
+pub use stale::{ImageRemoval, StaleImage, remove_images, stale_images};
