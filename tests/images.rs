@@ -180,7 +180,7 @@ async fn stale_packed_images_are_listed_and_removed_on_request() {
     for t in [&unused, &kept, &used] {
         support::remove_image(&docker, t).await;
     }
-    assert_eq!(tags, [unused.clone()], "in use and kept images are not stale");
+    assert_eq!(tags, [unused], "in use and kept images are not stale");
     assert_eq!((removal.removed.len(), removal.failed.len()), (1, 0), "{removal:?}");
     let after: Vec<_> = after.iter().flat_map(|s| s.tags.clone()).collect();
     assert_eq!(after, [kept], "the used one is in use; the kept one is stale once not kept");
