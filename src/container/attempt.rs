@@ -318,6 +318,7 @@ async fn download<T: Send + 'static>(
     consume: impl FnOnce(pipe::ChannelReader) -> std::io::Result<T> + Send + 'static,
 ) -> Result<T, String> {
     let e = &shared.engine;
+    let started = std::time::Instant::now();
     let opts = DownloadFromContainerOptionsBuilder::default().path(path).build();
     let mut stream = e.docker.download_from_container(container, Some(opts));
     let (tx, reader) = pipe::reader(8);
@@ -336,7 +337,9 @@ async fn download<T: Send + 'static>(
     if tokio::time::timeout(e.timeout * 20, feed).await.is_err() {
         return Err(format!("download of {path} timed out"));
     }
-    consumer.await.map_err(|err| err.to_string())?.map_err(|err| err.to_string())
+    let consumed = consumer.await.map_err(|err| err.to_string())?.map_err(|err| err.to_string());
+    tracing::debug!(op = "download", path, ms = started.elapsed().as_secs_f64() * 1000.0, "engine call");
+    consumed
 }
 
 /// The control area's records, read from a tar with caps.
@@ -556,6 +559,7 @@ async fn run_inner(
     // container (and so its tmpfs volumes) still exists.
     let mut records = Records::default();
     let mut extract: Option<Result<outputs::ExtractReport, String>> = None;
+    // One after the other: the engine serialises archive calls on one container anyway.
     if end == End::Sentinel {
         records = download(&shared, &name, CONTROL_DIR, read_records)
             .await

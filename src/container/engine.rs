@@ -257,7 +257,11 @@ impl Engine {
         op: &'static str,
         fut: impl Future<Output = Result<T, bollard::errors::Error>>,
     ) -> Result<T, EngineError> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        let started = std::time::Instant::now();
+        let res = tokio::time::timeout(self.timeout, fut).await;
+        // Where an attempt's time goes (`STEVEDORE_LOG=stevedore=debug`).
+        tracing::debug!(op, ms = started.elapsed().as_secs_f64() * 1000.0, "engine call");
+        match res {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => Err(EngineError::Api { op, source }),
             Err(_) => Err(EngineError::Timeout { op, after: self.timeout }),
