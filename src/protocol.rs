@@ -188,6 +188,9 @@ pub struct FsSpace {
     pub total_bytes: u64,
     /// Free bytes.
     pub free_bytes: u64,
+    /// Inodes in use: 1 is an empty filesystem (its root directory alone).
+    #[serde(default)]
+    pub inodes_used: Option<u64>,
 }
 
 /// What the init writes to [`RESULT_FILE`] (atomically) before it signals the host.

@@ -275,3 +275,23 @@ async fn api_version_is_negotiated() {
     assert_eq!(parse(&f.api_version), expected, "the newest version both sides speak ({f:?}, client {client})");
     assert!(!f.engine_version.is_empty());
 }
+
+#[tokio::test]
+async fn an_empty_out_an_empty_dir_and_an_empty_file() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = support::worker("empty-out");
+    let t = tempfile::tempdir().unwrap();
+    // Nothing at all: no archive is fetched, and the outcome is the same as with one.
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("a"), "true")).await;
+    assert_eq!((o.status, o.outputs.len(), o.usage.disk_written_bytes), (Status::Ok, 0, Some(0)), "{}", o.to_json());
+    assert!(t.path().join("a").is_dir() && std::fs::read_dir(t.path().join("a")).unwrap().next().is_none());
+    // An empty directory alone is not "nothing".
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("b"), "mkdir -p /out/d/e")).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert!(t.path().join("b/d/e").is_dir());
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("c"), ": > /out/empty")).await;
+    assert_eq!(o.outputs.len(), 1, "{}", o.to_json());
+    assert_eq!((o.outputs[0].name.as_str(), o.outputs[0].size), ("empty", 0));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}

@@ -619,6 +619,7 @@ fn fs_space(path: &Path) -> Option<FsSpace> {
         total_bytes: st.blocks().saturating_mul(frag),
         // f_bavail, not f_bfree: the command is not root, the reserved blocks are not its.
         free_bytes: st.blocks_available().saturating_mul(frag),
+        inodes_used: Some(st.files().saturating_sub(st.files_free())),
     })
 }
 
