@@ -2,17 +2,16 @@
 
 mod support;
 
+use support::{BIN, start_sleeper};
+
 use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
 
 fn json(out: &[u8]) -> serde_json::Value {
     let s = String::from_utf8_lossy(out);
@@ -114,31 +113,6 @@ async fn eight_runs_at_once() {
         assert_eq!(std::fs::read_to_string(t.path().join(format!("o{i}/id"))).unwrap(), format!("job-{i}\n"));
     }
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
-}
-
-/// Starts `stevedore run` with a command that prints `ready` and then sleeps, and waits
-/// until the container said `ready`.
-fn start_sleeper(image: &str, w: &str, out: &std::path::Path) -> std::process::Child {
-    let mut child = Command::new(BIN)
-        .args(["run", "--worker", w, "--image", image, "--grace", "2s", "--output"])
-        .arg(out)
-        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("ready") => break,
-            Some(_) => continue,
-            None => panic!("stevedore run ended before the container was ready"),
-        }
-    }
-    // Keep draining so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    child
 }
 
 #[tokio::test]

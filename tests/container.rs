@@ -2,40 +2,14 @@
 
 mod support;
 
-use bollard::Docker;
+use support::{run, rung, rung_with, setup, sh as cmd};
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use stevedore::container::{ContainerConfig, ContainerExecutor};
-use stevedore::{Executor, Outcome, Request, ResourceLimits, Status};
+use stevedore::container::ContainerConfig;
+use stevedore::{Executor, Request, ResourceLimits, Status};
 use tokio_util::sync::CancellationToken;
-
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
-
-async fn setup() -> Option<(Docker, String)> {
-    let docker = support::engine().await?;
-    let image = support::busybox_image(&docker).await;
-    Some((docker, image))
-}
-
-async fn rung_with(cfg: ContainerConfig) -> ContainerExecutor {
-    let cfg = ContainerConfig { init_exe: Some(BIN.into()), ..cfg };
-    ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect")
-}
-
-async fn rung() -> ContainerExecutor {
-    rung_with(ContainerConfig::default()).await
-}
-
-fn cmd(image: &str, worker: &str, out: &Path, script: &str) -> Request {
-    let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker);
-    r.policy.image = image.to_owned();
-    r
-}
-
-async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
-    rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
-}
 
 /// (uid, gid, mode) of each path.
 fn owner_and_mode(paths: &[&Path]) -> Vec<(u32, u32, u32)> {

@@ -3,39 +3,22 @@
 
 mod support;
 
+use support::{BIN, run, sh, stdout_of};
+
 use bollard::Docker;
 use bollard::query_parameters::ListVolumesOptions;
 use std::collections::HashSet;
 use std::path::Path;
 use std::process::Command;
-use stevedore::container::{ContainerConfig, ContainerExecutor};
+use stevedore::container::ContainerExecutor;
 use stevedore::contract::limits::key;
-use stevedore::{Executor, Outcome, Request, ResourceLimits, Status};
-use tokio_util::sync::CancellationToken;
+use stevedore::{Outcome, ResourceLimits, Status};
 
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
 const MIB: u64 = 1 << 20;
 
 async fn setup() -> Option<(Docker, String, ContainerExecutor)> {
-    let docker = support::engine().await?;
-    let image = support::busybox_image(&docker).await;
-    let cfg = ContainerConfig { init_exe: Some(BIN.into()), ..Default::default() };
-    let rung = ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect");
-    Some((docker, image, rung))
-}
-
-fn sh(image: &str, worker: &str, out: &Path, script: &str) -> Request {
-    let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker);
-    r.policy.image = image.to_owned();
-    r
-}
-
-async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
-    rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
-}
-
-fn stdout_of(o: &Outcome) -> String {
-    std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().expect("stdout captured")).unwrap()
+    let (docker, image) = support::setup().await?;
+    Some((docker, image, support::rung().await))
 }
 
 /// `KEY=value` lines the script printed.

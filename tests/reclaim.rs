@@ -3,14 +3,13 @@
 
 mod support;
 
+use support::{BIN, rung_with, setup, sh as cmd, start_sleeper};
+
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -19,27 +18,8 @@ use stevedore::{Executor, LaunchError, Request, ResourceLimits, Status};
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
-
 /// Tests that time something run one at a time within this file.
 static MEASURING: Mutex<()> = Mutex::const_new(());
-
-async fn setup() -> Option<(Docker, String)> {
-    let docker = support::engine().await?;
-    let image = support::busybox_image(&docker).await;
-    Some((docker, image))
-}
-
-async fn rung_with(cfg: ContainerConfig) -> ContainerExecutor {
-    let cfg = ContainerConfig { init_exe: Some(BIN.into()), ..cfg };
-    ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect")
-}
-
-fn cmd(image: &str, worker: &str, out: &Path, script: &str) -> Request {
-    let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker);
-    r.policy.image = image.to_owned();
-    r
-}
 
 /// A live-output callback that wakes `notify` whenever stdout carries `word`.
 fn notify_on(word: &'static str, notify: Arc<Notify>) -> LiveOutput {
@@ -327,29 +307,6 @@ async fn a_container_removed_from_outside_is_killed_removed_externally() {
     assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("removed_externally")), "{}", o.to_json());
     rung.close().await;
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
-}
-
-/// `stevedore run` of a command that says `ready` and sleeps; returns once it said so.
-fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
-    let mut child = Command::new(BIN)
-        .args(["run", "--worker", w, "--image", image, "--grace", "2s", "--output"])
-        .arg(out)
-        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("ready") => break,
-            Some(_) => continue,
-            None => panic!("stevedore run ended before the container was ready"),
-        }
-    }
-    // Keep draining so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    child
 }
 
 /// The leak seen before: the container removed from outside while two SIGTERMs reach the

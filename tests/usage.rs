@@ -6,16 +6,16 @@
 
 mod support;
 
+use support::{BIN, run, stdout_of};
+
 use bollard::Docker;
 use std::path::Path;
 use stevedore::container::{ContainerConfig, ContainerExecutor};
 use stevedore::contract::limits::key;
 use stevedore::image::{PackSpec, ensure_image};
-use stevedore::{Executor, Outcome, Request, ResourceLimits, Status};
+use stevedore::{Request, ResourceLimits, Status};
 use tokio::sync::{Mutex, MutexGuard};
-use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
 const MIB: u64 = 1 << 20;
 
 /// One measuring test at a time: two cores are easily disturbed.
@@ -25,25 +25,12 @@ async fn serial() -> MutexGuard<'static, ()> {
 }
 
 async fn setup() -> Option<(Docker, String, ContainerExecutor)> {
-    let docker = support::engine().await?;
-    let image = support::busybox_image(&docker).await;
-    let cfg = ContainerConfig { init_exe: Some(BIN.into()), ..Default::default() };
-    let rung = ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect");
-    Some((docker, image, rung))
+    let (docker, image) = support::setup().await?;
+    Some((docker, image, support::rung().await))
 }
 
 fn sh(image: &str, worker: &str, out: &Path, script: &str, limits: ResourceLimits) -> Request {
-    let mut r = Request::command("job", ["sh", "-c", script], out).worker(worker).limits(limits);
-    r.policy.image = image.to_owned();
-    r
-}
-
-async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
-    rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
-}
-
-fn stdout_of(o: &Outcome) -> String {
-    std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().expect("stdout captured")).unwrap()
+    support::sh(image, worker, out, script).limits(limits)
 }
 
 fn memory(mib: u64) -> ResourceLimits {

@@ -172,3 +172,69 @@ pub async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, Vec<String
         volumes.volumes.unwrap_or_default().into_iter().map(|v| v.name).collect(),
     )
 }
+
+/// The `stevedore` binary of this build: the init injected into containers, and the command.
+pub const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
+
+/// The engine and the busybox test image, or `None` (see [`engine`]).
+pub async fn setup() -> Option<(Docker, String)> {
+    let docker = engine().await?;
+    let image = busybox_image(&docker).await;
+    Some((docker, image))
+}
+
+/// A container rung with this build's binary as the init, under a fresh incarnation.
+pub async fn rung_with(cfg: stevedore::container::ContainerConfig) -> stevedore::container::ContainerExecutor {
+    let cfg = stevedore::container::ContainerConfig { init_exe: Some(BIN.into()), ..cfg };
+    stevedore::container::ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint())
+        .await
+        .expect("connect")
+}
+
+/// A container rung with the default configuration.
+pub async fn rung() -> stevedore::container::ContainerExecutor {
+    rung_with(Default::default()).await
+}
+
+/// A request to run `sh -c script` in `image` for `worker`, outputs into `out`.
+pub fn sh(image: &str, worker: &str, out: &Path, script: &str) -> stevedore::Request {
+    let mut r = stevedore::Request::command("job", ["sh", "-c", script], out).worker(worker);
+    r.policy.image = image.to_owned();
+    r
+}
+
+/// Runs `req` to its outcome (a launch error fails the test).
+pub async fn run(rung: &stevedore::container::ContainerExecutor, req: &stevedore::Request) -> stevedore::Outcome {
+    use stevedore::Executor;
+    rung.run(req, tokio_util::sync::CancellationToken::new()).await.expect("the attempt runs")
+}
+
+/// What the attempt's command wrote to stdout (the capture file).
+pub fn stdout_of(o: &stevedore::Outcome) -> String {
+    std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().expect("stdout captured")).unwrap()
+}
+
+/// Starts `stevedore run --worker w` of a command that says `ready` on stderr and then
+/// sleeps; returns once it said so (its stderr keeps being drained).
+pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(BIN)
+        .args(["run", "--worker", w, "--image", image, "--grace", "2s", "--output"])
+        .arg(out)
+        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("ready") => break,
+            Some(_) => continue,
+            None => panic!("stevedore run ended before the container was ready"),
+        }
+    }
+    // Keep draining so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
