@@ -303,8 +303,103 @@ pub fn done_sentinel(nonce: &str) -> String {
     format!("{nonce}:done\n")
 }
 
+/// The records the init sends right after its sentinel, so the host needs no archive call
+/// for them: `<n>\n` and the init record's `n` bytes, then `<m>\n` and the handler record's
+/// `m` bytes, or `-\n` when there is none. The files stay in the control area as well.
+pub fn encode_trailer(init: &[u8], handler: Option<&[u8]>) -> Vec<u8> {
+    let mut out = format!("{}\n", init.len()).into_bytes();
+    out.extend_from_slice(init);
+    match handler {
+        Some(h) => {
+            out.extend_from_slice(format!("{}\n", h.len()).as_bytes());
+            out.extend_from_slice(h);
+        }
+        None => out.extend_from_slice(b"-\n"),
+    }
+    out
+}
+
+/// The most bytes a well-formed trailer can take.
+pub const MAX_TRAILER_BYTES: usize = 2 * (MAX_RECORD_BYTES as usize + 24);
+
+/// What the bytes after the sentinel hold so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trailer {
+    /// More bytes are needed.
+    Incomplete,
+    /// Both records (still untrusted claims: parse them with [`parse_claim`]).
+    Complete {
+        /// The init record's bytes.
+        init: Vec<u8>,
+        /// The handler record's bytes, when the handler left one.
+        handler: Option<Vec<u8>>,
+    },
+    /// Not a trailer stevedore's init writes: fall back to the control area.
+    Invalid(String),
+}
+
+/// Decodes [`encode_trailer`]'s format from the start of `buf`.
+pub fn decode_trailer(buf: &[u8]) -> Trailer {
+    /// One length line: `Ok(None)` for `-`, `Err` when malformed.
+    fn field(buf: &[u8]) -> Result<Option<(Option<usize>, usize)>, String> {
+        let Some(nl) = buf.iter().take(24).position(|&b| b == b'\n') else {
+            return if buf.len() >= 24 { Err("no length line".into()) } else { Ok(None) };
+        };
+        let line = std::str::from_utf8(&buf[..nl]).map_err(|_| "length is not text".to_owned())?;
+        if line == "-" {
+            return Ok(Some((None, nl + 1)));
+        }
+        let n: usize = line.parse().map_err(|_| format!("bad length {line:?}"))?;
+        if n as u64 > MAX_RECORD_BYTES {
+            return Err(format!("a record of {n} bytes is over the cap"));
+        }
+        Ok(Some((Some(n), nl + 1)))
+    }
+    let (init_len, at) = match field(buf) {
+        Err(why) => return Trailer::Invalid(why),
+        Ok(None) => return Trailer::Incomplete,
+        Ok(Some((None, _))) => return Trailer::Invalid("no init record".into()),
+        Ok(Some((Some(n), at))) => (n, at),
+    };
+    if buf.len() < at + init_len {
+        return Trailer::Incomplete;
+    }
+    let init = buf[at..at + init_len].to_vec();
+    let rest = &buf[at + init_len..];
+    match field(rest) {
+        Err(why) => Trailer::Invalid(why),
+        Ok(None) => Trailer::Incomplete,
+        Ok(Some((None, _))) => Trailer::Complete { init, handler: None },
+        Ok(Some((Some(m), at))) if rest.len() >= at + m => {
+            Trailer::Complete { init, handler: Some(rest[at..at + m].to_vec()) }
+        }
+        Ok(Some(_)) => Trailer::Incomplete,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn trailer_round_trips_at_every_split() {
+        for handler in [None, Some(&b"{\"h\":1}"[..]), Some(&b""[..])] {
+            let bytes = encode_trailer(br#"{"i":2}"#, handler);
+            for cut in 0..bytes.len() {
+                assert_eq!(decode_trailer(&bytes[..cut]), Trailer::Incomplete, "cut at {cut}");
+            }
+            let want = Trailer::Complete { init: br#"{"i":2}"#.to_vec(), handler: handler.map(<[u8]>::to_vec) };
+            assert_eq!(decode_trailer(&bytes), want);
+        }
+    }
+
+    #[test]
+    fn malformed_or_oversized_trailers_are_invalid() {
+        assert!(matches!(decode_trailer(b"x\n"), Trailer::Invalid(_)));
+        assert!(matches!(decode_trailer(b"-\n"), Trailer::Invalid(_)));
+        assert!(matches!(decode_trailer(b"99999999999\n"), Trailer::Invalid(_)));
+        assert!(matches!(decode_trailer(&[b'1'; 30]), Trailer::Invalid(_)));
+        assert!(matches!(decode_trailer(b"2\n{}zz\n"), Trailer::Invalid(_)));
+    }
     use super::*;
 
     #[test]

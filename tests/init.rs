@@ -7,8 +7,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use stevedore::protocol::{
-    HandlerRequest, INIT_MARKER, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE, StoppedBy, WaitStatus,
-    done_sentinel, encode_stdin_frame,
+    HandlerRequest, INIT_MARKER, InitRecord, InitSpec, PAYLOAD_FILE, REQUEST_FILE, RESULT_FILE, StoppedBy, Trailer,
+    WaitStatus, decode_trailer, done_sentinel, encode_stdin_frame,
 };
 use tempfile::TempDir;
 
@@ -107,15 +107,28 @@ impl Init {
         self.finish_output(record, status)
     }
 
+    /// `stderr` is everything up to and including the sentinel; what follows it must be the
+    /// records, the init's the same bytes as its result file.
     fn finish_output(mut self, record: InitRecord, status: ExitStatus) -> Finished {
         self.stderr.read_to_end(&mut self.stderr_seen).unwrap();
         let mut stdout = String::new();
         self.stdout.read_to_string(&mut stdout).unwrap();
+        let sentinel = done_sentinel(NONCE);
+        let seen = &self.stderr_seen;
+        let end = seen.windows(sentinel.len()).position(|w| w == sentinel.as_bytes()).map(|p| p + sentinel.len());
+        if let Some(end) = end {
+            match decode_trailer(&seen[end..]) {
+                Trailer::Complete { init, .. } => {
+                    assert_eq!(init, std::fs::read(self.control.path().join(RESULT_FILE)).unwrap());
+                }
+                other => panic!("no records after the sentinel: {other:?}"),
+            }
+        }
         Finished {
             record,
             status,
             stdout,
-            stderr: String::from_utf8_lossy(&self.stderr_seen).into_owned(),
+            stderr: String::from_utf8_lossy(&seen[..end.unwrap_or(seen.len())]).into_owned(),
             control: self.control,
         }
     }

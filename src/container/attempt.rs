@@ -533,10 +533,17 @@ async fn run_inner(
     let mut deadline_fired = false;
     let mut cancelled = false;
     let mut hard_killed = false;
+    let mut trailer = None;
     let end = loop {
         tokio::select! {
             biased;
-            r = &mut running.done_rx => break if r.unwrap_or(false) { End::Sentinel } else { End::Exited },
+            r = &mut running.done_rx => match r.ok().flatten() {
+                Some(t) => {
+                    trailer = Some(t);
+                    break End::Sentinel;
+                }
+                None => break End::Exited,
+            },
             _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() && stop_by.is_none() => {
                 deadline_fired = true;
                 signal(&shared, &name, "SIGTERM").await;
@@ -559,17 +566,25 @@ async fn run_inner(
     // container (and so its tmpfs volumes) still exists.
     let mut records = Records::default();
     let mut extract: Option<Result<outputs::ExtractReport, String>> = None;
-    // One after the other: the engine serialises archive calls on one container anyway.
+    let mut out_seen_empty = false;
     if end == End::Sentinel {
-        records = download(&shared, &name, CONTROL_DIR, read_records)
-            .await
-            .unwrap_or_else(|e| Records { init: Some(Err(format!("control area unreadable: {e}"))), handler: None });
+        records = match trailer {
+            Some(protocol::Trailer::Complete { init, handler }) => Records {
+                init: Some(protocol::parse_claim(&init[..]).map_err(|e| e.to_string())),
+                handler: handler.map(|h| protocol::parse_claim(&h[..]).map_err(|e| e.to_string())),
+            },
+            _ => download(&shared, &name, CONTROL_DIR, read_records).await.unwrap_or_else(|e| Records {
+                init: Some(Err(format!("control area unreadable: {e}"))),
+                handler: None,
+            }),
+        };
         let dest = req.output_dir.clone();
         let max = applied.disk + (1 << 20);
         // An /out holding nothing but its root needs no archive call (~70 ms). A command that
         // lies about it only loses its own outputs.
         let empty = matches!(&records.init, Some(Ok(rec))
             if rec.out_space.as_ref().and_then(|s| s.inodes_used) == Some(1));
+        out_seen_empty = empty;
         extract = Some(if empty {
             Ok(outputs::ExtractReport::default())
         } else {
@@ -743,7 +758,8 @@ async fn run_inner(
     match extracted_bytes {
         Some(b) => {
             usage.disk_written_bytes = Some(b);
-            usage.sources.insert("disk_written_bytes".into(), "archive".into());
+            let how = if out_seen_empty { "init" } else { "archive" };
+            usage.sources.insert("disk_written_bytes".into(), how.into());
         }
         None => {
             usage.sources.insert("disk_written_bytes".into(), "unavailable: /out could not be collected".into());
@@ -903,7 +919,9 @@ struct Running {
     container_id: String,
     started: Instant,
     input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
-    done_rx: tokio::sync::oneshot::Receiver<bool>,
+    /// `Some` once the init's sentinel (and what followed it) was seen, `None` when the
+    /// streams ended without it.
+    done_rx: tokio::sync::oneshot::Receiver<Option<protocol::Trailer>>,
     drain: tokio::task::JoinHandle<Drained>,
     enforcement: BTreeMap<String, String>,
     skipped: BTreeMap<String, String>,
@@ -1027,8 +1045,13 @@ async fn launch(
                     if !pass.is_empty() {
                         show_live(&mut live, &mut d.live_panicked, Stream::Stderr, &pass);
                     }
-                    if found && let Some(tx) = done_tx.take() {
-                        let _ = tx.send(true);
+                    if found && done_tx.is_some() {
+                        let trailer = protocol::decode_trailer(scanner.trailer());
+                        if trailer != protocol::Trailer::Incomplete
+                            && let Some(tx) = done_tx.take()
+                        {
+                            let _ = tx.send(Some(trailer));
+                        }
                     }
                 }
                 bollard::container::LogOutput::StdIn { .. } => {}
@@ -1037,7 +1060,10 @@ async fn launch(
         let rest = scanner.finish();
         d.stderr.write(&rest);
         if let Some(tx) = done_tx.take() {
-            let _ = tx.send(false);
+            // A sentinel whose records were cut short still ends the attempt; the records
+            // are then read from the control area.
+            let trailer = scanner.found().then(|| protocol::Trailer::Invalid("cut short".into()));
+            let _ = tx.send(trailer);
         }
         d
     });

@@ -1,6 +1,7 @@
 //! Capped capture of stdout/stderr and the scanner for the init's done sentinel.
 
 use crate::contract::LogCapture;
+use crate::protocol::MAX_TRAILER_BYTES;
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -61,25 +62,31 @@ pub struct SentinelScanner {
     needle: Vec<u8>,
     held: Vec<u8>,
     found: bool,
+    /// What followed the sentinel (the init's records), capped.
+    trailer: Vec<u8>,
 }
 
 impl SentinelScanner {
     /// Looks for `needle`.
     pub fn new(needle: &[u8]) -> Self {
-        Self { needle: needle.to_vec(), held: Vec::new(), found: false }
+        Self { needle: needle.to_vec(), held: Vec::new(), found: false, trailer: Vec::new() }
     }
 
     /// Feeds a chunk; returns the bytes that are certainly not part of the sentinel, and
-    /// whether the sentinel has now been seen (bytes after it are dropped).
+    /// whether the sentinel has now been seen (bytes after it go to [`Self::trailer`], never
+    /// to the log).
     pub fn feed(&mut self, chunk: &[u8]) -> (Vec<u8>, bool) {
         if self.found {
+            self.keep_trailer(chunk);
             return (Vec::new(), true);
         }
         self.held.extend_from_slice(chunk);
         if let Some(pos) = find(&self.held, &self.needle) {
             self.found = true;
             let out = self.held[..pos].to_vec();
+            let after = self.held.split_off(pos + self.needle.len());
             self.held.clear();
+            self.keep_trailer(&after);
             return (out, true);
         }
         // Hold back only a tail that could be the start of the sentinel, so live output
@@ -90,6 +97,21 @@ impl SentinelScanner {
             .unwrap_or(0);
         let out: Vec<u8> = self.held.drain(..self.held.len() - keep).collect();
         (out, false)
+    }
+
+    /// Whether the sentinel was seen.
+    pub fn found(&self) -> bool {
+        self.found
+    }
+
+    /// The bytes that followed the sentinel so far (at most [`MAX_TRAILER_BYTES`] + 1).
+    pub fn trailer(&self) -> &[u8] {
+        &self.trailer
+    }
+
+    fn keep_trailer(&mut self, bytes: &[u8]) {
+        let room = (MAX_TRAILER_BYTES + 1).saturating_sub(self.trailer.len());
+        self.trailer.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     /// The bytes still held back when the stream ends without a sentinel.
@@ -148,6 +170,15 @@ mod tests {
         assert_eq!(out, b"abc\n", "only a possible start of the sentinel is held back");
         out.extend(s.finish());
         assert_eq!(out, b"abc\nzz:do");
+    }
+
+    #[test]
+    fn what_follows_the_sentinel_is_the_trailer_not_the_log() {
+        let mut s = SentinelScanner::new(b"zz:done\n");
+        let (out, found) = s.feed(b"log\nzz:done\n3\n{}");
+        assert_eq!((out.as_slice(), found), (&b"log\n"[..], true));
+        assert_eq!(s.feed(b"x-\n"), (Vec::new(), true));
+        assert_eq!(s.trailer(), b"3\n{}x-\n");
     }
 
     #[test]

@@ -128,7 +128,15 @@ fn run(args: &[String]) -> Result<(), InitError> {
     };
     let json = serde_json::to_vec(&record).expect("an init record always serialises");
     write_atomic(&control, RESULT_FILE, &json).map_err(control_err(RESULT_FILE))?;
-    write_all_raw(io::stderr().as_fd(), protocol::done_sentinel(&nonce).as_bytes());
+    // The records ride behind the sentinel in one write; one byte over the cap is enough for
+    // the host to refuse a handler record as too large.
+    let handler = std::fs::File::open(control.join(protocol::HANDLER_FILE)).ok().and_then(|f| {
+        let mut buf = Vec::new();
+        io::Read::read_to_end(&mut io::Read::take(f, protocol::MAX_RECORD_BYTES + 1), &mut buf).ok().map(|_| buf)
+    });
+    let mut done = protocol::done_sentinel(&nonce).into_bytes();
+    done.extend(protocol::encode_trailer(&json, handler.as_deref()));
+    write_all_raw(io::stderr().as_fd(), &done);
     if ended.stdin_open {
         // The host downloads outputs now; SIGTERM stays blocked and is simply never read.
         wait_for_eof(stdin_fd());
