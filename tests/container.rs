@@ -269,3 +269,19 @@ async fn an_empty_out_an_empty_dir_and_an_empty_file() {
     assert_eq!((o.outputs[0].name.as_str(), o.outputs[0].size), ("empty", 0));
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
+
+#[tokio::test]
+async fn records_too_large_to_ride_the_sentinel_fall_back_to_the_control_area() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung().await;
+    let w = support::worker("trailer");
+    let t = tempfile::tempdir().unwrap();
+    // A command can write into the control area: a 300 KB "handler record" makes the init's
+    // trailer over the cap, so the host reads the init's record through the archive API.
+    let script = "head -c 300000 /dev/zero | tr '\\0' x > $STEVEDORE_CONTROL/handler.json; echo ok > /out/ok; exit 4";
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("o"), script)).await;
+    assert_eq!((o.status, o.exit_code), (Status::HandlerError, Some(4)), "{}", o.to_json());
+    assert_eq!(o.usage.sources["cpu_time_ms"], "cgroup", "the init's record was read: {}", o.to_json());
+    assert_eq!(o.outputs.len(), 1);
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
