@@ -3,12 +3,12 @@
 
 mod support;
 
+use support::BIN;
+
 use bollard::query_parameters::ListContainersOptionsBuilder;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
 
 fn outcome(out: &Output) -> serde_json::Value {
     let s = String::from_utf8_lossy(&out.stdout);

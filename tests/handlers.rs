@@ -3,53 +3,30 @@
 
 mod support;
 
-use bollard::Docker;
+use support::run;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 use stevedore::container::{ContainerConfig, ContainerExecutor};
-use stevedore::image::{PackSpec, ensure_image};
-use stevedore::{Executor, LaunchError, Outcome, Request, Status};
-use tokio::sync::OnceCell;
+use stevedore::{Executor, LaunchError, Request, Status};
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
-/// The worker image: the stevedore binary with its real handler-set fingerprint.
-const WORKER: &str = "stevedore-test/worker:latest";
 /// The same binary, but its image claims a handler set it does not have.
 const LIAR: &str = "stevedore-test/worker-liar:latest";
 const LIAR_FINGERPRINT: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 
-async fn pack(docker: &Docker, tag: &str, fingerprint: String) -> String {
-    let mut spec = PackSpec::new(BIN, tag);
-    spec.fingerprint = Some(fingerprint);
-    spec.labels.insert(support::TEST_LABEL.to_owned(), "true".to_owned());
-    ensure_image(docker, &spec).await.unwrap_or_else(|e| panic!("packing {tag}: {e}"));
-    tag.to_owned()
-}
-
-async fn worker_image(docker: &Docker) -> String {
-    static IMAGE: OnceCell<String> = OnceCell::const_new();
-    IMAGE.get_or_init(|| pack(docker, WORKER, stevedore::handlers::builtin().fingerprint())).await.clone()
-}
-
 async fn rung(image: &str) -> ContainerExecutor {
-    let cfg =
-        ContainerConfig { init_exe: Some(BIN.into()), worker_image: Some(image.to_owned()), ..Default::default() };
-    ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect")
+    support::rung_with(ContainerConfig { worker_image: Some(image.to_owned()), ..Default::default() }).await
 }
 
 fn handler(worker: &str, out: &Path, name: &str, payload: &str) -> Request {
     Request::handler("job", name, out).worker(worker).payload(payload.as_bytes().to_vec())
 }
 
-async fn run(rung: &ContainerExecutor, req: &Request) -> Outcome {
-    rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
-}
-
 #[tokio::test]
 async fn outcomes_of_every_kind_of_handler() {
     let Some(docker) = support::engine().await else { return };
-    let rung = rung(&worker_image(&docker).await).await;
+    let rung = rung(&support::worker_image(&docker).await).await;
     let w = support::worker("handlers");
     let t = tempfile::tempdir().unwrap();
     let fp = stevedore::handlers::builtin().fingerprint();
@@ -89,7 +66,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
     let actual = stevedore::handlers::builtin().fingerprint();
 
     // Seen on the image's label: a launch error, nothing created.
-    let rung_ = rung(&worker_image(&docker).await).await;
+    let rung_ = rung(&support::worker_image(&docker).await).await;
     let err = rung_
         .run(&handler(&w, &t.path().join("a"), "true", "").fingerprint(LIAR_FINGERPRINT), CancellationToken::new())
         .await
@@ -100,7 +77,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
     assert!(text.contains(LIAR_FINGERPRINT) && text.contains(&actual), "{text}");
 
     // The label lies: the sandbox checks the binary's own handler set.
-    let liar = pack(&docker, LIAR, LIAR_FINGERPRINT.to_owned()).await;
+    let liar = support::pack_worker(&docker, LIAR, LIAR_FINGERPRINT.to_owned()).await;
     let rung_ = rung(&liar).await;
     let o = run(&rung_, &handler(&w, &t.path().join("b"), "true", "").fingerprint(LIAR_FINGERPRINT)).await;
     assert_eq!((o.status, o.permanent), (Status::LaunchFailed, true), "{}", o.to_json());
@@ -111,7 +88,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
 #[tokio::test]
 async fn a_handler_that_ignores_sigterm_is_killed_after_the_grace() {
     let Some(docker) = support::engine().await else { return };
-    let rung = rung(&worker_image(&docker).await).await;
+    let rung = rung(&support::worker_image(&docker).await).await;
     let w = support::worker("ignore-term");
     let t = tempfile::tempdir().unwrap();
     let (deadline, grace) = (Duration::from_secs(2), Duration::from_secs(1));
@@ -132,26 +109,33 @@ async fn a_handler_that_ignores_sigterm_is_killed_after_the_grace() {
 }
 
 #[tokio::test]
-async fn a_cooperative_handler_is_cancelled() {
+async fn cancelling_a_handler_attempt_is_killed_cancelled() {
+    use bollard::query_parameters::EventsOptionsBuilder;
+    use futures_util::StreamExt;
     let Some(docker) = support::engine().await else { return };
-    let rung = rung(&worker_image(&docker).await).await;
+    let rung = rung(&support::worker_image(&docker).await).await;
     let w = support::worker("cancel-handler");
     let t = tempfile::tempdir().unwrap();
+    // Cancel when the engine says the attempt's container started.
+    let filters = std::collections::HashMap::from([
+        ("label", vec![format!("dev.stevedore.worker={w}")]),
+        ("event", vec!["start".to_owned()]),
+    ]);
+    let mut started = docker.events(Some(EventsOptionsBuilder::new().filters(&filters).build()));
     let token = CancellationToken::new();
     let r = handler(&w, &t.path().join("o"), "sleep", "60000");
     let run = rung.run(&r, token.clone());
     tokio::pin!(run);
-    // Cancel once the container exists: the handler then sees SIGTERM through its context.
     let o = loop {
         tokio::select! {
             o = &mut run => break o.expect("the attempt runs"),
-            () = tokio::time::sleep(Duration::from_millis(100)), if !token.is_cancelled() => {
-                if !support::labelled(&docker, &w).await.0.is_empty() {
-                    token.cancel();
-                }
+            Some(event) = started.next(), if !token.is_cancelled() => {
+                event.expect("engine events");
+                token.cancel();
             }
         }
     };
+    assert!(token.is_cancelled(), "the attempt ended before its container started: {}", o.to_json());
     assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("cancelled")), "{}", o.to_json());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }

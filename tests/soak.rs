@@ -10,12 +10,11 @@ use futures_util::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stevedore::container::{ContainerConfig, ContainerExecutor, LiveOutput, Stream};
+use stevedore::container::{ContainerConfig, LiveOutput, Stream};
 use stevedore::contract::limits::key;
 use stevedore::{Executor, Request, ResourceLimits, Status};
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
 const IN_FLIGHT: usize = 4;
 /// RSS is read once this many attempts have finished, and again at the end.
 const WARM_UP: usize = 20;
@@ -112,13 +111,12 @@ async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
         })
     };
     let cfg = ContainerConfig {
-        init_exe: Some(BIN.into()),
         max_in_flight: IN_FLIGHT,
         live_output: Some(live),
         log_dir: t.path().join("logs"),
         ..Default::default()
     };
-    let rung = ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect");
+    let rung = support::rung_with(cfg).await;
 
     std::fs::create_dir(t.path().join("out")).unwrap();
     let started = Instant::now();

@@ -6,13 +6,12 @@
 
 mod support;
 
-use support::{BIN, run, stdout_of};
+use support::{run, stdout_of};
 
 use bollard::Docker;
 use std::path::Path;
 use stevedore::container::{ContainerConfig, ContainerExecutor};
 use stevedore::contract::limits::key;
-use stevedore::image::{PackSpec, ensure_image};
 use stevedore::{Request, ResourceLimits, Status};
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -124,16 +123,8 @@ async fn peak_memory_is_the_containers_high_water_mark() {
 async fn peak_memory_of_a_handler_in_the_worker_image() {
     let Some((docker, _, _)) = setup().await else { return };
     let _serial = serial().await;
-    let mut spec = PackSpec::new(BIN, "stevedore-test/worker:latest");
-    spec.fingerprint = Some(stevedore::handlers::builtin().fingerprint());
-    spec.labels.insert(support::TEST_LABEL.to_owned(), "true".to_owned());
-    ensure_image(&docker, &spec).await.expect("worker image");
-    let cfg = ContainerConfig {
-        init_exe: Some(BIN.into()),
-        worker_image: Some("stevedore-test/worker:latest".into()),
-        ..Default::default()
-    };
-    let rung = ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint()).await.expect("connect");
+    let image = support::worker_image(&docker).await;
+    let rung = support::rung_with(ContainerConfig { worker_image: Some(image), ..Default::default() }).await;
     let w = support::worker("peak-handler");
     let t = tempfile::tempdir().unwrap();
     let r = Request::handler("job", "alloc", t.path().join("o"))

@@ -238,3 +238,24 @@ pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
     std::thread::spawn(move || for _ in lines {});
     child
 }
+
+/// Packs this build's `stevedore` binary (dynamic, `FROM scratch`) as `tag`, labelled with
+/// `fingerprint` as its handler set; reused while the binary is the same.
+pub async fn pack_worker(docker: &Docker, tag: &str, fingerprint: String) -> String {
+    let mut spec = stevedore::image::PackSpec::new(BIN, tag);
+    spec.fingerprint = Some(fingerprint);
+    spec.labels.insert(TEST_LABEL.to_owned(), "true".to_owned());
+    stevedore::image::ensure_image(docker, &spec).await.unwrap_or_else(|e| panic!("packing {tag}: {e}"));
+    tag.to_owned()
+}
+
+/// The worker image of the tests: this build's binary with its real handler-set fingerprint.
+pub async fn worker_image(docker: &Docker) -> String {
+    static IMAGE: OnceCell<String> = OnceCell::const_new();
+    IMAGE
+        .get_or_init(|| {
+            pack_worker(docker, "stevedore-test/worker:latest", stevedore::handlers::builtin().fingerprint())
+        })
+        .await
+        .clone()
+}
