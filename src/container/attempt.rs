@@ -12,7 +12,7 @@ use crate::protocol::{
     self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, InitRecord,
     InitSpec, OUT_DIR, RESULT_FILE, StoppedBy, WaitStatus,
 };
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, VolumeCreateRequest};
+use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
     KillContainerOptionsBuilder, UploadToContainerOptionsBuilder,
@@ -270,13 +270,7 @@ async fn stage_inputs(
         network_disabled: Some(true),
         host_config: Some(HostConfig {
             network_mode: Some("none".into()),
-            mounts: Some(vec![Mount {
-                typ: Some(MountType::VOLUME),
-                source: Some(volume.to_owned()),
-                target: Some(IN_DIR.to_owned()),
-                read_only: Some(false),
-                ..Default::default()
-            }]),
+            mounts: Some(vec![spec::volume_mount(volume, IN_DIR, false)]),
             log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()
         }),
@@ -304,9 +298,8 @@ async fn stage_inputs(
         source: Box::new(err),
     })?;
     up.map_err(|err| LaunchError::Staging { what: "uploading inputs".into(), source: Box::new(err) })?;
-    if e.remove_container(name).await.is_ok() {
-        left.containers.retain(|c| c != name);
-    }
+    // The helper stays in `left` and goes with the attempt's cleanup: removing it here would
+    // put an engine call in front of every attempt with inputs.
     Ok(report)
 }
 
@@ -368,15 +361,6 @@ fn read_records(r: impl std::io::Read) -> std::io::Result<Records> {
     Ok(records)
 }
 
-/// How the wait for the attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    /// The init wrote its record and said so.
-    Sentinel,
-    /// The container's streams ended without the sentinel.
-    Exited,
-}
-
 /// What the drain task kept of the streams.
 struct Drained {
     stdout: CappedLog,
@@ -401,8 +385,14 @@ fn show_live(live: &mut Option<super::config::LiveOutput>, panicked: &mut Option
     }
 }
 
-/// Runs one attempt. `Err` only when the container never started.
-pub(crate) async fn run(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
+/// Runs one attempt under the limits admission already worked out. `Err` only when the
+/// container never started.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    req: &Request,
+    applied: Applied,
+    cancel: CancellationToken,
+) -> Result<Outcome, LaunchError> {
     use tracing::Instrument;
     let span = tracing::info_span!(
         "attempt",
@@ -411,12 +401,13 @@ pub(crate) async fn run(shared: Arc<Shared>, req: &Request, cancel: Cancellation
         container = tracing::field::Empty,
         container_id = tracing::field::Empty
     );
-    run_inner(shared, req, cancel, span.clone()).instrument(span).await
+    run_inner(shared, req, applied, cancel, span.clone()).instrument(span).await
 }
 
 async fn run_inner(
     shared: Arc<Shared>,
     req: &Request,
+    applied: Applied,
     cancel: CancellationToken,
     span: tracing::Span,
 ) -> Result<Outcome, LaunchError> {
@@ -466,7 +457,6 @@ async fn run_inner(
             source: Box::new(e),
         })?;
     }
-    let applied: Applied = spec::apply_limits(&req.limits, cfg);
 
     // Environment: image ENV < profile < request < protocol.
     let protocol_env = vec![
@@ -533,17 +523,12 @@ async fn run_inner(
     let mut deadline_fired = false;
     let mut cancelled = false;
     let mut hard_killed = false;
-    let mut trailer = None;
-    let end = loop {
+    // `Some` when the init said it was done (with what followed its sentinel), `None` when
+    // the container's streams ended without it.
+    let sentinel = loop {
         tokio::select! {
             biased;
-            r = &mut running.done_rx => match r.ok().flatten() {
-                Some(t) => {
-                    trailer = Some(t);
-                    break End::Sentinel;
-                }
-                None => break End::Exited,
-            },
+            r = &mut running.done_rx => break r.ok().flatten(),
             _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() && stop_by.is_none() => {
                 deadline_fired = true;
                 signal(&shared, &name, "SIGTERM").await;
@@ -567,9 +552,9 @@ async fn run_inner(
     let mut records = Records::default();
     let mut extract: Option<Result<outputs::ExtractReport, String>> = None;
     let mut out_seen_empty = false;
-    if end == End::Sentinel {
+    if let Some(trailer) = sentinel {
         records = match trailer {
-            Some(protocol::Trailer::Complete { init, handler }) => Records {
+            protocol::Trailer::Complete { init, handler } => Records {
                 init: Some(protocol::parse_claim(&init[..]).map_err(|e| e.to_string())),
                 handler: handler.map(|h| protocol::parse_claim(&h[..]).map_err(|e| e.to_string())),
             },
@@ -582,10 +567,9 @@ async fn run_inner(
         let max = applied.disk + (1 << 20);
         // An /out holding nothing but its root needs no archive call (~70 ms). A command that
         // lies about it only loses its own outputs.
-        let empty = matches!(&records.init, Some(Ok(rec))
+        out_seen_empty = matches!(&records.init, Some(Ok(rec))
             if rec.out_space.as_ref().and_then(|s| s.inodes_used) == Some(1));
-        out_seen_empty = empty;
-        extract = Some(if empty {
+        extract = Some(if out_seen_empty {
             Ok(outputs::ExtractReport::default())
         } else {
             download(&shared, &name, OUT_DIR, move |r| outputs::extract_tar(r, "out", &dest, max)).await
@@ -981,22 +965,17 @@ async fn launch(
         return Err(LaunchError::CancelledBeforeStart);
     }
 
-    let spec::Spec { body, mut enforcement, mut skipped } = spec::build(&spec::SpecInput {
+    let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
         config: cfg,
         image: image_ref,
-        init_argv: shared.init_argv.clone(),
+        init_argv: &shared.init_argv,
         tools_host_dir: shared.tools_dir.display().to_string(),
         labels: attempt_labels.for_role("attempt"),
         volumes: &volumes,
         applied,
-        image_volumes: image.volumes.clone(),
+        image_volumes: &image.volumes,
+        engine_seccomp: e.facts.security_options.iter().any(|o| o.contains("seccomp")),
     });
-    // stevedore leaves the engine's seccomp profile in place; the evidence says whether there is one.
-    if e.facts.security_options.iter().any(|o| o.contains("seccomp")) {
-        enforcement.insert("seccomp".into(), "the engine's default profile".into());
-    } else {
-        skipped.insert("seccomp".into(), "the engine reports no seccomp support".into());
-    }
     let opts = CreateContainerOptionsBuilder::default().name(name).build();
     left.containers.push(name.to_owned());
     let s = shared.clone();

@@ -117,7 +117,7 @@ impl ContainerExecutor {
         if self.closed.load(Ordering::SeqCst) {
             return Err(LaunchError::Closed(name));
         }
-        attempt::run(self.shared.clone(), req, cancel.clone()).await
+        attempt::run(self.shared.clone(), req, applied, cancel.clone()).await
     }
 }
 

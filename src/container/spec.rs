@@ -76,7 +76,7 @@ pub struct SpecInput<'a> {
     /// The image reference.
     pub image: &'a str,
     /// The argv that runs stevedore's init from [`TOOLS_DIR`] (without the marker).
-    pub init_argv: Vec<String>,
+    pub init_argv: &'a [String],
     /// Host dir of the tools bundle (bind-mounted read-only).
     pub tools_host_dir: String,
     /// Labels.
@@ -86,7 +86,9 @@ pub struct SpecInput<'a> {
     /// The applied limits.
     pub applied: &'a Applied,
     /// `VOLUME`s the image declares.
-    pub image_volumes: Vec<String>,
+    pub image_volumes: &'a [String],
+    /// Whether the engine applies its seccomp profile (stevedore leaves it in place).
+    pub engine_seccomp: bool,
 }
 
 /// The spec, and what enforcement it applies or skips (item → how / why).
@@ -100,7 +102,7 @@ pub struct Spec {
     pub skipped: BTreeMap<String, String>,
 }
 
-fn volume_mount(source: &str, target: &str, read_only: bool) -> Mount {
+pub(crate) fn volume_mount(source: &str, target: &str, read_only: bool) -> Mount {
     Mount {
         typ: Some(MountType::VOLUME),
         source: Some(source.to_owned()),
@@ -155,7 +157,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
     let ours = [TOOLS_DIR, IN_DIR, OUT_DIR, CONTROL_DIR, TMP_DIR, "/.stevedore"];
     let mut masked = Vec::new();
-    for v in &input.image_volumes {
+    for v in input.image_volumes {
         if !covered(v, &ours) {
             mounts.push(tmpfs_mount(v, 1 << 20, 0o755, true));
             masked.push(v.clone());
@@ -248,6 +250,11 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     if let Some(r) = &cfg.runtime {
         put(&mut enforcement, "runtime", r.clone());
     }
+    if input.engine_seccomp {
+        put(&mut enforcement, "seccomp", "the engine's default profile".into());
+    } else {
+        put(&mut skipped, "seccomp", "the engine reports no seccomp support".into());
+    }
     let mut exposed = Vec::new();
     if !cfg.ports.is_empty() {
         let mut map = HashMap::new();
@@ -265,7 +272,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         host.port_bindings = Some(map);
     }
 
-    let mut entrypoint = input.init_argv.clone();
+    let mut entrypoint = input.init_argv.to_vec();
     entrypoint.push(INIT_MARKER.to_owned());
     entrypoint.push(CONTROL_DIR.to_owned());
     let body = ContainerCreateBody {
@@ -315,17 +322,34 @@ mod tests {
     use super::*;
     use crate::container::config::Ceilings;
 
+    /// Owned strings that live as long as the test process (a test input borrows them).
+    fn leak(items: &[&str]) -> &'static [String] {
+        Box::leak(items.iter().map(|s| s.to_string()).collect())
+    }
+
     fn input<'a>(cfg: &'a ContainerConfig, vols: &'a Volumes, applied: &'a Applied) -> SpecInput<'a> {
         SpecInput {
             config: cfg,
             image: "img:1",
-            init_argv: vec!["/.stevedore/tools/stevedore".into()],
+            init_argv: leak(&["/.stevedore/tools/stevedore"]),
             tools_host_dir: "/tmp/tools".into(),
             labels: HashMap::from([("dev.stevedore.managed".into(), "true".into())]),
             volumes: vols,
             applied,
-            image_volumes: vec!["/data".into(), "/out".into()],
+            image_volumes: leak(&["/data", "/out"]),
+            engine_seccomp: true,
         }
+    }
+
+    #[test]
+    fn seccomp_is_evidence_of_what_the_engine_applies() {
+        let cfg = ContainerConfig::default();
+        let applied = apply_limits(&ResourceLimits::new(), &cfg);
+        let vols = Volumes { input: None, output: "o".into(), control: "c".into() };
+        let with = build(&input(&cfg, &vols, &applied));
+        assert!(with.enforcement.contains_key("seccomp") && !with.skipped.contains_key("seccomp"));
+        let without = build(&SpecInput { engine_seccomp: false, ..input(&cfg, &vols, &applied) });
+        assert!(without.skipped.contains_key("seccomp") && !without.enforcement.contains_key("seccomp"));
     }
 
     #[test]
