@@ -35,8 +35,28 @@ pub(crate) struct Shared {
     pub tools_dir: PathBuf,
     pub init_argv: Vec<String>,
     pub incarnation: String,
-    pub in_flight: Mutex<HashSet<String>>,
+    in_flight: Mutex<HashSet<String>>,
     pub tracker: TaskTracker,
+}
+
+impl Shared {
+    /// The rung's shared state, with no attempt in flight yet.
+    pub fn new(
+        engine: Engine,
+        config: ContainerConfig,
+        tools_dir: PathBuf,
+        init_argv: Vec<String>,
+        incarnation: String,
+    ) -> Self {
+        let in_flight = Mutex::default();
+        Self { engine, config, tools_dir, init_argv, incarnation, in_flight, tracker: TaskTracker::new() }
+    }
+
+    /// The attempt ids in flight. Never panics: a poisoned lock still holds a valid set (a
+    /// Drop backstop and reclaim must work after a panic elsewhere).
+    pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -131,7 +151,7 @@ async fn remove_all(shared: &Shared, left: &mut Leftovers) -> Removed {
 
 fn forget_in_flight(shared: &Shared, attempt_id: &str) {
     // Never panics: a poisoned set is still a set.
-    shared.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(attempt_id);
+    shared.in_flight().remove(attempt_id);
 }
 
 impl Cleanup {
@@ -477,7 +497,7 @@ async fn run_inner(
         ("protocol", protocol_env),
     ]);
 
-    shared.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(attempt_id.clone());
+    shared.in_flight().insert(attempt_id.clone());
     let mut cleanup =
         Cleanup { shared: shared.clone(), attempt_id: attempt_id.clone(), left: Leftovers::default(), done: false };
     let owner = Owner { worker: &req.worker_id, incarnation: &shared.incarnation, executor: &cfg.name };
@@ -679,10 +699,7 @@ async fn run_inner(
                 _ => Exit::Unknown,
             };
             if ev.engine_oom_killed == Some(true) {
-                facts.oom_kills = 1;
-                ev.oom_kills = Some(1);
-                usage.sources.insert("oom_kills".into(), "engine".into());
-                ev.notes.push("oom_kills from the engine's State.OOMKilled: the init left no record".into());
+                oom_from_engine(&mut ev, &mut facts, &mut usage, "the init left no record");
             }
             usage.wall_time_ms = Some(host_wall.as_millis() as u64);
             usage.sources.insert("wall_time_ms".into(), "host_clock".into());
@@ -883,11 +900,18 @@ fn apply_counters(
             let why = c.missing.get("oom_kills").cloned().unwrap_or_else(|| "refused".into());
             usage.sources.insert("oom_kills".into(), format!("unavailable: {why}"));
             if ev.engine_oom_killed == Some(true) {
-                ev.oom_kills = Some(1);
-                facts.oom_kills = 1;
+                oom_from_engine(ev, facts, usage, &format!("no cgroup count ({why})"));
             }
         }
     }
+}
+
+/// Without the kernel's count, the engine's `State.OOMKilled` says at least one OOM kill.
+fn oom_from_engine(ev: &mut Evidence, facts: &mut Facts, usage: &mut Usage, why: &str) {
+    ev.oom_kills = Some(1);
+    facts.oom_kills = 1;
+    usage.sources.insert("oom_kills".into(), "engine".into());
+    ev.notes.push(format!("oom_kills from the engine's State.OOMKilled: {why}"));
 }
 
 async fn signal(shared: &Shared, name: &str, sig: &str) {

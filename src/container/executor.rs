@@ -5,11 +5,10 @@ use super::config::ContainerConfig;
 use super::engine::Engine;
 use super::tools::ToolsBundle;
 use crate::contract::{BoxFuture, Executor, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Runs each attempt in a fresh container on a Docker Engine.
 #[derive(Debug, Clone)]
@@ -40,15 +39,13 @@ impl ContainerExecutor {
         let budget = (engine.facts.mem_total_bytes / (1 << 20)) * 8 / 10;
         let memory_budget_mib =
             u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
-        let shared = Shared {
+        let shared = Shared::new(
             engine,
-            tools_dir: bundle.host_dir().to_path_buf(),
-            init_argv: bundle.argv(crate::protocol::TOOLS_DIR),
-            incarnation: incarnation.into(),
-            in_flight: Mutex::new(Default::default()),
-            tracker: TaskTracker::new(),
             config,
-        };
+            bundle.host_dir().to_path_buf(),
+            bundle.argv(crate::protocol::TOOLS_DIR),
+            incarnation.into(),
+        );
         Ok(Self {
             slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))),
             memory_mib: Arc::new(Semaphore::new(memory_budget_mib as usize)),

@@ -14,14 +14,13 @@ pub struct CappedLog {
     cap: u64,
     kept: u64,
     total: u64,
-    error: Option<String>,
 }
 
 impl CappedLog {
     /// Creates (truncates) the file at `path`.
     pub fn create(path: &Path, cap: u64) -> io::Result<Self> {
         let file = File::create(path)?;
-        Ok(Self { file: Some(file), path: path.to_path_buf(), cap, kept: 0, total: 0, error: None })
+        Ok(Self { file: Some(file), path: path.to_path_buf(), cap, kept: 0, total: 0 })
     }
 
     /// Appends what fits under the cap; counts all of it. A write error stops keeping,
@@ -36,10 +35,7 @@ impl CappedLog {
         if let Some(f) = &mut self.file {
             match f.write_all(part) {
                 Ok(()) => self.kept += part.len() as u64,
-                Err(e) => {
-                    self.error = Some(e.to_string());
-                    self.file = None;
-                }
+                Err(_) => self.file = None,
             }
         }
     }
@@ -47,11 +43,6 @@ impl CappedLog {
     /// What was captured.
     pub fn capture(&self) -> LogCapture {
         LogCapture { path: Some(self.path.display().to_string()), bytes: self.total, truncated: self.kept < self.total }
-    }
-
-    /// Bytes counted so far.
-    pub fn total(&self) -> u64 {
-        self.total
     }
 }
 

@@ -43,7 +43,7 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
     }
     let e = &shared.engine;
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
-    let in_flight: std::collections::HashSet<String> = shared.in_flight.lock().expect("in-flight set").clone();
+    let in_flight: std::collections::HashSet<String> = shared.in_flight().clone();
     let mine = |l: &std::collections::HashMap<String, String>| {
         l.get(labels::INCARNATION).map(String::as_str) == Some(shared.incarnation.as_str())
             && l.get(labels::ATTEMPT_ID).is_some_and(|a| in_flight.contains(a))
