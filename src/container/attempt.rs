@@ -22,7 +22,7 @@ use rand::Rng;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -57,10 +57,6 @@ impl Shared {
     pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -433,7 +429,7 @@ async fn run_inner(
 ) -> Result<Outcome, LaunchError> {
     req.validate()?;
     let cfg = &shared.config;
-    let started_ms = unix_ms();
+    let started_ms = crate::contract::unix_ms_now();
     let attempt_id = random_hex(6);
     let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
     span.record("container", name.as_str());
@@ -622,7 +618,7 @@ async fn run_inner(
         worker: req.worker_id.clone(),
         incarnation: shared.incarnation.clone(),
         started_at_unix_ms: Some(started_ms),
-        finished_at_unix_ms: Some(unix_ms()),
+        finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
         container_id: Some(running.container_id.clone()),
         image: Some(image_ref.clone()),
         image_id: Some(image.id.clone()),

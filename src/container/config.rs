@@ -144,7 +144,7 @@ impl Default for ContainerConfig {
             runtime: None,
             endpoint: None,
             init_exe: None,
-            tools_dir: tmp.join("stevedore-tools"),
+            tools_dir: super::tools::default_base(),
             log_dir: tmp.join("stevedore-logs"),
             worker_image: None,
             user: "65532:65532".into(),

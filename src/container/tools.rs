@@ -14,10 +14,9 @@
 //! immutable once renamed into place, so concurrent workers share them safely.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -125,17 +124,8 @@ pub fn default_base() -> PathBuf {
 
 /// The sha256 of a file, as 64 lowercase hex digits.
 pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut file = fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
+    let hashed = crate::outputs::hash_reader(fs::File::open(path)?, 0)?;
+    Ok(hashed.hash.trim_start_matches("sha256:").to_owned())
 }
 
 /// The sha256 of `exe` (64 lowercase hex digits), remembered under `base` by the file's
@@ -166,14 +156,6 @@ pub fn exe_digest(exe: &Path, base: &Path) -> Result<String, ToolsError> {
         let _ = fs::remove_file(&tmp);
     }
     Ok(digest)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// What `ldd` says about an executable.
@@ -492,13 +474,7 @@ impl ToolsBundle {
                     let path = self.dir.join(&rel);
                     let file = fs::File::open(&path).map_err(io_err("open", &path))?;
                     let len = file.metadata().map_err(io_err("inspect", &path))?.len();
-                    let mut header = tar::Header::new_gnu();
-                    header.set_entry_type(tar::EntryType::Regular);
-                    header.set_size(len);
-                    header.set_mode(mode);
-                    header.set_uid(0);
-                    header.set_gid(0);
-                    header.set_mtime(0);
+                    let mut header = root_header(tar::EntryType::Regular, len, mode);
                     tar.append_data(&mut header, at(&rel), file).map_err(tar_err)?;
                 }
             }
@@ -515,28 +491,26 @@ impl ToolsBundle {
     }
 }
 
-/// Appends a 0755 root-owned dir entry (`path` ends with `/`).
-pub(crate) fn append_dir<W: Write>(tar: &mut tar::Builder<W>, path: &str) -> io::Result<()> {
+/// A header owned by root with a zero mtime, so that the same files make the same tar.
+fn root_header(kind: tar::EntryType, size: u64, mode: u32) -> tar::Header {
     let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Directory);
-    header.set_size(0);
-    header.set_mode(DIR_MODE);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(0);
-    tar.append_data(&mut header, path, io::empty())
-}
-
-/// Appends a root-owned regular file held in memory.
-pub(crate) fn append_bytes<W: Write>(tar: &mut tar::Builder<W>, path: &str, mode: u32, data: &[u8]) -> io::Result<()> {
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_size(data.len() as u64);
+    header.set_entry_type(kind);
+    header.set_size(size);
     header.set_mode(mode);
     header.set_uid(0);
     header.set_gid(0);
     header.set_mtime(0);
-    tar.append_data(&mut header, path, data)
+    header
+}
+
+/// Appends a 0755 root-owned dir entry (`path` ends with `/`).
+pub(crate) fn append_dir<W: Write>(tar: &mut tar::Builder<W>, path: &str) -> io::Result<()> {
+    tar.append_data(&mut root_header(tar::EntryType::Directory, 0, DIR_MODE), path, io::empty())
+}
+
+/// Appends a root-owned regular file held in memory.
+pub(crate) fn append_bytes<W: Write>(tar: &mut tar::Builder<W>, path: &str, mode: u32, data: &[u8]) -> io::Result<()> {
+    tar.append_data(&mut root_header(tar::EntryType::Regular, data.len() as u64, mode), path, data)
 }
 
 #[cfg(test)]

@@ -31,6 +31,12 @@ pub struct Outcome {
     pub cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
+/// Now, as milliseconds since the Unix epoch (the unit of the evidence's timestamps).
+pub fn unix_ms_now() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl Outcome {
     /// An outcome with `status` and nothing else known yet.
     pub fn new(status: Status) -> Self {

@@ -71,8 +71,6 @@ pub mod reason {
     pub const UNKNOWN_HANDLER: &str = "unknown_handler";
     /// The image's handler set differs from the one the caller expects.
     pub const FINGERPRINT_MISMATCH: &str = "fingerprint_mismatch";
-    /// The command could not be executed (not found, not executable).
-    pub const EXEC_FAILED: &str = "exec_failed";
     /// The sandbox's own init died, so the attempt has no record from inside.
     pub const INIT_LOST: &str = "init_lost";
 }

@@ -2,7 +2,6 @@
 //! own tests.
 
 use super::{HandlerContext, HandlerError, Handlers};
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -104,12 +103,11 @@ async fn write(path: &Path, bytes: &[u8]) -> Result<(), HandlerError> {
 
 async fn sha256_file(path: PathBuf) -> Result<String, HandlerError> {
     tokio::task::spawn_blocking(move || {
-        let mut file =
+        let file =
             std::fs::File::open(&path).map_err(|e| HandlerError::context(format!("opening {}", path.display()), e))?;
-        let mut h = Sha256::new();
-        std::io::copy(&mut file, &mut h)
-            .map_err(|e| HandlerError::context(format!("reading {}", path.display()), e))?;
-        Ok(format!("sha256:{:x}", h.finalize()))
+        crate::outputs::hash_reader(file, 0)
+            .map(|h| h.hash)
+            .map_err(|e| HandlerError::context(format!("reading {}", path.display()), e))
     })
     .await?
 }

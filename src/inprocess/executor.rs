@@ -9,7 +9,7 @@ use crate::outputs::{self, Caps, WalkReport};
 use crate::protocol::MAX_ERROR_TEXT;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -184,7 +184,7 @@ impl InProcessExecutor {
         ev.level = Some(Level::None);
         ev.worker = request.worker_id.clone();
         ev.incarnation = self.incarnation.clone();
-        ev.started_at_unix_ms = Some(unix_ms());
+        ev.started_at_unix_ms = Some(crate::contract::unix_ms_now());
         for (key, amount) in &request.limits.0 {
             if *amount > 0 {
                 ev.skipped.insert(format!("limit.{key}"), "the in-process rung enforces no limits".into());
@@ -302,11 +302,7 @@ fn record_outputs(o: &mut Outcome, walked: Option<Result<WalkReport, String>>, s
 fn finish(o: &mut Outcome, start: Instant) {
     o.usage.wall_time_ms = Some(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
     o.usage.sources.insert("wall_time_ms".into(), "host_clock".into());
-    o.evidence.finished_at_unix_ms = Some(unix_ms());
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    o.evidence.finished_at_unix_ms = Some(crate::contract::unix_ms_now());
 }
 
 impl Executor for InProcessExecutor {
