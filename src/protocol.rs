@@ -232,12 +232,19 @@ pub enum ClaimError {
 
 /// Reads at most [`MAX_RECORD_BYTES`] from `r` and parses it strictly.
 pub fn parse_claim<T: DeserializeOwned>(r: impl Read) -> Result<T, ClaimError> {
-    let mut buf = Vec::new();
-    r.take(MAX_RECORD_BYTES + 1).read_to_end(&mut buf).map_err(ClaimError::Io)?;
+    let buf = read_capped(r, MAX_RECORD_BYTES).map_err(ClaimError::Io)?;
     if buf.len() as u64 > MAX_RECORD_BYTES {
         return Err(ClaimError::TooLarge(MAX_RECORD_BYTES));
     }
     serde_json::from_slice(&buf).map_err(ClaimError::Invalid)
+}
+
+/// Reads at most `max + 1` bytes: enough for the reader to tell "over the cap" without
+/// reading an untrusted file whole.
+pub fn read_capped(r: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    r.take(max.saturating_add(1)).read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// Encodes the stdin frame the host sends to the init.

@@ -10,7 +10,7 @@ use crate::protocol::{
     self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, OUT_DIR,
     PAYLOAD_FILE, REQUEST_FILE, parse_claim,
 };
-use std::io::{self, Read};
+use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -165,8 +165,7 @@ fn read_payload(path: &Path) -> Result<Vec<u8>, Verdict> {
             return Err(Verdict::launch_failed(format!("reading {}: {e}", path.display()), false));
         }
         Ok(f) => {
-            f.take(max as u64 + 1)
-                .read_to_end(&mut payload)
+            payload = protocol::read_capped(f, max as u64)
                 .map_err(|e| Verdict::launch_failed(format!("reading {}: {e}", path.display()), false))?;
         }
     }

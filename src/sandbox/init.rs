@@ -130,10 +130,9 @@ fn run(args: &[String]) -> Result<(), InitError> {
     write_atomic(&control, RESULT_FILE, &json).map_err(control_err(RESULT_FILE))?;
     // The records ride behind the sentinel in one write; one byte over the cap is enough for
     // the host to refuse a handler record as too large.
-    let handler = std::fs::File::open(control.join(protocol::HANDLER_FILE)).ok().and_then(|f| {
-        let mut buf = Vec::new();
-        io::Read::read_to_end(&mut io::Read::take(f, protocol::MAX_RECORD_BYTES + 1), &mut buf).ok().map(|_| buf)
-    });
+    let handler = std::fs::File::open(control.join(protocol::HANDLER_FILE))
+        .ok()
+        .and_then(|f| protocol::read_capped(f, protocol::MAX_RECORD_BYTES).ok());
     let mut done = protocol::done_sentinel(&nonce).into_bytes();
     done.extend(protocol::encode_trailer(&json, handler.as_deref()));
     write_all_raw(io::stderr().as_fd(), &done);
