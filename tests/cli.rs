@@ -4,10 +4,8 @@ mod support;
 
 use support::{BIN, start_sleeper};
 
-use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
-use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder,
-};
+use bollard::models::VolumeCreateRequest;
+use bollard::query_parameters::{RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -90,8 +88,7 @@ async fn run_a_builtin_handler() {
 
 #[tokio::test]
 async fn eight_runs_at_once() {
-    let Some(docker) = support::engine().await else { return };
-    let image = support::busybox_image(&docker).await;
+    let Some((docker, image)) = support::setup().await else { return };
     let w = support::worker("eight");
     let t = tempfile::tempdir().unwrap();
     let children: Vec<_> = (0..8)
@@ -117,8 +114,7 @@ async fn eight_runs_at_once() {
 
 #[tokio::test]
 async fn sigterm_cancels_cleans_up_and_exits_143() {
-    let Some(docker) = support::engine().await else { return };
-    let image = support::busybox_image(&docker).await;
+    let Some((docker, image)) = support::setup().await else { return };
     let w = support::worker("sigterm");
     let t = tempfile::tempdir().unwrap();
     let child = start_sleeper(&image, &w, &t.path().join("o"));
@@ -133,8 +129,7 @@ async fn sigterm_cancels_cleans_up_and_exits_143() {
 
 #[tokio::test]
 async fn dead_man_switch_and_reclaim_after_a_crash() {
-    let Some(docker) = support::engine().await else { return };
-    let image = support::busybox_image(&docker).await;
+    let Some((docker, image)) = support::setup().await else { return };
     let w = support::worker("crash");
     let w2 = support::worker("other");
     let t = tempfile::tempdir().unwrap();
@@ -147,40 +142,19 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     let mut wait =
         docker.wait_container(&ids[0], Some(WaitContainerOptionsBuilder::default().condition("not-running").build()));
     let waited = tokio::time::timeout(Duration::from_secs(15), wait.next()).await;
-    assert!(waited.is_ok(), "the container kept running without its stevedore");
+    let running = docker.inspect_container(&ids[0], None).await.unwrap().state.and_then(|s| s.running);
+    assert!(waited.is_ok() && running == Some(false), "the container kept running without its stevedore");
 
     // More leftovers of W, and objects that must survive.
-    let mk = |name: String, labels: HashMap<String, String>| {
-        let docker = docker.clone();
-        let image = image.clone();
-        async move {
-            let body = ContainerCreateBody {
-                image: Some(image),
-                cmd: Some(vec!["true".into()]),
-                labels: Some(labels),
-                ..Default::default()
-            };
-            docker
-                .create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body)
-                .await
-                .unwrap();
-            name
-        }
-    };
-    let lab = |worker: &str| {
-        HashMap::from([
-            ("dev.stevedore.managed".to_owned(), "true".to_owned()),
-            ("dev.stevedore.worker".to_owned(), worker.to_owned()),
-        ])
-    };
-    let never_started = mk(format!("{w}-created"), lab(&w)).await;
-    let other = mk(format!("{w2}-keep"), lab(&w2)).await;
+    let mk = |name: String, labels| support::create_named(&docker, &image, name, labels, &["true"]);
+    let never_started = mk(format!("{w}-created"), support::worker_labels(&w)).await;
+    let other = mk(format!("{w2}-keep"), support::worker_labels(&w2)).await;
     let unlabelled =
         mk(format!("{w}-unlabelled"), HashMap::from([(support::TEST_LABEL.to_owned(), "true".to_owned())])).await;
     docker
         .create_volume(VolumeCreateRequest {
             name: Some(format!("{w}-vol")),
-            labels: Some(lab(&w)),
+            labels: Some(support::worker_labels(&w)),
             ..Default::default()
         })
         .await
@@ -193,7 +167,7 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     assert!(v["stale_images"].is_array(), "stale worker images are listed: {v}");
     assert!(v["volumes_removed"].as_u64().unwrap() >= 1, "{v}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
-    let _ = never_started;
+    assert!(docker.inspect_container(&never_started, None).await.is_err(), "the never-started leftover was reclaimed");
     for keep in [&other, &unlabelled] {
         assert!(docker.inspect_container(keep, None).await.is_ok(), "{keep} must survive");
         docker

@@ -54,7 +54,7 @@ async fn ok_with_outputs_hashed_and_owned_by_the_caller() {
     assert_eq!(o.outputs[3].content_type, "application/json");
     assert_eq!(o.evidence.logs.stdout.bytes, 5);
     assert!(!o.evidence.logs.stdout.truncated);
-    assert_eq!(std::fs::read(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap(), b"done\n");
+    assert_eq!(support::stdout_of(&o), "done\n");
     assert_eq!(o.evidence.worker, w);
     assert!(o.evidence.container_id.is_some());
     assert_eq!(o.usage.disk_written_bytes, Some(6 + 100_000 + 2 + 1 + 1));
@@ -173,7 +173,7 @@ async fn inputs_from_a_private_root_dir_stay_untouched() {
     let o = run(&rung, &r).await;
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     assert_eq!(std::fs::read(t.path().join("o/copy")).unwrap(), b"payload-123");
-    let stdout = std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap();
+    let stdout = support::stdout_of(&o);
     assert!(!stdout.contains("WROTE"), "/in is read-only");
     assert_eq!(stdout.trim(), "65532", "runs as the non-root sandbox user");
     let after = owner_and_mode(&[&input, &input.join("d/data.txt")]);
@@ -224,8 +224,7 @@ async fn bad_requests_create_nothing() {
         let err = rung.run(&r, CancellationToken::new()).await.expect_err("rejected");
         assert!(err.is_permanent(), "{err}");
     }
-    let mut r = cmd("stevedore-test/no-such-image:1", &w, &t.path().join("o"), "true");
-    r.policy.image = "stevedore-test/no-such-image:1".into();
+    let r = cmd("stevedore-test/no-such-image:1", &w, &t.path().join("o"), "true");
     let err = rung.run(&r, CancellationToken::new()).await.expect_err("unknown image");
     assert!(matches!(err, stevedore::LaunchError::ImageUnavailable { .. }), "{err}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing created for rejected requests");

@@ -117,10 +117,8 @@ async fn cancelling_a_handler_attempt_is_killed_cancelled() {
     let w = support::worker("cancel-handler");
     let t = tempfile::tempdir().unwrap();
     // Cancel when the engine says the attempt's container started.
-    let filters = std::collections::HashMap::from([
-        ("label", vec![format!("dev.stevedore.worker={w}")]),
-        ("event", vec!["start".to_owned()]),
-    ]);
+    let mut filters = stevedore::container::labels::worker_filter(&w);
+    filters.insert("event".into(), vec!["start".to_owned()]);
     let mut started = docker.events(Some(EventsOptionsBuilder::new().filters(&filters).build()));
     let token = CancellationToken::new();
     let r = handler(&w, &t.path().join("o"), "sleep", "60000");

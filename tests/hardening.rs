@@ -5,21 +5,14 @@ mod support;
 
 use support::{BIN, run, sh, stdout_of};
 
-use bollard::Docker;
 use bollard::query_parameters::ListVolumesOptions;
 use std::collections::HashSet;
 use std::path::Path;
 use std::process::Command;
-use stevedore::container::ContainerExecutor;
 use stevedore::contract::limits::key;
 use stevedore::{Outcome, ResourceLimits, Status};
 
 const MIB: u64 = 1 << 20;
-
-async fn setup() -> Option<(Docker, String, ContainerExecutor)> {
-    let (docker, image) = support::setup().await?;
-    Some((docker, image, support::rung().await))
-}
 
 /// `KEY=value` lines the script printed.
 fn facts(o: &Outcome) -> std::collections::BTreeMap<String, String> {
@@ -28,7 +21,7 @@ fn facts(o: &Outcome) -> std::collections::BTreeMap<String, String> {
 
 #[tokio::test]
 async fn the_sandbox_is_read_only_offline_unprivileged_and_limited() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let w = support::worker("hardening");
     let t = tempfile::tempdir().unwrap();
     let input = t.path().join("in");
@@ -90,7 +83,7 @@ async fn the_sandbox_is_read_only_offline_unprivileged_and_limited() {
 
 #[tokio::test]
 async fn a_fork_bomb_is_contained_by_the_pids_limit() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let w = support::worker("forkbomb");
     let t = tempfile::tempdir().unwrap();
     // Every bomb process forks copies of itself for as long as it can; the main shell uses
@@ -119,8 +112,7 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
 
 #[tokio::test]
 async fn environment_layers_and_the_hosts_environment() {
-    let Some(docker) = support::engine().await else { return };
-    let image = support::busybox_image(&docker).await;
+    let Some((docker, image)) = support::setup().await else { return };
     let w = support::worker("env");
     let t = tempfile::tempdir().unwrap();
     // Through the command, so the host variable is in the real process environment of stevedore.
@@ -145,7 +137,7 @@ async fn environment_layers_and_the_hosts_environment() {
 
 #[tokio::test]
 async fn the_disk_limit_stops_writes_at_the_limit() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let w = support::worker("disk");
     let t = tempfile::tempdir().unwrap();
     let before = free_bytes(t.path());
@@ -175,7 +167,7 @@ fn free_bytes(path: &Path) -> u64 {
 
 #[tokio::test]
 async fn an_images_volumes_leave_nothing_behind() {
-    let Some((docker, base, rung)) = setup().await else { return };
+    let Some((docker, base, rung)) = support::setup_with_rung().await else { return };
     let tag = format!("stevedore-test/with-volume:{:08x}", rand::random::<u32>());
     let dockerfile = format!("FROM {base}\nVOLUME /data\nVOLUME /cache\nLABEL {}=true\n", support::TEST_LABEL);
     let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]);

@@ -12,7 +12,7 @@ async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
     let Some(docker) = engine().await else { return };
     let tag = "stevedore-test/packed-dynamic:latest";
     support::remove_image(&docker, tag).await;
-    let mut spec = PackSpec::new(env!("CARGO_BIN_EXE_stevedore"), tag);
+    let mut spec = PackSpec::new(support::BIN, tag);
     spec.fingerprint = Some("test-fingerprint".to_owned());
     spec.labels.insert(TEST_LABEL.to_owned(), "true".to_owned());
     let tricky = r#"a "quoted" \ $HOME=x"#;
@@ -77,7 +77,7 @@ async fn packed_static_busybox_has_the_non_root_user() {
     // As with `docker run IMAGE ARGV`, a plain command runs after the image's ENTRYPOINT.
     let w = support::worker("entrypoint");
     let t = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stevedore"))
+    let out = std::process::Command::new(support::BIN)
         .args(["run", "--quiet", "--worker", &w, "--image", tag, "--output"])
         .arg(t.path().join("o"))
         .args(["--", "sh", "-c", "echo via-entrypoint > /out/x"])

@@ -5,11 +5,9 @@ mod support;
 
 use support::{BIN, rung_with, setup, sh as cmd, start_sleeper};
 
-use bollard::Docker;
-use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
-use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
+use bollard::models::VolumeCreateRequest;
+use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use futures_util::StreamExt;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -93,6 +91,8 @@ async fn a_panicking_live_output_callback_leaves_nothing() {
 #[tokio::test]
 async fn admission_holds_the_bound_with_16_attempts_at_once() {
     let Some((docker, image)) = setup().await else { return };
+    // The bound is observed while the engine is polled: not beside the timed reclaim test.
+    let _one_at_a_time = MEASURING.lock().await;
     const BOUND: usize = 4;
     // Containers started minus finished, as the commands themselves report it.
     let running = Arc::new(AtomicI64::new(0));
@@ -207,27 +207,11 @@ async fn admission_refuses_when_told_not_to_wait_and_beyond_the_memory_budget() 
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
 
-async fn create_leftover(docker: &Docker, image: &str, name: String, worker: &str, cmd: &[&str]) -> String {
-    let labels = HashMap::from([
-        ("dev.stevedore.managed".to_owned(), "true".to_owned()),
-        ("dev.stevedore.worker".to_owned(), worker.to_owned()),
-    ]);
-    let body = ContainerCreateBody {
-        image: Some(image.to_owned()),
-        cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
-        labels: Some(labels),
-        network_disabled: Some(true),
-        ..Default::default()
-    };
-    docker.create_container(Some(CreateContainerOptionsBuilder::default().name(&name).build()), body).await.unwrap();
-    name
-}
-
 #[tokio::test]
 async fn reclaim_removes_100_leaked_containers() {
     let Some((docker, image)) = setup().await else { return };
     let _one_at_a_time = MEASURING.lock().await;
-    let rung = rung_with(ContainerConfig::default()).await;
+    let rung = support::rung().await;
     let w = support::worker("reclaim100");
     // 80 created and never started, 15 started and exited, 5 running; 20 volumes.
     let made: Vec<String> = futures_util::stream::iter(0..100)
@@ -235,7 +219,8 @@ async fn reclaim_removes_100_leaked_containers() {
             let (docker, image, w) = (docker.clone(), image.clone(), w.clone());
             async move {
                 let cmd: &[&str] = if i >= 95 { &["sleep", "300"] } else { &["true"] };
-                let name = create_leftover(&docker, &image, format!("{w}-{i}"), &w, cmd).await;
+                let name =
+                    support::create_named(&docker, &image, format!("{w}-{i}"), support::worker_labels(&w), cmd).await;
                 if i >= 80 {
                     docker.start_container(&name, None).await.unwrap();
                 }
@@ -246,12 +231,8 @@ async fn reclaim_removes_100_leaked_containers() {
         .collect()
         .await;
     for i in 0..20 {
-        let labels = HashMap::from([
-            ("dev.stevedore.managed".to_owned(), "true".to_owned()),
-            ("dev.stevedore.worker".to_owned(), w.clone()),
-        ]);
-        let volume =
-            VolumeCreateRequest { name: Some(format!("{w}-v{i}")), labels: Some(labels), ..Default::default() };
+        let labels = Some(support::worker_labels(&w));
+        let volume = VolumeCreateRequest { name: Some(format!("{w}-v{i}")), labels, ..Default::default() };
         docker.create_volume(volume).await.unwrap();
     }
     assert_eq!(support::labelled(&docker, &w).await.0.len(), made.len());

@@ -86,8 +86,7 @@ impl Kind {
 
 #[tokio::test]
 async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
-    let Some(docker) = support::engine().await else { return };
-    let image = support::busybox_image(&docker).await;
+    let Some((docker, image)) = support::setup().await else { return };
     let full = std::env::var("STEVEDORE_SOAK").is_ok_and(|v| v == "full");
     let attempts: usize = if full { 300 } else { 40 };
     let w = support::worker("soak");

@@ -8,9 +8,8 @@ mod support;
 
 use support::{run, stdout_of};
 
-use bollard::Docker;
 use std::path::Path;
-use stevedore::container::{ContainerConfig, ContainerExecutor};
+use stevedore::container::ContainerConfig;
 use stevedore::contract::limits::key;
 use stevedore::{Request, ResourceLimits, Status};
 use tokio::sync::{Mutex, MutexGuard};
@@ -21,11 +20,6 @@ const MIB: u64 = 1 << 20;
 async fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::const_new(());
     LOCK.lock().await
-}
-
-async fn setup() -> Option<(Docker, String, ContainerExecutor)> {
-    let (docker, image) = support::setup().await?;
-    Some((docker, image, support::rung().await))
 }
 
 fn sh(image: &str, worker: &str, out: &Path, script: &str, limits: ResourceLimits) -> Request {
@@ -54,7 +48,7 @@ const BUSY: &str = "i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done; times";
 
 #[tokio::test]
 async fn oom_is_what_the_kernel_counted() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let _serial = serial().await;
     let w = support::worker("oom");
     let t = tempfile::tempdir().unwrap();
@@ -95,7 +89,7 @@ async fn oom_is_what_the_kernel_counted() {
 
 #[tokio::test]
 async fn peak_memory_is_the_containers_high_water_mark() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let _serial = serial().await;
     let w = support::worker("peak");
     let t = tempfile::tempdir().unwrap();
@@ -121,7 +115,7 @@ async fn peak_memory_is_the_containers_high_water_mark() {
 
 #[tokio::test]
 async fn peak_memory_of_a_handler_in_the_worker_image() {
-    let Some((docker, _, _)) = setup().await else { return };
+    let Some(docker) = support::engine().await else { return };
     let _serial = serial().await;
     let image = support::worker_image(&docker).await;
     let rung = support::rung_with(ContainerConfig { worker_image: Some(image), ..Default::default() }).await;
@@ -142,7 +136,7 @@ async fn peak_memory_of_a_handler_in_the_worker_image() {
 
 #[tokio::test]
 async fn cpu_time_is_what_the_kernel_counted_and_cpus_halves_throughput() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let _serial = serial().await;
     let w = support::worker("cpu");
     let t = tempfile::tempdir().unwrap();
@@ -173,6 +167,8 @@ async fn cpu_time_is_what_the_kernel_counted_and_cpus_halves_throughput() {
     assert!(o.evidence.enforcement.contains_key("cpu"), "{:?}", o.evidence.enforcement);
 
     let o = run(&rung, &sh(&image, &w, &t.path().join("c"), "sleep 2", ResourceLimits::new())).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.usage.sources["cpu_time_ms"], "cgroup", "{:?}", o.usage.sources);
     let cpu = o.usage.cpu_time_ms.unwrap();
     eprintln!("sleep 2: cpu {cpu} ms, wall {:?} ms", o.usage.wall_time_ms);
     assert!(cpu < 300, "sleeping used {cpu} ms of CPU");
@@ -182,7 +178,7 @@ async fn cpu_time_is_what_the_kernel_counted_and_cpus_halves_throughput() {
 
 #[tokio::test]
 async fn disk_written_is_what_was_left_in_out() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let _serial = serial().await;
     let w = support::worker("disk");
     let t = tempfile::tempdir().unwrap();
@@ -200,7 +196,7 @@ async fn disk_written_is_what_was_left_in_out() {
 
 #[tokio::test]
 async fn gigabytes_of_output_are_capped_and_counted_with_flat_memory() {
-    let Some((docker, image, rung)) = setup().await else { return };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
     let _serial = serial().await;
     let w = support::worker("logs");
     let t = tempfile::tempdir().unwrap();

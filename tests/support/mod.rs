@@ -259,3 +259,36 @@ pub async fn worker_image(docker: &Docker) -> String {
         .await
         .clone()
 }
+
+/// The labels that make an object `worker`'s in stevedore's eyes (what `reclaim` looks for).
+pub fn worker_labels(worker: &str) -> HashMap<String, String> {
+    use stevedore::container::labels::{MANAGED, WORKER};
+    HashMap::from([(MANAGED.to_owned(), "true".to_owned()), (WORKER.to_owned(), worker.to_owned())])
+}
+
+/// Creates (does not start) a container `name` from `image` with `labels`, running `cmd`
+/// when started; returns its name. A leftover for reclaim to find, or to leave alone.
+pub async fn create_named(
+    docker: &Docker,
+    image: &str,
+    name: String,
+    labels: HashMap<String, String>,
+    cmd: &[&str],
+) -> String {
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        cmd: Some(cmd.iter().map(|s| s.to_string()).collect()),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    let options = bollard::query_parameters::CreateContainerOptionsBuilder::default().name(&name).build();
+    docker.create_container(Some(options), body).await.unwrap_or_else(|e| panic!("create {name}: {e}"));
+    name
+}
+
+/// [`setup`] plus a default [`rung`].
+pub async fn setup_with_rung() -> Option<(Docker, String, stevedore::container::ContainerExecutor)> {
+    let (docker, image) = setup().await?;
+    Some((docker, image, rung().await))
+}
