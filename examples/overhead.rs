@@ -60,9 +60,7 @@ async fn bench() {
     .await;
 
     // A whole stevedore attempt of the same command, all hardening on.
-    let rung = ContainerExecutor::connect(ContainerConfig::default(), stevedore::contract::incarnation::mint())
-        .await
-        .expect("engine reachable");
+    let rung = ContainerExecutor::connect(ContainerConfig::default()).await.expect("engine reachable");
     let dir = tempfile::tempdir().unwrap();
     let mut i = 0;
     let attempt = time(n, || {

@@ -88,6 +88,36 @@ struct Limits {
     nofile: Option<u64>,
 }
 
+impl Limits {
+    /// The table as limits; `what` (`defaults`, `ceilings`) names it in errors.
+    fn parse(
+        &self,
+        what: &str,
+        bad: &dyn Fn(&str, String) -> ProfileError,
+    ) -> Result<crate::contract::ResourceLimits, ProfileError> {
+        let mut l = crate::contract::ResourceLimits::new();
+        let size = |k: &str, v: &Option<String>| -> Result<Option<u64>, ProfileError> {
+            v.as_deref().map(|v| parse_size(v).map_err(|e| bad(&format!("{what}.{k}"), e.to_string()))).transpose()
+        };
+        if let Some(m) = size("memory", &self.memory)? {
+            l = l.with(key::MEMORY, m);
+        }
+        if let Some(d) = size("disk", &self.disk)? {
+            l = l.with(key::DISK, d);
+        }
+        if let Some(c) = &self.cpus {
+            l = l.with(key::CPU, parse_cpus(c).map_err(|e| bad(&format!("{what}.cpus"), e.to_string()))?);
+        }
+        if let Some(n) = self.pids {
+            l = l.with(key::PIDS, n);
+        }
+        if let Some(n) = self.nofile {
+            l = l.with(key::NOFILE, n);
+        }
+        Ok(l)
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Profile {
@@ -183,39 +213,10 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
             .map_err(|e| bad("env_files", format!("{k}: cannot read {}: {e}", file.display())))?;
         cfg.env.insert(k, v.trim_end_matches('\n').to_owned());
     }
-    let d = &p.defaults;
-    if let Some(m) = &d.memory {
-        cfg.default_memory_bytes = parse_size(m).map_err(|e| bad("defaults.memory", e.to_string()))?;
+    for (k, v) in p.defaults.parse("defaults", &bad)?.0 {
+        cfg.defaults.0.insert(k, v);
     }
-    if let Some(c) = &d.cpus {
-        cfg.default_cpu_millis = Some(parse_cpus(c).map_err(|e| bad("defaults.cpus", e.to_string()))?);
-    }
-    if let Some(n) = d.pids {
-        cfg.default_pids = n;
-    }
-    if let Some(s) = &d.disk {
-        cfg.default_disk_bytes = parse_size(s).map_err(|e| bad("defaults.disk", e.to_string()))?;
-    }
-    if let Some(n) = d.nofile {
-        cfg.default_nofile = n;
-    }
-    let c = &p.ceilings;
-    let ceil = &mut cfg.ceilings.limits;
-    if let Some(m) = &c.memory {
-        ceil.insert(key::MEMORY.into(), parse_size(m).map_err(|e| bad("ceilings.memory", e.to_string()))?);
-    }
-    if let Some(v) = &c.cpus {
-        ceil.insert(key::CPU.into(), parse_cpus(v).map_err(|e| bad("ceilings.cpus", e.to_string()))?);
-    }
-    if let Some(n) = c.pids {
-        ceil.insert(key::PIDS.into(), n);
-    }
-    if let Some(s) = &c.disk {
-        ceil.insert(key::DISK.into(), parse_size(s).map_err(|e| bad("ceilings.disk", e.to_string()))?);
-    }
-    if let Some(n) = c.nofile {
-        ceil.insert(key::NOFILE.into(), n);
-    }
+    cfg.ceilings = p.ceilings.parse("ceilings", &bad)?;
     Ok(cfg)
 }
 
@@ -237,9 +238,9 @@ mod tests {
         assert_eq!(cfg.network, "bridge");
         assert_eq!(cfg.pull, PullPolicy::Never);
         assert_eq!(cfg.env["TOKEN"], "s3cr3t");
-        assert_eq!(cfg.default_memory_bytes, 256 << 20);
-        assert_eq!(cfg.default_cpu_millis, Some(500));
-        assert_eq!(cfg.ceilings.limits["memory"], 1 << 30);
+        assert_eq!(cfg.defaults.memory_bytes(), Some(256 << 20));
+        assert_eq!(cfg.defaults.cpu_millis(), Some(500));
+        assert_eq!(cfg.ceilings.memory_bytes(), Some(1 << 30));
         assert_eq!(cfg.ports[&8080], 0);
         assert!(!format!("{cfg:?}").contains("s3cr3t"), "Debug never shows env values");
     }

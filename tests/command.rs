@@ -225,7 +225,7 @@ async fn smoke_images_itself_on_an_engine_without_its_image() {
     bytes.push(0);
     std::fs::write(&exe, &bytes).unwrap();
     std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let digest = stevedore::container::tools::sha256_file(&exe).unwrap();
+    let digest = support::sha256_of(&exe).unwrap();
     let tag = format!("stevedore-worker:{}", &digest[..16]);
     assert!(docker.inspect_image(&tag).await.is_err(), "{tag} must not exist yet");
 

@@ -107,9 +107,10 @@ async fn deadline_with_a_term_ignoring_command() {
     let o = run(&rung, &r).await;
     let took = start.elapsed();
     assert_eq!(o.status, Status::Timeout, "{}", o.to_json());
-    assert_eq!(o.reason.as_deref(), Some("deadline"));
-    assert!(o.outputs.is_empty(), "no outputs listed on timeout");
-    assert!(t.path().join("o/p").exists(), "files stay on disk");
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("deadline"));
+    // A timed-out attempt's outputs are collected and listed (a CI job wants its junit.xml).
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"]);
+    assert!(t.path().join("o/p").exists());
     assert!(took < deadline + grace + Duration::from_secs(2) + Duration::from_secs(3), "took {took:?}");
     assert_eq!(o.signal, Some(9), "SIGKILLed after the grace");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
@@ -120,31 +121,18 @@ async fn cancellation() {
     let Some((docker, image)) = setup().await else { return };
     let w = support::worker("cancel");
     let t = tempfile::tempdir().unwrap();
-    let mut r = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 60");
-    r.policy = r.policy.clone().with_grace(Duration::from_secs(5));
+    let mut r = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 60").grace(Duration::from_secs(5));
+    let mut watch = support::watch([&mut r]);
     let token = CancellationToken::new();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let tx = std::sync::Mutex::new(Some(tx));
-    let cfg = ContainerConfig {
-        live_output: Some(std::sync::Arc::new(move |_, b: &[u8]| {
-            if b.windows(5).any(|w| w == b"ready") {
-                if let Some(tx) = tx.lock().unwrap().take() {
-                    let _ = tx.send(());
-                }
-            }
-        })),
-        ..ContainerConfig::default()
-    };
-    let rung = rung_with(cfg).await;
+    let rung = rung_with(ContainerConfig::default()).await;
     let t2 = token.clone();
     tokio::spawn(async move {
-        if rx.await.is_ok() {
-            t2.cancel();
-        }
+        watch.until("ready").await;
+        t2.cancel();
     });
     let o = rung.run(&r, token).await.unwrap();
     assert_eq!(o.status, Status::Killed, "{}", o.to_json());
-    assert_eq!(o.reason.as_deref(), Some("cancelled"));
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("cancelled"));
     assert_eq!(o.signal, Some(15), "sleep died of the forwarded SIGTERM");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
@@ -235,7 +223,7 @@ async fn bad_requests_create_nothing() {
 async fn api_version_is_negotiated() {
     let Some(_) = setup().await else { return };
     let rung = rung().await;
-    let f = &rung.engine().facts;
+    let f = rung.engine().facts();
     let parse = |v: &str| -> (u32, u32) {
         let (a, b) = v.split_once('.').unwrap();
         (a.parse().unwrap(), b.parse().unwrap())
@@ -270,17 +258,21 @@ async fn an_empty_out_an_empty_dir_and_an_empty_file() {
 }
 
 #[tokio::test]
-async fn records_too_large_to_ride_the_sentinel_fall_back_to_the_control_area() {
+async fn a_command_cannot_forge_its_record() {
     let Some((docker, image)) = setup().await else { return };
     let rung = rung().await;
-    let w = support::worker("trailer");
+    let w = support::worker("forge");
     let t = tempfile::tempdir().unwrap();
-    // A command can write into the control area: a 300 KB "handler record" makes the init's
-    // trailer over the cap, so the host reads the init's record through the archive API.
-    let script = "head -c 300000 /dev/zero | tr '\\0' x > $STEVEDORE_CONTROL/handler.json; echo ok > /out/ok; exit 4";
+    // A fake Record frame on its own stdout (and stderr), and a fake result file where the
+    // control area used to be: the init owns the link, so these are only the command's
+    // output; the status stays what the command did.
+    let script = "printf '\\023\\000\\000\\000\\002{}' ; printf '\\023\\000\\000\\000\\002{}' >&2; \
+                  mkdir -p /tmp/.stevedore/control && echo '{\"wait\":{\"code\":0}}' > /tmp/.stevedore/control/result.json; \
+                  echo ok > /out/ok; exit 4";
     let o = run(&rung, &cmd(&image, &w, &t.path().join("o"), script)).await;
     assert_eq!((o.status, o.exit_code), (Status::HandlerError, Some(4)), "{}", o.to_json());
-    assert_eq!(o.usage.sources["cpu_time_ms"], "cgroup", "the init's record was read: {}", o.to_json());
+    assert_eq!(o.usage.sources.cpu_time_ms.as_ref().unwrap().to_string(), "cgroup", "{}", o.to_json());
+    assert_eq!(o.evidence.logs.stdout.bytes, 7, "the fake frame is stdout, nothing more");
     assert_eq!(o.outputs.len(), 1);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }

@@ -16,7 +16,7 @@ const LIAR: &str = "stevedore-test/worker-liar:latest";
 const LIAR_FINGERPRINT: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
 
 async fn rung(image: &str) -> ContainerExecutor {
-    support::rung_with(ContainerConfig { worker_image: Some(image.to_owned()), ..Default::default() }).await
+    support::rung_with(ContainerConfig::default().worker_image(image)).await
 }
 
 fn handler(worker: &str, out: &Path, name: &str, payload: &str) -> Request {
@@ -48,7 +48,7 @@ async fn outcomes_of_every_kind_of_handler() {
     assert_eq!(o.handler_error, "bad payload");
 
     let o = run(&rung, &handler(&w, &t.path().join("panic"), "panic", "oh no")).await;
-    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("panicked")), "{}", o.to_json());
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("panicked")), "{}", o.to_json());
     assert!(o.handler_error.contains("oh no"), "{}", o.handler_error);
 
     let o = run(&rung, &handler(&w, &t.path().join("unknown"), "no-such-handler", "")).await;
@@ -98,7 +98,7 @@ async fn a_handler_that_ignores_sigterm_is_killed_after_the_grace() {
     let o = run(&rung, &r).await;
     let took = start.elapsed();
     assert_eq!(
-        (o.status, o.reason.as_deref(), o.signal),
+        (o.status, o.reason.map(|r| r.as_str()), o.signal),
         (Status::Timeout, Some("deadline"), Some(9)),
         "{}",
         o.to_json()
@@ -134,7 +134,7 @@ async fn cancelling_a_handler_attempt_is_killed_cancelled() {
         }
     };
     assert!(token.is_cancelled(), "the attempt ended before its container started: {}", o.to_json());
-    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 

@@ -144,7 +144,7 @@ async fn the_disk_limit_stops_writes_at_the_limit() {
     let r = sh(&image, &w, &t.path().join("o"), "head -c 300m /dev/zero > /out/big")
         .limits(ResourceLimits::new().with(key::DISK, 50 * MIB));
     let o = run(&rung, &r).await;
-    assert_eq!((o.status, o.reason.as_deref()), (Status::HandlerError, Some("disk_limit")), "{}", o.to_json());
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::HandlerError, Some("disk_limit")), "{}", o.to_json());
     let size = std::fs::metadata(t.path().join("o/big")).unwrap().len();
     eprintln!("300 MiB written with a 50 MiB limit: {size} bytes kept");
     assert!(size <= 50 * MIB + 16 * MIB, "{size} bytes kept past the limit");
@@ -156,7 +156,7 @@ async fn the_disk_limit_stops_writes_at_the_limit() {
     let r = sh(&image, &w, &t.path().join("p"), "head -c 300m /dev/zero > /out/big; exit 0")
         .limits(ResourceLimits::new().with(key::DISK, 50 * MIB));
     let o = run(&rung, &r).await;
-    assert_eq!((o.status, o.reason.as_deref()), (Status::Ok, Some("disk_limit")), "{}", o.to_json());
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Ok, Some("disk_limit")), "{}", o.to_json());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 

@@ -3,47 +3,35 @@
 
 mod support;
 
-use support::{BIN, rung_with, setup, sh as cmd, start_sleeper};
+use support::{rung_with, setup, sh as cmd, start_sleeper};
 
 use bollard::models::VolumeCreateRequest;
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use futures_util::StreamExt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use stevedore::container::{ContainerConfig, ContainerExecutor, LiveOutput, Stream};
-use stevedore::{Executor, LaunchError, Request, ResourceLimits, Status};
-use tokio::sync::{Mutex, Notify};
+use stevedore::container::{ContainerConfig, ContainerExecutor};
+use stevedore::{Executor, LaunchError, LiveOutput, Request, ResourceLimits, Status};
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 /// Tests that time something run one at a time within this file.
 static MEASURING: Mutex<()> = Mutex::const_new(());
-
-/// A live-output callback that wakes `notify` whenever stdout carries `word`.
-fn notify_on(word: &'static str, notify: Arc<Notify>) -> LiveOutput {
-    Arc::new(move |s: Stream, bytes: &[u8]| {
-        if s == Stream::Stdout && String::from_utf8_lossy(bytes).contains(word) {
-            notify.notify_one();
-        }
-    })
-}
 
 const NOTHING: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
 
 #[tokio::test]
 async fn dropped_run_futures_leave_nothing_once_close_returns() {
     let Some((docker, image)) = setup().await else { return };
-    let ready = Arc::new(Notify::new());
-    let rung =
-        rung_with(ContainerConfig { live_output: Some(notify_on("ready", ready.clone())), ..Default::default() }).await;
+    let rung = rung_with(ContainerConfig::default()).await;
     let w = support::worker("drop");
     let t = tempfile::tempdir().unwrap();
 
     // Dropped once the command runs.
-    let req = cmd(&image, &w, &t.path().join("a"), "echo ready; sleep 60");
+    let mut req = cmd(&image, &w, &t.path().join("a"), "echo ready; sleep 60");
+    let mut watch = support::watch([&mut req]);
     tokio::select! {
         r = rung.run(&req, CancellationToken::new()) => panic!("the attempt ended by itself: {r:?}"),
-        _ = ready.notified() => {}
+        _ = watch.until("ready") => {}
     }
     let (containers, _) = support::labelled(&docker, &w).await;
     assert!(!containers.is_empty(), "the dropped attempt's container is still there until its cleanup runs");
@@ -66,23 +54,24 @@ async fn dropped_run_futures_leave_nothing_once_close_returns() {
 }
 
 #[tokio::test]
-async fn a_panicking_live_output_callback_leaves_nothing() {
+async fn a_live_reader_that_never_reads_stalls_nothing() {
     let Some((docker, image)) = setup().await else { return };
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
-    let live: LiveOutput = Arc::new(move |_s: Stream, _b: &[u8]| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        panic!("live view broke");
-    });
-    let rung = rung_with(ContainerConfig { live_output: Some(live), ..Default::default() }).await;
-    let w = support::worker("panic");
+    let rung = rung_with(ContainerConfig::default()).await;
+    let w = support::worker("slowlive");
     let t = tempfile::tempdir().unwrap();
-    let req = cmd(&image, &w, &t.path().join("o"), "echo one; echo two >&2; echo three; echo kept > /out/x");
-    let o = rung.run(&req, CancellationToken::new()).await.expect("the attempt runs");
+    // One chunk of room, never read: the container must not block on it, and the capture
+    // must still be whole.
+    let (live, _never_read) = LiveOutput::channel(1);
+    let script = "i=0; while [ $i -lt 2000 ]; do echo line-$i; i=$((i+1)); done; echo kept > /out/x";
+    let req = cmd(&image, &w, &t.path().join("o"), script).live_output(live);
+    let o = tokio::time::timeout(Duration::from_secs(60), rung.run(&req, CancellationToken::new()))
+        .await
+        .expect("a stalled live reader does not stall the attempt")
+        .expect("the attempt runs");
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "a callback that panicked is not called again");
-    assert!(o.evidence.notes.iter().any(|n| n.contains("live_output callback panicked (live view broke)")), "{o:?}");
-    assert_eq!(o.evidence.logs.stdout.bytes, "one\nthree\n".len() as u64, "the capture goes on");
+    let expected: u64 = (0..2000).map(|i| format!("line-{i}\n").len() as u64).sum();
+    assert_eq!(o.evidence.logs.stdout.bytes, expected, "the capture is complete");
+    assert!(o.evidence.live_dropped_bytes > 0, "what the reader missed is counted: {}", o.to_json());
     assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["x"]);
     rung.close().await;
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
@@ -94,25 +83,22 @@ async fn admission_holds_the_bound_with_16_attempts_at_once() {
     // The bound is observed while the engine is polled: not beside the timed reclaim test.
     let _one_at_a_time = MEASURING.lock().await;
     const BOUND: usize = 4;
-    // Containers started minus finished, as the commands themselves report it.
-    let running = Arc::new(AtomicI64::new(0));
-    let most_running = Arc::new(AtomicI64::new(0));
-    let (r, m) = (running.clone(), most_running.clone());
-    let live: LiveOutput = Arc::new(move |s: Stream, bytes: &[u8]| {
-        if s != Stream::Stdout {
-            return;
-        }
-        let starts = bytes.iter().filter(|b| **b == b'S').count() as i64;
-        let ends = bytes.iter().filter(|b| **b == b'E').count() as i64;
-        let now = r.fetch_add(starts, Ordering::SeqCst) + starts;
-        m.fetch_max(now, Ordering::SeqCst);
-        r.fetch_sub(ends, Ordering::SeqCst);
-    });
-    let rung = rung_with(ContainerConfig { max_in_flight: BOUND, live_output: Some(live), ..Default::default() }).await;
+    let rung = rung_with(ContainerConfig::default().max_in_flight(BOUND, true)).await;
     let w = support::worker("admit");
     let t = tempfile::tempdir().unwrap();
-    let reqs: Vec<Request> =
+    let mut reqs: Vec<Request> =
         (0..16).map(|i| cmd(&image, &w, &t.path().join(format!("o{i}")), "echo S; sleep 1; echo E")).collect();
+    // Containers started minus finished, as the commands themselves report it.
+    let mut watch = support::watch(reqs.iter_mut());
+    let counter = tokio::spawn(async move {
+        let (mut running, mut most) = (0i64, 0i64);
+        while let Some(text) = watch.next_stdout().await {
+            running += text.matches('S').count() as i64;
+            most = most.max(running);
+            running -= text.matches('E').count() as i64;
+        }
+        most
+    });
 
     // The engine's view: the worker's containers that exist at once, polled while they run.
     let stop = CancellationToken::new();
@@ -131,13 +117,14 @@ async fn admission_holds_the_bound_with_16_attempts_at_once() {
     let started = Instant::now();
     let outcomes = futures_util::future::join_all(reqs.iter().map(|r| rung.run(r, CancellationToken::new()))).await;
     let elapsed = started.elapsed();
+    drop(reqs);
     stop.cancel();
     let (most_containers, polls) = poller.await.unwrap();
     for o in &outcomes {
         let o = o.as_ref().expect("admitted, never refused");
         assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     }
-    let most_running = most_running.load(Ordering::SeqCst);
+    let most_running = counter.await.unwrap();
     eprintln!(
         "admission: 16 attempts in {elapsed:?}; most running at once (commands' view) {most_running}, \
          most containers at once (engine's view, {polls} polls) {most_containers}"
@@ -152,25 +139,17 @@ async fn admission_holds_the_bound_with_16_attempts_at_once() {
 #[tokio::test]
 async fn admission_refuses_when_told_not_to_wait_and_beyond_the_memory_budget() {
     let Some((docker, image)) = setup().await else { return };
-    let started = Arc::new(AtomicUsize::new(0));
-    let both = Arc::new(Notify::new());
-    let (s, n) = (started.clone(), both.clone());
-    let live: LiveOutput = Arc::new(move |st: Stream, bytes: &[u8]| {
-        if st == Stream::Stdout && bytes.contains(&b'S') && s.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
-            n.notify_one();
-        }
-    });
-    let cfg =
-        ContainerConfig { max_in_flight: 2, wait_for_admission: false, live_output: Some(live), ..Default::default() };
-    let rung = rung_with(cfg).await;
+    let rung = rung_with(ContainerConfig::default().max_in_flight(2, false)).await;
     let w = support::worker("refuse");
     let t = tempfile::tempdir().unwrap();
     let cancel = CancellationToken::new();
-    let a = cmd(&image, &w, &t.path().join("a"), "echo S; sleep 60");
-    let b = cmd(&image, &w, &t.path().join("b"), "echo S; sleep 60");
+    let mut a = cmd(&image, &w, &t.path().join("a"), "echo S; sleep 60");
+    let mut b = cmd(&image, &w, &t.path().join("b"), "echo S; sleep 60");
+    let mut watch = support::watch([&mut a, &mut b]);
     let third = cmd(&image, &w, &t.path().join("c"), "true");
     let (ra, rb, refused) = tokio::join!(rung.run(&a, cancel.clone()), rung.run(&b, cancel.clone()), async {
-        both.notified().await;
+        watch.until("S").await;
+        watch.until("S").await;
         let refused = rung.run(&third, CancellationToken::new()).await;
         cancel.cancel();
         refused
@@ -186,13 +165,13 @@ async fn admission_refuses_when_told_not_to_wait_and_beyond_the_memory_budget() 
     assert!(!t.path().join("c").exists(), "a refused attempt touches nothing");
     for o in [ra, rb] {
         let o = o.expect("admitted");
-        assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+        assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
     }
 
     // One request alone beyond 80 % of the host, whether the rung waits or not.
-    let host = rung.engine().facts.mem_total_bytes;
+    let host = rung.engine().facts().mem_total_bytes;
     for wait in [false, true] {
-        let rung = rung_with(ContainerConfig { wait_for_admission: wait, ..Default::default() }).await;
+        let rung = rung_with(ContainerConfig::default().max_in_flight(8, wait)).await;
         let mut big = cmd(&image, &w, &t.path().join("big"), "true");
         big.limits = ResourceLimits::new().with(stevedore::contract::limits::key::MEMORY, host);
         match rung.run(&big, CancellationToken::new()).await {
@@ -254,12 +233,8 @@ async fn reclaim_removes_100_leaked_containers() {
 
 #[tokio::test]
 async fn an_unreachable_engine_is_a_launch_error_naming_the_endpoint() {
-    let cfg = ContainerConfig {
-        endpoint: Some("unix:///nonexistent.sock".into()),
-        init_exe: Some(BIN.into()),
-        ..Default::default()
-    };
-    let err = ContainerExecutor::connect(cfg, "inc").await.expect_err("nothing listens there");
+    let cfg = ContainerConfig::default().endpoint("unix:///nonexistent.sock");
+    let err = ContainerExecutor::connect(cfg).await.expect_err("nothing listens there");
     assert!(matches!(err, LaunchError::EngineUnreachable { .. }), "{err:?}");
     assert!(err.to_string().contains("unix:///nonexistent.sock"), "{err}");
 }
@@ -267,14 +242,13 @@ async fn an_unreachable_engine_is_a_launch_error_naming_the_endpoint() {
 #[tokio::test]
 async fn a_container_removed_from_outside_is_killed_removed_externally() {
     let Some((docker, image)) = setup().await else { return };
-    let ready = Arc::new(Notify::new());
-    let rung =
-        rung_with(ContainerConfig { live_output: Some(notify_on("ready", ready.clone())), ..Default::default() }).await;
+    let rung = rung_with(ContainerConfig::default()).await;
     let w = support::worker("rmf");
     let t = tempfile::tempdir().unwrap();
-    let req = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 300");
+    let mut req = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 300");
+    let mut watch = support::watch([&mut req]);
     let remove = async {
-        ready.notified().await;
+        watch.until("ready").await;
         let (ids, _) = support::labelled(&docker, &w).await;
         assert_eq!(ids.len(), 1);
         let opts = RemoveContainerOptionsBuilder::default().force(true).build();
@@ -285,7 +259,12 @@ async fn a_container_removed_from_outside_is_killed_removed_externally() {
         .await
         .expect("the attempt ends soon after its container is gone")
         .expect("it had started: an outcome, not a launch error");
-    assert_eq!((o.status, o.reason.as_deref()), (Status::Killed, Some("removed_externally")), "{}", o.to_json());
+    assert_eq!(
+        (o.status, o.reason.map(|r| r.as_str())),
+        (Status::Killed, Some("removed_externally")),
+        "{}",
+        o.to_json()
+    );
     rung.close().await;
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
@@ -301,7 +280,7 @@ async fn outside_removal_and_a_double_sigterm_leave_nothing() {
         let w = support::worker("rm2term");
         let child = start_sleeper(&image, &w, &t.path().join(format!("o{round}")));
         let (ids, volumes) = support::labelled(&docker, &w).await;
-        assert_eq!((ids.len(), volumes.len()), (1, 2), "one container and its two tmpfs volumes");
+        assert_eq!((ids.len(), volumes.len()), (1, 0), "one container, and no volume without inputs");
         let removal = {
             let docker = docker.clone();
             let id = ids[0].clone();

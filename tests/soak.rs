@@ -10,7 +10,8 @@ use futures_util::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stevedore::container::{ContainerConfig, LiveOutput, Stream};
+use stevedore::LiveOutput;
+use stevedore::container::ContainerConfig;
 use stevedore::contract::limits::key;
 use stevedore::{Executor, Request, ResourceLimits, Status};
 use tokio_util::sync::CancellationToken;
@@ -19,7 +20,7 @@ const IN_FLIGHT: usize = 4;
 /// RSS is read once this many attempts have finished, and again at the end.
 const WARM_UP: usize = 20;
 const MAX_GROWTH_KIB: u64 = 20 * 1024;
-/// Printed by the command of a "cancel" attempt; the live-output callback cancels it.
+/// Printed by the command of a "cancel" attempt; the live-output reader cancels it.
 const CANCEL_ME: &str = "cancel-me:";
 
 /// The process's resident set, in KiB.
@@ -49,7 +50,7 @@ impl Kind {
             Kind::Timeout => (Status::Timeout, Some("deadline")),
             Kind::Cancel => (Status::Killed, Some("cancelled")),
             Kind::Oom => (Status::OomKilled, Some("oom")),
-            Kind::LaunchFailed => (Status::LaunchFailed, None),
+            Kind::LaunchFailed => (Status::LaunchFailed, Some("command_not_found")),
         }
     }
 
@@ -94,27 +95,25 @@ async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
 
     // Cancel attempts are cancelled once their command runs, which it says on stdout.
     let tokens: Arc<Mutex<HashMap<String, CancellationToken>>> = Arc::default();
-    let live: LiveOutput = {
+    let (live, mut chunks) = LiveOutput::channel(1024);
+    let canceller = {
         let tokens = tokens.clone();
-        Arc::new(move |s: Stream, bytes: &[u8]| {
-            if s != Stream::Stdout {
-                return;
-            }
-            for line in String::from_utf8_lossy(bytes).lines() {
-                if let Some(job) = line.strip_prefix(CANCEL_ME)
-                    && let Some(token) = tokens.lock().unwrap().get(job)
-                {
-                    token.cancel();
+        tokio::spawn(async move {
+            while let Some(c) = chunks.recv().await {
+                if c.stream != stevedore::Stream::Stdout {
+                    continue;
+                }
+                for line in String::from_utf8_lossy(&c.bytes).lines() {
+                    if let Some(job) = line.strip_prefix(CANCEL_ME)
+                        && let Some(token) = tokens.lock().unwrap().get(job)
+                    {
+                        token.cancel();
+                    }
                 }
             }
         })
     };
-    let cfg = ContainerConfig {
-        max_in_flight: IN_FLIGHT,
-        live_output: Some(live),
-        log_dir: t.path().join("logs"),
-        ..Default::default()
-    };
+    let cfg = ContainerConfig::default().max_in_flight(IN_FLIGHT, true).log_dir(t.path().join("logs"));
     let rung = support::rung_with(cfg).await;
 
     std::fs::create_dir(t.path().join("out")).unwrap();
@@ -131,7 +130,7 @@ async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
             if kind == Kind::Cancel {
                 tokens.lock().unwrap().insert(job.clone(), cancel.clone());
             }
-            let req = kind.request(&image, &w, &job, t.path().join("out").join(&job));
+            let req = kind.request(&image, &w, &job, t.path().join("out").join(&job)).live_output(live.clone());
             let rung = &rung;
             async move {
                 let t0 = Instant::now();
@@ -147,7 +146,7 @@ async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
         // The outputs are not the subject here; dropping them keeps the disk flat.
         let _ = std::fs::remove_dir_all(t.path().join("out").join(&job));
         let got = match &result {
-            Ok(o) => (o.status, o.reason.clone()),
+            Ok(o) => (o.status, o.reason.map(|r| r.as_str().to_owned())),
             Err(e) => panic!("{job} ({kind:?}) did not launch: {e}"),
         };
         let want = kind.expected();
@@ -163,7 +162,9 @@ async fn soak_mixed_outcomes_leave_nothing_and_memory_stays_flat() {
         }
     }
     drop(runs);
+    drop(live);
     rung.close().await;
+    canceller.await.unwrap();
     let elapsed = started.elapsed();
     let rss_end = rss_kib();
     let rss_start = rss_after_warm_up.expect("more attempts than the warm-up");

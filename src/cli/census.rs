@@ -6,7 +6,7 @@ use crate::contract::Executor;
 
 /// The census as JSON.
 pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
-    let f = &rung.engine().facts;
+    let f = rung.engine().facts();
     let client_max = bollard::API_DEFAULT_VERSION.to_string();
     let skew = serde_json::json!({
         "client_min": "1.41",
@@ -27,7 +27,8 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
         "skew": skew,
         "incarnation": rung.incarnation(),
         "stevedore_version": env!("CARGO_PKG_VERSION"),
-        "endpoint": rung.engine().endpoint,
+        "endpoint": rung.engine().endpoint(),
+        "product": f.product,
     })
 }
 

@@ -35,7 +35,7 @@ pub fn config(g: &Global) -> Result<ContainerConfig, String> {
 
 /// Connects the rung.
 pub async fn connect(cfg: ContainerConfig) -> Result<ContainerExecutor, LaunchError> {
-    ContainerExecutor::connect(cfg, crate::contract::incarnation::current()).await
+    ContainerExecutor::connect(cfg).await
 }
 
 /// Switches the network mode as a request asks, unless the profile forbids that mode.
@@ -97,14 +97,15 @@ pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<
     let (exe, tag) = own_tag(rung)?;
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());
-    ensure_image(&rung.engine().docker, &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    ensure_image(rung.engine().docker(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
     Ok(tag)
 }
 
 /// This binary and the tag of its own worker image (`stevedore-worker:<digest16>`).
 pub fn own_tag(rung: &ContainerExecutor) -> Result<(std::path::PathBuf, String), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
-    let digest = crate::container::tools::exe_digest(&exe, &rung.config().tools_dir)
+    let _ = rung;
+    let digest = crate::image::bundle::exe_digest(&exe, &crate::image::bundle::default_base())
         .map_err(|e| format!("cannot read own binary: {e}"))?;
     let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
     Ok((exe, tag))

@@ -1,12 +1,11 @@
 //! `stevedore run`: one attempt of a plain command or a handler.
 
 use super::common::{self, Global};
-use crate::container::{LiveOutput, Stream};
 use crate::contract::{Executor, Policy, Request, ResourceLimits, limits::key, parse_cpus, parse_duration, parse_size};
 use crate::handlers::Handlers;
+use crate::link::LiveOutput;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -175,14 +174,6 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         if let Some(n) = &a.network {
             common::choose_network(cfg, n)?;
         }
-        if !a.quiet {
-            let live: LiveOutput = Arc::new(|_s: Stream, bytes: &[u8]| {
-                let mut err = std::io::stderr().lock();
-                let _ = err.write_all(bytes);
-                let _ = err.flush();
-            });
-            cfg.live_output = Some(live);
-        }
         Ok(())
     };
     let rung = match common::rung(g, 2, adjust).await {
@@ -198,6 +189,17 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     }
     if a.worker.is_none() {
         eprintln!("stevedore: worker {}", req.worker_id);
+    }
+    if !a.quiet {
+        let (live, mut chunks) = LiveOutput::channel(256);
+        req.live = Some(live);
+        tokio::spawn(async move {
+            while let Some(c) = chunks.recv().await {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(&c.bytes);
+                let _ = err.flush();
+            }
+        });
     }
     let cancel = CancellationToken::new();
     let mut got: Option<i32> = None;

@@ -1,16 +1,16 @@
-//! Configuration of the container rung, with documented defaults.
+//! Configuration of the container rung, with documented defaults and a builder.
 
+use crate::contract::{ResourceLimits, limits::key};
 use crate::outputs::Caps;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// When to pull an image that is not present.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PullPolicy {
-    /// Never pull; a missing image is a launch error.
+    /// Never pull; a missing image is a permanent launch error.
     Never,
     /// Pull only when the image is missing (the default).
     #[default]
@@ -19,20 +19,9 @@ pub enum PullPolicy {
     Always,
 }
 
-/// Which output stream a chunk came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    /// Standard output.
-    Stdout,
-    /// Standard error.
-    Stderr,
-}
-
-/// Receives the container's output as it arrives (e.g. the command's live view).
-pub type LiveOutput = Arc<dyn Fn(Stream, &[u8]) + Send + Sync>;
-
 /// Hardening items; each is on by default and can be relaxed only here.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Hardening {
     /// Mount the image's root filesystem read-only.
     pub read_only_rootfs: bool,
@@ -48,15 +37,37 @@ impl Default for Hardening {
     }
 }
 
-/// Per-job ceilings a profile imposes: a request asking for more is narrowed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ceilings {
-    /// Limit key → the most a request may get.
-    pub limits: BTreeMap<String, u64>,
+/// How the host's liveness reaches the init (`docs/link.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostLoss {
+    /// How often the host says it is alive.
+    pub heartbeat_every: Duration,
+    /// Without a word from the host for this long, the init counts it as lost (the link's
+    /// end counts at once). `None`: only the link's end.
+    pub heartbeat_timeout: Option<Duration>,
+    /// How long the init keeps the command running after losing the host, for another host
+    /// to take over (0, the default: stop it at once, as a dead-man switch).
+    pub grace: Duration,
 }
 
-/// How the container rung is set up. `ContainerConfig::default()` documents every default.
+impl Default for HostLoss {
+    fn default() -> Self {
+        Self {
+            heartbeat_every: Duration::from_secs(5),
+            heartbeat_timeout: Some(Duration::from_secs(60)),
+            grace: Duration::ZERO,
+        }
+    }
+}
+
+/// The default sandbox user: not root, and not any user an image is likely to define.
+pub const SANDBOX_USER: &str = "65532:65532";
+
+/// How the container rung is set up. `ContainerConfig::default()` documents every default;
+/// the builder methods set one item each.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ContainerConfig {
     /// The rung's name (default `docker`).
     pub name: String,
@@ -64,42 +75,34 @@ pub struct ContainerConfig {
     pub runtime: Option<String>,
     /// The engine endpoint (default: `DOCKER_HOST`, else the local socket).
     pub endpoint: Option<String>,
-    /// The binary injected as the container's init (default: the current executable).
-    pub init_exe: Option<PathBuf>,
-    /// Where the init bundle is prepared on the host (default: `$TMPDIR/stevedore-tools`).
-    pub tools_dir: PathBuf,
-    /// Where stdout/stderr captures are kept (default: `$TMPDIR/stevedore-logs`).
-    pub log_dir: PathBuf,
-    /// The image for handler attempts whose policy names none.
+    /// The image for handler attempts whose request names none.
     pub worker_image: Option<String>,
-    /// The non-root `uid:gid` the sandbox runs as (default `65532:65532`).
+    /// The non-root `uid:gid` the sandbox runs as (default [`SANDBOX_USER`]).
     pub user: String,
     /// The network mode (default `none`).
     pub network: String,
     /// Other network modes a caller (e.g. `stevedore run --network`) may switch to; `None`
     /// (the default without a profile) allows any. A profile allows only its own mode and
     /// its `allow_networks`.
-    pub network_choices: Option<std::collections::BTreeSet<String>>,
-    /// Memory when the request sets none (default 1 GiB).
-    pub default_memory_bytes: u64,
-    /// Process count when the request sets none (default 512).
-    pub default_pids: u64,
-    /// Disk (`/out`) when the request sets none (default 512 MiB).
-    pub default_disk_bytes: u64,
-    /// Open files per process (default 4096).
-    pub default_nofile: u64,
-    /// CPU in millicores when the request sets none (default: no CPU cap).
-    pub default_cpu_millis: Option<u64>,
+    pub network_choices: Option<BTreeSet<String>>,
+    /// Limits when the request sets none: memory 1 GiB, pids 512, disk 512 MiB, nofile 4096,
+    /// no CPU cap.
+    pub defaults: ResourceLimits,
+    /// The most a request may get per key; a request asking for more is narrowed, and the
+    /// evidence says so (default: none).
+    pub ceilings: ResourceLimits,
     /// The largest `/tmp` tmpfs (default 256 MiB; never more than the memory limit).
     pub max_tmp_bytes: u64,
-    /// Profile ceilings.
-    pub ceilings: Ceilings,
+    /// The largest input dir staged, by apparent size (default 4 GiB).
+    pub max_input_bytes: u64,
     /// Profile environment (below the request's).
     pub env: BTreeMap<String, String>,
     /// Extra labels on every container and volume.
     pub labels: BTreeMap<String, String>,
     /// Bytes of each stream kept on disk (default 4 MiB).
     pub log_cap_bytes: u64,
+    /// Where captures are kept (default: a private dir per user, see `hostdir`).
+    pub log_dir: Option<PathBuf>,
     /// Caps on outputs.
     pub output_caps: Caps,
     /// Pull policy (default `if_missing`; without a registry any pull fails fast).
@@ -110,19 +113,26 @@ pub struct ContainerConfig {
     pub engine_timeout: Duration,
     /// Time after the grace before stevedore SIGKILLs the container itself (default 2 s).
     pub kill_margin: Duration,
+    /// How long a handler runner has to answer the protocol (default 10 s).
+    pub handshake_timeout: Duration,
+    /// The host's liveness, as the init sees it.
+    pub host_loss: HostLoss,
     /// Attempts in flight at once (default 8).
     pub max_in_flight: usize,
     /// When the bound is reached: wait (default) or refuse.
     pub wait_for_admission: bool,
-    /// Receives output live.
-    pub live_output: Option<LiveOutput>,
-    /// Published ports (`container_port` → host port, 0 = ephemeral), on 127.0.0.1.
+    /// Published ports (`container_port` → host port, 0 = ephemeral), on the engine host's
+    /// loopback.
     pub ports: BTreeMap<u16, u16>,
     /// The profile name, for messages.
     pub profile: Option<String>,
+    /// The incarnation stamped on what the rung creates (default: the process's one, shared
+    /// by every rung of the process). Set it only to stand in for another process (tests).
+    pub incarnation: Option<String>,
 }
 
 impl std::fmt::Debug for ContainerConfig {
+    // Environment values can be secrets (a profile's `env_files`): only the keys are shown.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ContainerConfig")
             .field("name", &self.name)
@@ -131,6 +141,8 @@ impl std::fmt::Debug for ContainerConfig {
             .field("worker_image", &self.worker_image)
             .field("user", &self.user)
             .field("network", &self.network)
+            .field("defaults", &self.defaults)
+            .field("ceilings", &self.ceilings)
             .field("env_keys", &self.env.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
@@ -138,38 +150,38 @@ impl std::fmt::Debug for ContainerConfig {
 
 impl Default for ContainerConfig {
     fn default() -> Self {
-        let tmp = std::env::temp_dir();
         Self {
             name: "docker".into(),
             runtime: None,
             endpoint: None,
-            init_exe: None,
-            tools_dir: super::tools::default_base(),
-            log_dir: tmp.join("stevedore-logs"),
             worker_image: None,
-            user: "65532:65532".into(),
+            user: SANDBOX_USER.into(),
             network: "none".into(),
             network_choices: None,
-            default_memory_bytes: 1 << 30,
-            default_pids: 512,
-            default_disk_bytes: 512 << 20,
-            default_nofile: 4096,
-            default_cpu_millis: None,
+            defaults: ResourceLimits::new()
+                .with(key::MEMORY, 1 << 30)
+                .with(key::PIDS, 512)
+                .with(key::DISK, 512 << 20)
+                .with(key::NOFILE, 4096),
+            ceilings: ResourceLimits::new(),
             max_tmp_bytes: 256 << 20,
-            ceilings: Ceilings::default(),
+            max_input_bytes: 4 << 30,
             env: BTreeMap::new(),
             labels: BTreeMap::new(),
             log_cap_bytes: 4 << 20,
+            log_dir: None,
             output_caps: Caps::default(),
             pull: PullPolicy::IfMissing,
             hardening: Hardening::default(),
             engine_timeout: Duration::from_secs(30),
             kill_margin: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(10),
+            host_loss: HostLoss::default(),
             max_in_flight: 8,
             wait_for_admission: true,
-            live_output: None,
             ports: BTreeMap::new(),
             profile: None,
+            incarnation: None,
         }
     }
 }
@@ -189,5 +201,107 @@ impl ContainerConfig {
         let uid = it.next().and_then(|u| u.parse().ok()).unwrap_or(65532);
         let gid = it.next().and_then(|g| g.parse().ok()).unwrap_or(uid);
         (uid, gid)
+    }
+
+    /// Names the rung.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+    /// Sets the engine endpoint (`unix://…`, `tcp://…`).
+    pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
+        self
+    }
+    /// Sets the OCI runtime.
+    pub fn runtime(mut self, runtime: impl Into<String>) -> Self {
+        self.runtime = Some(runtime.into());
+        self
+    }
+    /// Sets the image for handler attempts whose request names none.
+    pub fn worker_image(mut self, image: impl Into<String>) -> Self {
+        self.worker_image = Some(image.into());
+        self
+    }
+    /// Sets the network mode.
+    pub fn network(mut self, mode: impl Into<String>) -> Self {
+        self.network = mode.into();
+        self
+    }
+    /// Sets the default of one limit key (see `contract::limits::key`).
+    pub fn default_limit(mut self, key: &str, amount: u64) -> Self {
+        self.defaults.0.insert(key.to_owned(), amount);
+        self
+    }
+    /// Sets the ceiling of one limit key.
+    pub fn ceiling(mut self, key: &str, amount: u64) -> Self {
+        self.ceilings.0.insert(key.to_owned(), amount);
+        self
+    }
+    /// Sets the caps on outputs.
+    pub fn output_caps(mut self, caps: Caps) -> Self {
+        self.output_caps = caps;
+        self
+    }
+    /// Sets the largest input dir staged.
+    pub fn max_input_bytes(mut self, bytes: u64) -> Self {
+        self.max_input_bytes = bytes;
+        self
+    }
+    /// Sets the pull policy.
+    pub fn pull(mut self, pull: PullPolicy) -> Self {
+        self.pull = pull;
+        self
+    }
+    /// Sets the attempts in flight at once, and whether to wait (or refuse) beyond them.
+    pub fn max_in_flight(mut self, n: usize, wait: bool) -> Self {
+        self.max_in_flight = n;
+        self.wait_for_admission = wait;
+        self
+    }
+    /// Sets where captures are kept.
+    pub fn log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.log_dir = Some(dir.into());
+        self
+    }
+    /// Sets the bytes of each stream kept on disk.
+    pub fn log_cap(mut self, bytes: u64) -> Self {
+        self.log_cap_bytes = bytes;
+        self
+    }
+    /// Sets the host-loss behaviour of the link.
+    pub fn host_loss(mut self, host_loss: HostLoss) -> Self {
+        self.host_loss = host_loss;
+        self
+    }
+    /// Sets the engine call timeout.
+    pub fn engine_timeout(mut self, timeout: Duration) -> Self {
+        self.engine_timeout = timeout;
+        self
+    }
+    /// Sets an environment variable of the rung's layer (below the request's).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+    /// Adds a label to every object the rung creates.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+    /// Sets the hardening items.
+    pub fn hardening(mut self, hardening: Hardening) -> Self {
+        self.hardening = hardening;
+        self
+    }
+    /// Stamps another incarnation than the process's own (to stand in for another process).
+    pub fn incarnation(mut self, incarnation: impl Into<String>) -> Self {
+        self.incarnation = Some(incarnation.into());
+        self
+    }
+    /// Publishes a container port on the engine host's loopback (`host` 0: ephemeral).
+    pub fn publish(mut self, container: u16, host: u16) -> Self {
+        self.ports.insert(container, host);
+        self
     }
 }

@@ -1,58 +1,101 @@
-//! `ContainerExecutor`: the container rung, implementing `Executor`.
+//! `ContainerExecutor`: the container rung, implementing `Executor`. Validation, then
+//! admission, then the attempt's phases (`attempt`).
 
-use super::attempt::{self, Shared};
 use super::config::ContainerConfig;
-use super::engine::Engine;
-use super::tools::ToolsBundle;
+use super::tools::ToolsVolume;
 use crate::contract::{BoxFuture, Executor, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::engine::Engine;
+use crate::hostdir::PrivateDir;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Runs each attempt in a fresh container on a Docker Engine.
+/// What the rung shares with each attempt.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub engine: Engine,
+    pub config: ContainerConfig,
+    pub incarnation: String,
+    in_flight: Mutex<HashSet<String>>,
+    pub tracker: TaskTracker,
+    /// The published init volume, once found (and verified) by this process.
+    pub tools: tokio::sync::Mutex<Option<ToolsVolume>>,
+    /// The base of the capture dirs, opened once.
+    logs: Mutex<Option<Arc<PrivateDir>>>,
+}
+
+impl Shared {
+    pub fn new(engine: Engine, config: ContainerConfig, incarnation: String) -> Self {
+        Self {
+            engine,
+            config,
+            incarnation,
+            in_flight: Mutex::default(),
+            tracker: TaskTracker::new(),
+            tools: tokio::sync::Mutex::new(None),
+            logs: Mutex::new(None),
+        }
+    }
+
+    /// The attempt ids in flight. Never panics: a poisoned lock still holds a valid set (a
+    /// Drop backstop and reclaim must work after a panic elsewhere).
+    pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The private base dir of the captures (`hostdir`), created on first use.
+    pub fn log_base(&self) -> Result<Arc<PrivateDir>, crate::hostdir::HostDirError> {
+        let mut slot = self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(d) = &*slot {
+            return Ok(d.clone());
+        }
+        let dir = match &self.config.log_dir {
+            Some(d) => PrivateDir::open(d)?,
+            None => PrivateDir::open(&crate::hostdir::default_base())?.subdir("logs")?,
+        };
+        let dir = Arc::new(dir);
+        *slot = Some(dir.clone());
+        Ok(dir)
+    }
+}
+
+/// Runs each attempt in a fresh container on a Docker-API engine (Docker or Podman, local or
+/// remote). Cheap to clone; clones share the engine, the admission bounds and the tasks.
 #[derive(Debug, Clone)]
 pub struct ContainerExecutor {
     shared: Arc<Shared>,
-    closed: Arc<AtomicBool>,
     slots: Arc<Semaphore>,
     memory_mib: Arc<Semaphore>,
     memory_budget_mib: u32,
 }
 
 impl ContainerExecutor {
-    /// Connects to the engine, negotiates the API version and prepares the init bundle.
-    pub async fn connect(config: ContainerConfig, incarnation: impl Into<String>) -> Result<Self, LaunchError> {
-        let engine = Engine::connect(config.endpoint.as_deref(), config.engine_timeout)
-            .await
-            .map_err(|(endpoint, e)| LaunchError::EngineUnreachable { endpoint, source: Box::new(e) })?;
-        let exe = match &config.init_exe {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| LaunchError::Staging { what: "locating the init binary".into(), source: Box::new(e) })?,
-        };
-        let base = config.tools_dir.clone();
-        let bundle = tokio::task::spawn_blocking(move || ToolsBundle::prepare(&exe, &base))
-            .await
-            .map_err(|e| LaunchError::Staging { what: "init bundle".into(), source: Box::new(e) })?
-            .map_err(|e| LaunchError::Staging { what: "init bundle".into(), source: Box::new(e) })?;
-        let budget = (engine.facts.mem_total_bytes / (1 << 20)) * 8 / 10;
+    /// Connects to the engine, negotiates the API version and learns what the engine is.
+    /// Every rung of a process shares the process's incarnation.
+    pub async fn connect(config: ContainerConfig) -> Result<Self, LaunchError> {
+        let engine = Engine::connect(config.endpoint.as_deref(), config.engine_timeout).await.map_err(|source| {
+            let endpoint = config.endpoint.clone().unwrap_or_else(crate::engine::default_endpoint);
+            LaunchError::EngineUnreachable { endpoint, source }
+        })?;
+        Ok(Self::on(engine, config))
+    }
+
+    /// The rung on an engine already connected.
+    pub fn on(engine: Engine, config: ContainerConfig) -> Self {
+        let budget = (engine.facts().mem_total_bytes / (1 << 20)) * 8 / 10;
         let memory_budget_mib =
             u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
-        let shared = Shared::new(
-            engine,
-            config,
-            bundle.host_dir().to_path_buf(),
-            bundle.argv(crate::protocol::TOOLS_DIR),
-            incarnation.into(),
-        );
-        Ok(Self {
+        let incarnation =
+            config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
+        let shared = Shared::new(engine, config, incarnation);
+        Self {
             slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))),
             memory_mib: Arc::new(Semaphore::new(memory_budget_mib as usize)),
             memory_budget_mib,
             shared: Arc::new(shared),
-            closed: Arc::new(AtomicBool::new(false)),
-        })
+        }
     }
 
     /// The engine this rung talks to.
@@ -70,13 +113,21 @@ impl ContainerExecutor {
         &self.shared.incarnation
     }
 
+    /// Removes stale tools volumes of other inits (and abandoned fills) that no container
+    /// uses; this process's own init is kept.
+    pub async fn prune_tools(&self) -> Result<super::tools::Pruned, crate::engine::EngineError> {
+        super::tools::prune(&self.shared.engine, crate::sandbox::init_binary::sha256()).await
+    }
+
     async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
         let name = self.shared.config.name.clone();
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(LaunchError::Closed(name));
-        }
         // Holding a tracker token makes `close` wait for this attempt.
         let _token = self.shared.tracker.token();
+        if self.shared.tracker.is_closed() {
+            return Err(LaunchError::Closed(name));
+        }
+        // An invalid request is refused before it waits for anything.
+        req.validate()?;
         let applied = super::spec::apply_limits(&req.limits, &self.shared.config);
         let mib = u32::try_from(applied.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
         if mib > self.memory_budget_mib {
@@ -96,9 +147,7 @@ impl ContainerExecutor {
                 _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
             }
         } else {
-            let slot = self.slots.clone().try_acquire_owned();
-            let mem = self.memory_mib.clone().try_acquire_many_owned(mib);
-            match (slot, mem) {
+            match (self.slots.clone().try_acquire_owned(), self.memory_mib.clone().try_acquire_many_owned(mib)) {
                 (Ok(s), Ok(m)) => (Ok(s), Ok(m)),
                 _ => {
                     return Err(LaunchError::AdmissionRefused(format!(
@@ -111,10 +160,10 @@ impl ContainerExecutor {
         let (Ok(_slot), Ok(_mem)) = permits else {
             return Err(LaunchError::Closed(name));
         };
-        if self.closed.load(Ordering::SeqCst) {
+        if self.shared.tracker.is_closed() {
             return Err(LaunchError::Closed(name));
         }
-        attempt::run(self.shared.clone(), req, applied, cancel.clone()).await
+        super::attempt::run(self.shared.clone(), req, applied, cancel.clone()).await
     }
 }
 
@@ -141,7 +190,6 @@ impl Executor for ContainerExecutor {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            self.closed.store(true, Ordering::SeqCst);
             self.shared.tracker.close();
             self.shared.tracker.wait().await;
         })

@@ -20,14 +20,51 @@ pub const ATTEMPT: &str = "dev.stevedore.attempt";
 pub const APP: &str = "dev.stevedore.app";
 /// The organisation scope.
 pub const ORG: &str = "dev.stevedore.org";
-/// What the object is for: `attempt`, `stage`, `in`, `out`, `control`.
+/// What the object is for within its kind: `container`, `stage`, `in`, `init`.
 pub const ROLE: &str = "dev.stevedore.role";
+/// How long the object lives and who removes it (see [`Kind`]).
+pub const KIND: &str = "dev.stevedore.kind";
+/// On a `tools` object: the sha256 of the init it holds.
+pub const TOOLS_DIGEST: &str = "dev.stevedore.tools.digest";
 /// The attempt's own ID (shared by its container and volumes).
 pub const ATTEMPT_ID: &str = "dev.stevedore.attempt_id";
 /// On worker images: the handler-set fingerprint.
 pub const FINGERPRINT: &str = "dev.stevedore.fingerprint";
 /// On worker images: the JSON argv prefix that runs the worker binary.
 pub const ENTRY: &str = "dev.stevedore.entry";
+
+/// How long an object lives, and who removes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Kind {
+    /// An attempt's container and volumes: removed by the attempt; a worker's `reclaim`
+    /// removes what a crashed process left.
+    Attempt,
+    /// Prepared ahead of an attempt (warm pool): used once; a worker's `reclaim` removes
+    /// them, except its own live pool.
+    Pool,
+    /// stevedore's init, shared per digest by every worker on the engine (no worker label):
+    /// removed only when stale and unused.
+    Tools,
+    /// A named cache that outlives attempts: removed only by an explicit command.
+    Cache,
+}
+
+impl Kind {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Attempt => "attempt",
+            Kind::Pool => "pool",
+            Kind::Tools => "tools",
+            Kind::Cache => "cache",
+        }
+    }
+
+    /// The kinds a worker's `reclaim` removes.
+    pub const RECLAIMED: [Kind; 2] = [Kind::Attempt, Kind::Pool];
+}
 
 /// Who an object belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,8 +95,13 @@ pub struct AttemptLabels<'a> {
 }
 
 impl AttemptLabels<'_> {
-    /// The label map for an object with `role`.
+    /// The label map for an attempt's object with `role`.
     pub fn for_role(&self, role: &str) -> HashMap<String, String> {
+        self.for_kind(Kind::Attempt, role)
+    }
+
+    /// The label map for an object of `kind` with `role`.
+    pub fn for_kind(&self, kind: Kind, role: &str) -> HashMap<String, String> {
         let mut m: HashMap<String, String> =
             self.extra.iter().filter(|(k, _)| !k.starts_with(PREFIX)).map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut put = |k: &str, v: &str| {
@@ -71,6 +113,7 @@ impl AttemptLabels<'_> {
         put(EXECUTOR, self.owner.executor);
         put(ATTEMPT_ID, self.attempt_id);
         put(ROLE, role);
+        put(KIND, kind.as_str());
         if let Some((job, attempt)) = self.job {
             put(JOB, job);
             put(ATTEMPT, &attempt.to_string());
@@ -90,9 +133,29 @@ pub fn worker_filter(worker: &str) -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_owned(), vec![format!("{MANAGED}=true"), format!("{WORKER}={worker}")])])
 }
 
-/// Whether labels say the object belongs to `worker` (a second check after the engine's filter).
-pub fn belongs_to(labels: &HashMap<String, String>, worker: &str) -> bool {
-    labels.get(MANAGED).map(String::as_str) == Some("true") && labels.get(WORKER).map(String::as_str) == Some(worker)
+/// Whether labels say the object belongs to `worker` and is of a kind its `reclaim` removes
+/// (a second check after the engine's filter). Objects from before kinds existed count as
+/// attempts.
+pub fn reclaimable_by(labels: &HashMap<String, String>, worker: &str) -> bool {
+    let kind = labels.get(KIND).map(String::as_str).unwrap_or("attempt");
+    labels.get(MANAGED).map(String::as_str) == Some("true")
+        && labels.get(WORKER).map(String::as_str) == Some(worker)
+        && Kind::RECLAIMED.iter().any(|k| k.as_str() == kind)
+}
+
+/// The labels of the shared tools objects for the init of `digest`.
+pub fn tools(digest: &str, role: &str) -> HashMap<String, String> {
+    HashMap::from([
+        (MANAGED.to_owned(), "true".to_owned()),
+        (KIND.to_owned(), Kind::Tools.as_str().to_owned()),
+        (TOOLS_DIGEST.to_owned(), digest.to_owned()),
+        (ROLE.to_owned(), role.to_owned()),
+    ])
+}
+
+/// The engine filter that selects every tools object.
+pub fn tools_filter() -> HashMap<String, Vec<String>> {
+    HashMap::from([("label".to_owned(), vec![format!("{MANAGED}=true"), format!("{KIND}=tools")])])
 }
 
 #[cfg(test)]
@@ -120,8 +183,12 @@ mod tests {
         assert_eq!(m[APP], "app");
         assert!(!m.contains_key(ORG));
         assert_eq!(m["team"], "x");
-        assert!(belongs_to(&m, "w1"));
-        assert!(!belongs_to(&m, "w2"));
+        assert_eq!(m[KIND], "attempt");
+        assert!(reclaimable_by(&m, "w1"));
+        assert!(!reclaimable_by(&m, "w2"));
+        let cache = l.for_kind(Kind::Cache, "cache");
+        assert!(!reclaimable_by(&cache, "w1"), "a worker's reclaim never removes a cache");
+        assert!(!reclaimable_by(&tools("abc", "init"), "w1"), "nor the shared tools");
         let ahead = AttemptLabels { job: None, ..l };
         assert!(!ahead.for_role("attempt").contains_key(JOB));
     }

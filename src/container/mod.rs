@@ -1,18 +1,27 @@
-//! The container rung: each attempt in a fresh Docker container.
+//! The container rung: each attempt in a fresh container on a Docker-API engine.
+//!
+//! Pure parts (tested without an engine): `config`, `labels`, `env`, `spec`. Parts that talk
+//! to the engine or the host: `executor` (admission), the attempt's phases (`attempt`:
+//! `prepare`, `launch`, `supervise`, `finish`, with `cleanup`), `tools` (the init in the
+//! engine), `staging` (inputs), `reclaim`.
 
-pub mod attempt;
+mod attempt;
+mod cleanup;
 pub mod config;
-pub mod engine;
 pub mod env;
 mod executor;
+mod finish;
 pub mod labels;
-pub mod logs;
-pub mod pipe;
+mod launch;
+pub(crate) mod pipe;
+mod prepare;
 mod reclaim;
 pub mod spec;
 pub mod staging;
+mod supervise;
+#[cfg(test)]
+mod tests;
 pub mod tools;
 
-pub use config::{ContainerConfig, Hardening, LiveOutput, PullPolicy, Stream};
-pub use engine::{Engine, EngineFacts, Removal};
+pub use config::{ContainerConfig, Hardening, HostLoss, PullPolicy, SANDBOX_USER};
 pub use executor::ContainerExecutor;

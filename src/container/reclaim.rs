@@ -1,18 +1,19 @@
-//! Reclaim: remove everything a worker left behind, except this process's attempts in flight.
+//! Reclaim: remove what a worker left behind (its attempts and pool, by label), except this
+//! process's attempts in flight (spared by attempt id), and never anything else.
 
-use super::attempt::Shared;
-use super::engine::EngineError;
+use super::executor::Shared;
 use super::labels;
-use crate::contract::{ReclaimError, ReclaimFailure, ReclaimReport};
-use bollard::query_parameters::{ListContainersOptionsBuilder, ListVolumesOptionsBuilder};
+use crate::contract::{ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport};
+use crate::engine::EngineError;
 use futures_util::StreamExt;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
 /// Removals in parallel at once.
 const PARALLEL: usize = 8;
 
 /// Runs `remove` on every id, [`PARALLEL`] at once; returns the ids removed and the failures.
-async fn remove_each<F, Fut>(ids: Vec<String>, kind: &str, remove: F) -> (Vec<String>, Vec<ReclaimFailure>)
+async fn remove_each<F, Fut>(ids: Vec<String>, kind: ObjectKind, remove: F) -> (Vec<String>, Vec<ReclaimFailure>)
 where
     F: Fn(String) -> Fut,
     Fut: Future<Output = Result<(), EngineError>>,
@@ -30,82 +31,79 @@ where
     for (id, r) in results {
         match r {
             Ok(()) => removed.push(id),
-            Err(err) => failed.push(ReclaimFailure { kind: kind.to_owned(), id, error: err.message() }),
+            Err(err) => failed.push(ReclaimFailure { kind, id, error: err.message() }),
         }
     }
     (removed, failed)
 }
 
-/// Sweeps the engine (and the host log area) for `worker`.
+/// Whether an object is one of this process's attempts in flight.
+fn in_flight_here(l: &HashMap<String, String>, incarnation: &str, in_flight: &HashSet<String>) -> bool {
+    l.get(labels::INCARNATION).map(String::as_str) == Some(incarnation)
+        && l.get(labels::ATTEMPT_ID).is_some_and(|a| in_flight.contains(a))
+}
+
+/// Sweeps the engine (and the host capture area) for `worker`.
 pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimReport, ReclaimError> {
     if !crate::contract::valid_worker_id(worker) {
         return Err(ReclaimError::WorkerId(worker.to_owned()));
     }
-    let e = &shared.engine;
+    let api = &shared.engine.api;
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
-    let in_flight: std::collections::HashSet<String> = shared.in_flight().clone();
-    let mine = |l: &std::collections::HashMap<String, String>| {
-        l.get(labels::INCARNATION).map(String::as_str) == Some(shared.incarnation.as_str())
-            && l.get(labels::ATTEMPT_ID).is_some_and(|a| in_flight.contains(a))
-    };
+    let in_flight: HashSet<String> = shared.in_flight().clone();
+    let mine = |l: &HashMap<String, String>| in_flight_here(l, &shared.incarnation, &in_flight);
 
-    let opts = ListContainersOptionsBuilder::default().all(true).filters(&labels::worker_filter(worker)).build();
-    let containers = e
-        .call("list containers", e.docker.list_containers(Some(opts)))
+    let containers = api
+        .list_containers(labels::worker_filter(worker))
         .await
-        .map_err(|err| ReclaimError::List { what: "containers", source: Box::new(err) })?;
+        .map_err(|source| ReclaimError::List { what: "containers", source })?;
     let mut targets = Vec::new();
-    for c in containers {
-        let l = c.labels.unwrap_or_default();
-        let id = c.id.unwrap_or_default();
-        if !labels::belongs_to(&l, worker) {
-            continue;
-        }
-        if mine(&l) {
-            report.kept_in_flight.push(id);
+    for c in containers.into_iter().filter(|c| labels::reclaimable_by(&c.labels, worker)) {
+        if mine(&c.labels) {
+            report.kept_in_flight.push(c.id);
         } else {
-            targets.push(id);
+            targets.push(c.id);
         }
     }
     let (removed, failed) =
-        remove_each(targets, "container", |id| async move { e.remove_container(&id).await.map(|_| ()) }).await;
+        remove_each(targets, ObjectKind::Container, |id| async move { api.remove_container(&id).await.map(|_| ()) })
+            .await;
     report.containers_removed = removed;
     report.failed.extend(failed);
 
-    let opts = ListVolumesOptionsBuilder::default().filters(&labels::worker_filter(worker)).build();
-    let volumes = e
-        .call("list volumes", e.docker.list_volumes(Some(opts)))
+    let volumes = api
+        .list_volumes(labels::worker_filter(worker))
         .await
-        .map_err(|err| ReclaimError::List { what: "volumes", source: Box::new(err) })?;
+        .map_err(|source| ReclaimError::List { what: "volumes", source })?;
     let mut targets = Vec::new();
-    for v in volumes.volumes.unwrap_or_default() {
-        if !labels::belongs_to(&v.labels, worker) {
-            continue;
-        }
+    for v in volumes.into_iter().filter(|v| labels::reclaimable_by(&v.labels, worker)) {
         if mine(&v.labels) {
             report.kept_in_flight.push(v.name);
         } else {
             targets.push(v.name);
         }
     }
-    let (removed, failed) = remove_each(targets, "volume", |name| async move { e.remove_volume(&name).await }).await;
+    let (removed, failed) =
+        remove_each(targets, ObjectKind::Volume, |name| async move { api.remove_volume(&name).await }).await;
     report.volumes_removed = removed;
     report.failed.extend(failed);
 
-    // Log captures of attempts that are not in flight.
-    let dir = shared.config.log_dir.join(worker);
-    if let Ok(entries) = std::fs::read_dir(&dir) {
-        for ent in entries.flatten() {
-            let name = ent.file_name().to_string_lossy().into_owned();
-            if in_flight.iter().any(|a| name.contains(a.as_str())) {
+    // Captures of attempts that are not in flight: `sd-<worker>-<attempt id>.<stream>`.
+    if let Ok(base) = shared.log_base()
+        && let Ok(dir) = base.subdir(worker)
+        && let Ok(files) = dir.files()
+    {
+        for name in files {
+            let attempt = name.split('.').next().and_then(|stem| stem.rsplit('-').next()).unwrap_or("");
+            if in_flight.contains(attempt) {
                 continue;
             }
-            match std::fs::remove_file(ent.path()) {
-                Ok(()) => report.paths_removed.push(ent.path().display().to_string()),
-                Err(err) => report.failed.push(ReclaimFailure {
-                    kind: "path".into(),
-                    id: ent.path().display().to_string(),
-                    error: err.to_string(),
+            match dir.remove_file(&name) {
+                Ok(()) => report.paths_removed.push(dir.path().join(&name).display().to_string()),
+                Err(e) => report.failed.push(ReclaimFailure {
+                    kind: ObjectKind::Path,
+                    id: dir.path().join(&name).display().to_string(),
+                    error: e.to_string(),
                 }),
             }
         }

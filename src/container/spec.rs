@@ -2,15 +2,13 @@
 
 use super::config::ContainerConfig;
 use crate::contract::{LaunchError, NarrowedLimit, ResourceLimits, limits::key};
-use crate::protocol::{CONTROL_DIR, IN_DIR, INIT_MARKER, OUT_DIR, TMP_DIR, TOOLS_DIR};
+use crate::engine::EngineError;
+use crate::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountTmpfsOptions, MountType,
     PortBinding, ResourcesUlimits,
 };
 use std::collections::{BTreeMap, HashMap};
-
-/// Size of the control area (request, payload and records).
-pub const CONTROL_BYTES: u64 = 16 << 20;
 
 /// The limits actually applied to one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,9 +34,9 @@ pub struct Applied {
 /// Applies defaults and ceilings to the request's limits.
 pub fn apply_limits(req: &ResourceLimits, cfg: &ContainerConfig) -> Applied {
     let mut narrowed = Vec::new();
-    let mut pick = |k: &str, asked: Option<u64>, default: Option<u64>| -> Option<u64> {
-        let v = asked.or(default)?;
-        match cfg.ceilings.limits.get(k).copied().filter(|c| *c > 0) {
+    let mut pick = |k: &str| -> Option<u64> {
+        let v = req.get(k).or_else(|| cfg.defaults.get(k))?;
+        match cfg.ceilings.get(k) {
             Some(c) if v > c => {
                 narrowed.push(NarrowedLimit { key: k.to_owned(), from: v, to: c, why: "profile ceiling".into() });
                 Some(c)
@@ -46,26 +44,15 @@ pub fn apply_limits(req: &ResourceLimits, cfg: &ContainerConfig) -> Applied {
             _ => Some(v),
         }
     };
-    let memory =
-        pick(key::MEMORY, req.memory_bytes(), Some(cfg.default_memory_bytes)).unwrap_or(cfg.default_memory_bytes);
-    let pids = pick(key::PIDS, req.pids(), Some(cfg.default_pids)).unwrap_or(cfg.default_pids);
-    let disk = pick(key::DISK, req.disk_bytes(), Some(cfg.default_disk_bytes)).unwrap_or(cfg.default_disk_bytes);
-    let cpu_millis = pick(key::CPU, req.cpu_millis(), cfg.default_cpu_millis);
-    let nofile = pick(key::NOFILE, req.get(key::NOFILE), Some(cfg.default_nofile)).unwrap_or(cfg.default_nofile);
-    let gpus = pick(key::GPU, req.get(key::GPU), None).map(|m| m.div_ceil(1000));
+    // Never unlimited by accident: a configuration without a default still gets one.
+    let memory = pick(key::MEMORY).unwrap_or(1 << 30);
+    let pids = pick(key::PIDS).unwrap_or(512);
+    let disk = pick(key::DISK).unwrap_or(512 << 20);
+    let cpu_millis = pick(key::CPU);
+    let nofile = pick(key::NOFILE).unwrap_or(4096);
+    let gpus = pick(key::GPU).map(|m| m.div_ceil(1000));
     let tmp = cfg.max_tmp_bytes.min(memory);
     Applied { memory, pids, disk, cpu_millis, nofile, tmp, gpus, narrowed }
-}
-
-/// The names of the attempt's volumes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Volumes {
-    /// Inputs (read-only at `/in`), if the request has an input dir.
-    pub input: Option<String>,
-    /// Outputs (tmpfs, writable at `/out`).
-    pub output: String,
-    /// Control area (tmpfs).
-    pub control: String,
 }
 
 /// Everything the spec is built from.
@@ -75,20 +62,20 @@ pub struct SpecInput<'a> {
     pub config: &'a ContainerConfig,
     /// The image reference.
     pub image: &'a str,
-    /// The argv that runs stevedore's init from [`TOOLS_DIR`] (without the marker).
-    pub init_argv: &'a [String],
-    /// Host dir of the tools bundle (bind-mounted read-only).
-    pub tools_host_dir: String,
+    /// The volume holding stevedore's init (mounted read-only at [`TOOLS_DIR`]).
+    pub tools_volume: &'a str,
     /// Labels.
     pub labels: HashMap<String, String>,
-    /// The attempt's volumes.
-    pub volumes: &'a Volumes,
+    /// The input volume (read-only at `/in`), when the request has inputs.
+    pub input_volume: Option<&'a str>,
     /// The applied limits.
     pub applied: &'a Applied,
     /// `VOLUME`s the image declares.
     pub image_volumes: &'a [String],
     /// Whether the engine applies its seccomp profile (stevedore leaves it in place).
     pub engine_seccomp: bool,
+    /// Whether the engine is Podman (which needs some limits spelled out).
+    pub podman: bool,
 }
 
 /// The spec, and what enforcement it applies or skips (item → how / why).
@@ -131,6 +118,10 @@ fn covered(path: &str, ours: &[&str]) -> bool {
     ours.contains(&p)
 }
 
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Builds the container spec.
 pub fn build(input: &SpecInput<'_>) -> Spec {
     let cfg = input.config;
@@ -141,21 +132,16 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         m.insert(k.to_owned(), v);
     };
 
-    let mut mounts = vec![Mount {
-        typ: Some(MountType::BIND),
-        source: Some(input.tools_host_dir.clone()),
-        target: Some(TOOLS_DIR.to_owned()),
-        read_only: Some(true),
-        ..Default::default()
-    }];
-    if let Some(v) = &input.volumes.input {
+    let mut mounts = vec![volume_mount(input.tools_volume, TOOLS_DIR, true)];
+    if let Some(v) = input.input_volume {
         mounts.push(volume_mount(v, IN_DIR, true));
         put(&mut enforcement, "inputs_read_only", format!("volume {v} mounted read-only at {IN_DIR}"));
     }
-    mounts.push(volume_mount(&input.volumes.output, OUT_DIR, false));
-    mounts.push(volume_mount(&input.volumes.control, CONTROL_DIR, false));
+    // The command writes /out; only the init reads it back, so it needs no volume: a tmpfs
+    // of the disk limit gives ENOSPC at the limit on any engine.
+    mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
     mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
-    let ours = [TOOLS_DIR, IN_DIR, OUT_DIR, CONTROL_DIR, TMP_DIR, "/.stevedore"];
+    let ours = [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"];
     let mut masked = Vec::new();
     for v in input.image_volumes {
         if !covered(v, &ours) {
@@ -171,16 +157,26 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         );
     }
 
+    let mut ulimits = vec![ResourcesUlimits {
+        name: Some("nofile".into()),
+        soft: Some(clamp(a.nofile)),
+        hard: Some(clamp(a.nofile)),
+    }];
+    if input.podman {
+        // Podman refuses to start a container whose nproc it would have to raise (rlimit
+        // type 7) unless the limit is given; the cgroup's pids limit is the real bound.
+        ulimits.push(ResourcesUlimits {
+            name: Some("nproc".into()),
+            soft: Some(clamp(a.pids)),
+            hard: Some(clamp(a.pids)),
+        });
+    }
     let mut host = HostConfig {
         mounts: Some(mounts),
-        memory: Some(a.memory as i64),
-        memory_swap: Some(a.memory as i64),
-        pids_limit: Some(a.pids as i64),
-        ulimits: Some(vec![ResourcesUlimits {
-            name: Some("nofile".into()),
-            soft: Some(a.nofile as i64),
-            hard: Some(a.nofile as i64),
-        }]),
+        memory: Some(clamp(a.memory)),
+        memory_swap: Some(clamp(a.memory)),
+        pids_limit: Some(clamp(a.pids)),
+        ulimits: Some(ulimits),
         network_mode: Some(cfg.network.clone()),
         readonly_rootfs: Some(cfg.hardening.read_only_rootfs),
         log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
@@ -196,28 +192,32 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     put(
         &mut enforcement,
         "disk",
-        format!("{OUT_DIR} is a tmpfs volume of {} bytes: ENOSPC at the limit (its pages count as memory)", a.disk),
+        format!("{OUT_DIR} is a tmpfs of {} bytes: ENOSPC at the limit (its pages count as memory)", a.disk),
     );
-    put(&mut enforcement, "init", "stevedore init as PID 1 (reaps, forwards signals, kills stragglers)".into());
+    put(
+        &mut enforcement,
+        "init",
+        "stevedore's static init as PID 1 (reaps, forwards signals, kills stragglers; no loader, its own environment \
+         ignored)"
+            .into(),
+    );
     put(&mut enforcement, "log_driver", "none: stdout/stderr captured by stevedore, capped".into());
-    put(&mut enforcement, "host_mounts", format!("only {TOOLS_DIR} (read-only) from the host"));
+    put(&mut enforcement, "host_mounts", "none: the init comes from an engine volume, nothing from the host".into());
     match a.cpu_millis {
         Some(m) => {
-            host.nano_cpus = Some((m as i64) * 1_000_000);
+            host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
             put(&mut enforcement, "cpu", format!("cfs quota of {m} millicores"));
         }
         None => put(&mut skipped, "cpu", "no cpu limit requested or configured".into()),
     }
     if let Some(n) = a.gpus {
-        {
-            host.device_requests = Some(vec![DeviceRequest {
-                driver: Some(String::new()),
-                count: Some(n as i64),
-                capabilities: Some(vec![vec!["gpu".into()]]),
-                ..Default::default()
-            }]);
-            put(&mut enforcement, "gpu", format!("{n} device(s) requested"));
-        }
+        host.device_requests = Some(vec![DeviceRequest {
+            driver: Some(String::new()),
+            count: Some(clamp(n)),
+            capabilities: Some(vec![vec!["gpu".into()]]),
+            ..Default::default()
+        }]);
+        put(&mut enforcement, "gpu", format!("{n} device(s) requested"));
     }
     if cfg.network == "none" {
         put(&mut enforcement, "network", "none".into());
@@ -272,13 +272,16 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         host.port_bindings = Some(map);
     }
 
-    let mut entrypoint = input.init_argv.to_vec();
-    entrypoint.push(INIT_MARKER.to_owned());
-    entrypoint.push(CONTROL_DIR.to_owned());
+    // PID 1's own environment: Docker merges the image's ENV in and no call removes a key,
+    // so every variable a loader or libc reads is set to empty. The init is static and never
+    // reads them; this keeps even its libc start-up clean. The command gets the image's
+    // values back in the Start frame.
+    let env: Vec<String> = wire_env::LOADER.iter().map(|k| format!("{k}=")).collect();
     let body = ContainerCreateBody {
         image: Some(input.image.to_owned()),
-        entrypoint: Some(entrypoint),
+        entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
         cmd: Some(Vec::new()),
+        env: Some(env),
         user: Some(cfg.user.clone()),
         attach_stdin: Some(true),
         attach_stdout: Some(true),
@@ -295,49 +298,45 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     Spec { body, enforcement, skipped }
 }
 
-/// The launch error for an engine refusal `msg` that says a published port is taken, naming
-/// the explicit host port (the one the message mentions, else the first) and the profile;
-/// `None` when `msg` is not about a taken port or no host port was explicit.
-pub fn port_taken(
-    cfg: &ContainerConfig,
-    msg: &str,
-    source: crate::contract::Cause,
-) -> Result<LaunchError, crate::contract::Cause> {
+/// The launch error for an engine refusal that says a published port is taken, naming the
+/// explicit host port (the one the message mentions, else the first) and the profile; the
+/// engine error back when it is not about a taken port or no host port was explicit.
+pub fn port_taken(cfg: &ContainerConfig, err: EngineError) -> LaunchError {
+    let msg = err.message();
     let taken = msg.contains("port is already allocated") || msg.contains("address already in use");
     let explicit: Vec<(u16, u16)> = cfg.ports.iter().filter(|(_, h)| **h != 0).map(|(c, h)| (*c, *h)).collect();
     let named = explicit.iter().find(|(_, h)| msg.contains(&format!(":{h}"))).or(explicit.first());
     match named {
-        Some((container_port, port)) if taken => Ok(LaunchError::PortTaken {
+        Some((container_port, port)) if taken => LaunchError::PortTaken {
             port: *port,
             container_port: *container_port,
             profile: cfg.profile.clone().unwrap_or_else(|| "default".into()),
-            source,
-        }),
-        _ => Err(source),
+            source: err,
+        },
+        _ => LaunchError::Engine(err),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::config::Ceilings;
 
     /// Owned strings that live as long as the test process (a test input borrows them).
     fn leak(items: &[&str]) -> &'static [String] {
         Box::leak(items.iter().map(|s| s.to_string()).collect())
     }
 
-    fn input<'a>(cfg: &'a ContainerConfig, vols: &'a Volumes, applied: &'a Applied) -> SpecInput<'a> {
+    fn input<'a>(cfg: &'a ContainerConfig, input_volume: Option<&'a str>, applied: &'a Applied) -> SpecInput<'a> {
         SpecInput {
             config: cfg,
             image: "img:1",
-            init_argv: leak(&["/.stevedore/tools/stevedore"]),
-            tools_host_dir: "/tmp/tools".into(),
+            tools_volume: "stevedore-tools-abc",
             labels: HashMap::from([("dev.stevedore.managed".into(), "true".into())]),
-            volumes: vols,
+            input_volume,
             applied,
             image_volumes: leak(&["/data", "/out"]),
             engine_seccomp: true,
+            podman: false,
         }
     }
 
@@ -345,10 +344,9 @@ mod tests {
     fn seccomp_is_evidence_of_what_the_engine_applies() {
         let cfg = ContainerConfig::default();
         let applied = apply_limits(&ResourceLimits::new(), &cfg);
-        let vols = Volumes { input: None, output: "o".into(), control: "c".into() };
-        let with = build(&input(&cfg, &vols, &applied));
+        let with = build(&input(&cfg, None, &applied));
         assert!(with.enforcement.contains_key("seccomp") && !with.skipped.contains_key("seccomp"));
-        let without = build(&SpecInput { engine_seccomp: false, ..input(&cfg, &vols, &applied) });
+        let without = build(&SpecInput { engine_seccomp: false, ..input(&cfg, None, &applied) });
         assert!(without.skipped.contains_key("seccomp") && !without.enforcement.contains_key("seccomp"));
     }
 
@@ -367,10 +365,7 @@ mod tests {
 
     #[test]
     fn ceilings_narrow_and_say_so() {
-        let cfg = ContainerConfig {
-            ceilings: Ceilings { limits: BTreeMap::from([("memory".into(), 128 << 20)]) },
-            ..ContainerConfig::default()
-        };
+        let cfg = ContainerConfig::default().ceiling("memory", 128 << 20);
         let a = apply_limits(&ResourceLimits::new().with("memory", 1 << 30).with("gpu", 1500), &cfg);
         assert_eq!(a.memory, 128 << 20);
         assert_eq!(
@@ -383,9 +378,8 @@ mod tests {
     #[test]
     fn hardened_spec() {
         let cfg = ContainerConfig::default();
-        let vols = Volumes { input: Some("vin".into()), output: "vout".into(), control: "vctl".into() };
         let applied = apply_limits(&ResourceLimits::new().with("cpu", 500).with("pids", 64), &cfg);
-        let s = build(&input(&cfg, &vols, &applied));
+        let s = build(&input(&cfg, Some("vin"), &applied));
         let h = s.body.host_config.as_ref().unwrap();
         assert_eq!(h.memory, h.memory_swap, "swap disabled");
         assert_eq!(h.nano_cpus, Some(500_000_000));
@@ -400,7 +394,10 @@ mod tests {
         let find = |t: &str| mounts.iter().find(|m| m.target.as_deref() == Some(t)).unwrap();
         assert_eq!(find("/in").read_only, Some(true));
         assert_eq!(find("/out").read_only, Some(false));
+        assert_eq!(find("/out").typ, Some(MountType::TMPFS));
         assert_eq!(find(TOOLS_DIR).read_only, Some(true));
+        assert_eq!(find(TOOLS_DIR).typ, Some(MountType::VOLUME), "nothing of the host is mounted");
+        assert!(mounts.iter().all(|m| m.typ != Some(MountType::BIND)));
         assert_eq!(find("/data").read_only, Some(true), "image VOLUME masked read-only");
         assert_eq!(mounts.iter().filter(|m| m.target.as_deref() == Some("/out")).count(), 1);
         assert_eq!(find("/tmp").typ, Some(MountType::TMPFS));
@@ -408,8 +405,11 @@ mod tests {
         assert_eq!(s.body.cmd, Some(vec![]), "the image's CMD never reaches the init");
         assert_eq!(s.body.open_stdin, Some(true));
         assert_eq!(s.body.stdin_once, Some(true));
-        let ep = s.body.entrypoint.unwrap();
-        assert_eq!(&ep[1..], &[INIT_MARKER.to_owned(), CONTROL_DIR.to_owned()]);
+        assert_eq!(s.body.entrypoint, Some(vec!["/.stevedore/tools/stevedore-init".to_owned()]));
+        let env = s.body.env.as_ref().unwrap();
+        for k in ["LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GLIBC_TUNABLES"] {
+            assert!(env.contains(&format!("{k}=")), "PID 1's {k} overridden: {env:?}");
+        }
         for k in [
             "memory",
             "pids",
@@ -435,20 +435,20 @@ mod tests {
             ..ContainerConfig::default()
         };
         let msg = "Error starting userland proxy: listen tcp4 127.0.0.1:42000: bind: address already in use";
-        let err = port_taken(&cfg, msg, msg.into()).unwrap();
+        let refused = |m: &str| EngineError::Refused { op: "start container", status: 500, message: m.into() };
+        let err = port_taken(&cfg, refused(msg));
         assert_eq!(err.to_string(), r#"host port 42000 (container port 9090) of profile "web" is taken"#);
-        assert!(port_taken(&cfg, "no such image", "x".into()).is_err());
-        let ephemeral_only = ContainerConfig { ports: BTreeMap::from([(80, 0)]), ..ContainerConfig::default() };
-        assert!(port_taken(&ephemeral_only, msg, "x".into()).is_err());
+        assert!(matches!(port_taken(&cfg, refused("no such image")), LaunchError::Engine(_)));
+        let ephemeral_only = ContainerConfig::default().publish(80, 0);
+        assert!(matches!(port_taken(&ephemeral_only, refused(msg)), LaunchError::Engine(_)));
     }
 
     #[test]
     fn relaxations_are_recorded_as_skipped() {
         let mut cfg = ContainerConfig { network: "bridge".into(), user: "0:0".into(), ..ContainerConfig::default() };
         cfg.hardening.read_only_rootfs = false;
-        let vols = Volumes { input: None, output: "o".into(), control: "c".into() };
         let applied = apply_limits(&ResourceLimits::new(), &cfg);
-        let s = build(&input(&cfg, &vols, &applied));
+        let s = build(&input(&cfg, None, &applied));
         for k in ["network", "non_root", "read_only_rootfs", "cpu"] {
             assert!(s.skipped.contains_key(k), "{k} should be skipped");
             assert!(!s.enforcement.contains_key(k));

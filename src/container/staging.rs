@@ -1,86 +1,334 @@
-//! Staging the caller's input dir as a tar owned by the sandbox user (the caller's files
-//! are only read: owner, mode and content stay as they are).
+//! Staging the caller's input dir as a tar owned by the sandbox user. The caller's files are
+//! only read (owner, mode and content stay as they are), and only through descriptors: the
+//! dir is resolved once, then every entry is opened relative to its parent with
+//! `O_NOFOLLOW`, so a subdirectory swapped for a symlink mid-staging is refused, never
+//! followed. A file's content is copied for exactly the size its header announced; one that
+//! changed size meanwhile fails the staging, named, so nothing the header did not promise
+//! becomes an entry. The apparent size of everything is counted before the upload and
+//! checked against the limit as it is written.
 
-use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::Path;
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
 
-/// What staging left out of the input tar.
+/// Deeper directories are refused: each level holds one open descriptor.
+const MAX_DEPTH: usize = 128;
+/// At most this many skipped entries are named.
+const MAX_SKIPPED: usize = 1000;
+
+/// What staging did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StageReport {
     /// Entries written.
     pub entries: u64,
+    /// Regular files written.
+    pub files: u64,
     /// Bytes of file content.
     pub bytes: u64,
     /// Entries skipped (FIFOs, sockets, devices), by relative path.
     pub skipped: Vec<String>,
 }
 
-/// Writes `dir` as a tar whose entries belong to `uid:gid` with their modes kept (plus
-/// owner read, and owner search on directories), symlinks kept as symlinks.
-pub fn write_input_tar(dir: &Path, uid: u32, gid: u32, out: impl Write) -> io::Result<StageReport> {
-    let mut b = tar::Builder::new(out);
-    b.follow_symlinks(false);
-    let mut report = StageReport::default();
-    add_dir(&mut b, dir, Path::new(""), uid, gid, &mut report)?;
-    b.into_inner()?.flush()?;
-    Ok(report)
+/// Why the input dir could not be staged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StageError {
+    /// an entry could not be read
+    #[error("cannot read input {path}")]
+    Io {
+        /// The entry, relative to the input dir.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// an entry changed under the staging
+    #[error("input {path} changed while it was staged ({why})")]
+    Changed {
+        /// The entry.
+        path: PathBuf,
+        /// What changed.
+        why: String,
+    },
+    /// the inputs are larger than the limit
+    #[error("the inputs hold more than {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// writing the tar failed (the upload stopped reading)
+    #[error("writing the input tar")]
+    Write(#[source] io::Error),
 }
 
-fn header_for(meta: &fs::Metadata, uid: u32, gid: u32, mode: u32) -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
-    h.set_uid(uid.into());
-    h.set_gid(gid.into());
-    h.set_mode(mode);
-    h
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
 }
 
-fn add_dir<W: Write>(
-    b: &mut tar::Builder<W>,
-    root: &Path,
-    rel: &Path,
-    uid: u32,
-    gid: u32,
-    report: &mut StageReport,
-) -> io::Result<()> {
-    let mut entries: Vec<_> = fs::read_dir(root.join(rel))?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
-        let rel_path = rel.join(e.file_name());
-        let meta = fs::symlink_metadata(e.path())?;
-        let ft = meta.file_type();
-        let perm = meta.mode() & 0o777;
-        if ft.is_dir() {
-            let mut h = header_for(&meta, uid, gid, perm | 0o700);
-            h.set_size(0);
-            b.append_data(&mut h, &rel_path, io::empty())?;
-            report.entries += 1;
-            add_dir(b, root, &rel_path, uid, gid, report)?;
-        } else if ft.is_file() {
-            let mut h = header_for(&meta, uid, gid, perm | 0o400);
-            let f = fs::File::open(e.path())?;
-            b.append_data(&mut h, &rel_path, f)?;
-            report.entries += 1;
-            report.bytes += meta.len();
-        } else if ft.is_symlink() {
-            let target = fs::read_link(e.path())?;
-            let mut h = header_for(&meta, uid, gid, 0o777);
-            h.set_size(0);
-            b.append_link(&mut h, &rel_path, &target)?;
-            report.entries += 1;
-        } else if ft.is_fifo() || ft.is_socket() || ft.is_block_device() || ft.is_char_device() {
-            report.skipped.push(rel_path.to_string_lossy().into_owned());
+fn is(st: &FileStat, kind: SFlag) -> bool {
+    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == kind
+}
+
+/// The input dir, opened once.
+#[derive(Debug)]
+pub struct InputDir {
+    root: OwnedFd,
+    path: PathBuf,
+}
+
+impl InputDir {
+    /// Opens `path` (the caller's own path, so a symlink there is followed, once).
+    pub fn open(path: &Path) -> Result<Self, StageError> {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let root = openat(AT_FDCWD, path, flags, Mode::empty())
+            .map_err(|e| StageError::Io { path: path.to_owned(), source: e.into() })?;
+        Ok(Self { root, path: path.to_owned() })
+    }
+
+    /// The apparent size and count of its regular files (symlinks not followed).
+    pub fn measure(&self) -> Result<(u64, u64), StageError> {
+        let mut totals = (0u64, 0u64);
+        walk_sizes(&self.root, Path::new(""), 0, &mut totals)?;
+        Ok(totals)
+    }
+
+    /// Writes the dir as a tar whose entries belong to `uid:gid` with their modes kept (plus
+    /// owner read, and owner search on directories), symlinks kept as symlinks. `hook` is
+    /// called with each entry's relative path between its classification and its opening
+    /// (tests inject races there).
+    pub fn write_tar(
+        &self,
+        uid: u32,
+        gid: u32,
+        limit: u64,
+        out: impl Write,
+        hook: &dyn Fn(&Path),
+    ) -> Result<StageReport, StageError> {
+        let mut b = tar::Builder::new(out);
+        let mut s = Stager { uid, gid, limit, report: StageReport::default(), hook };
+        s.dir(&mut b, &self.root, Path::new(""), 0)?;
+        b.into_inner().and_then(|mut w| w.flush()).map_err(StageError::Write)?;
+        Ok(s.report)
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn entries(dir: &OwnedFd, rel: &Path) -> Result<Vec<Vec<u8>>, StageError> {
+    let io = |e: Errno| StageError::Io { path: rel.to_owned(), source: e.into() };
+    let mut d = Dir::openat(dir, ".", dir_flags(), Mode::empty()).map_err(io)?;
+    let mut names: Vec<Vec<u8>> = d
+        .iter()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_bytes().to_vec())
+        .filter(|n| n != b"." && n != b"..")
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn rel_of(rel: &Path, name: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    rel.join(std::ffi::OsStr::from_bytes(name))
+}
+
+fn walk_sizes(dir: &OwnedFd, rel: &Path, depth: usize, totals: &mut (u64, u64)) -> Result<(), StageError> {
+    for name in entries(dir, rel)? {
+        let path = rel_of(rel, &name);
+        let Ok(st) = fstatat(dir, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
+        if is(&st, SFlag::S_IFREG) {
+            totals.0 = totals.0.saturating_add(u64::try_from(st.st_size).unwrap_or(0));
+            totals.1 += 1;
+        } else if is(&st, SFlag::S_IFDIR) && depth < MAX_DEPTH {
+            match openat(dir, name.as_slice(), dir_flags(), Mode::empty()) {
+                Ok(sub) => walk_sizes(&sub, &path, depth + 1, totals)?,
+                // Swapped meanwhile: the staging pass names it.
+                Err(Errno::ELOOP | Errno::ENOTDIR) => {}
+                Err(e) => return Err(StageError::Io { path, source: e.into() }),
+            }
         }
     }
     Ok(())
 }
 
+struct Stager<'a> {
+    uid: u32,
+    gid: u32,
+    limit: u64,
+    report: StageReport,
+    hook: &'a dyn Fn(&Path),
+}
+
+impl Stager<'_> {
+    fn header(&self, st: &FileStat, kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(size);
+        h.set_mode(mode);
+        h.set_uid(self.uid.into());
+        h.set_gid(self.gid.into());
+        h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
+        h
+    }
+
+    fn skip(&mut self, path: &Path) {
+        if self.report.skipped.len() < MAX_SKIPPED {
+            self.report.skipped.push(path.display().to_string());
+        }
+    }
+
+    fn dir<W: Write>(
+        &mut self,
+        b: &mut tar::Builder<W>,
+        dir: &OwnedFd,
+        rel: &Path,
+        depth: usize,
+    ) -> Result<(), StageError> {
+        for name in entries(dir, rel)? {
+            let path = rel_of(rel, &name);
+            let io = |e: Errno| StageError::Io { path: path.clone(), source: e.into() };
+            let st = match fstatat(dir, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                // Gone since it was listed: nothing to stage.
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(io(e)),
+            };
+            // Between looking and opening: where a swap would have to land.
+            (self.hook)(&path);
+            let perm = st.st_mode & 0o777;
+            if is(&st, SFlag::S_IFDIR) {
+                if depth + 1 >= MAX_DEPTH {
+                    self.skip(&path);
+                    continue;
+                }
+                let sub = match openat(dir, name.as_slice(), dir_flags(), Mode::empty()) {
+                    Ok(fd) => fd,
+                    Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                        return Err(StageError::Changed { path, why: "a directory became a symlink or a file".into() });
+                    }
+                    Err(e) => return Err(io(e)),
+                };
+                let mut h = self.header(&st, tar::EntryType::Directory, perm | 0o700, 0);
+                b.append_data(&mut h, &path, io::empty()).map_err(StageError::Write)?;
+                self.report.entries += 1;
+                self.dir(b, &sub, &path, depth + 1)?;
+            } else if is(&st, SFlag::S_IFREG) {
+                self.file(b, dir, &name, &path, perm)?;
+            } else if is(&st, SFlag::S_IFLNK) {
+                let target = nix::fcntl::readlinkat(dir, name.as_slice()).map_err(io)?;
+                let mut h = self.header(&st, tar::EntryType::Symlink, 0o777, 0);
+                b.append_link(&mut h, &path, &target).map_err(StageError::Write)?;
+                self.report.entries += 1;
+            } else {
+                self.skip(&path);
+            }
+        }
+        Ok(())
+    }
+
+    fn file<W: Write>(
+        &mut self,
+        b: &mut tar::Builder<W>,
+        dir: &OwnedFd,
+        name: &[u8],
+        path: &Path,
+        perm: u32,
+    ) -> Result<(), StageError> {
+        // O_NONBLOCK: an entry swapped for a FIFO must not hang the staging.
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = match openat(dir, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => {
+                return Err(StageError::Changed { path: path.to_owned(), why: "a file became a symlink".into() });
+            }
+            Err(e) => return Err(StageError::Io { path: path.to_owned(), source: e.into() }),
+        };
+        let st = fstat(fd.as_fd()).map_err(|e| StageError::Io { path: path.to_owned(), source: e.into() })?;
+        if !is(&st, SFlag::S_IFREG) {
+            return Err(StageError::Changed { path: path.to_owned(), why: "it is no longer a regular file".into() });
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if self.report.bytes.saturating_add(size) > self.limit {
+            return Err(StageError::TooLarge { limit: self.limit });
+        }
+        let mut h = self.header(&st, tar::EntryType::Regular, perm | 0o400, size);
+        let mut file = File::from(fd);
+        let mut content = Bounded { inner: (&mut file).take(size), left: size, short: false };
+        b.append_data(&mut h, path, &mut content).map_err(StageError::Write)?;
+        let short = content.short;
+        // One more byte, or a size that changed, means the file is not what the header said.
+        let mut one = [0u8; 1];
+        let grew = matches!(file.read(&mut one), Ok(n) if n > 0);
+        let now = fstat(file.as_fd()).map(|s| u64::try_from(s.st_size).unwrap_or(0)).unwrap_or(size);
+        if short || grew || now != size {
+            return Err(StageError::Changed {
+                path: path.to_owned(),
+                why: format!("its size went from {size} to {now} bytes"),
+            });
+        }
+        self.report.entries += 1;
+        self.report.files += 1;
+        self.report.bytes += size;
+        Ok(())
+    }
+}
+
+/// Yields exactly `left` bytes (zeros past a premature end, which is then reported as a
+/// change): the tar stays well-formed whatever the file does.
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+    short: bool,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = match self.inner.read(&mut buf[..want]) {
+            Ok(0) => {
+                self.short = true;
+                buf[..want].fill(0);
+                want
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn tar_entries(bytes: &[u8]) -> Vec<(String, tar::EntryType, u32, u64, Vec<u8>)> {
+        let mut ar = tar::Archive::new(bytes);
+        ar.entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let h = e.header().clone();
+                let mut data = Vec::new();
+                e.read_to_end(&mut data).unwrap();
+                (e.path().unwrap().display().to_string(), h.entry_type(), h.mode().unwrap(), h.uid().unwrap(), data)
+            })
+            .collect()
+    }
 
     #[test]
     fn tar_gives_ownership_to_the_sandbox_user_and_keeps_the_source() {
@@ -90,24 +338,117 @@ mod tests {
         fs::write(d.join("sub/a.txt"), b"hello").unwrap();
         fs::set_permissions(d.join("sub/a.txt"), fs::Permissions::from_mode(0o600)).unwrap();
         std::os::unix::fs::symlink("sub/a.txt", d.join("link")).unwrap();
-        nix::unistd::mkfifo(&d.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        nix::unistd::mkfifo(&d.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
         let before = fs::metadata(d.join("sub/a.txt")).unwrap();
+        let input = InputDir::open(d).unwrap();
+        assert_eq!(input.measure().unwrap(), (5, 1));
         let mut buf = Vec::new();
-        let r = write_input_tar(d, 65532, 65533, &mut buf).unwrap();
+        let r = input.write_tar(65532, 65533, 1 << 20, &mut buf, &|_| {}).unwrap();
         assert_eq!(r.skipped, vec!["fifo".to_owned()]);
-        assert_eq!(r.bytes, 5);
-        let mut ar = tar::Archive::new(&buf[..]);
-        let mut seen = Vec::new();
-        for e in ar.entries().unwrap() {
-            let e = e.unwrap();
-            let h = e.header();
-            assert_eq!(h.uid().unwrap(), 65532);
-            assert_eq!(h.gid().unwrap(), 65533);
-            seen.push((e.path().unwrap().display().to_string(), h.entry_type(), h.mode().unwrap()));
-        }
-        assert!(seen.contains(&("sub/a.txt".into(), tar::EntryType::Regular, 0o600)));
-        assert!(seen.iter().any(|(p, t, _)| p == "link" && *t == tar::EntryType::Symlink));
+        assert_eq!((r.bytes, r.files), (5, 1));
+        let got = tar_entries(&buf);
+        assert!(got.iter().all(|e| e.3 == 65532));
+        assert!(got.contains(&("sub/a.txt".into(), tar::EntryType::Regular, 0o600, 65532, b"hello".to_vec())));
+        assert!(got.iter().any(|e| e.0 == "link" && e.1 == tar::EntryType::Symlink));
         let after = fs::metadata(d.join("sub/a.txt")).unwrap();
         assert_eq!((before.uid(), before.mode()), (after.uid(), after.mode()), "source untouched");
+    }
+
+    #[test]
+    fn a_subdir_swapped_for_a_symlink_mid_staging_is_refused_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let secret = t.path().join("secret");
+        fs::create_dir(&secret).unwrap();
+        fs::write(secret.join("key"), b"TOP SECRET").unwrap();
+        let d = t.path().join("in");
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("a"), b"a").unwrap();
+        fs::write(d.join("sub/x"), b"x").unwrap();
+        let input = InputDir::open(&d).unwrap();
+        let swap = |p: &Path| {
+            if p == Path::new("sub") {
+                fs::remove_dir_all(d.join("sub")).unwrap();
+                std::os::unix::fs::symlink(&secret, d.join("sub")).unwrap();
+            }
+        };
+        let mut buf = Vec::new();
+        let err = input.write_tar(1, 1, 1 << 20, &mut buf, &swap).unwrap_err();
+        assert!(matches!(err, StageError::Changed { ref path, .. } if path == Path::new("sub")), "{err}");
+        assert!(!buf.windows(10).any(|w| w == b"TOP SECRET"), "the secret never reaches the tar");
+    }
+
+    #[test]
+    fn a_file_growing_mid_staging_injects_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        fs::write(d.join("grows"), b"0123456789").unwrap();
+        let input = InputDir::open(d).unwrap();
+        // A second tar appended to the file would become entries if the copy read to EOF.
+        let mut evil = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4);
+        h.set_mode(0o4755);
+        h.set_uid(0);
+        h.set_cksum();
+        evil.append_data(&mut h, "setuid-root", &b"evil"[..]).unwrap();
+        let evil = evil.into_inner().unwrap();
+        let grow = |p: &Path| {
+            if p == Path::new("grows") {
+                let mut f = fs::OpenOptions::new().append(true).open(d.join("grows")).unwrap();
+                f.write_all(&evil).unwrap();
+            }
+        };
+        // The hook runs before the open: the header then says the grown size, and the file
+        // grows again while it is copied.
+        let mut buf = Vec::new();
+        let first = input.write_tar(1, 1, 1 << 20, &mut buf, &grow);
+        // Either way, no entry but the file itself is ever produced.
+        let names: Vec<String> = match first {
+            Ok(_) => tar_entries(&buf).into_iter().map(|e| e.0).collect(),
+            Err(_) => Vec::new(),
+        };
+        assert!(!names.iter().any(|n| n.contains("setuid")), "{names:?}");
+        // And a file that changes while it is copied is refused, named.
+        fs::write(d.join("grows"), b"0123456789").unwrap();
+        let file = fs::OpenOptions::new().append(true).open(d.join("grows")).unwrap();
+        let during = move |_: &Path| {};
+        let mut out = GrowingSink { file, evil: evil.clone(), done: false, inner: Vec::new() };
+        let err = input.write_tar(1, 1, 1 << 20, &mut out, &during).unwrap_err();
+        assert!(matches!(err, StageError::Changed { ref path, .. } if path == Path::new("grows")), "{err}");
+    }
+
+    /// Appends to the input file the moment the tar writer emits its first bytes (the header
+    /// of the file), so the file grows between its fstat and the end of its copy.
+    struct GrowingSink {
+        file: File,
+        evil: Vec<u8>,
+        done: bool,
+        inner: Vec<u8>,
+    }
+
+    impl Write for GrowingSink {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if !self.done {
+                self.done = true;
+                self.file.write_all(&self.evil)?;
+            }
+            self.inner.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_size_limit_stops_staging() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("a"), vec![0u8; 100]).unwrap();
+        let sparse = File::create(t.path().join("b-sparse")).unwrap();
+        sparse.set_len(1 << 40).unwrap();
+        let input = InputDir::open(t.path()).unwrap();
+        assert_eq!(input.measure().unwrap(), ((1 << 40) + 100, 2), "apparent size, sparse or not");
+        let err = input.write_tar(1, 1, 1000, io::sink(), &|_| {}).unwrap_err();
+        assert!(matches!(err, StageError::TooLarge { limit: 1000 }));
     }
 }

@@ -1,6 +1,7 @@
-//! Launch errors: attempts stopped before the sandbox started.
+//! Launch errors: attempts stopped before their sandbox ran the command.
 
 use super::RequestError;
+use crate::engine::EngineError;
 
 /// The error's text followed by its sources' (those its text does not already end with),
 /// on one line: for places that keep or print only text.
@@ -18,7 +19,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// A boxed cause from an engine or the filesystem.
+/// A boxed cause from the filesystem or elsewhere.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why an attempt never ran. A handler that ran and failed is an `Ok(Outcome)`, never this.
@@ -35,11 +36,24 @@ pub enum LaunchError {
         endpoint: String,
         /// The cause.
         #[source]
-        source: Cause,
+        source: EngineError,
     },
     /// the image is not available
     #[error("image {image:?} is not available: {why}")]
     ImageUnavailable {
+        /// The image.
+        image: String,
+        /// Why, in words.
+        why: String,
+        /// Retrying cannot help (e.g. absent under pull policy `never`).
+        permanent: bool,
+        /// The engine's error, when there is one.
+        #[source]
+        source: Option<EngineError>,
+    },
+    /// the image cannot run handlers
+    #[error("image {image:?} is not a stevedore worker image: {why}")]
+    NotAWorkerImage {
         /// The image.
         image: String,
         /// Why.
@@ -55,10 +69,36 @@ pub enum LaunchError {
         /// What the image carries.
         actual: String,
     },
-    /// the handler is not in the image's handler set
-    #[error("unknown handler {0:?}")]
-    UnknownHandler(String),
-    /// staging inputs or outputs failed
+    /// the worker binary in the image does not speak the handler protocol
+    #[error(
+        "the worker binary of image {image:?} did not answer the handler protocol: does its main call \
+         stevedore::sandbox::main_hook first? ({detail})"
+    )]
+    HandlerProtocol {
+        /// The image.
+        image: String,
+        /// What was seen: its exit, and the tail of its stderr.
+        detail: String,
+    },
+    /// this client cannot serve as the engine's init
+    #[error(
+        "this stevedore cannot be the init on this engine: the init is built for {client}, the engine runs {engine}"
+    )]
+    InitUnavailable {
+        /// The init's platform.
+        client: String,
+        /// The engine's platform.
+        engine: String,
+    },
+    /// the inputs are larger than allowed
+    #[error("the input dir holds {bytes} bytes, over the limit of {limit} bytes")]
+    InputTooLarge {
+        /// Their apparent size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// staging inputs failed
     #[error("staging failed: {what}")]
     Staging {
         /// What was being staged.
@@ -68,14 +108,8 @@ pub enum LaunchError {
         source: Cause,
     },
     /// an engine call failed before the sandbox started
-    #[error("engine call {op} failed")]
-    Engine {
-        /// The call.
-        op: &'static str,
-        /// The cause.
-        #[source]
-        source: Cause,
-    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
     /// the configuration does not allow the request
     #[error("not allowed by configuration: {0}")]
     NotAllowed(String),
@@ -88,9 +122,9 @@ pub enum LaunchError {
         container_port: u16,
         /// The profile that asked for it (`default` without one).
         profile: String,
-        /// The engine's message.
+        /// The engine's error.
         #[source]
-        source: Cause,
+        source: EngineError,
     },
     /// the rung is closed
     #[error("executor {0} is closed and accepts no new attempts")]
@@ -106,13 +140,28 @@ pub enum LaunchError {
 impl LaunchError {
     /// Whether retrying the same request cannot help.
     pub fn is_permanent(&self) -> bool {
-        matches!(
-            self,
+        match self {
             LaunchError::InvalidRequest(_)
-                | LaunchError::FingerprintMismatch { .. }
-                | LaunchError::UnknownHandler(_)
-                | LaunchError::NotAllowed(_)
-        )
+            | LaunchError::NotAWorkerImage { .. }
+            | LaunchError::FingerprintMismatch { .. }
+            | LaunchError::HandlerProtocol { .. }
+            | LaunchError::InitUnavailable { .. }
+            | LaunchError::InputTooLarge { .. }
+            | LaunchError::NotAllowed(_) => true,
+            LaunchError::ImageUnavailable { permanent, .. } => *permanent,
+            _ => false,
+        }
+    }
+
+    /// The engine's error behind this one, if any (e.g. to ask `is_not_found()`).
+    pub fn engine_error(&self) -> Option<&EngineError> {
+        match self {
+            LaunchError::Engine(e)
+            | LaunchError::EngineUnreachable { source: e, .. }
+            | LaunchError::PortTaken { source: e, .. } => Some(e),
+            LaunchError::ImageUnavailable { source, .. } => source.as_ref(),
+            _ => None,
+        }
     }
 }
 
@@ -128,10 +177,12 @@ mod tests {
                 .is_permanent()
         );
         assert!(!LaunchError::Closed("c".into()).is_permanent());
-        let e = LaunchError::EngineUnreachable { endpoint: "unix:///x".into(), source: "refused".into() };
-        assert!(!e.is_permanent());
-        assert_eq!(e.to_string(), "engine unreachable at unix:///x");
+        let absent =
+            LaunchError::ImageUnavailable { image: "i".into(), why: "w".into(), permanent: true, source: None };
+        assert!(absent.is_permanent());
         let e = LaunchError::FingerprintMismatch { image: "i".into(), expected: "aaa".into(), actual: "bbb".into() };
         assert!(e.to_string().contains("aaa") && e.to_string().contains("bbb"));
+        let e = LaunchError::HandlerProtocol { image: "w:1".into(), detail: "exited 1".into() };
+        assert!(e.to_string().contains("stevedore::sandbox::main_hook"));
     }
 }

@@ -25,11 +25,26 @@ pub struct ReclaimReport {
     pub failed: Vec<ReclaimFailure>,
 }
 
+/// What kind of object a reclaim touched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ObjectKind {
+    /// An engine container.
+    Container,
+    /// An engine volume.
+    Volume,
+    /// A host path (a capture file).
+    Path,
+    /// An engine image.
+    Image,
+}
+
 /// One object `reclaim` could not remove.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReclaimFailure {
-    /// `container`, `volume` or `path`.
-    pub kind: String,
+    /// What it is.
+    pub kind: ObjectKind,
     /// Its ID or path.
     pub id: String,
     /// Why.
@@ -50,7 +65,7 @@ pub enum ReclaimError {
         what: &'static str,
         /// The cause.
         #[source]
-        source: super::error::Cause,
+        source: crate::engine::EngineError,
     },
 }
 
@@ -64,6 +79,12 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
 
     /// Runs one attempt. `Err` only when the attempt never ran; a handler that ran and
     /// failed is an `Ok(Outcome)` with a non-`ok` status.
+    ///
+    /// # Cancellation safety
+    /// Cancelling `cancel` stops the attempt as the contract says (SIGTERM, grace, SIGKILL)
+    /// and returns its outcome. Dropping the future instead abandons the outcome, never the
+    /// cleanup: whatever the attempt created is removed by the rung's own tasks, which
+    /// `close` waits for.
     fn run<'a>(
         &'a self,
         request: &'a Request,

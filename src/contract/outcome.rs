@@ -1,17 +1,27 @@
 //! What an attempt reports: the outcome, its usage, outputs and evidence.
 
-use super::{Level, Status};
+use super::{Level, Reason, Status};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The facts about one attempt.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Outcome {
     /// What became of the attempt.
     pub status: Status,
     /// A stable word saying why, when the status alone does not.
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
+    /// The job the attempt belongs to.
+    #[serde(default)]
+    pub job_id: String,
+    /// Which attempt of the job (1-based).
+    #[serde(default)]
+    pub attempt: u32,
+    /// The worker it ran for.
+    #[serde(default)]
+    pub worker: String,
     /// The handler's or command's error text; empty on success.
     pub handler_error: String,
     /// The exit code; `None` when killed by a signal or unknown.
@@ -22,7 +32,7 @@ pub struct Outcome {
     pub permanent: bool,
     /// Resources used.
     pub usage: Usage,
-    /// Regular files found in the output dir (for `ok` and `handler_error`).
+    /// Regular files found in the output dir, for every attempt whose sandbox ran.
     pub outputs: Vec<OutputFile>,
     /// Facts gathered along the way.
     pub evidence: Evidence,
@@ -43,6 +53,9 @@ impl Outcome {
         Self {
             status,
             reason: None,
+            job_id: String::new(),
+            attempt: 0,
+            worker: String::new(),
             handler_error: String::new(),
             exit_code: None,
             signal: None,
@@ -72,9 +85,113 @@ pub struct Usage {
     pub peak_memory_bytes: Option<u64>,
     /// Bytes the attempt left in the output dir.
     pub disk_written_bytes: Option<u64>,
-    /// Figure name → how it was obtained (`cgroup`, `rusage`, `sampled`, `host_clock`,
-    /// `walked`) or `unavailable: why`.
-    pub sources: BTreeMap<String, String>,
+    /// For each figure: how it was obtained, or why it is missing.
+    pub sources: Sources,
+}
+
+/// How each usage figure was obtained, or why it is missing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Sources {
+    /// Of `wall_time_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wall_time_ms: Option<Source>,
+    /// Of `cpu_time_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_time_ms: Option<Source>,
+    /// Of `peak_memory_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<Source>,
+    /// Of `disk_written_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_written_bytes: Option<Source>,
+    /// Of `evidence.oom_kills`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<Source>,
+}
+
+/// How a figure was obtained, serialised as one word, or `unavailable: why`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// The kernel's cgroup counters.
+    Cgroup,
+    /// `getrusage` of the reaped processes.
+    Rusage,
+    /// Sampled while running.
+    Sampled,
+    /// The host's monotonic clock.
+    HostClock,
+    /// The init's monotonic clock (bound-checked against the host's).
+    InitClock,
+    /// Counted by stevedore's init in the sandbox.
+    Init,
+    /// Counted from the outputs stevedore extracted.
+    Extracted,
+    /// Counted by walking the output dir on the host.
+    Walked,
+    /// The engine's own state (`State.OOMKilled`).
+    Engine,
+    /// Missing, and why.
+    Unavailable(String),
+}
+
+impl Source {
+    /// Missing, because `why`.
+    pub fn unavailable(why: impl Into<String>) -> Self {
+        Source::Unavailable(why.into())
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Cgroup => "cgroup",
+            Source::Rusage => "rusage",
+            Source::Sampled => "sampled",
+            Source::HostClock => "host_clock",
+            Source::InitClock => "init_clock",
+            Source::Init => "init",
+            Source::Extracted => "extracted",
+            Source::Walked => "walked",
+            Source::Engine => "engine",
+            Source::Unavailable(why) => return write!(f, "unavailable: {why}"),
+        })
+    }
+}
+
+impl std::str::FromStr for Source {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "cgroup" => Source::Cgroup,
+            "rusage" => Source::Rusage,
+            "sampled" => Source::Sampled,
+            "host_clock" => Source::HostClock,
+            "init_clock" => Source::InitClock,
+            "init" => Source::Init,
+            "extracted" => Source::Extracted,
+            "walked" => Source::Walked,
+            "engine" => Source::Engine,
+            other => match other.strip_prefix("unavailable: ") {
+                Some(why) => Source::Unavailable(why.to_owned()),
+                None => return Err(format!("unknown usage source {other:?}")),
+            },
+        })
+    }
+}
+
+impl Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Source {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// One regular file found in the output dir.
@@ -206,9 +323,39 @@ pub struct Evidence {
     /// Claims from inside the sandbox that failed a bound check, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refused_claims: Vec<String>,
+    /// How stevedore's init reached the sandbox (e.g. the tools volume and the init's digest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
+    /// The inputs staged: their apparent size in bytes, and the limit that applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<InputsStaged>,
+    /// Bytes of live output the caller's channel could not take (the captures have them).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub live_dropped_bytes: u64,
+    /// What the init itself said (its diagnostics), when there is something to say.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub init_diagnostics: Vec<String>,
     /// Other facts worth a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What staging the inputs moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputsStaged {
+    /// Regular files staged.
+    pub files: u64,
+    /// Their apparent size in bytes.
+    pub bytes: u64,
+    /// The most bytes allowed.
+    pub limit_bytes: u64,
+    /// Entries not staged (FIFOs, sockets, devices), by relative path.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 #[cfg(test)]
@@ -220,7 +367,10 @@ mod tests {
         let mut o = Outcome::new(Status::HandlerError);
         o.exit_code = Some(3);
         o.usage.wall_time_ms = Some(12);
-        o.usage.sources.insert("cpu_time_ms".into(), "unavailable: test".into());
+        o.usage.sources.cpu_time_ms = Some(Source::unavailable("test"));
+        o.usage.sources.wall_time_ms = Some(Source::HostClock);
+        o.job_id = "j".into();
+        o.attempt = 2;
         o.outputs.push(OutputFile {
             name: "a b/c".into(),
             size: 1,
@@ -242,6 +392,9 @@ mod tests {
             assert!(v["usage"].get(k).is_some(), "missing usage.{k}");
         }
         assert!(v["usage"]["cpu_time_ms"].is_null(), "unknown is null, never 0");
+        assert_eq!(v["usage"]["sources"]["cpu_time_ms"], "unavailable: test");
+        assert_eq!(v["usage"]["sources"]["wall_time_ms"], "host_clock");
+        assert_eq!((v["job_id"].as_str(), v["attempt"].as_u64()), (Some("j"), Some(2)));
         for k in ["name", "size", "hash", "content_type"] {
             assert!(v["outputs"][0].get(k).is_some());
         }

@@ -1,12 +1,16 @@
 //! The request for one attempt, its builder and its validation.
 
 use super::{Policy, ResourceLimits};
+use crate::link::LiveOutput;
+use nix::errno::Errno;
+use nix::fcntl::{AT_FDCWD, OFlag, openat};
+use nix::sys::stat::Mode;
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
-/// The largest payload a request may carry.
-pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
+pub use crate::wire::{MAX_PAYLOAD_BYTES, PriorOutput};
 
 /// What the attempt runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,15 +19,6 @@ pub enum Task {
     Handler(String),
     /// A plain command.
     Command(Vec<String>),
-}
-
-/// An output of an earlier step, passed to the handler untouched.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PriorOutput {
-    /// The name the handler knows it by.
-    pub name: String,
-    /// An opaque artifact reference.
-    pub reference: String,
 }
 
 /// Everything one attempt needs. Build it with [`Request::handler`] or [`Request::command`].
@@ -61,17 +56,19 @@ pub struct Request {
     pub env: BTreeMap<String, String>,
     /// The worker this attempt runs for.
     pub worker_id: String,
+    /// Where the command's output goes live, if anywhere (see [`LiveOutput`]).
+    pub live: Option<LiveOutput>,
 }
 
 /// Why a request is invalid. Always permanent: retrying the same request cannot help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RequestError {
-    /// the job id is empty or has control characters
-    #[error("invalid job id {0:?}: must be 1-256 characters without control characters")]
+    /// the job id is not of the safe alphabet
+    #[error("invalid job id {0:?}: must be 1-256 characters of [A-Za-z0-9_.:@+=-], starting with a letter or digit")]
     JobId(String),
-    /// the worker id is empty or has characters not allowed in labels
-    #[error("invalid worker id {0:?}: must be 1-128 characters of [A-Za-z0-9_.-]")]
+    /// the worker id is not of the safe alphabet
+    #[error("invalid worker id {0:?}: must be 1-128 characters of [A-Za-z0-9_.-], starting with a letter or digit")]
     WorkerId(String),
     /// the handler name is empty
     #[error("empty handler name")]
@@ -140,6 +137,9 @@ pub enum RequestError {
     /// the output dir exists and is not an empty directory
     #[error("output dir {0:?} is not an empty directory")]
     OutputDirNotEmpty(PathBuf),
+    /// the output dir is a symlink
+    #[error("output dir {0:?} is a symlink; give the directory itself")]
+    OutputDirSymlink(PathBuf),
     /// the output dir cannot be written
     #[error("output dir {path:?} is not writable: {why}")]
     OutputDirUnwritable {
@@ -178,9 +178,20 @@ fn plain_label(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
 }
 
-/// Whether `s` is a valid worker ID: 1-128 characters of `[A-Za-z0-9_.-]`.
+/// Whether `s` is a valid worker ID: 1-128 characters of `[A-Za-z0-9_.-]` starting with a
+/// letter or digit (it becomes a label value and a host directory name, so never `.`/`..`).
 pub fn valid_worker_id(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    s.len() <= 128
+        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Whether `s` is a valid job ID: 1-256 characters of `[A-Za-z0-9_.:@+=-]` starting with a
+/// letter or digit (it becomes a label value).
+pub fn valid_job_id(s: &str) -> bool {
+    s.len() <= 256
+        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'@' | b'+' | b'=' | b'-'))
 }
 
 impl Request {
@@ -216,6 +227,7 @@ impl Request {
             org_id: None,
             env: BTreeMap::new(),
             worker_id: "worker".to_owned(),
+            live: None,
         }
     }
 
@@ -279,6 +291,41 @@ impl Request {
         self.worker_id = worker_id.into();
         self
     }
+    /// Sets the image to run in (empty: the rung's worker image).
+    pub fn image(mut self, image: impl Into<String>) -> Self {
+        self.policy.image = image.into();
+        self
+    }
+    /// Sets the memory limit in bytes.
+    pub fn memory(mut self, bytes: u64) -> Self {
+        self.limits.0.insert(super::limits::key::MEMORY.into(), bytes);
+        self
+    }
+    /// Sets the CPU limit in cores (e.g. `0.5`).
+    pub fn cpus(mut self, cores: f64) -> Self {
+        self.limits.0.insert(super::limits::key::CPU.into(), (cores * 1000.0).round().max(0.0) as u64);
+        self
+    }
+    /// Sets the process limit.
+    pub fn pids(mut self, n: u64) -> Self {
+        self.limits.0.insert(super::limits::key::PIDS.into(), n);
+        self
+    }
+    /// Sets the disk limit (`/out` and other writable space) in bytes.
+    pub fn disk(mut self, bytes: u64) -> Self {
+        self.limits.0.insert(super::limits::key::DISK.into(), bytes);
+        self
+    }
+    /// Sets the grace period between SIGTERM and SIGKILL.
+    pub fn grace(mut self, grace: std::time::Duration) -> Self {
+        self.policy = self.policy.with_grace(grace);
+        self
+    }
+    /// Sends the command's output, live, to `live` (see [`LiveOutput::channel`]).
+    pub fn live_output(mut self, live: LiveOutput) -> Self {
+        self.live = Some(live);
+        self
+    }
     /// Sets the scope IDs.
     pub fn scope(mut self, app_id: Option<String>, org_id: Option<String>) -> Self {
         self.app_id = app_id;
@@ -298,7 +345,7 @@ impl Request {
     /// the input dir (exists, readable, slots exist) and the output dir (empty or absent
     /// with an existing parent, writable).
     pub fn validate(&self) -> Result<(), RequestError> {
-        if !plain_label(&self.job_id, 256) {
+        if !valid_job_id(&self.job_id) {
             return Err(RequestError::JobId(self.job_id.clone()));
         }
         if !valid_worker_id(&self.worker_id) {
@@ -392,28 +439,72 @@ impl Request {
         if out.as_os_str().is_empty() {
             return Err(RequestError::NoOutputDir);
         }
-        match std::fs::read_dir(out) {
-            Ok(mut entries) => {
+        match std::fs::symlink_metadata(out) {
+            Ok(m) if m.file_type().is_symlink() => Err(RequestError::OutputDirSymlink(out.clone())),
+            Ok(m) if !m.is_dir() => Err(RequestError::OutputDirNotEmpty(out.clone())),
+            Ok(_) => {
+                let mut entries = std::fs::read_dir(out)
+                    .map_err(|e| RequestError::OutputDirUnwritable { path: out.clone(), why: e.to_string() })?;
                 if entries.next().is_some() {
                     return Err(RequestError::OutputDirNotEmpty(out.clone()));
                 }
                 writable(out)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-                if !parent.is_dir() {
-                    return Err(RequestError::OutputDirUnwritable {
-                        path: out.clone(),
-                        why: format!("parent {parent:?} does not exist"),
-                    });
+                // It will be created, parents included: the nearest existing ancestor must
+                // be a directory this process can write in.
+                let mut ancestor = out.parent();
+                while let Some(a) = ancestor.filter(|a| !a.as_os_str().is_empty()) {
+                    match std::fs::metadata(a) {
+                        Ok(m) if m.is_dir() => {
+                            return writable(a).map_err(|_| RequestError::OutputDirUnwritable {
+                                path: out.clone(),
+                                why: format!("cannot create it in {a:?}"),
+                            });
+                        }
+                        Ok(_) => {
+                            return Err(RequestError::OutputDirUnwritable {
+                                path: out.clone(),
+                                why: format!("{a:?} is not a directory"),
+                            });
+                        }
+                        Err(_) => ancestor = a.parent(),
+                    }
                 }
-                writable(parent).map_err(|_| RequestError::OutputDirUnwritable {
-                    path: out.clone(),
-                    why: format!("cannot create it in {parent:?}"),
-                })
+                writable(Path::new("."))
             }
             Err(e) => Err(RequestError::OutputDirUnwritable { path: out.clone(), why: e.to_string() }),
         }
+    }
+
+    /// Creates the output dir when missing (parents included), then opens it once, without
+    /// following a symlink, and checks by that descriptor that it is empty: the rung writes
+    /// the outputs through it and never resolves the path again.
+    pub fn open_output_dir(&self) -> Result<OwnedFd, RequestError> {
+        let out = &self.output_dir;
+        let unwritable = |why: String| RequestError::OutputDirUnwritable { path: out.clone(), why };
+        if std::fs::symlink_metadata(out).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(RequestError::OutputDirSymlink(out.clone()));
+        }
+        if let Err(e) = std::fs::create_dir_all(out)
+            && e.kind() != std::io::ErrorKind::AlreadyExists
+        {
+            return Err(unwritable(e.to_string()));
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = match openat(AT_FDCWD, out.as_path(), flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => return Err(RequestError::OutputDirSymlink(out.clone())),
+            Err(Errno::ENOTDIR) => return Err(RequestError::OutputDirNotEmpty(out.clone())),
+            Err(e) => return Err(unwritable(e.desc().to_owned())),
+        };
+        let mut dir = nix::dir::Dir::from_fd(fd.try_clone().map_err(|e| unwritable(e.to_string()))?)
+            .map_err(|e| unwritable(e.desc().to_owned()))?;
+        let empty = dir.iter().flatten().all(|e| matches!(e.file_name().to_bytes(), b"." | b".."));
+        if !empty {
+            return Err(RequestError::OutputDirNotEmpty(out.clone()));
+        }
+        Ok(fd)
     }
 }
 
@@ -444,6 +535,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let p = t.path();
         std::fs::create_dir(p.join("in")).unwrap();
+        std::fs::write(p.join("afile"), b"").unwrap();
         type Case = (Request, fn(&RequestError) -> bool);
         let cases: Vec<Case> = vec![
             (Request::command("", ["true"], p.join("out")), |e| matches!(e, RequestError::JobId(_))),
@@ -464,9 +556,12 @@ mod tests {
             (base(p).limits(ResourceLimits::new().with("memory", 1024)), |e| matches!(e, RequestError::Limit { .. })),
             (base(p).limits(ResourceLimits::new().with("cpu", 1)), |e| matches!(e, RequestError::Limit { .. })),
             (base(p).scope(Some("a\nb".into()), None), |e| matches!(e, RequestError::Label { .. })),
-            (Request::command("j", ["true"], p.join("nope/deeper")), |e| {
+            (Request::command("j", ["true"], p.join("afile/deeper")), |e| {
                 matches!(e, RequestError::OutputDirUnwritable { .. })
             }),
+            (base(p).worker(".."), |e| matches!(e, RequestError::WorkerId(_))),
+            (Request::command("../j", ["true"], p.join("out")), |e| matches!(e, RequestError::JobId(_))),
+            (Request::command("a/b", ["true"], p.join("out")), |e| matches!(e, RequestError::JobId(_))),
             (base(p).payload(vec![0u8; MAX_PAYLOAD_BYTES + 1]), |e| matches!(e, RequestError::PayloadTooLarge { .. })),
         ];
         for (i, (req, check)) in cases.into_iter().enumerate() {
@@ -490,5 +585,29 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("out"), b"").unwrap();
         assert!(base(t.path()).validate().is_err());
+    }
+}
+
+#[cfg(test)]
+mod output_dir_tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_output_dir_is_created_with_its_parents() {
+        let t = tempfile::tempdir().unwrap();
+        let req = Request::command("j", ["true"], t.path().join("a/b/out"));
+        req.validate().unwrap();
+        req.open_output_dir().unwrap();
+        assert!(t.path().join("a/b/out").is_dir());
+    }
+
+    #[test]
+    fn a_symlinked_output_dir_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("real"), t.path().join("out")).unwrap();
+        let req = Request::command("j", ["true"], t.path().join("out"));
+        assert!(matches!(req.validate(), Err(RequestError::OutputDirSymlink(_))));
+        assert!(matches!(req.open_output_dir(), Err(RequestError::OutputDirSymlink(_))));
     }
 }

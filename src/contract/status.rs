@@ -1,4 +1,4 @@
-//! The status of an attempt and the one function that decides it.
+//! The status of an attempt, the reason words, and the one function that decides them.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -16,9 +16,9 @@ pub enum Status {
     Timeout,
     /// The kernel OOM-killed a process of the attempt and the attempt failed.
     OomKilled,
-    /// It was stopped: by a signal, by cancellation, or without a result record.
+    /// It was stopped: by a signal, by cancellation, or without a record.
     Killed,
-    /// The sandbox could not start the handler.
+    /// The sandbox could not start the handler or command.
     LaunchFailed,
 }
 
@@ -47,32 +47,94 @@ impl fmt::Display for Status {
     }
 }
 
-/// Stable machine-readable words for `Outcome::reason`.
-pub mod reason {
+/// Why, when the status alone does not say: a stable word (`docs/outcome.md` lists them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Reason {
     /// The deadline fired.
-    pub const DEADLINE: &str = "deadline";
+    Deadline,
     /// The caller cancelled the attempt.
-    pub const CANCELLED: &str = "cancelled";
-    /// A handler exited 0 without writing its result record.
-    pub const NO_RESULT_RECORD: &str = "no_result_record";
+    Cancelled,
+    /// A handler exited 0 without its record.
+    NoResultRecord,
     /// The attempt filled its disk allowance.
-    pub const DISK_LIMIT: &str = "disk_limit";
-    /// The outputs exceeded the caps on file count or total size.
-    pub const OUTPUT_LIMIT: &str = "output_limit";
-    /// The in-process handler panicked.
-    pub const PANICKED: &str = "panicked";
+    DiskLimit,
+    /// The outputs exceeded the caps on file count or total size; what fits was collected.
+    OutputLimit,
+    /// The handler panicked.
+    Panicked,
     /// The container was removed by someone else mid-attempt.
-    pub const REMOVED_EXTERNALLY: &str = "removed_externally";
+    RemovedExternally,
     /// The kernel OOM-killed a process.
-    pub const OOM: &str = "oom";
-    /// The main process died of a signal it was not sent by stevedore.
-    pub const SIGNALLED: &str = "signalled";
+    Oom,
+    /// The main process died of a signal stevedore did not send.
+    Signalled,
     /// The handler is not in the image's handler set.
-    pub const UNKNOWN_HANDLER: &str = "unknown_handler";
+    UnknownHandler,
     /// The image's handler set differs from the one the caller expects.
-    pub const FINGERPRINT_MISMATCH: &str = "fingerprint_mismatch";
-    /// The sandbox's own init died, so the attempt has no record from inside.
-    pub const INIT_LOST: &str = "init_lost";
+    FingerprintMismatch,
+    /// The command does not exist in the image.
+    CommandNotFound,
+    /// The command exists but cannot be executed.
+    CommandNotExecutable,
+    /// The handler runner could not read its request.
+    BadRequest,
+    /// The init left no record: the status comes from what the host saw.
+    InitLost,
+    /// A record arrived but failed verification (MAC, size, shape): it was ignored and the
+    /// status comes from what the host saw.
+    RecordInvalid,
+}
+
+impl Reason {
+    /// The word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Deadline => "deadline",
+            Reason::Cancelled => "cancelled",
+            Reason::NoResultRecord => "no_result_record",
+            Reason::DiskLimit => "disk_limit",
+            Reason::OutputLimit => "output_limit",
+            Reason::Panicked => "panicked",
+            Reason::RemovedExternally => "removed_externally",
+            Reason::Oom => "oom",
+            Reason::Signalled => "signalled",
+            Reason::UnknownHandler => "unknown_handler",
+            Reason::FingerprintMismatch => "fingerprint_mismatch",
+            Reason::CommandNotFound => "command_not_found",
+            Reason::CommandNotExecutable => "command_not_executable",
+            Reason::BadRequest => "bad_request",
+            Reason::InitLost => "init_lost",
+            Reason::RecordInvalid => "record_invalid",
+        }
+    }
+
+    /// Every reason, for the reference's check.
+    pub const ALL: &'static [Reason] = &[
+        Reason::Deadline,
+        Reason::Cancelled,
+        Reason::NoResultRecord,
+        Reason::DiskLimit,
+        Reason::OutputLimit,
+        Reason::Panicked,
+        Reason::RemovedExternally,
+        Reason::Oom,
+        Reason::Signalled,
+        Reason::UnknownHandler,
+        Reason::FingerprintMismatch,
+        Reason::CommandNotFound,
+        Reason::CommandNotExecutable,
+        Reason::BadRequest,
+        Reason::InitLost,
+        Reason::RecordInvalid,
+    ];
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How the attempt's main process ended, as seen by whoever waited for it.
@@ -87,6 +149,48 @@ pub enum Exit {
     Signal(i32),
 }
 
+/// What the sandbox reported when it could not start the handler or command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchFailure {
+    /// The handler is not in the set.
+    UnknownHandler,
+    /// The handler set is not the expected one.
+    FingerprintMismatch,
+    /// The command does not exist.
+    NotFound,
+    /// The command cannot be executed.
+    NotExecutable,
+    /// The handler runner could not read its request.
+    BadRequest,
+    /// Anything else.
+    Other,
+}
+
+impl LaunchFailure {
+    fn reason(self) -> Option<Reason> {
+        match self {
+            LaunchFailure::UnknownHandler => Some(Reason::UnknownHandler),
+            LaunchFailure::FingerprintMismatch => Some(Reason::FingerprintMismatch),
+            LaunchFailure::NotFound => Some(Reason::CommandNotFound),
+            LaunchFailure::NotExecutable => Some(Reason::CommandNotExecutable),
+            LaunchFailure::BadRequest => Some(Reason::BadRequest),
+            LaunchFailure::Other => None,
+        }
+    }
+}
+
+/// Whether the attempt's record from inside the sandbox is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Record {
+    /// A rung that needs none (in-process), or a verified one arrived.
+    #[default]
+    Present,
+    /// None arrived.
+    Missing,
+    /// One arrived and was refused.
+    Invalid,
+}
+
 /// The facts a rung gathered about an attempt; [`decide`] turns them into a status.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Facts {
@@ -94,8 +198,8 @@ pub struct Facts {
     pub deadline_fired: bool,
     /// stevedore stopped the attempt because it was cancelled.
     pub cancelled: bool,
-    /// The sandbox reported that it could not start the handler (with why).
-    pub launch_failed: Option<String>,
+    /// The sandbox reported that it could not start the handler or command.
+    pub launch_failed: Option<LaunchFailure>,
     /// How many processes the kernel OOM-killed in the attempt (0 when none or unknown).
     pub oom_kills: u64,
     /// How the main process ended.
@@ -103,10 +207,10 @@ pub struct Facts {
     /// The handler returned an error with this text.
     pub handler_error: Option<String>,
     /// The attempt runs a handler, which must leave a result record.
-    pub expects_record: bool,
-    /// A result record was found.
-    pub has_record: bool,
-    /// The handler panicked (in-process rung).
+    pub expects_result: bool,
+    /// The handler's result record was found.
+    pub has_result: bool,
+    /// The handler panicked.
     pub panicked: bool,
     /// The attempt filled its disk allowance.
     pub disk_full: bool,
@@ -114,62 +218,76 @@ pub struct Facts {
     pub output_limit: bool,
     /// The container was removed by someone else.
     pub removed_externally: bool,
+    /// The sandbox's own record.
+    pub record: Record,
 }
 
 /// The status decided from the facts, with a reason when the status alone does not say why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
     /// The status.
     pub status: Status,
-    /// A stable word from [`reason`], or `None`.
-    pub reason: Option<&'static str>,
+    /// Why, or `None`.
+    pub reason: Option<Reason>,
 }
 
-fn verdict(status: Status, reason: Option<&'static str>) -> Verdict {
+fn verdict(status: Status, reason: Option<Reason>) -> Verdict {
     Verdict { status, reason }
 }
 
-/// Decides the status of an attempt from its facts (CONTRACT §3 "Which status"): the
-/// first rule that applies wins. Every rung calls this and only this.
+/// Decides the status of an attempt from its facts (`docs/outcome.md`, "Which status"):
+/// the first rule that applies wins. Every rung's judge calls this and only this.
 pub fn decide(f: &Facts) -> Verdict {
     if f.deadline_fired {
-        return verdict(Status::Timeout, Some(reason::DEADLINE));
+        return verdict(Status::Timeout, Some(Reason::Deadline));
     }
     if f.cancelled {
-        return verdict(Status::Killed, Some(reason::CANCELLED));
+        return verdict(Status::Killed, Some(Reason::Cancelled));
     }
-    if f.launch_failed.is_some() {
-        return verdict(Status::LaunchFailed, None);
+    if let Some(l) = f.launch_failed {
+        return verdict(Status::LaunchFailed, l.reason());
     }
     if f.removed_externally {
-        return verdict(Status::Killed, Some(reason::REMOVED_EXTERNALLY));
+        return verdict(Status::Killed, Some(Reason::RemovedExternally));
     }
     if f.panicked {
-        return verdict(Status::Killed, Some(reason::PANICKED));
+        return verdict(Status::Killed, Some(Reason::Panicked));
     }
-    let succeeded = f.exit == Exit::Code(0) && f.handler_error.is_none() && (!f.expects_record || f.has_record);
+    let succeeded = f.exit == Exit::Code(0)
+        && f.record == Record::Present
+        && f.handler_error.is_none()
+        && (!f.expects_result || f.has_result);
     if !succeeded && f.oom_kills > 0 {
-        return verdict(Status::OomKilled, Some(reason::OOM));
+        return verdict(Status::OomKilled, Some(Reason::Oom));
     }
-    let disk = f.disk_full.then_some(reason::DISK_LIMIT);
+    let lost = match f.record {
+        Record::Present => None,
+        Record::Missing => Some(Reason::InitLost),
+        Record::Invalid => Some(Reason::RecordInvalid),
+    };
+    if let Some(lost) = lost {
+        // Without the init's record, only what the host saw counts, and that is never ok.
+        return match f.exit {
+            Exit::Signal(_) => verdict(Status::Killed, Some(Reason::Signalled)),
+            _ => verdict(Status::Killed, Some(lost)),
+        };
+    }
+    let disk = f.disk_full.then_some(Reason::DiskLimit);
+    let outputs = f.output_limit.then_some(Reason::OutputLimit);
     match f.exit {
-        Exit::Signal(_) => return verdict(Status::Killed, disk.or(Some(reason::SIGNALLED))),
-        Exit::Unknown => return verdict(Status::Killed, disk.or(Some(reason::INIT_LOST))),
-        Exit::Code(c) if c != 0 => return verdict(Status::HandlerError, disk),
+        Exit::Signal(_) => return verdict(Status::Killed, disk.or(Some(Reason::Signalled))),
+        Exit::Unknown => return verdict(Status::Killed, disk.or(Some(Reason::InitLost))),
+        Exit::Code(c) if c != 0 => return verdict(Status::HandlerError, disk.or(outputs)),
         Exit::Code(_) => {}
     }
     if f.handler_error.is_some() {
-        return verdict(Status::HandlerError, disk);
+        return verdict(Status::HandlerError, disk.or(outputs));
     }
-    if f.expects_record && !f.has_record {
-        return verdict(Status::Killed, Some(reason::NO_RESULT_RECORD));
+    if f.expects_result && !f.has_result {
+        return verdict(Status::Killed, Some(Reason::NoResultRecord));
     }
-    if f.output_limit {
-        return verdict(Status::HandlerError, Some(reason::OUTPUT_LIMIT));
-    }
-    // A handler that hit ENOSPC and still exited 0 succeeded, but the caller should know
-    // its outputs were cut at the limit.
-    verdict(Status::Ok, disk)
+    // Success stays success: the reason says the outputs or the disk hit a limit.
+    verdict(Status::Ok, disk.or(outputs))
 }
 
 #[cfg(test)]
@@ -184,14 +302,13 @@ mod tests {
     fn counts_against_retries_for_every_status() {
         assert!(!Status::Ok.counts_against_retries());
         assert!(!Status::LaunchFailed.counts_against_retries());
-        assert!(Status::HandlerError.counts_against_retries());
-        assert!(Status::Timeout.counts_against_retries());
-        assert!(Status::OomKilled.counts_against_retries());
-        assert!(Status::Killed.counts_against_retries());
+        for s in [Status::HandlerError, Status::Timeout, Status::OomKilled, Status::Killed] {
+            assert!(s.counts_against_retries());
+        }
     }
 
     #[test]
-    fn serialises_exactly() {
+    fn words_serialise_exactly() {
         for (s, name) in [
             (Status::Ok, "ok"),
             (Status::HandlerError, "handler_error"),
@@ -204,31 +321,42 @@ mod tests {
             assert_eq!(serde_json::from_str::<Status>(&format!("\"{name}\"")).unwrap(), s);
             assert_eq!(s.to_string(), name);
         }
+        for r in Reason::ALL {
+            assert_eq!(serde_json::to_string(r).unwrap(), format!("\"{}\"", r.as_str()));
+        }
     }
 
     #[test]
     fn deadline_wins_over_everything() {
-        let f = Facts { deadline_fired: true, cancelled: true, oom_kills: 3, ..ok_facts() };
-        assert_eq!(decide(&f), verdict(Status::Timeout, Some("deadline")));
+        let f = Facts { deadline_fired: true, cancelled: true, oom_kills: 3, record: Record::Missing, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Timeout, Some(Reason::Deadline)));
     }
 
     #[test]
     fn cancellation_is_killed_cancelled() {
         let f = Facts { cancelled: true, exit: Exit::Signal(15), ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::Killed, Some("cancelled")));
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::Cancelled)));
     }
 
     #[test]
-    fn sandbox_launch_failure() {
-        let f = Facts { launch_failed: Some("unknown handler".into()), exit: Exit::Code(0), ..Facts::default() };
-        assert_eq!(decide(&f).status, Status::LaunchFailed);
+    fn sandbox_launch_failure_keeps_its_kind() {
+        for (l, r) in [
+            (LaunchFailure::NotFound, Some(Reason::CommandNotFound)),
+            (LaunchFailure::NotExecutable, Some(Reason::CommandNotExecutable)),
+            (LaunchFailure::UnknownHandler, Some(Reason::UnknownHandler)),
+            (LaunchFailure::FingerprintMismatch, Some(Reason::FingerprintMismatch)),
+            (LaunchFailure::Other, None),
+        ] {
+            let f = Facts { launch_failed: Some(l), ..ok_facts() };
+            assert_eq!(decide(&f), verdict(Status::LaunchFailed, r));
+        }
     }
 
     #[test]
-    fn failed_after_oom_kill_is_oom_killed() {
+    fn failed_after_oom_kill_is_oom_killed_even_without_a_record() {
         let f = Facts { oom_kills: 1, exit: Exit::Code(1), ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::OomKilled, Some("oom")));
-        let f = Facts { oom_kills: 1, exit: Exit::Signal(9), ..Facts::default() };
+        assert_eq!(decide(&f), verdict(Status::OomKilled, Some(Reason::Oom)));
+        let f = Facts { oom_kills: 1, exit: Exit::Signal(9), record: Record::Missing, ..Facts::default() };
         assert_eq!(decide(&f).status, Status::OomKilled);
     }
 
@@ -239,62 +367,47 @@ mod tests {
     }
 
     #[test]
-    fn signal_is_killed() {
-        let f = Facts { exit: Exit::Signal(9), ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::Killed, Some("signalled")));
+    fn without_a_record_nothing_is_ok() {
+        let f = Facts { record: Record::Missing, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::InitLost)));
+        let f = Facts { record: Record::Invalid, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::RecordInvalid)));
+        let f = Facts { record: Record::Invalid, exit: Exit::Signal(9), ..Facts::default() };
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::Signalled)));
     }
 
     #[test]
-    fn exit_137_by_itself_is_handler_error() {
-        let f = Facts { exit: Exit::Code(137), ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::HandlerError, None));
+    fn signal_is_killed_and_137_by_itself_is_handler_error() {
+        assert_eq!(
+            decide(&Facts { exit: Exit::Signal(9), ..Facts::default() }),
+            verdict(Status::Killed, Some(Reason::Signalled))
+        );
+        assert_eq!(decide(&Facts { exit: Exit::Code(137), ..Facts::default() }), verdict(Status::HandlerError, None));
     }
 
     #[test]
-    fn handler_error_with_exit_zero() {
-        let f = Facts { handler_error: Some("boom".into()), expects_record: true, has_record: true, ..ok_facts() };
+    fn handler_outcomes() {
+        let f = Facts { handler_error: Some("boom".into()), expects_result: true, has_result: true, ..ok_facts() };
         assert_eq!(decide(&f).status, Status::HandlerError);
-    }
-
-    #[test]
-    fn exit_zero_without_record_is_killed() {
-        let f = Facts { expects_record: true, has_record: false, ..ok_facts() };
-        assert_eq!(decide(&f), verdict(Status::Killed, Some("no_result_record")));
-    }
-
-    #[test]
-    fn plain_success_is_ok() {
-        assert_eq!(decide(&ok_facts()), verdict(Status::Ok, None));
-    }
-
-    #[test]
-    fn disk_full_failure_says_disk_limit() {
-        let f = Facts { disk_full: true, exit: Exit::Code(1), ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::HandlerError, Some("disk_limit")));
-    }
-
-    #[test]
-    fn disk_full_success_is_ok_and_says_disk_limit() {
-        let f = Facts { disk_full: true, ..ok_facts() };
-        assert_eq!(decide(&f), verdict(Status::Ok, Some("disk_limit")));
-    }
-
-    #[test]
-    fn output_cap_turns_success_into_handler_error() {
-        let f = Facts { output_limit: true, ..ok_facts() };
-        assert_eq!(decide(&f), verdict(Status::HandlerError, Some("output_limit")));
-    }
-
-    #[test]
-    fn panic_and_external_removal_are_killed() {
+        let f = Facts { expects_result: true, has_result: false, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::NoResultRecord)));
         let f = Facts { panicked: true, ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::Killed, Some("panicked")));
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::Panicked)));
         let f = Facts { removed_externally: true, ..Facts::default() };
-        assert_eq!(decide(&f), verdict(Status::Killed, Some("removed_externally")));
+        assert_eq!(decide(&f), verdict(Status::Killed, Some(Reason::RemovedExternally)));
+        assert_eq!(decide(&Facts::default()), verdict(Status::Killed, Some(Reason::InitLost)));
     }
 
     #[test]
-    fn lost_exit_is_killed_init_lost() {
-        assert_eq!(decide(&Facts::default()), verdict(Status::Killed, Some("init_lost")));
+    fn limits_keep_the_status_true() {
+        assert_eq!(decide(&ok_facts()), verdict(Status::Ok, None));
+        let f = Facts { disk_full: true, exit: Exit::Code(1), ..Facts::default() };
+        assert_eq!(decide(&f), verdict(Status::HandlerError, Some(Reason::DiskLimit)));
+        let f = Facts { disk_full: true, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Ok, Some(Reason::DiskLimit)));
+        let f = Facts { output_limit: true, ..ok_facts() };
+        assert_eq!(decide(&f), verdict(Status::Ok, Some(Reason::OutputLimit)));
+        let f = Facts { output_limit: true, exit: Exit::Code(3), ..Facts::default() };
+        assert_eq!(decide(&f), verdict(Status::HandlerError, Some(Reason::OutputLimit)));
     }
 }

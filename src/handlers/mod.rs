@@ -10,4 +10,5 @@ pub use builtin::builtin;
 pub use context::HandlerContext;
 pub use error::HandlerError;
 pub(crate) use error::{cap_text, error_chain, panic_text};
+pub(crate) use registry::check;
 pub use registry::{Handler, HandlerFuture, Handlers};

@@ -2,6 +2,7 @@
 
 use super::{HandlerContext, HandlerError};
 use crate::contract::BoxFuture;
+use crate::wire::LaunchFailure;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -103,6 +104,26 @@ impl Handlers {
         }
         format!("sha256:{:x}", h.finalize())
     }
+}
+
+/// The checks every rung makes before running handler `name` of `handlers` (whose
+/// fingerprint is `have`) for a caller expecting `want`: the handler, or why it cannot start
+/// and the text that says so. Written once so the rungs agree.
+pub(crate) fn check(
+    handlers: &Handlers,
+    have: &str,
+    name: &str,
+    want: Option<&str>,
+) -> Result<Handler, (LaunchFailure, String)> {
+    if let Some(want) = want
+        && want != have
+    {
+        return Err((
+            LaunchFailure::FingerprintMismatch,
+            format!("handler set fingerprint mismatch: request expects {want}, this worker has {have}"),
+        ));
+    }
+    handlers.get(name).cloned().ok_or_else(|| (LaunchFailure::UnknownHandler, format!("unknown handler {name:?}")))
 }
 
 impl fmt::Debug for Handlers {

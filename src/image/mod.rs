@@ -1,5 +1,7 @@
-//! Worker images: packing an executable into a `FROM scratch` image through the engine.
+//! Worker images: packing an executable (with its loader and libraries, `bundle`) into a
+//! `FROM scratch` image through the engine, and finding the stale ones.
 
+pub mod bundle;
 pub mod pack;
 pub mod stale;
 

@@ -9,7 +9,7 @@
 //! and gives the same one-layer image. Arbitrary Dockerfiles still go through
 //! [`build_image_from_dir_tar`].
 
-use crate::container::tools::{ToolsBundle, ToolsError, append_bytes, append_dir};
+use super::bundle::{ToolsBundle, ToolsError, append_bytes, append_dir};
 use bollard::Docker;
 use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuilder, RemoveImageOptionsBuilder};
 use futures_util::StreamExt;
@@ -238,7 +238,7 @@ pub fn write_rootfs(exe: &Path, dir: &Path, user: (u32, u32)) -> Result<Rootfs, 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(source) => return Err(PackError::Rootfs { path: dir.to_owned(), source }),
     }
-    let linkage = crate::container::tools::host_linkage(exe)?;
+    let linkage = super::bundle::host_linkage(exe)?;
     let mut files = Vec::new();
     let mut put = |from: Option<&Path>, rel: &str, mode: u32, body: &[u8]| -> Result<(), PackError> {
         let to = dir.join(rel);
@@ -342,12 +342,14 @@ pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImag
 /// Takes the host-wide lock for `tag` (released when the returned file is dropped).
 async fn lock_tag(tag: &str) -> Result<nix::fcntl::Flock<std::fs::File>, PackError> {
     use sha2::Digest;
-    let dir = crate::container::tools::default_base().join("locks");
-    let path = dir.join(format!("pack-{:x}.lock", sha2::Sha256::digest(tag.as_bytes())));
+    let base = crate::hostdir::default_base();
+    let name = format!("pack-{:x}.lock", sha2::Sha256::digest(tag.as_bytes()));
+    let path = base.join("locks").join(&name);
     let err = |path: &Path, source| PackError::Lock { path: path.to_owned(), source };
-    std::fs::create_dir_all(&dir).map_err(|e| err(&dir, e))?;
-    let file =
-        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| err(&path, e))?;
+    let file = crate::hostdir::PrivateDir::open(&base)
+        .and_then(|b| b.subdir("locks"))
+        .and_then(|d| d.open_file(&name))
+        .map_err(|e| err(&path, std::io::Error::other(e)))?;
     // flock blocks: wait for it off the async workers.
     let p = path.clone();
     tokio::task::spawn_blocking(move || nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive))

@@ -1,12 +1,12 @@
 //! The in-process rung.
 
 use crate::contract::{
-    BoxFuture, Executor, Exit, Facts, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request, Status, Task,
-    decide, reason, valid_worker_id,
+    BoxFuture, Evidence, Executor, Exit, Judgement, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request,
+    Source, Task, Usage, judge, valid_worker_id,
 };
 use crate::handlers::{HandlerContext, HandlerError, Handlers, cap_text, error_chain, panic_text};
 use crate::outputs::{self, Caps, WalkReport};
-use crate::protocol::MAX_ERROR_TEXT;
+use crate::wire::{LaunchFailure as WireLaunch, MAX_ERROR_TEXT};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ pub const DEFAULT_NAME: &str = "inprocess";
 /// enough for a cooperative handler to be seen finished, short enough to stay on time.
 const SETTLE: Duration = Duration::from_millis(100);
 
-const SHARED_PROCESS: &str = "unavailable: in-process rung shares the worker's process";
+const SHARED_PROCESS: &str = "in-process rung shares the worker's process";
 
 /// Runs handlers on tasks of the worker's own runtime: no isolation (level `none`).
 ///
@@ -96,27 +96,37 @@ impl InProcessExecutor {
                 return Err(LaunchError::NotAllowed(format!("{} runs handlers, not plain commands", self.name)));
             }
         };
+        // Known before anything runs, as an image's label is for the container rung.
+        if let Some(want) = request.fingerprint.as_deref()
+            && want != self.fingerprint
+        {
+            return Err(LaunchError::FingerprintMismatch {
+                image: format!("{} (in-process)", self.name),
+                expected: want.to_owned(),
+                actual: self.fingerprint.clone(),
+            });
+        }
         if cancel.is_cancelled() {
             return Err(LaunchError::CancelledBeforeStart);
         }
-
         let start = Instant::now();
-        let mut outcome = self.outcome_for(request);
-        if let Some(expected) = request.fingerprint.as_deref()
-            && expected != self.fingerprint
-        {
-            let msg = format!(
-                "handler set fingerprint mismatch: request expects {expected}, this worker has {}",
-                self.fingerprint
-            );
-            return Ok(launch_failed(outcome, start, msg, reason::FINGERPRINT_MISMATCH));
-        }
-        let Some(handler) = self.handlers.get(name).cloned() else {
-            return Ok(launch_failed(outcome, start, format!("unknown handler {name:?}"), reason::UNKNOWN_HANDLER));
+        let mut j = Judgement {
+            evidence: self.evidence_for(request),
+            usage: usage_for(),
+            in_process: true,
+            ..Judgement::default()
         };
-        tokio::fs::create_dir_all(&request.output_dir)
-            .await
-            .map_err(|e| LaunchError::Staging { what: "output dir".into(), source: Box::new(e) })?;
+        let handler = match crate::handlers::check(&self.handlers, &self.fingerprint, name, None) {
+            Ok(h) => h,
+            Err((why, text)) => {
+                j.facts.launch_failed = Some(launch_failure(why));
+                j.error_text = text;
+                j.usage.sources.disk_written_bytes = Some(Source::unavailable("the handler did not run"));
+                return Ok(finish(request, j, start));
+            }
+        };
+        let output_dir = request.open_output_dir()?;
+        drop(output_dir);
 
         let end = if request.deadline.is_some_and(|d| d <= start) {
             // Not started at all, so nothing of it can still be running.
@@ -135,56 +145,47 @@ impl InProcessExecutor {
             wait(task, request.deadline, &cancel, &handler_cancel, settle).await
         };
 
-        let mut facts = Facts::default();
-        let mut walked = None;
+        let facts = &mut j.facts;
         match end {
             End::Returned(result) => {
                 facts.exit = Exit::Code(0);
                 if let Err(e) = result {
                     let text = cap_text(&error_chain(&e), MAX_ERROR_TEXT);
                     facts.handler_error = Some(text.clone());
-                    outcome.handler_error = text;
-                    outcome.permanent = e.permanent;
-                    outcome.cause = Some(Arc::new(e));
+                    j.error_text = text;
+                    j.permanent = e.permanent;
+                    j.cause = Some(Arc::new(e));
                 }
-                let report = self.walk(request.output_dir.clone()).await;
-                if let Ok(r) = &report {
-                    facts.output_limit = r.limit_hit;
-                }
-                walked = Some(report);
             }
             End::Panicked(text) => {
                 facts.panicked = true;
-                outcome.handler_error = cap_text(&text, MAX_ERROR_TEXT);
+                j.error_text = cap_text(&text, MAX_ERROR_TEXT);
             }
             End::Deadline { still_running } | End::Cancelled { still_running } => {
                 facts.deadline_fired = matches!(end, End::Deadline { .. });
                 facts.cancelled = !facts.deadline_fired;
                 if still_running {
-                    outcome.evidence.still_running = true;
-                    outcome.evidence.notes.push(
+                    j.evidence.still_running = true;
+                    j.evidence.notes.push(
                         "the handler was cancelled but has not returned; an in-process handler cannot be killed".into(),
                     );
                 }
             }
         }
-        let verdict = decide(&facts);
-        outcome.status = verdict.status;
-        outcome.reason = verdict.reason.map(str::to_owned);
-        record_outputs(&mut outcome, walked, verdict.status);
-        finish(&mut outcome, start);
-        Ok(outcome)
+        // Outputs are listed for every attempt whose handler ran, whatever its status.
+        record_outputs(&mut j, self.walk(request.output_dir.clone()).await);
+        Ok(finish(request, j, start))
     }
 
-    /// An outcome with everything known before the handler runs.
-    fn outcome_for(&self, request: &Request) -> Outcome {
-        let mut o = Outcome::new(Status::LaunchFailed);
-        let ev = &mut o.evidence;
-        ev.executor = self.name.clone();
-        ev.level = Some(Level::None);
-        ev.worker = request.worker_id.clone();
-        ev.incarnation = self.incarnation.clone();
-        ev.started_at_unix_ms = Some(crate::contract::unix_ms_now());
+    /// The evidence known before the handler runs.
+    fn evidence_for(&self, request: &Request) -> Evidence {
+        let mut ev = Evidence {
+            executor: self.name.clone(),
+            level: Some(Level::None),
+            incarnation: self.incarnation.clone(),
+            started_at_unix_ms: Some(crate::contract::unix_ms_now()),
+            ..Evidence::default()
+        };
         for (key, amount) in &request.limits.0 {
             if *amount > 0 {
                 ev.skipped.insert(format!("limit.{key}"), "the in-process rung enforces no limits".into());
@@ -193,9 +194,7 @@ impl InProcessExecutor {
         if !request.env.is_empty() {
             ev.skipped.insert("env".into(), "in-process handlers see the worker's own environment".into());
         }
-        o.usage.sources.insert("cpu_time_ms".into(), SHARED_PROCESS.into());
-        o.usage.sources.insert("peak_memory_bytes".into(), SHARED_PROCESS.into());
-        o
+        ev
     }
 
     async fn walk(&self, dir: PathBuf) -> Result<WalkReport, String> {
@@ -205,6 +204,21 @@ impl InProcessExecutor {
             Ok(Err(e)) => Err(e.to_string()),
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+fn usage_for() -> Usage {
+    let mut u = Usage::default();
+    u.sources.cpu_time_ms = Some(Source::unavailable(SHARED_PROCESS));
+    u.sources.peak_memory_bytes = Some(Source::unavailable(SHARED_PROCESS));
+    u
+}
+
+fn launch_failure(w: WireLaunch) -> crate::contract::LaunchFailure {
+    match w {
+        WireLaunch::UnknownHandler => crate::contract::LaunchFailure::UnknownHandler,
+        WireLaunch::FingerprintMismatch => crate::contract::LaunchFailure::FingerprintMismatch,
+        WireLaunch::BadRequest => crate::contract::LaunchFailure::BadRequest,
     }
 }
 
@@ -269,40 +283,27 @@ fn context(request: &Request, cancel: CancellationToken) -> HandlerContext {
     }
 }
 
-fn launch_failed(mut o: Outcome, start: Instant, msg: String, why: &'static str) -> Outcome {
-    let verdict = decide(&Facts { launch_failed: Some(msg.clone()), ..Facts::default() });
-    o.status = verdict.status;
-    o.reason = Some(verdict.reason.unwrap_or(why).to_owned());
-    o.handler_error = msg;
-    o.permanent = true;
-    o.usage.sources.insert("disk_written_bytes".into(), "unavailable: the handler did not run".into());
-    finish(&mut o, start);
-    o
-}
-
-fn record_outputs(o: &mut Outcome, walked: Option<Result<WalkReport, String>>, status: Status) {
-    let sources = &mut o.usage.sources;
+fn record_outputs(j: &mut Judgement, walked: Result<WalkReport, String>) {
     match walked {
-        Some(Ok(report)) => {
-            o.usage.disk_written_bytes = Some(report.total_bytes);
-            sources.insert("disk_written_bytes".into(), "walked".into());
-            o.evidence.refused_outputs = report.refused;
-            o.outputs = report.files;
+        Ok(report) => {
+            j.usage.disk_written_bytes = Some(report.total_bytes);
+            j.usage.sources.disk_written_bytes = Some(Source::Walked);
+            j.facts.output_limit = report.limit_hit;
+            j.evidence.refused_outputs = report.refused;
+            j.outputs = report.files;
         }
-        Some(Err(e)) => {
-            sources.insert("disk_written_bytes".into(), format!("unavailable: walking the outputs failed: {e}"));
-            o.evidence.notes.push(format!("walking the output dir failed: {e}"));
-        }
-        None => {
-            sources.insert("disk_written_bytes".into(), format!("unavailable: outputs are not walked for {status}"));
+        Err(e) => {
+            j.usage.sources.disk_written_bytes = Some(Source::unavailable(format!("walking the outputs failed: {e}")));
+            j.evidence.notes.push(format!("walking the output dir failed: {e}"));
         }
     }
 }
 
-fn finish(o: &mut Outcome, start: Instant) {
-    o.usage.wall_time_ms = Some(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
-    o.usage.sources.insert("wall_time_ms".into(), "host_clock".into());
-    o.evidence.finished_at_unix_ms = Some(crate::contract::unix_ms_now());
+fn finish(request: &Request, mut j: Judgement, start: Instant) -> Outcome {
+    j.usage.wall_time_ms = Some(u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+    j.usage.sources.wall_time_ms = Some(Source::HostClock);
+    j.evidence.finished_at_unix_ms = Some(crate::contract::unix_ms_now());
+    judge(request, j)
 }
 
 impl Executor for InProcessExecutor {

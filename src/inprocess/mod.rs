@@ -1,3 +1,5 @@
+//! The in-process rung (level `none`): handlers on the worker's own runtime.
+
 mod executor;
 
 pub use executor::{DEFAULT_NAME, InProcessExecutor};

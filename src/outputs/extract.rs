@@ -1,77 +1,110 @@
-//! Extracting an untrusted tar of outputs without ever writing outside the destination.
+//! Extracting the outputs tar into the caller's output dir, hashing each file as it is
+//! written: every output byte is read once.
 //!
-//! Every path is resolved one component at a time from a descriptor of the destination,
-//! with `O_NOFOLLOW`, so a symlink created by an earlier entry can never redirect a later
-//! write; files are created with `O_EXCL`, so nothing already there is written through.
+//! The tar comes from stevedore's init, which sends only regular files and directories;
+//! this side still treats it as untrusted. Every path is resolved one component at a time
+//! from a descriptor of the destination with `O_NOFOLLOW`, files are created with `O_EXCL`
+//! (nothing already there is written through), only regular files and directories are
+//! created, modes lose group and other write, and everything belongs to the caller. Caps on
+//! entries, files and bytes stop the reading: past them nothing more is consumed.
 
-use super::name::escape_name;
-use crate::contract::RefusedEntry;
+use super::Caps;
+use super::content_type::{SNIFF_LEN, content_type};
+use crate::contract::{OutputFile, RefusedEntry};
+use crate::wire::escape_name;
 use nix::errno::Errno;
-use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
+use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::{Mode, fchmod, mkdirat};
-use nix::unistd::{UnlinkatFlags, linkat, mkfifoat, symlinkat, unlinkat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use tar::EntryType;
 
-/// At most this many skipped entries are kept, so a hostile archive cannot blow memory.
-const MAX_SKIPPED: usize = 1000;
-/// At most this many entries skipped for the cap are named.
-const MAX_OVER_CAP_NAMED: usize = 100;
+/// At most this many refused entries are kept, so a hostile archive cannot blow memory.
+const MAX_REFUSED: usize = 1000;
 
-/// What extracting a tar of outputs did.
+/// What extracting the outputs tar did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExtractReport {
-    /// Entries written.
-    pub entries: u64,
-    /// Bytes of regular-file content written.
+    /// The files written, hashed, sorted by name.
+    pub files: Vec<OutputFile>,
+    /// Bytes of file content written.
     pub bytes: u64,
-    /// Entries not extracted (devices, unsafe paths, over the cap), with why.
-    pub skipped: Vec<RefusedEntry>,
+    /// Entries not extracted, with why.
+    pub refused: Vec<RefusedEntry>,
+    /// A cap was reached: reading stopped there.
+    pub limit_hit: bool,
 }
 
-/// Extracts an untrusted tar stream into `dest`, after removing the leading `strip`
-/// component (e.g. `out` for a Docker archive of `/out`).
+/// Extracts an untrusted tar stream into `dest` (which must exist), hashing every file.
 ///
-/// Everything is created as the current process, modes masked to `0o777` (files always
-/// readable and directories always usable by their owner, the caller). Symlinks and FIFOs
-/// are recreated, never followed, so a later [`walk()`](super::walk()) names them; hard links
-/// are recreated only between entries inside `dest`. Entries that are not extracted are in
-/// `skipped` with why: `unsafe_path` (absolute, `..`, outside `strip`, or through a
-/// symlink or file), `device`, `hardlink`, `duplicate`, `over_cap`, `unsupported`,
-/// `unwritable: <error>`. Once writing a file would pass `max_bytes`, no further file is
-/// written. A malformed stream is an error; what was extracted before it stays.
-pub fn extract_tar(r: impl Read, strip: &str, dest: &Path, max_bytes: u64) -> io::Result<ExtractReport> {
-    let root = openat(AT_FDCWD, dest, dir_flags(), Mode::empty())?;
-    let strip: Vec<&[u8]> = components(strip.as_bytes()).collect();
-    let mut x = Extractor { root, max_bytes, report: ExtractReport::default(), over_cap: false, over_cap_named: 0 };
+/// Only regular files and directories are created; anything else is refused and named
+/// (`symlink`, `hardlink`, `fifo`, `device`, `unsafe_path`, `non_utf8_name`, `duplicate`,
+/// `unwritable: ...`). Past `caps` (files, bytes) or `max_entries` entries, reading stops
+/// and `limit_hit` is set. A malformed stream is an error; what was extracted before it
+/// stays, and is listed in the error's report through [`extract_into`].
+pub fn extract_tar(r: impl Read, dest: &Path, caps: &Caps) -> io::Result<ExtractReport> {
+    let dest = openat(AT_FDCWD, dest, dir_flags(), Mode::empty())?;
+    let mut report = ExtractReport::default();
+    extract_into(r, &dest, caps, &mut report)?;
+    Ok(report)
+}
+
+/// [`extract_tar`] into a directory already open (resolved once, never by path again),
+/// filling `report` as it goes so a caller keeps what was extracted before an error.
+pub fn extract_into(r: impl Read, dest: &OwnedFd, caps: &Caps, report: &mut ExtractReport) -> io::Result<()> {
+    let root = dest.try_clone()?;
+    let max_entries = caps.max_files.saturating_mul(2).saturating_add(MAX_REFUSED);
+    let mut x = Extractor { root, caps: *caps, report, entries: 0 };
     let mut archive = tar::Archive::new(r);
     for entry in archive.entries()? {
         let mut entry = entry?;
+        x.entries += 1;
+        if x.entries > max_entries {
+            x.report.limit_hit = true;
+            break;
+        }
         let raw = entry.path_bytes().into_owned();
-        let rel = match relative(&raw, &strip) {
-            Ok(rel) => rel,
-            Err(()) => {
-                x.skip(&raw, "unsafe_path");
-                continue;
-            }
-        };
-        // The stripped root itself (`out/`) is `dest`, which the caller owns.
-        let Some((name, dirs)) = rel.split_last() else {
+        let Ok(rel) = relative(&raw) else {
+            x.refuse(&raw, "unsafe_path".into());
             continue;
         };
+        let Some((name, dirs)) = rel.split_last() else { continue };
         let shown = rel.join(&b'/');
-        match x.entry(&mut entry, dirs, name, &strip) {
-            Ok(()) => x.report.entries += 1,
-            Err(Fail::Skip(why)) => x.skip(&shown, why),
-            Err(Fail::OverCap) => x.skip_over_cap(&shown),
-            Err(Fail::NotAnEntry) => {}
+        if rel.iter().any(|c| std::str::from_utf8(c).is_err()) {
+            x.refuse(&shown, "non_utf8_name".into());
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        let result = match kind {
+            EntryType::Regular | EntryType::Continuous => x.file(&mut entry, dirs, name, &shown),
+            EntryType::Directory => x.dir(dirs, name).map(|()| None),
+            EntryType::Symlink => Err(Fail::skip("symlink")),
+            EntryType::Link => Err(Fail::skip("hardlink")),
+            EntryType::Fifo => Err(Fail::skip("fifo")),
+            EntryType::Char | EntryType::Block => Err(Fail::skip("device")),
+            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
+                continue;
+            }
+            _ => Err(Fail::skip("unsupported")),
+        };
+        match result {
+            Ok(Some(file)) => x.report.files.push(file),
+            Ok(None) => {}
+            Err(Fail::Skip(why)) => x.refuse(&shown, why),
+            Err(Fail::OverCap) => {
+                x.refuse(&shown, "over_cap".into());
+                x.report.limit_hit = true;
+                break;
+            }
             Err(Fail::Stream(e)) => return Err(e),
         }
     }
-    Ok(x.report)
+    x.report.files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(())
 }
 
 fn dir_flags() -> OFlag {
@@ -82,8 +115,6 @@ fn dir_flags() -> OFlag {
 enum Fail {
     Skip(String),
     OverCap,
-    /// Archive metadata that is neither extracted nor worth naming.
-    NotAnEntry,
     /// The archive itself could not be read: nothing after it can be trusted.
     Stream(io::Error),
 }
@@ -98,55 +129,39 @@ impl Fail {
     }
 }
 
-fn components(path: &[u8]) -> impl Iterator<Item = &[u8]> {
-    path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".")
-}
-
-/// The components of `raw` below `strip`, or `Err` when the path is not safe to create.
-fn relative<'a>(raw: &'a [u8], strip: &[&[u8]]) -> Result<Vec<&'a [u8]>, ()> {
+/// The components of `raw`, or `Err` when the path is not safe to create.
+fn relative(raw: &[u8]) -> Result<Vec<&[u8]>, ()> {
     if raw.first() == Some(&b'/') {
         return Err(());
     }
-    let all: Vec<&[u8]> = components(raw).collect();
+    let all: Vec<&[u8]> = raw.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").collect();
     if all.iter().any(|c| *c == b".." || c.contains(&0)) {
         return Err(());
     }
-    if !all.starts_with(strip) {
-        return Err(());
-    }
-    Ok(all[strip.len()..].to_vec())
+    Ok(all)
 }
 
-struct Extractor {
+struct Extractor<'a> {
     root: OwnedFd,
-    max_bytes: u64,
-    report: ExtractReport,
-    over_cap: bool,
-    over_cap_named: usize,
+    caps: Caps,
+    report: &'a mut ExtractReport,
+    entries: usize,
 }
 
-impl Extractor {
-    fn skip(&mut self, name: &[u8], why: impl Into<String>) {
-        if self.report.skipped.len() < MAX_SKIPPED {
-            self.report.skipped.push(RefusedEntry { name: escape_name(name), why: why.into() });
+impl Extractor<'_> {
+    fn refuse(&mut self, name: &[u8], why: String) {
+        if self.report.refused.len() < MAX_REFUSED {
+            self.report.refused.push(RefusedEntry { name: escape_name(name), why });
         }
-    }
-
-    fn skip_over_cap(&mut self, name: &[u8]) {
-        if self.over_cap_named < MAX_OVER_CAP_NAMED {
-            self.skip(name, "over_cap");
-        }
-        self.over_cap_named += 1;
     }
 
     /// Opens the directory `dirs` below the root, one component at a time and never through
-    /// a symlink; missing ones are created when `create`, since a tar may list a directory
-    /// after its children or not at all.
-    fn open_dir(&self, dirs: &[&[u8]], create: bool) -> Result<OwnedFd, Fail> {
+    /// a symlink, creating missing ones (a tar may list a directory after its children).
+    fn open_dir(&self, dirs: &[&[u8]]) -> Result<OwnedFd, Fail> {
         let mut cur = self.root.try_clone().map_err(Fail::unwritable)?;
         for c in dirs {
             let next = match openat(&cur, *c, dir_flags(), Mode::empty()) {
-                Err(Errno::ENOENT) if create => {
+                Err(Errno::ENOENT) => {
                     match mkdirat(&cur, *c, Mode::from_bits_truncate(0o755)) {
                         Ok(()) | Err(Errno::EEXIST) => {}
                         Err(e) => return Err(Fail::unwritable(e)),
@@ -157,7 +172,6 @@ impl Extractor {
             };
             cur = match next {
                 Ok(fd) => fd,
-                // A symlink (ELOOP) or a non-directory (ENOTDIR) in the way.
                 Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(Fail::skip("unsafe_path")),
                 Err(e) => return Err(Fail::unwritable(e)),
             };
@@ -165,61 +179,16 @@ impl Extractor {
         Ok(cur)
     }
 
-    fn entry<R: Read>(
-        &mut self,
-        entry: &mut tar::Entry<'_, R>,
-        dirs: &[&[u8]],
-        name: &[u8],
-        strip: &[&[u8]],
-    ) -> Result<(), Fail> {
-        let header_mode = entry.header().mode().unwrap_or(0o644) & 0o777;
-        match entry.header().entry_type() {
-            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                self.file(entry, dirs, name, header_mode)
-            }
-            EntryType::Directory => {
-                let parent = self.open_dir(dirs, true)?;
-                match mkdirat(&parent, name, Mode::from_bits_truncate(0o700)) {
-                    Ok(()) | Err(Errno::EEXIST) => {}
-                    Err(e) => return Err(Fail::unwritable(e)),
-                }
-                let dir = match openat(&parent, name, dir_flags(), Mode::empty()) {
-                    Ok(fd) => fd,
-                    Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(Fail::skip("unsafe_path")),
-                    Err(e) => return Err(Fail::unwritable(e)),
-                };
-                // The caller must be able to read and clean up what it gets back.
-                fchmod(&dir, Mode::from_bits_truncate(header_mode | 0o700)).map_err(Fail::unwritable)
-            }
-            EntryType::Symlink => {
-                let target = entry.link_name_bytes().ok_or_else(|| Fail::skip("unsupported"))?.into_owned();
-                let parent = self.open_dir(dirs, true)?;
-                symlinkat(target.as_slice(), &parent, name).map_err(exists_or_unwritable)
-            }
-            EntryType::Fifo => {
-                let parent = self.open_dir(dirs, true)?;
-                mkfifoat(&parent, name, Mode::from_bits_truncate(header_mode)).map_err(exists_or_unwritable)
-            }
-            EntryType::Link => {
-                let target = entry.link_name_bytes().ok_or_else(|| Fail::skip("hardlink"))?.into_owned();
-                let target = relative(&target, strip).map_err(|()| Fail::skip("hardlink"))?;
-                let Some((target_name, target_dirs)) = target.split_last() else {
-                    return Err(Fail::skip("hardlink"));
-                };
-                let from = self.open_dir(target_dirs, false).map_err(|_| Fail::skip("hardlink"))?;
-                let parent = self.open_dir(dirs, true)?;
-                // No AT_SYMLINK_FOLLOW: a link to a symlink links the symlink itself, and
-                // the kernel refuses to hard-link a directory.
-                match linkat(&from, *target_name, &parent, name, AtFlags::empty()) {
-                    Ok(()) => Ok(()),
-                    Err(Errno::EEXIST) => Err(Fail::skip("duplicate")),
-                    Err(_) => Err(Fail::skip("hardlink")),
-                }
-            }
-            EntryType::Char | EntryType::Block => Err(Fail::skip("device")),
-            // Archive-wide metadata, not an entry.
-            EntryType::XGlobalHeader => Err(Fail::NotAnEntry),
-            _ => Err(Fail::skip("unsupported")),
+    fn dir(&mut self, dirs: &[&[u8]], name: &[u8]) -> Result<(), Fail> {
+        let parent = self.open_dir(dirs)?;
+        match mkdirat(&parent, name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(Fail::unwritable(e)),
+        }
+        match openat(&parent, name, dir_flags(), Mode::empty()) {
+            Ok(_) => Ok(()),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => Err(Fail::skip("unsafe_path")),
+            Err(e) => Err(Fail::unwritable(e)),
         }
     }
 
@@ -228,47 +197,49 @@ impl Extractor {
         entry: &mut tar::Entry<'_, R>,
         dirs: &[&[u8]],
         name: &[u8],
-        mode: u32,
-    ) -> Result<(), Fail> {
-        let room = self.max_bytes.saturating_sub(self.report.bytes);
-        if self.over_cap || entry.size() > room {
-            self.over_cap = true;
+        shown: &[u8],
+    ) -> Result<Option<OutputFile>, Fail> {
+        let room = self.caps.max_total_bytes.saturating_sub(self.report.bytes);
+        if self.report.files.len() >= self.caps.max_files || entry.size() > room {
             return Err(Fail::OverCap);
         }
-        let parent = self.open_dir(dirs, true)?;
+        let mode = entry.header().mode().unwrap_or(0o644);
+        let mode = if mode & 0o100 != 0 { 0o755 } else { 0o644 };
+        let parent = self.open_dir(dirs)?;
         let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = openat(&parent, name, flags, Mode::from_bits_truncate(0o600)).map_err(exists_or_unwritable)?;
+        let fd = openat(&parent, name, flags, Mode::from_bits_truncate(0o600))
+            .map_err(|e| if e == Errno::EEXIST { Fail::skip("duplicate") } else { Fail::unwritable(e) })?;
         let mut file = File::from(fd);
-        match copy_within(entry, &mut file, room) {
-            Ok(written) => {
-                self.report.bytes += written;
-                // The caller must be able to read (and hash) what it gets back.
-                fchmod(file.as_fd(), Mode::from_bits_truncate(mode | 0o400)).map_err(Fail::unwritable)
-            }
-            Err(fail) => {
-                drop(file);
-                let _ = unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir);
-                if matches!(fail, Fail::OverCap) {
-                    self.over_cap = true;
-                }
-                Err(fail)
-            }
+        let copied = copy_hashing(entry, &mut file, room);
+        let fail = |me: &Self, fail: Fail| {
+            let _ = unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir);
+            let _ = me;
+            Err(fail)
+        };
+        let (size, hash, head) = match copied {
+            Ok(h) => h,
+            Err(f) => return fail(self, f),
+        };
+        if let Err(e) = fchmod(file.as_fd(), Mode::from_bits_truncate(mode)) {
+            return fail(self, Fail::unwritable(e));
         }
+        self.report.bytes += size;
+        let name = String::from_utf8(shown.to_vec()).expect("checked to be UTF-8 component by component");
+        let content_type = content_type(&name, &head);
+        Ok(Some(OutputFile { name, size, hash, content_type }))
     }
 }
 
-fn exists_or_unwritable(e: Errno) -> Fail {
-    if e == Errno::EEXIST { Fail::skip("duplicate") } else { Fail::unwritable(e) }
-}
-
-/// Copies at most `room` bytes; more (a sparse file larger than its header said) is
+/// Copies at most `room` bytes, hashing them and keeping the first [`SNIFF_LEN`]; more is
 /// `OverCap`. Read errors are the stream's, write errors the destination's.
-fn copy_within(src: &mut impl Read, dst: &mut impl Write, room: u64) -> Result<u64, Fail> {
-    let mut buf = vec![0u8; 64 * 1024];
+fn copy_hashing(src: &mut impl Read, dst: &mut impl Write, room: u64) -> Result<(u64, String, Vec<u8>), Fail> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut hasher = Sha256::new();
+    let mut head = Vec::new();
     let mut written = 0u64;
     loop {
         let n = match src.read(&mut buf) {
-            Ok(0) => return Ok(written),
+            Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Fail::Stream(e)),
@@ -277,19 +248,21 @@ fn copy_within(src: &mut impl Read, dst: &mut impl Write, room: u64) -> Result<u
         if written > room {
             return Err(Fail::OverCap);
         }
+        hasher.update(&buf[..n]);
+        if head.len() < SNIFF_LEN {
+            let take = n.min(SNIFF_LEN - head.len());
+            head.extend_from_slice(&buf[..take]);
+        }
         dst.write_all(&buf[..n]).map_err(Fail::unwritable)?;
     }
+    Ok((written, format!("sha256:{:x}", hasher.finalize()), head))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outputs::{Caps, walk};
-    use nix::unistd::mkfifo;
-    use std::ffi::OsStr;
     use std::fs;
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, symlink};
+    use std::os::unix::fs::{MetadataExt, symlink};
 
     /// Appends an entry with exactly these name bytes, which `tar::Builder` would refuse
     /// to write for hostile names.
@@ -309,182 +282,148 @@ mod tests {
         raw(b, EntryType::Regular, path.as_bytes(), b"", data, 0o644);
     }
 
-    fn extract(b: tar::Builder<Vec<u8>>, dest: &Path, max: u64) -> ExtractReport {
+    fn extract(b: tar::Builder<Vec<u8>>, dest: &Path, caps: Caps) -> ExtractReport {
         let bytes = b.into_inner().unwrap();
-        extract_tar(bytes.as_slice(), "out", dest, max).unwrap()
+        extract_tar(bytes.as_slice(), dest, &caps).unwrap()
     }
 
     fn why<'a>(r: &'a ExtractReport, name: &str) -> Option<&'a str> {
-        r.skipped.iter().find(|e| e.name == name).map(|e| e.why.as_str())
+        r.refused.iter().find(|e| e.name == name).map(|e| e.why.as_str())
+    }
+
+    fn sha256sum(path: &Path) -> String {
+        let out = std::process::Command::new("sha256sum").arg(path).output().expect("sha256sum runs");
+        format!("sha256:{}", String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap())
     }
 
     #[test]
-    fn round_trip_matches_a_walk_of_the_source() {
-        let src = tempfile::tempdir().unwrap();
-        let out = src.path().join("out");
-        fs::create_dir_all(out.join("sub/deeper")).unwrap();
-        fs::write(out.join("a.txt"), b"alpha").unwrap();
-        fs::write(out.join("sub/b"), vec![7u8; 100_000]).unwrap();
-        fs::write(out.join("sub/deeper/with space\nand newline é"), b"c").unwrap();
-        fs::write(out.join("empty"), b"").unwrap();
-        fs::write(out.join(OsStr::from_bytes(b"bad\xff")), b"d").unwrap();
-        // A name past the 100-byte header field travels in a GNU long-name header.
-        let long = "l".repeat(150);
-        fs::write(out.join(&long), b"long").unwrap();
-        fs::set_permissions(out.join("a.txt"), fs::Permissions::from_mode(0o640)).unwrap();
-        symlink("a.txt", out.join("link")).unwrap();
-        mkfifo(&out.join("pipe"), Mode::from_bits_truncate(0o600)).unwrap();
-
-        let mut b = tar::Builder::new(Vec::new());
-        b.follow_symlinks(false);
-        b.append_dir_all("out", &out).unwrap();
+    fn files_are_hashed_as_they_are_written() {
         let dest = tempfile::tempdir().unwrap();
-        let r = extract(b, dest.path(), u64::MAX);
-        assert!(r.skipped.is_empty(), "{:?}", r.skipped);
-        assert_eq!(r.bytes, 5 + 100_000 + 1 + 1 + 4);
-
-        let before = walk(&out, &Caps::default()).unwrap();
-        let after = walk(dest.path(), &Caps::default()).unwrap();
-        assert_eq!(after, before);
-        assert_eq!(after.files.len(), 5);
-        let refused: Vec<(&str, &str)> = after.refused.iter().map(|e| (e.name.as_str(), e.why.as_str())).collect();
-        assert_eq!(refused, [("bad\\xff", "non_utf8_name"), ("link", "symlink"), ("pipe", "fifo")]);
-        assert_eq!(fs::read_link(dest.path().join("link")).unwrap(), Path::new("a.txt"));
-        assert!(fs::symlink_metadata(dest.path().join("pipe")).unwrap().file_type().is_fifo());
-        let mode = fs::metadata(dest.path().join("a.txt")).unwrap().mode() & 0o7777;
-        assert_eq!(mode, 0o640);
-    }
-
-    #[test]
-    fn unsafe_paths_are_skipped() {
-        let top = tempfile::tempdir().unwrap();
-        let dest = top.path().join("dest");
-        fs::create_dir(&dest).unwrap();
-        let abs = top.path().join("abs");
+        let big: Vec<u8> = (0..700_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let mut b = tar::Builder::new(Vec::new());
-        file(&mut b, "out/../escape", b"x");
-        file(&mut b, "../escape", b"x");
-        file(&mut b, "out/sub/../../escape", b"x");
-        raw(&mut b, EntryType::Regular, abs.as_os_str().as_bytes(), b"", b"x", 0o644);
-        file(&mut b, "elsewhere/x", b"x");
-        file(&mut b, "out/ok", b"ok");
-        let r = extract(b, &dest, u64::MAX);
-        assert_eq!(r.entries, 1);
-        assert_eq!(r.skipped.len(), 5, "{:?}", r.skipped);
-        assert!(r.skipped.iter().all(|e| e.why == "unsafe_path"));
-        assert!(!top.path().join("escape").exists());
-        assert!(!abs.exists());
-        assert_eq!(fs::read(dest.join("ok")).unwrap(), b"ok");
-        assert_eq!(fs::read_dir(&dest).unwrap().count(), 1);
+        raw(&mut b, EntryType::Directory, b"sub/", b"", b"", 0o777);
+        file(&mut b, "sub/big.bin", &big);
+        file(&mut b, "a.json", b"{}");
+        file(&mut b, "empty", b"");
+        let r = extract(b, dest.path(), Caps::default());
+        assert!(r.refused.is_empty(), "{:?}", r.refused);
+        let names: Vec<&str> = r.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["a.json", "empty", "sub/big.bin"]);
+        for f in &r.files {
+            assert_eq!(f.hash, sha256sum(&dest.path().join(&f.name)), "{}", f.name);
+            assert_eq!(f.size, fs::metadata(dest.path().join(&f.name)).unwrap().len());
+        }
+        assert_eq!(r.files[0].content_type, "application/json");
+        assert_eq!(r.bytes, big.len() as u64 + 2);
+        let mode = |p: &str| fs::metadata(dest.path().join(p)).unwrap().mode() & 0o7777;
+        assert_eq!(mode("sub"), 0o755, "no group or other write, whatever the header says");
+        assert_eq!(mode("a.json"), 0o644);
     }
 
     #[test]
-    fn writes_through_earlier_symlinks_stay_contained() {
+    fn only_files_and_dirs_are_created() {
         let outside = tempfile::tempdir().unwrap();
         let victim = outside.path().join("victim");
         fs::write(&victim, b"original").unwrap();
-        let outside_mode = fs::metadata(outside.path()).unwrap().mode();
         let dest = tempfile::tempdir().unwrap();
-        let target = outside.path().as_os_str().as_bytes();
         let mut b = tar::Builder::new(Vec::new());
-        // `a -> <outside>` then `a/passwd`: must not create <outside>/passwd.
-        raw(&mut b, EntryType::Symlink, b"out/a", target, b"", 0o777);
-        file(&mut b, "out/a/passwd", b"pwned");
-        raw(&mut b, EntryType::Directory, b"out/a/sub/", b"", b"", 0o755);
-        // `v -> <outside>/victim` then a file `v`: must not write through to the victim.
-        raw(&mut b, EntryType::Symlink, b"out/v", victim.as_os_str().as_bytes(), b"", 0o777);
-        file(&mut b, "out/v", b"pwned");
-        // A directory entry over the symlink must not chmod what it points at.
-        raw(&mut b, EntryType::Directory, b"out/a/", b"", b"", 0o777);
-        // Hard links may not reach outside, nor through the symlink.
-        raw(&mut b, EntryType::Link, b"out/h1", victim.as_os_str().as_bytes(), b"", 0o644);
-        raw(&mut b, EntryType::Link, b"out/h2", b"out/a/victim", b"", 0o644);
-        raw(&mut b, EntryType::Link, b"out/h3", b"out/../victim", b"", 0o644);
-        let r = extract(b, dest.path(), u64::MAX);
-
-        assert_eq!(r.entries, 2, "{:?}", r.skipped);
-        assert_eq!(why(&r, "a/passwd"), Some("unsafe_path"));
-        assert_eq!(why(&r, "a/sub"), Some("unsafe_path"));
-        assert_eq!(why(&r, "a"), Some("unsafe_path"));
-        assert_eq!(why(&r, "v"), Some("duplicate"));
-        for h in ["h1", "h2", "h3"] {
-            assert_eq!(why(&r, h), Some("hardlink"), "{h}");
+        raw(&mut b, EntryType::Symlink, b"a", outside.path().to_str().unwrap().as_bytes(), b"", 0o777);
+        file(&mut b, "a/passwd", b"pwned");
+        raw(&mut b, EntryType::Link, b"h", victim.to_str().unwrap().as_bytes(), b"", 0o644);
+        raw(&mut b, EntryType::Fifo, b"f", b"", b"", 0o644);
+        raw(&mut b, EntryType::Char, b"null", b"", b"", 0o666);
+        file(&mut b, "../escape", b"x");
+        raw(&mut b, EntryType::Regular, b"/abs", b"", b"x", 0o644);
+        raw(&mut b, EntryType::Regular, b"n\xffb", b"", b"n", 0o644);
+        file(&mut b, "ok", b"ok");
+        file(&mut b, "ok", b"again");
+        raw(&mut b, EntryType::Regular, b"suid", b"", b"s", 0o4777);
+        let r = extract(b, dest.path(), Caps::default());
+        for (n, w) in [
+            ("a", "symlink"),
+            ("h", "hardlink"),
+            ("f", "fifo"),
+            ("null", "device"),
+            ("../escape", "unsafe_path"),
+            ("/abs", "unsafe_path"),
+            ("n\\xffb", "non_utf8_name"),
+            ("ok", "duplicate"),
+        ] {
+            assert_eq!(why(&r, n), Some(w), "{n}: {:?}", r.refused);
         }
-        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1);
+        // `a` was refused, so `a/passwd` became a plain dir and file inside dest.
+        assert_eq!(fs::read(dest.path().join("a/passwd")).unwrap(), b"pwned");
+        assert!(!outside.path().join("passwd").exists());
         assert_eq!(fs::read(&victim).unwrap(), b"original");
-        assert_eq!(fs::metadata(outside.path()).unwrap().mode(), outside_mode);
-        assert!(fs::symlink_metadata(dest.path().join("a")).unwrap().file_type().is_symlink());
+        assert_eq!(fs::read(dest.path().join("ok")).unwrap(), b"ok");
+        let suid = fs::metadata(dest.path().join("suid")).unwrap().mode() & 0o7777;
+        assert_eq!(suid, 0o755, "no setuid, no group or other write");
     }
 
     #[test]
-    fn parents_are_created_and_modes_masked() {
+    fn a_symlink_already_in_dest_is_never_followed() {
+        let outside = tempfile::tempdir().unwrap();
         let dest = tempfile::tempdir().unwrap();
+        symlink(outside.path(), dest.path().join("a")).unwrap();
         let mut b = tar::Builder::new(Vec::new());
-        raw(&mut b, EntryType::Regular, b"out/x/y/z", b"", b"z", 0o4755);
-        raw(&mut b, EntryType::Directory, b"out/x/", b"", b"", 0o1750);
-        raw(&mut b, EntryType::Regular, b"out/locked", b"", b"l", 0o000);
-        raw(&mut b, EntryType::Link, b"out/x/again", b"out/x/y/z", b"", 0o644);
-        raw(&mut b, EntryType::Char, b"out/null", b"", b"", 0o666);
-        raw(&mut b, EntryType::Regular, b"out/n\xffb", b"", b"n", 0o644);
-        let r = extract(b, dest.path(), u64::MAX);
-        assert_eq!(r.entries, 5, "{:?}", r.skipped);
-        assert_eq!(why(&r, "null"), Some("device"));
-        let mode = |p: &str| fs::symlink_metadata(dest.path().join(p)).unwrap().mode() & 0o7777;
-        assert_eq!(mode("x/y/z"), 0o755);
-        assert_eq!(mode("x"), 0o750);
-        assert_eq!(mode("locked"), 0o400);
-        assert_eq!(fs::read(dest.path().join("x/again")).unwrap(), b"z");
-        assert_eq!(fs::metadata(dest.path().join("x/again")).unwrap().nlink(), 2);
-        assert_eq!(fs::read(dest.path().join(OsStr::from_bytes(b"n\xffb"))).unwrap(), b"n");
-        assert!(!dest.path().join("null").exists());
+        file(&mut b, "a/x", b"x");
+        let r = extract(b, dest.path(), Caps::default());
+        assert_eq!(why(&r, "a/x"), Some("unsafe_path"));
+        assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
     }
 
     #[test]
-    fn pax_path_is_honoured() {
-        let dest = tempfile::tempdir().unwrap();
-        let name = format!("out/{}/p\u{e9}x", "d".repeat(120));
-        let record = |k: &str, v: &str| {
-            let body = format!(" {k}={v}\n");
-            let mut len = body.len() + 1;
-            while format!("{len}{body}").len() != len {
-                len += 1;
-            }
-            format!("{len}{body}")
-        };
-        let mut b = tar::Builder::new(Vec::new());
-        raw(&mut b, EntryType::XHeader, b"PaxHeader", b"", record("path", &name).as_bytes(), 0o644);
-        file(&mut b, "out/truncated-name", b"pax");
-        let r = extract(b, dest.path(), u64::MAX);
-        assert_eq!(r.entries, 1, "{:?}", r.skipped);
-        let got = dest.path().join(name.strip_prefix("out/").unwrap());
-        assert_eq!(fs::read(got).unwrap(), b"pax");
-    }
-
-    #[test]
-    fn byte_cap_stops_writing() {
+    fn caps_stop_the_reading() {
         let dest = tempfile::tempdir().unwrap();
         let mut b = tar::Builder::new(Vec::new());
-        file(&mut b, "out/a", &[1; 10]);
-        file(&mut b, "out/b", &[2; 10]);
-        file(&mut b, "out/c", &[3; 5]);
-        raw(&mut b, EntryType::Directory, b"out/d/", b"", b"", 0o755);
-        let r = extract(b, dest.path(), 15);
-        assert_eq!(r.bytes, 10);
-        assert_eq!(r.entries, 2);
+        file(&mut b, "a", &[1; 10]);
+        file(&mut b, "b", &[2; 10]);
+        file(&mut b, "c", &[3; 5]);
+        let bytes = b.into_inner().unwrap();
+        let mut reader = CountingReader { inner: bytes.as_slice(), read: 0 };
+        let r = extract_tar(&mut reader, dest.path(), &Caps { max_files: 10, max_total_bytes: 15 }).unwrap();
+        assert_eq!((r.bytes, r.files.len(), r.limit_hit), (10, 1, true));
         assert_eq!(why(&r, "b"), Some("over_cap"));
-        assert_eq!(why(&r, "c"), Some("over_cap"));
+        assert!(reader.read < bytes.len(), "reading stopped at the cap");
         assert!(!dest.path().join("b").exists());
-        assert!(!dest.path().join("c").exists());
-        assert!(dest.path().join("d").is_dir());
+
+        let dest = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        for i in 0..1100 {
+            raw(&mut b, EntryType::Directory, format!("d{i}/").as_bytes(), b"", b"", 0o755);
+        }
+        let r = extract(b, dest.path(), Caps { max_files: 5, max_total_bytes: 100 });
+        assert!(r.limit_hit, "entries are capped too, files or not");
+    }
+
+    struct CountingReader<'a> {
+        inner: &'a [u8],
+        read: usize,
+    }
+
+    impl Read for CountingReader<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.read += n;
+            Ok(n)
+        }
     }
 
     #[test]
-    fn symlinked_or_missing_dest_is_an_error() {
+    fn missing_dest_or_garbage_is_an_error() {
         let t = tempfile::tempdir().unwrap();
         symlink(t.path(), t.path().join("link")).unwrap();
         let empty = tar::Builder::new(Vec::new()).into_inner().unwrap();
-        assert!(extract_tar(empty.as_slice(), "out", &t.path().join("link"), 1).is_err());
-        assert!(extract_tar(empty.as_slice(), "out", &t.path().join("missing"), 1).is_err());
-        assert!(extract_tar(&b"garbage that is not a tar"[..], "out", t.path(), 1).is_err());
+        let caps = Caps::default();
+        assert!(extract_tar(empty.as_slice(), &t.path().join("link"), &caps).is_err());
+        assert!(extract_tar(empty.as_slice(), &t.path().join("missing"), &caps).is_err());
+        assert!(
+            extract_tar(
+                &b"garbage that is not a tar at all, long enough to be read as a header block"[..],
+                t.path(),
+                &caps
+            )
+            .is_err()
+        );
     }
 }

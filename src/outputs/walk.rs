@@ -1,9 +1,10 @@
 //! Listing an output dir without following any symlink.
 
+use super::Caps;
 use super::content_type::{SNIFF_LEN, content_type};
 use super::hash::hash_reader;
-use super::name::escape_name;
 use crate::contract::{OutputFile, RefusedEntry};
+use crate::wire::escape_name;
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
@@ -20,21 +21,6 @@ const MAX_REFUSED: usize = 1000;
 const MAX_OVER_CAP_NAMED: usize = 100;
 /// Deeper directories are refused: each level holds one open descriptor.
 const MAX_DEPTH: usize = 128;
-
-/// Caps on what one attempt's outputs may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caps {
-    /// The most regular files listed.
-    pub max_files: usize,
-    /// The most bytes over all listed files.
-    pub max_total_bytes: u64,
-}
-
-impl Default for Caps {
-    fn default() -> Self {
-        Self { max_files: 10_000, max_total_bytes: 16 << 30 }
-    }
-}
 
 /// What a walk of an output dir found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

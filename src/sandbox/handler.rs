@@ -1,21 +1,21 @@
-//! The handler runner: runs one handler inside the container, as the command that
-//! stevedore's init starts (`<worker binary> __stevedore_handler [control dir]`).
-//!
-//! It reads [`REQUEST_FILE`] and [`PAYLOAD_FILE`] from the control dir, runs the handler
-//! with `/in` and `/out`, and leaves a [`HandlerRecord`] in [`HANDLER_FILE`]. The host
-//! trusts none of it beyond what it bound-checks.
+//! The handler runner: runs one handler inside the sandbox, as the command stevedore's init
+//! starts (`<worker binary> __stevedore_handler`). It talks to the init over the socket the
+//! init gave it as stdin: hello (its handler set's fingerprint) up, the request and the
+//! payload down, the record up. The host trusts none of it beyond what it checks.
 
 use crate::handlers::{Handler, HandlerContext, Handlers, cap_text, error_chain, panic_text};
-use crate::protocol::{
-    self, CONTROL_DIR, HANDLER_FILE, HANDLER_MARKER, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, OUT_DIR,
-    PAYLOAD_FILE, REQUEST_FILE, parse_claim,
+use crate::wire::{
+    self, Decoder, HandlerHello, HandlerRecord, HandlerRequest, HandlerResult, IN_DIR, Kind, LaunchFailure, OUT_DIR,
 };
-use std::io;
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// The runner's exit codes; the record in [`HANDLER_FILE`] says the same, and more.
+/// The runner's exit codes; the record says the same, and more.
 pub mod exit_code {
     /// The handler returned `Ok`.
     pub const OK: i32 = 0;
@@ -27,78 +27,123 @@ pub mod exit_code {
     pub const PANICKED: i32 = 3;
 }
 
-/// The runner's entry point; returns the process exit code.
-///
-/// `args` is either the process's whole argv (everything up to and including
-/// [`HANDLER_MARKER`] is skipped) or the arguments after the marker: at most one, the
-/// control dir (default: `$STEVEDORE_CONTROL`, else [`CONTROL_DIR`]). The input and
-/// output dirs are [`IN_DIR`] and [`OUT_DIR`] unless `$STEVEDORE_IN` / `$STEVEDORE_OUT`
-/// say otherwise.
-pub fn main(handlers: &Handlers, args: &[String]) -> i32 {
-    let rest = match args.iter().position(|a| a == HANDLER_MARKER) {
-        Some(i) => &args[i + 1..],
-        None => args,
-    };
-    let dir_from =
-        |var: &str, default: &str| std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
-    let control = match rest {
-        [] => dir_from(protocol::env::CONTROL, CONTROL_DIR),
-        [dir] => PathBuf::from(dir),
-        _ => {
-            eprintln!("stevedore handler runner: usage: {HANDLER_MARKER} [CONTROL_DIR]");
+/// The runner's entry point (from `sandbox::main_hook`); returns the process exit code.
+/// The input and output dirs are [`IN_DIR`] and [`OUT_DIR`] unless `$STEVEDORE_IN` /
+/// `$STEVEDORE_OUT` say otherwise.
+pub fn main(handlers: &Handlers) -> i32 {
+    if std::env::var(wire::env::HANDLER_FD).as_deref() != Ok("0") {
+        eprintln!(
+            "stevedore handler runner: started without the init's socket ({} is not set): the runner \
+             only runs under stevedore's init",
+            wire::env::HANDLER_FD
+        );
+        return exit_code::LAUNCH_FAILED;
+    }
+    let socket = match take_stdin() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("stevedore handler runner: cannot take the init's socket: {e}");
             return exit_code::LAUNCH_FAILED;
         }
     };
-    run_in(handlers, &control, &dir_from(protocol::env::IN, IN_DIR), &dir_from(protocol::env::OUT, OUT_DIR))
+    let dir = |var: &str, default: &str| std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
+    let (input, output) = (dir(wire::env::IN, IN_DIR), dir(wire::env::OUT, OUT_DIR));
+    run_on(handlers, File::from(socket), &input, &output, CancellationToken::new(), true)
 }
 
-/// Runs the handler the control dir asks for, with the given input and output dirs, and
-/// writes its record; returns the exit code. Cancels the handler on SIGTERM or at its
-/// deadline, then waits for it (the init SIGKILLs it after the grace).
-///
-/// Blocks on a runtime of its own: do not call it from async code.
-pub fn run_in(handlers: &Handlers, control_dir: &Path, in_dir: &Path, out_dir: &Path) -> i32 {
-    run_with(handlers, control_dir, in_dir, out_dir, CancellationToken::new(), true)
+/// Moves the socket off fd 0 (close-on-exec, so the handler's own children never inherit
+/// it) and puts `/dev/null` in its place.
+fn take_stdin() -> io::Result<OwnedFd> {
+    let socket = nix::unistd::dup(io::stdin().as_fd())?;
+    fcntl(socket.as_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    let null = nix::fcntl::open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+    nix::unistd::dup2_stdin(null)?;
+    Ok(socket)
 }
 
-/// What the runner found: the record's result, error text and permanence.
+/// What the runner found: the record's result, error text, permanence and launch failure.
 struct Verdict {
     result: HandlerResult,
     error: String,
     permanent: bool,
+    launch: Option<LaunchFailure>,
 }
 
 impl Verdict {
-    fn launch_failed(error: String, permanent: bool) -> Self {
-        Self { result: HandlerResult::LaunchFailed, error, permanent }
+    fn launch_failed(error: String, permanent: bool, why: LaunchFailure) -> Self {
+        Self { result: HandlerResult::LaunchFailed, error, permanent, launch: Some(why) }
     }
 }
 
-fn run_with(
+fn send(socket: &mut File, kind: Kind, body: &[u8]) -> io::Result<()> {
+    socket.write_all(&wire::encode(kind, body))
+}
+
+/// Reads the request and the payload from the init.
+fn receive(socket: &mut File) -> Result<(HandlerRequest, Vec<u8>), String> {
+    let mut d = Decoder::new(|k| matches!(k, Kind::HandlerRequest | Kind::HandlerPayload));
+    let mut request = None;
+    let mut payload = None;
+    let mut buf = vec![0u8; 64 << 10];
+    while request.is_none() || payload.is_none() {
+        match d.next_frame() {
+            Ok(Some(f)) if f.kind == Kind::HandlerRequest => {
+                request = Some(
+                    wire::parse_claim::<HandlerRequest>(&f.body, Kind::HandlerRequest.max_body())
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            Ok(Some(f)) => payload = Some(f.body),
+            Ok(None) => match socket.read(&mut buf) {
+                Ok(0) => return Err("the init closed the socket before sending the request".into()),
+                Ok(n) => d.feed(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("reading the request: {e}")),
+            },
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok((request.expect("looped until set"), payload.expect("looped until set")))
+}
+
+/// Runs the handler the init asks for over `socket`, with the given input and output dirs,
+/// and sends its record; returns the exit code. Cancels the handler on SIGTERM (when
+/// `on_sigterm`) or at its deadline, then waits for it (the init SIGKILLs it after the
+/// grace). Blocks on a runtime of its own: do not call it from async code.
+fn run_on(
     handlers: &Handlers,
-    control_dir: &Path,
+    mut socket: File,
     in_dir: &Path,
     out_dir: &Path,
     cancel: CancellationToken,
     on_sigterm: bool,
 ) -> i32 {
     let fingerprint = handlers.fingerprint();
-    let verdict = match prepare(handlers, &fingerprint, control_dir, in_dir, out_dir, cancel) {
-        Ok((handler, ctx)) => execute(handler, ctx, on_sigterm),
-        Err(refused) => refused,
+    let hello = HandlerHello { protocol: wire::PROTOCOL, fingerprint: fingerprint.clone() };
+    if let Err(e) = send(&mut socket, Kind::HandlerHello, &serde_json::to_vec(&hello).expect("serialises")) {
+        eprintln!("stevedore handler runner: cannot talk to the init: {e}");
+        return exit_code::LAUNCH_FAILED;
+    }
+    let verdict = match receive(&mut socket) {
+        Err(why) => Verdict::launch_failed(format!("reading the request: {why}"), true, LaunchFailure::BadRequest),
+        Ok((req, payload)) => match prepare(handlers, &fingerprint, req, payload, in_dir, out_dir, cancel) {
+            Ok((handler, ctx)) => execute(handler, ctx, on_sigterm),
+            Err(refused) => refused,
+        },
     };
     if !verdict.error.is_empty() {
         eprintln!("stevedore handler runner: {}", verdict.error);
     }
     let record = HandlerRecord {
         result: verdict.result,
-        error: cap_text(&verdict.error, protocol::MAX_ERROR_TEXT),
+        error: cap_text(&verdict.error, wire::MAX_ERROR_TEXT),
         permanent: verdict.permanent,
         fingerprint,
+        launch: verdict.launch,
     };
-    if let Err(e) = write_record(control_dir, &record) {
+    if let Err(e) = send(&mut socket, Kind::HandlerRecord, &serde_json::to_vec(&record).expect("serialises")) {
         // Without a record the host reports the attempt as lost, which is what it is.
-        eprintln!("stevedore handler runner: writing {HANDLER_FILE} failed: {e}");
+        eprintln!("stevedore handler runner: sending the record failed: {e}");
     }
     match record.result {
         HandlerResult::Ok => exit_code::OK,
@@ -108,36 +153,27 @@ fn run_with(
     }
 }
 
+/// The handler and its context, or why it cannot start. The checks are the ones every rung
+/// makes (`handlers::check`), so the rungs agree on every launch case.
 fn prepare(
     handlers: &Handlers,
     fingerprint: &str,
-    control_dir: &Path,
+    req: HandlerRequest,
+    payload: Vec<u8>,
     in_dir: &Path,
     out_dir: &Path,
     cancel: CancellationToken,
 ) -> Result<(Handler, HandlerContext), Verdict> {
-    let req_path = control_dir.join(REQUEST_FILE);
-    let req: HandlerRequest =
-        std::fs::File::open(&req_path).map_err(protocol::ClaimError::Io).and_then(parse_claim).map_err(|e| {
-            let permanent = !matches!(e, protocol::ClaimError::Io(_));
-            Verdict::launch_failed(format!("reading {}: {}", req_path.display(), error_chain(&e)), permanent)
-        })?;
-    let payload = read_payload(&control_dir.join(PAYLOAD_FILE))?;
-    if let Some(expected) = req.fingerprint.as_deref()
-        && expected != fingerprint
-    {
-        return Err(Verdict::launch_failed(
-            format!("handler set fingerprint mismatch: request expects {expected}, this worker has {fingerprint}"),
-            true,
-        ));
-    }
-    let Some(handler) = handlers.get(&req.handler).cloned() else {
-        return Err(Verdict::launch_failed(format!("unknown handler {:?}", req.handler), true));
-    };
+    let handler = crate::handlers::check(handlers, fingerprint, &req.handler, req.fingerprint.as_deref())
+        .map_err(|(why, text)| Verdict::launch_failed(text, true, why))?;
     let mut inputs = std::collections::BTreeMap::new();
     for (slot, path) in &req.inputs {
         let resolved = resolve_input(in_dir, path).ok_or_else(|| {
-            Verdict::launch_failed(format!("input slot {slot:?}: path {path:?} is not under {IN_DIR}"), true)
+            Verdict::launch_failed(
+                format!("input slot {slot:?}: path {path:?} is not under {IN_DIR}"),
+                true,
+                LaunchFailure::BadRequest,
+            )
         })?;
         inputs.insert(slot.clone(), resolved);
     }
@@ -155,26 +191,6 @@ fn prepare(
     Ok((handler, ctx))
 }
 
-fn read_payload(path: &Path) -> Result<Vec<u8>, Verdict> {
-    let max = crate::contract::MAX_PAYLOAD_BYTES;
-    let mut payload = Vec::new();
-    match std::fs::File::open(path) {
-        // The init may skip writing an empty payload.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(payload),
-        Err(e) => {
-            return Err(Verdict::launch_failed(format!("reading {}: {e}", path.display()), false));
-        }
-        Ok(f) => {
-            payload = protocol::read_capped(f, max as u64)
-                .map_err(|e| Verdict::launch_failed(format!("reading {}: {e}", path.display()), false))?;
-        }
-    }
-    if payload.len() > max {
-        return Err(Verdict::launch_failed(format!("payload exceeds the {max}-byte limit"), true));
-    }
-    Ok(payload)
-}
-
 /// `path` (absolute under [`IN_DIR`], or relative to it) under `in_dir`; `None` when it
 /// would leave it.
 fn resolve_input(in_dir: &Path, path: &str) -> Option<PathBuf> {
@@ -186,7 +202,14 @@ fn resolve_input(in_dir: &Path, path: &str) -> Option<PathBuf> {
 fn execute(handler: Handler, ctx: HandlerContext, on_sigterm: bool) -> Verdict {
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => return Verdict::launch_failed(format!("starting the runtime: {e}"), false),
+        Err(e) => {
+            return Verdict {
+                result: HandlerResult::Error,
+                error: format!("starting the runtime: {e}"),
+                permanent: false,
+                launch: None,
+            };
+        }
     };
     let handler_cancel = ctx.cancel.clone();
     let deadline = ctx.deadline;
@@ -222,13 +245,12 @@ fn execute(handler: Handler, ctx: HandlerContext, on_sigterm: bool) -> Verdict {
     });
     // Blocking tasks a handler left behind must not hold up the record or the exit.
     rt.shutdown_background();
+    let verdict = |result, error, permanent| Verdict { result, error, permanent, launch: None };
     match joined {
-        Ok(Ok(())) => Verdict { result: HandlerResult::Ok, error: String::new(), permanent: false },
-        Ok(Err(e)) => Verdict { result: HandlerResult::Error, error: error_chain(&e), permanent: e.permanent },
-        Err(e) if e.is_panic() => {
-            Verdict { result: HandlerResult::Panicked, error: panic_text(&*e.into_panic()), permanent: false }
-        }
-        Err(e) => Verdict { result: HandlerResult::Error, error: format!("handler task ended: {e}"), permanent: false },
+        Ok(Ok(())) => verdict(HandlerResult::Ok, String::new(), false),
+        Ok(Err(e)) => verdict(HandlerResult::Error, error_chain(&e), e.permanent),
+        Err(e) if e.is_panic() => verdict(HandlerResult::Panicked, panic_text(&*e.into_panic()), false),
+        Err(e) => verdict(HandlerResult::Error, format!("handler task ended: {e}"), false),
     }
 }
 
@@ -241,31 +263,26 @@ async fn sigterm_received(sig: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-fn write_record(control_dir: &Path, record: &HandlerRecord) -> io::Result<()> {
-    let json = serde_json::to_vec(record).map_err(io::Error::other)?;
-    super::atomic::write_atomic(control_dir, HANDLER_FILE, &json)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::handlers::{HandlerError, builtin};
     use std::collections::BTreeMap;
+    use std::os::unix::net::UnixStream;
 
     struct Area {
         _t: tempfile::TempDir,
-        control: PathBuf,
         input: PathBuf,
         output: PathBuf,
     }
 
     fn area() -> Area {
         let t = tempfile::tempdir().unwrap();
-        let [control, input, output] = ["control", "in", "out"].map(|d| t.path().join(d));
-        for d in [&control, &input, &output] {
+        let [input, output] = ["in", "out"].map(|d| t.path().join(d));
+        for d in [&input, &output] {
             std::fs::create_dir(d).unwrap();
         }
-        Area { _t: t, control, input, output }
+        Area { _t: t, input, output }
     }
 
     fn request(handler: &str) -> HandlerRequest {
@@ -280,176 +297,127 @@ mod tests {
         }
     }
 
-    fn stage(a: &Area, req: &HandlerRequest, payload: &[u8]) {
-        std::fs::write(a.control.join(REQUEST_FILE), serde_json::to_vec(req).unwrap()).unwrap();
-        std::fs::write(a.control.join(PAYLOAD_FILE), payload).unwrap();
+    /// Plays the init: sends `req` and `payload`, runs the runner, reads hello and record.
+    fn run_with(
+        h: &Handlers,
+        a: &Area,
+        req: &HandlerRequest,
+        payload: &[u8],
+        cancel: CancellationToken,
+    ) -> (i32, HandlerHello, HandlerRecord) {
+        let (init, runner) = UnixStream::pair().unwrap();
+        let mut init = init;
+        init.write_all(&wire::encode(Kind::HandlerRequest, &serde_json::to_vec(req).unwrap())).unwrap();
+        init.write_all(&wire::encode(Kind::HandlerPayload, payload)).unwrap();
+        let code = run_on(h, File::from(OwnedFd::from(runner)), &a.input, &a.output, cancel, false);
+        let mut d = Decoder::new(|k| matches!(k, Kind::HandlerHello | Kind::HandlerRecord));
+        let mut bytes = Vec::new();
+        init.shutdown(std::net::Shutdown::Write).unwrap();
+        init.read_to_end(&mut bytes).unwrap();
+        d.feed(&bytes);
+        let hello: HandlerHello = serde_json::from_slice(&d.next_frame().unwrap().unwrap().body).unwrap();
+        let record: HandlerRecord = serde_json::from_slice(&d.next_frame().unwrap().unwrap().body).unwrap();
+        (code, hello, record)
     }
 
-    fn record(a: &Area) -> HandlerRecord {
-        parse_claim(std::fs::File::open(a.control.join(HANDLER_FILE)).unwrap()).unwrap()
-    }
-
-    fn run(h: &Handlers, a: &Area) -> i32 {
-        run_in(h, &a.control, &a.input, &a.output)
+    fn run(h: &Handlers, a: &Area, req: &HandlerRequest, payload: &[u8]) -> (i32, HandlerRecord) {
+        let (code, hello, record) = run_with(h, a, req, payload, CancellationToken::new());
+        assert_eq!(hello.fingerprint, h.fingerprint());
+        (code, record)
     }
 
     #[test]
     fn ok_writes_outputs_and_record() {
         let a = area();
-        stage(&a, &request("echo"), b"hi there");
         let h = builtin();
-        assert_eq!(run(&h, &a), exit_code::OK);
+        let (code, r) = run(&h, &a, &request("echo"), b"hi there");
+        assert_eq!(code, exit_code::OK);
         assert_eq!(std::fs::read(a.output.join("payload")).unwrap(), b"hi there");
-        let r = record(&a);
         assert_eq!((r.result, r.error.as_str(), r.permanent), (HandlerResult::Ok, "", false));
         assert_eq!(r.fingerprint, h.fingerprint());
-        let left: Vec<_> = std::fs::read_dir(&a.control).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(left.len(), 3, "no temporary file left behind: {left:?}");
     }
 
     #[test]
-    fn handler_errors() {
+    fn handler_errors_and_panics() {
         let a = area();
-        stage(&a, &request("fail"), b"bad input");
-        assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
-        let r = record(&a);
+        let (code, r) = run(&builtin(), &a, &request("fail"), b"bad input");
+        assert_eq!(code, exit_code::HANDLER_ERROR);
         assert_eq!((r.result, r.error.as_str(), r.permanent), (HandlerResult::Error, "bad input", false));
-
-        let a = area();
-        stage(&a, &request("fail-permanent"), b"");
-        assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
-        assert!(record(&a).permanent);
-    }
-
-    #[test]
-    fn error_text_is_capped() {
-        let a = area();
-        stage(&a, &request("fail"), "x".repeat(protocol::MAX_ERROR_TEXT * 2).as_bytes());
-        assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
-        assert!(record(&a).error.len() <= protocol::MAX_ERROR_TEXT);
-    }
-
-    #[test]
-    fn panic_is_recorded() {
-        let a = area();
-        stage(&a, &request("panic"), b"oh no");
-        assert_eq!(run(&builtin(), &a), exit_code::PANICKED);
-        let r = record(&a);
-        assert_eq!(r.result, HandlerResult::Panicked);
+        let (_, r) = run(&builtin(), &a, &request("fail-permanent"), b"");
+        assert!(r.permanent);
+        let (code, r) = run(&builtin(), &a, &request("fail"), "x".repeat(wire::MAX_ERROR_TEXT * 2).as_bytes());
+        assert_eq!(code, exit_code::HANDLER_ERROR);
+        assert!(r.error.len() <= wire::MAX_ERROR_TEXT);
+        let (code, r) = run(&builtin(), &a, &request("panic"), b"oh no");
+        assert_eq!((code, r.result), (exit_code::PANICKED, HandlerResult::Panicked));
         assert!(r.error.contains("oh no"), "{}", r.error);
     }
 
     #[test]
-    fn unknown_handler_is_permanent_launch_failure() {
-        let a = area();
-        stage(&a, &request("nope"), b"");
-        assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED);
-        let r = record(&a);
-        assert_eq!((r.result, r.permanent), (HandlerResult::LaunchFailed, true));
-        assert!(r.error.contains("unknown handler"), "{}", r.error);
-    }
-
-    #[test]
-    fn fingerprint_mismatch_names_both_values() {
+    fn launch_failures_are_permanent_and_named() {
         let a = area();
         let h = builtin();
-        stage(&a, &HandlerRequest { fingerprint: Some("sha256:feed".into()), ..request("true") }, b"");
-        assert_eq!(run(&h, &a), exit_code::LAUNCH_FAILED);
-        let r = record(&a);
-        assert_eq!((r.result, r.permanent), (HandlerResult::LaunchFailed, true));
+        let (code, r) = run(&h, &a, &request("nope"), b"");
+        assert_eq!(code, exit_code::LAUNCH_FAILED);
+        assert_eq!(
+            (r.result, r.permanent, r.launch),
+            (HandlerResult::LaunchFailed, true, Some(LaunchFailure::UnknownHandler))
+        );
+        assert!(r.error.contains("unknown handler"), "{}", r.error);
+        let req = HandlerRequest { fingerprint: Some("sha256:feed".into()), ..request("true") };
+        let (_, r) = run(&h, &a, &req, b"");
+        assert_eq!(r.launch, Some(LaunchFailure::FingerprintMismatch));
         assert!(r.error.contains("sha256:feed") && r.error.contains(&h.fingerprint()), "{}", r.error);
-
-        let a = area();
-        stage(&a, &HandlerRequest { fingerprint: Some(h.fingerprint()), ..request("true") }, b"");
-        assert_eq!(run(&h, &a), exit_code::OK);
-    }
-
-    #[test]
-    fn request_is_read_strictly() {
-        let a = area();
-        let mut v = serde_json::to_value(request("true")).unwrap();
-        v["extra"] = serde_json::json!(1);
-        std::fs::write(a.control.join(REQUEST_FILE), v.to_string()).unwrap();
-        assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED);
-        let r = record(&a);
-        assert_eq!((r.result, r.permanent), (HandlerResult::LaunchFailed, true));
-
-        let a = area();
-        std::fs::write(a.control.join(REQUEST_FILE), vec![b' '; protocol::MAX_RECORD_BYTES as usize + 1]).unwrap();
-        assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED);
-        assert!(record(&a).error.contains("larger than"));
-
-        let a = area();
-        assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED, "no request at all");
-        assert!(!record(&a).permanent);
-    }
-
-    #[test]
-    fn missing_payload_is_empty() {
-        let a = area();
-        std::fs::write(a.control.join(REQUEST_FILE), serde_json::to_vec(&request("echo")).unwrap()).unwrap();
-        assert_eq!(run(&builtin(), &a), exit_code::OK);
-        assert_eq!(std::fs::read(a.output.join("payload")).unwrap(), b"");
+        let req = HandlerRequest { fingerprint: Some(h.fingerprint()), ..request("true") };
+        assert_eq!(run(&h, &a, &req, b"").0, exit_code::OK);
     }
 
     #[test]
     fn inputs_resolve_under_the_input_dir() {
         let a = area();
-        std::fs::write(a.input.join("x.txt"), b"xx").unwrap();
         std::fs::create_dir(a.input.join("sub")).unwrap();
         std::fs::write(a.input.join("sub/in.txt"), b"copied").unwrap();
-        let inputs = BTreeMap::from([("in".to_owned(), "/in/sub/in.txt".to_owned()), ("x".into(), "x.txt".into())]);
-        stage(&a, &HandlerRequest { inputs: inputs.clone(), ..request("cat-input") }, b"");
-        assert_eq!(run(&builtin(), &a), exit_code::OK, "{:?}", record(&a).error);
+        let inputs = BTreeMap::from([("in".to_owned(), "/in/sub/in.txt".to_owned())]);
+        let (code, r) = run(&builtin(), &a, &HandlerRequest { inputs, ..request("cat-input") }, b"");
+        assert_eq!(code, exit_code::OK, "{:?}", r.error);
         assert_eq!(std::fs::read(a.output.join("copy")).unwrap(), b"copied");
-
         for bad in ["/etc/passwd", "../x.txt", "/in/../etc"] {
-            let a = area();
             let inputs = BTreeMap::from([("in".to_owned(), bad.to_owned())]);
-            stage(&a, &HandlerRequest { inputs, ..request("cat-input") }, b"");
-            assert_eq!(run(&builtin(), &a), exit_code::LAUNCH_FAILED, "{bad}");
-            assert_eq!(record(&a).result, HandlerResult::LaunchFailed);
+            let (code, r) = run(&builtin(), &a, &HandlerRequest { inputs, ..request("cat-input") }, b"");
+            assert_eq!((code, r.launch), (exit_code::LAUNCH_FAILED, Some(LaunchFailure::BadRequest)), "{bad}");
         }
     }
 
     #[test]
-    fn deadline_cancels_the_handler() {
+    fn deadline_and_cancellation_reach_the_handler() {
         let a = area();
-        stage(&a, &HandlerRequest { deadline_ms: Some(50), ..request("sleep") }, b"60000");
         let start = Instant::now();
-        assert_eq!(run(&builtin(), &a), exit_code::HANDLER_ERROR);
+        let (code, r) = run(&builtin(), &a, &HandlerRequest { deadline_ms: Some(50), ..request("sleep") }, b"60000");
+        assert_eq!((code, r.error.as_str()), (exit_code::HANDLER_ERROR, "cancelled"));
         assert!(start.elapsed() < Duration::from_secs(10));
-        assert_eq!(record(&a).error, "cancelled");
-    }
-
-    #[test]
-    fn cancellation_reaches_the_handler() {
-        let a = area();
-        stage(&a, &request("sleep"), b"60000");
         let cancel = CancellationToken::new();
         cancel.cancel();
-        assert_eq!(run_with(&builtin(), &a.control, &a.input, &a.output, cancel, false), exit_code::HANDLER_ERROR);
-        assert_eq!(record(&a).error, "cancelled");
+        let (code, _, r) = run_with(&builtin(), &a, &request("sleep"), b"60000", cancel);
+        assert_eq!((code, r.error.as_str()), (exit_code::HANDLER_ERROR, "cancelled"));
     }
 
     #[test]
     fn error_sources_are_kept_as_text() {
         let a = area();
-        stage(&a, &request("io"), b"");
         let h = Handlers::new()
             .register("io", |_| async { Err(HandlerError::new("saving").with_source(io::Error::other("disk full"))) });
-        assert_eq!(run(&h, &a), exit_code::HANDLER_ERROR);
-        assert_eq!(record(&a).error, "saving: disk full");
+        let (_, r) = run(&h, &a, &request("io"), b"");
+        assert_eq!(r.error, "saving: disk full");
     }
 
     #[test]
-    fn main_takes_the_control_dir_after_the_marker() {
+    fn a_request_that_is_not_one_is_a_bad_request() {
         let a = area();
-        stage(&a, &request("no-such-handler"), b"");
-        let control = a.control.to_string_lossy().into_owned();
-        let argv = ["/tools/ld.so", "/tools/stevedore", HANDLER_MARKER, &control].map(String::from);
-        assert_eq!(main(&builtin(), &argv), exit_code::LAUNCH_FAILED);
-        assert!(record(&a).error.contains("no-such-handler"));
-        assert_eq!(main(&builtin(), &[HANDLER_MARKER.into(), "a".into(), "b".into()]), exit_code::LAUNCH_FAILED);
+        let (init, runner) = UnixStream::pair().unwrap();
+        let mut init = init;
+        init.write_all(&wire::encode(Kind::HandlerRequest, b"{\"handler\":1}")).unwrap();
+        let code =
+            run_on(&builtin(), File::from(OwnedFd::from(runner)), &a.input, &a.output, CancellationToken::new(), false);
+        assert_eq!(code, exit_code::LAUNCH_FAILED);
     }
 }

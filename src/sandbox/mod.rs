@@ -1,21 +1,19 @@
-//! What runs inside the container: stevedore's init (PID 1) and the handler runner.
+//! The sandbox side: what runs inside the container for the worker. The handler runner
+//! (reached through [`main_hook`]), and stevedore's own init, embedded as a static
+//! executable (`init_binary`; its code is the `stevedore-init` crate).
 
-mod atomic;
-pub mod cgroup;
 pub mod handler;
-pub mod init;
+pub mod init_binary;
 
 use crate::handlers::Handlers;
-use crate::protocol::{HANDLER_MARKER, INIT_MARKER};
+use crate::wire::HANDLER_MARKER;
 
-/// Call first thing in a worker's `main`: when the process was started by the container
-/// rung (as the init or as the handler runner) this runs that role and exits the
-/// process; otherwise it returns and `main` goes on.
+/// Call first thing in a worker's `main`: when the process was started by stevedore's init
+/// as the handler runner, this runs the handler and exits the process; otherwise it returns
+/// and `main` goes on. A worker image whose binary does not call it is refused with
+/// `LaunchError::HandlerProtocol`, naming this function.
 pub fn main_hook(handlers: &Handlers) {
-    let args: Vec<String> = std::env::args().collect();
-    match args.get(1).map(String::as_str) {
-        Some(INIT_MARKER) => std::process::exit(init::main(&args[2..])),
-        Some(HANDLER_MARKER) => std::process::exit(handler::main(handlers, &args[2..])),
-        _ => {}
+    if std::env::args_os().nth(1).is_some_and(|a| a == HANDLER_MARKER) {
+        std::process::exit(handler::main(handlers));
     }
 }

@@ -56,7 +56,7 @@ pub async fn busybox_image(docker: &Docker) -> String {
     static BUILT: OnceCell<String> = OnceCell::const_new();
     BUILT
         .get_or_init(|| async {
-            let sha = stevedore::container::tools::sha256_file(Path::new(BUSYBOX))
+            let sha = sha256_of(Path::new(BUSYBOX))
                 .unwrap_or_else(|e| panic!("{BUSYBOX} is needed (apt-get install busybox-static): {e}"));
             if let Ok(image) = docker.inspect_image(BUSYBOX_IMAGE).await {
                 let labels = image.config.and_then(|c| c.labels).unwrap_or_default();
@@ -173,8 +173,56 @@ pub async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, Vec<String
     )
 }
 
-/// The `stevedore` binary of this build: the init injected into containers, and the command.
+/// The `stevedore` binary of this build: the command, and the worker binary of test images.
 pub const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
+
+/// The sha256 of a file, as 64 lowercase hex digits.
+pub fn sha256_of(path: &Path) -> std::io::Result<String> {
+    let h = stevedore::outputs::hash_reader(std::fs::File::open(path)?, 0)?;
+    Ok(h.hash.trim_start_matches("sha256:").to_owned())
+}
+
+/// The command's live output of one or more requests, watched.
+pub struct Watch {
+    rx: tokio::sync::mpsc::Receiver<stevedore::LiveChunk>,
+    /// Everything seen on stdout so far.
+    pub stdout: String,
+}
+
+/// Sends `reqs`' live output to a new [`Watch`].
+pub fn watch<'a>(reqs: impl IntoIterator<Item = &'a mut stevedore::Request>) -> Watch {
+    let (live, rx) = stevedore::LiveOutput::channel(4096);
+    for r in reqs {
+        r.live = Some(live.clone());
+    }
+    Watch { rx, stdout: String::new() }
+}
+
+impl Watch {
+    /// Waits until stdout (since the last match) carries `word`.
+    pub async fn until(&mut self, word: &str) {
+        loop {
+            if let Some(at) = self.stdout.find(word) {
+                self.stdout.drain(..at + word.len());
+                return;
+            }
+            let chunk = self.rx.recv().await.expect("the live output ended before the word");
+            if chunk.stream == stevedore::Stream::Stdout {
+                self.stdout.push_str(&String::from_utf8_lossy(&chunk.bytes));
+            }
+        }
+    }
+
+    /// The next chunk of stdout, `None` once every sender is gone.
+    pub async fn next_stdout(&mut self) -> Option<String> {
+        loop {
+            let chunk = self.rx.recv().await?;
+            if chunk.stream == stevedore::Stream::Stdout {
+                return Some(String::from_utf8_lossy(&chunk.bytes).into_owned());
+            }
+        }
+    }
+}
 
 /// The engine and the busybox test image, or `None` (see [`engine`]).
 pub async fn setup() -> Option<(Docker, String)> {
@@ -183,12 +231,10 @@ pub async fn setup() -> Option<(Docker, String)> {
     Some((docker, image))
 }
 
-/// A container rung with this build's binary as the init, under a fresh incarnation.
+/// A container rung under a fresh incarnation (as if of its own process).
 pub async fn rung_with(cfg: stevedore::container::ContainerConfig) -> stevedore::container::ContainerExecutor {
-    let cfg = stevedore::container::ContainerConfig { init_exe: Some(BIN.into()), ..cfg };
-    stevedore::container::ContainerExecutor::connect(cfg, stevedore::contract::incarnation::mint())
-        .await
-        .expect("connect")
+    let cfg = cfg.incarnation(stevedore::contract::incarnation::mint());
+    stevedore::container::ContainerExecutor::connect(cfg).await.expect("connect")
 }
 
 /// A container rung with the default configuration.
@@ -198,9 +244,7 @@ pub async fn rung() -> stevedore::container::ContainerExecutor {
 
 /// A request to run `sh -c script` in `image` for `worker`, outputs into `out`.
 pub fn sh(image: &str, worker: &str, out: &Path, script: &str) -> stevedore::Request {
-    let mut r = stevedore::Request::command("job", ["sh", "-c", script], out).worker(worker);
-    r.policy.image = image.to_owned();
-    r
+    stevedore::Request::command("job", ["sh", "-c", script], out).worker(worker).image(image)
 }
 
 /// Runs `req` to its outcome (a launch error fails the test).

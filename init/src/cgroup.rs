@@ -3,7 +3,7 @@
 //! The parsers are pure (file contents in, figure or reason out) so both cgroup versions
 //! can be tested on fixtures; [`read_counters`] only finds and reads the files.
 
-use crate::protocol::CgroupCounters;
+use crate::wire::CgroupCounters;
 use std::io;
 use std::path::Path;
 

@@ -1,0 +1,24 @@
+//! stevedore's init: PID 1 of every attempt's container (and the supervisor of the process
+//! rung's command), and the link it speaks with the host.
+//!
+//! It is a separate, statically linked program so that nothing of an image can reach it:
+//! no dynamic loader runs, so an image's `LD_PRELOAD`, `LD_AUDIT`, `LD_LIBRARY_PATH` or
+//! `/etc/ld.so.preload` never load code into it, and its environment is never read. The
+//! host embeds it (see the `stevedore` crate's `build.rs`) and puts it into the engine
+//! through the Engine API.
+//!
+//! # Map
+//! - [`wire`]: framing and every message of the link (host ↔ init ↔ handler runner).
+//! - [`cgroup`]: the container's cgroup counters, read from inside (both versions).
+//! - `run`: the init's life: start, supervise, report, wait for the ack.
+//! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
+//! - `outdir`: sending the output dir back as a tar, within the caps.
+
+pub mod cgroup;
+mod child;
+mod outdir;
+mod run;
+pub mod wire;
+
+pub use outdir::send as send_outputs;
+pub use run::{EXIT_SETUP_FAILED, main};

@@ -1,0 +1,378 @@
+//! Sending the output dir back: a tar of its regular files and directories, in name order,
+//! within the caps, written after every other process of the attempt is gone (so nothing
+//! changes under the walk).
+//!
+//! Nothing is followed: every path is opened one component at a time from a descriptor,
+//! with `O_NOFOLLOW`; a file is read through the descriptor `fstat` classified, never by
+//! name again, and exactly its size at that moment is sent. Symlinks, FIFOs, sockets,
+//! devices and names that are not UTF-8 are named in [`OutputEnd::refused`], not sent. A
+//! file larger than the byte budget left is refused as `over_cap` and the walk goes on, so
+//! one huge (or sparse) file cannot push the real outputs out; past the file-count cap every
+//! further file is `over_cap`.
+
+use crate::wire::{OutputEnd, OutputSpec, Refused, escape_name};
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::path::Path;
+
+/// At most this many refused entries are named.
+pub const MAX_REFUSED: usize = 1000;
+/// Deeper directories are refused: each level holds one open descriptor.
+pub const MAX_DEPTH: usize = 128;
+/// Entries looked at in all, so a tree of millions of empty files ends in bounded time.
+pub const MAX_VISITED: u64 = 2_000_000;
+
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Dir,
+    File,
+    Other(&'static str),
+    Unknown,
+}
+
+fn kind_of(st: &FileStat) -> Kind {
+    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFDIR => Kind::Dir,
+        SFlag::S_IFREG => Kind::File,
+        SFlag::S_IFLNK => Kind::Other("symlink"),
+        SFlag::S_IFIFO => Kind::Other("fifo"),
+        SFlag::S_IFSOCK => Kind::Other("socket"),
+        SFlag::S_IFCHR | SFlag::S_IFBLK => Kind::Other("device"),
+        _ => Kind::Unknown,
+    }
+}
+
+impl From<Type> for Kind {
+    fn from(t: Type) -> Self {
+        match t {
+            Type::Directory => Kind::Dir,
+            Type::File => Kind::File,
+            Type::Symlink => Kind::Other("symlink"),
+            Type::Fifo => Kind::Other("fifo"),
+            Type::Socket => Kind::Other("socket"),
+            Type::CharacterDevice | Type::BlockDevice => Kind::Other("device"),
+        }
+    }
+}
+
+/// One directory entry, ordered so that visiting in this order yields full paths in byte
+/// order: a directory sorts as its name plus `/`, as its descendants' paths do.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Child {
+    key: Vec<u8>,
+    name: Vec<u8>,
+    kind: Kind,
+}
+
+/// Walks `spec.dir` and writes the tar of what fits the caps to `w`. Returns the end
+/// record: what was sent, what was refused, and the totals of everything seen.
+pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
+    let mut s = Sender { spec, end: OutputEnd::default(), visited: 0 };
+    let mut tar = tar::Builder::new(w);
+    match Dir::open(Path::new(&spec.dir), dir_flags(), Mode::empty()) {
+        Ok(root) => s.dir(&mut tar, root, b"", 0),
+        Err(e) => s.end.error = Some(format!("cannot open {}: {}", spec.dir, io::Error::from(e))),
+    }
+    if let Err(e) = tar.finish() {
+        s.end.error.get_or_insert_with(|| format!("writing the tar: {e}"));
+    }
+    s.end.refused.sort_by(|a, b| a.name.cmp(&b.name));
+    s.end
+}
+
+struct Sender<'a> {
+    spec: &'a OutputSpec,
+    end: OutputEnd,
+    visited: u64,
+}
+
+impl Sender<'_> {
+    fn refuse(&mut self, name: &[u8], why: impl Into<String>) {
+        if self.end.refused.len() < MAX_REFUSED {
+            self.end.refused.push(Refused { name: escape_name(name), why: why.into() });
+        }
+    }
+
+    fn over_cap(&mut self, name: &[u8]) {
+        self.end.over_cap = true;
+        self.refuse(name, "over_cap");
+    }
+
+    /// The entries of `dir`, keeping only the first ones by order when there are more than
+    /// the caps could ever use, so one huge directory cannot exhaust the init's memory.
+    fn children(&mut self, dir: &mut Dir) -> io::Result<(Vec<Child>, bool)> {
+        let keep = usize::try_from(self.spec.max_files).unwrap_or(usize::MAX).saturating_add(MAX_REFUSED + 1);
+        let mut heap = BinaryHeap::new();
+        let mut truncated = false;
+        let base = dir.as_fd().try_clone_to_owned()?;
+        for entry in dir.iter() {
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            self.visited += 1;
+            if self.visited > MAX_VISITED {
+                self.end.seen.truncated = true;
+                break;
+            }
+            let st = fstatat(&base, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
+            let kind = match (&st, entry.file_type()) {
+                (Some(st), _) => kind_of(st),
+                (None, Some(t)) => Kind::from(t),
+                (None, None) => Kind::Unknown,
+            };
+            if let (Kind::File, Some(st)) = (kind, &st) {
+                let size = u64::try_from(st.st_size).unwrap_or(0);
+                let blocks = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+                self.end.seen.files += 1;
+                self.end.seen.apparent_bytes = self.end.seen.apparent_bytes.saturating_add(size);
+                self.end.seen.written_bytes = self.end.seen.written_bytes.saturating_add(size.min(blocks));
+            }
+            let mut key = name.to_vec();
+            if kind == Kind::Dir {
+                key.push(b'/');
+            }
+            heap.push(Child { key, name: name.to_vec(), kind });
+            if heap.len() > keep {
+                heap.pop();
+                truncated = true;
+            }
+        }
+        Ok((heap.into_sorted_vec(), truncated))
+    }
+
+    fn dir<W: Write>(&mut self, tar: &mut tar::Builder<W>, mut dir: Dir, prefix: &[u8], depth: usize) {
+        let (children, truncated) = match self.children(&mut dir) {
+            Ok(c) => c,
+            Err(e) => {
+                let name = if prefix.is_empty() { b".".as_slice() } else { &prefix[..prefix.len() - 1] };
+                return self.refuse(name, format!("unreadable: {e}"));
+            }
+        };
+        for child in children {
+            let mut path = prefix.to_vec();
+            path.extend_from_slice(&child.name);
+            if std::str::from_utf8(&child.name).is_err() {
+                self.refuse(&path, "non_utf8_name");
+                continue;
+            }
+            match child.kind {
+                Kind::File => self.file(tar, &dir, &child.name, &path),
+                Kind::Dir => self.subdir(tar, &dir, &child.name, path, depth),
+                Kind::Other(why) => self.refuse(&path, why),
+                Kind::Unknown => self.refuse(&path, "unreadable: unknown file type"),
+            }
+            if self.end.error.is_some() {
+                return;
+            }
+        }
+        if truncated {
+            self.end.seen.truncated = true;
+            let name = if prefix.is_empty() { b".".as_slice() } else { &prefix[..prefix.len() - 1] };
+            self.over_cap(name);
+        }
+    }
+
+    fn subdir<W: Write>(
+        &mut self,
+        tar: &mut tar::Builder<W>,
+        parent: &Dir,
+        name: &[u8],
+        mut path: Vec<u8>,
+        depth: usize,
+    ) {
+        if depth + 1 >= MAX_DEPTH {
+            self.end.seen.truncated = true;
+            return self.refuse(&path, "too_deep");
+        }
+        let sub = match Dir::openat(parent, name, dir_flags(), Mode::empty()) {
+            Ok(d) => d,
+            Err(Errno::ELOOP) => return self.refuse(&path, "symlink"),
+            Err(e) => return self.refuse(&path, format!("unreadable: {}", io::Error::from(e))),
+        };
+        path.push(b'/');
+        let mut h = header(tar::EntryType::Directory, 0, 0o755, 0);
+        let name_str = std::str::from_utf8(&path).expect("checked component by component");
+        if let Err(e) = tar.append_data(&mut h, name_str, io::empty()) {
+            self.end.error = Some(format!("writing the tar: {e}"));
+            return;
+        }
+        self.dir(tar, sub, &path, depth + 1);
+    }
+
+    fn file<W: Write>(&mut self, tar: &mut tar::Builder<W>, parent: &Dir, name: &[u8], path: &[u8]) {
+        // O_NONBLOCK: nothing else runs any more, but an entry that is a FIFO must never hang.
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = match openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => return self.refuse(path, "symlink"),
+            Err(Errno::ENXIO) => return self.refuse(path, "socket"),
+            Err(e) => return self.refuse(path, format!("unreadable: {}", io::Error::from(e))),
+        };
+        let st = match fstat(&fd) {
+            Ok(st) => st,
+            Err(e) => return self.refuse(path, format!("unreadable: {}", io::Error::from(e))),
+        };
+        match kind_of(&st) {
+            Kind::File => {}
+            Kind::Other(why) => return self.refuse(path, why),
+            Kind::Dir | Kind::Unknown => return self.refuse(path, "unreadable: not a regular file"),
+        }
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let room = self.spec.max_bytes.saturating_sub(self.end.bytes);
+        if self.end.files >= self.spec.max_files || size > room {
+            return self.over_cap(path);
+        }
+        let mode = if st.st_mode & 0o100 != 0 { 0o755 } else { 0o644 };
+        let mtime = u64::try_from(st.st_mtime).unwrap_or(0);
+        let mut h = header(tar::EntryType::Regular, size, mode, mtime);
+        let name_str = std::str::from_utf8(path).expect("checked component by component");
+        // Exactly `size` bytes: the tar header promised them.
+        let mut content = Exactly { inner: File::from(fd).take(size), left: size };
+        match tar.append_data(&mut h, name_str, &mut content) {
+            Ok(()) => {
+                self.end.files += 1;
+                self.end.bytes += size;
+            }
+            Err(e) => self.end.error = Some(format!("sending {}: {e}", escape_name(path))),
+        }
+    }
+}
+
+/// A header owned by root, with normalised modes: no group or other write ever.
+fn header(kind: tar::EntryType, size: u64, mode: u32, mtime: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_size(size);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
+    h
+}
+
+/// Yields exactly `left` bytes: a file that shrank is padded with zeros (the header already
+/// promised its size); one that grew is cut.
+struct Exactly<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exactly<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = match self.inner.read(&mut buf[..want]) {
+            Ok(0) => {
+                buf[..want].fill(0);
+                want
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::fs;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::symlink;
+
+    fn spec(dir: &Path, max_files: u64, max_bytes: u64) -> OutputSpec {
+        OutputSpec { dir: dir.display().to_string(), max_files, max_bytes }
+    }
+
+    fn entries(tar: &[u8]) -> Vec<(String, u64, u32)> {
+        let mut a = tar::Archive::new(tar);
+        a.entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (e.path().unwrap().display().to_string(), h.size().unwrap(), h.mode().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sends_files_and_dirs_in_name_order_and_names_the_rest() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        fs::create_dir_all(d.join("b/c")).unwrap();
+        fs::write(d.join("b/c/deep"), b"deep").unwrap();
+        fs::write(d.join("a.txt"), b"alpha").unwrap();
+        fs::write(d.join("b.txt"), b"b").unwrap();
+        symlink("/etc/passwd", d.join("link")).unwrap();
+        nix::unistd::mkfifo(&d.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        fs::write(d.join(OsStr::from_bytes(b"bad\xff")), b"x").unwrap();
+        let mut tar = Vec::new();
+        let end = send(&spec(d, 100, 1 << 20), &mut tar);
+        assert_eq!(end.error, None);
+        let got = entries(&tar);
+        let names: Vec<&str> = got.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(names, ["a.txt", "b.txt", "b/", "b/c/", "b/c/deep"], "full paths in byte order");
+        assert!(got.iter().all(|(_, _, m)| m & 0o022 == 0), "no group/other write: {got:?}");
+        let refused: Vec<(&str, &str)> = end.refused.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+        assert_eq!(refused, [("bad\\xff", "non_utf8_name"), ("fifo", "fifo"), ("link", "symlink")]);
+        assert_eq!((end.files, end.bytes, end.over_cap), (3, 10, false));
+        assert_eq!((end.seen.files, end.seen.apparent_bytes), (4, 11));
+    }
+
+    #[test]
+    fn a_huge_sparse_file_is_refused_without_being_read_and_the_rest_still_goes() {
+        let t = tempfile::tempdir().unwrap();
+        let f = fs::File::create(t.path().join("a-sparse")).unwrap();
+        f.set_len(1 << 40).unwrap();
+        fs::write(t.path().join("result.txt"), b"the real output").unwrap();
+        let mut tar = Vec::new();
+        let started = std::time::Instant::now();
+        let end = send(&spec(t.path(), 100, 1 << 30), &mut tar);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(end.over_cap);
+        assert_eq!(end.refused, vec![Refused { name: "a-sparse".into(), why: "over_cap".into() }]);
+        assert_eq!(entries(&tar), vec![("result.txt".into(), 15, 0o644)]);
+        assert_eq!(end.seen.apparent_bytes, (1 << 40) + 15);
+        assert!(end.seen.written_bytes < 1 << 20, "a sparse file counts what it holds: {}", end.seen.written_bytes);
+    }
+
+    #[test]
+    fn file_count_cap_keeps_the_first_by_name() {
+        let t = tempfile::tempdir().unwrap();
+        for i in 0..20 {
+            fs::write(t.path().join(format!("f{i:02}")), b"x").unwrap();
+        }
+        let mut tar = Vec::new();
+        let end = send(&spec(t.path(), 5, 1 << 20), &mut tar);
+        let names: Vec<String> = entries(&tar).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["f00", "f01", "f02", "f03", "f04"]);
+        assert!(end.over_cap);
+        assert_eq!(end.seen.files, 20, "everything is counted, kept or not");
+    }
+
+    #[test]
+    fn a_missing_dir_is_an_error_in_the_end_record() {
+        let mut tar = Vec::new();
+        let end = send(&spec(Path::new("/nonexistent/out"), 1, 1), &mut tar);
+        assert!(end.error.unwrap().contains("cannot open"));
+        assert!(!tar.is_empty(), "still a valid (empty) tar");
+    }
+}

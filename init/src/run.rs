@@ -1,0 +1,977 @@
+//! The init's life, in order: wait for the host's Start frame; start the command; forward
+//! its streams as frames, the host's stop as SIGTERM, SIGKILL after the grace; when the
+//! command ends, kill and reap every straggler, drain the streams, read the cgroup counters;
+//! send the MACed record and the outputs; wait for the host's ack.
+//!
+//! Single-threaded on purpose: signals arrive through a signalfd polled beside the link and
+//! the command's pipes, so no handler ever runs concurrently with the bookkeeping.
+
+use crate::child::{self, Spawned};
+use crate::wire::{
+    self, Decoder, Frame, FsSpace, HandlerChannel, HandlerHello, HandlerRecord, InitRecord, KEY_LEN, Kind, Start,
+    Started, StoppedBy, WaitStatus,
+};
+use crate::{cgroup, outdir};
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::prctl;
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, killpg, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus as NixWait, waitid, waitpid};
+use nix::unistd::{Pid, getpid};
+use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+/// Exit code when the init cannot do its job at all (no valid Start, no signal handling).
+pub const EXIT_SETUP_FAILED: i32 = 125;
+
+/// The dead-man switch does not honour a long grace: nobody waits for a clean shutdown.
+const DEAD_MAN_GRACE_CAP: Duration = Duration::from_secs(2);
+/// Above this many bytes queued for the host, the command's pipes are not read (the command
+/// then blocks on its own writes, as with any slow reader).
+const HIGH_WATER: usize = 1 << 20;
+/// The most a handler runner may send over its socket in all.
+const HANDLER_CHANNEL_CAP: usize = 2 * wire::MAX_RECORD_BYTES + (64 << 10);
+const CHUNK: usize = wire::MAX_CHUNK;
+/// What is still taken from the command's pipes after it ended, per pipe.
+const AFTER_END_DRAIN: u64 = 16 << 20;
+
+/// Runs the init; returns the process exit code.
+pub fn main() -> i32 {
+    match setup() {
+        Ok((signals, pid1)) => Init::new(signals, pid1).run(),
+        Err(why) => {
+            let _ = writeln!(io::stderr(), "stevedore-init: {why}");
+            EXIT_SETUP_FAILED
+        }
+    }
+}
+
+fn setup() -> Result<(SignalFd, bool), String> {
+    // Blocked before anything else, so a SIGTERM that arrives early stays pending in the
+    // signalfd and is honoured once there is a command to forward it to.
+    let mut mask = SigSet::empty();
+    for s in child::raw::HANDLED {
+        mask.add(s);
+    }
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(|e| format!("cannot block signals: {e}"))?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| format!("cannot open a signalfd: {e}"))?;
+    child::raw::init_dispositions();
+    // Before the key is in memory: the command runs as the same uid and could otherwise read
+    // it from /proc/1/mem, or take the init's descriptors through /proc/1/fd.
+    prctl::set_dumpable(false).map_err(|e| format!("cannot make the init non-dumpable: {e}"))?;
+    let pid1 = getpid() == Pid::from_raw(1);
+    if !pid1 {
+        // Outside a pid namespace (tests, the process rung), orphans would go to the host's
+        // init; as a subreaper they come back here, to be counted and reaped.
+        let _ = prctl::set_child_subreaper(true);
+    }
+    Ok((signals, pid1))
+}
+
+fn stdin() -> BorrowedFd<'static> {
+    static STDIN: std::sync::LazyLock<io::Stdin> = std::sync::LazyLock::new(io::stdin);
+    STDIN.as_fd()
+}
+
+fn stdout() -> BorrowedFd<'static> {
+    static STDOUT: std::sync::LazyLock<io::Stdout> = std::sync::LazyLock::new(io::stdout);
+    STDOUT.as_fd()
+}
+
+fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) {
+    if let Ok(bits) = fcntl(fd, FcntlArg::F_GETFL) {
+        let mut flags = OFlag::from_bits_truncate(bits);
+        flags.set(OFlag::O_NONBLOCK, on);
+        let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
+    }
+}
+
+/// Where "kill everything" sends a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KillTarget {
+    /// `kill(-1)`: every process in the pid namespace but the init itself.
+    Namespace,
+    /// `killpg`: the command's process group.
+    Group(Pid),
+    /// There is nothing the init may signal.
+    Nobody,
+}
+
+/// The one guard on `kill(-1)`: outside a pid namespace it would reach every process of the
+/// user on the host, so only PID 1 may use it; everyone else signals the command's group,
+/// and never a group id that `kill` would read as "mine" (0) or "everyone" (1).
+pub(crate) fn kill_target(is_pid1: bool, pgid: Option<Pid>) -> KillTarget {
+    match pgid {
+        _ if is_pid1 => KillTarget::Namespace,
+        Some(g) if g.as_raw() > 1 => KillTarget::Group(g),
+        _ => KillTarget::Nobody,
+    }
+}
+
+fn wait_status(st: ExitStatus) -> WaitStatus {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => WaitStatus::Code(c),
+        (None, Some(s)) => WaitStatus::Signal(s),
+        // waitpid without WUNTRACED reports only exits and deaths.
+        (None, None) => WaitStatus::Signal(0),
+    }
+}
+
+/// The host side of the link: frames in on stdin, frames out on stdout.
+#[derive(Debug)]
+struct Link {
+    decoder: Decoder,
+    in_open: bool,
+    /// Writes failed for good (no reader at all): what would be sent is dropped.
+    out_dead: bool,
+    out: Vec<u8>,
+    out_at: usize,
+    last_heard: Instant,
+}
+
+impl Link {
+    fn queued(&self) -> usize {
+        self.out.len() - self.out_at
+    }
+
+    fn push(&mut self, kind: Kind, body: &[u8]) {
+        if !self.out_dead {
+            wire::encode_into(&mut self.out, kind, body);
+        }
+    }
+
+    /// Writes what it can without blocking.
+    fn flush_some(&mut self) {
+        while self.queued() > 0 && !self.out_dead {
+            match nix::unistd::write(stdout(), &self.out[self.out_at..]) {
+                Ok(n) => self.out_at += n,
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(_) => self.out_dead = true,
+            }
+        }
+        if self.queued() == 0 || self.out_dead {
+            self.out.clear();
+            self.out_at = 0;
+        } else if self.out_at >= HIGH_WATER {
+            // What was written is dropped as it goes: a host that never drains the queue
+            // completely must not make it grow with everything ever sent.
+            self.out.drain(..self.out_at);
+            self.out_at = 0;
+        }
+    }
+
+    /// Writes everything, blocking.
+    fn flush_all(&mut self) {
+        set_nonblocking(stdout(), false);
+        self.flush_some();
+        set_nonblocking(stdout(), true);
+    }
+}
+
+/// Writes Output frames straight to stdout, blocking (the command is gone by then).
+struct OutputFrames<'a> {
+    link: &'a mut Link,
+    buf: Vec<u8>,
+}
+
+impl Write for OutputFrames<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == CHUNK {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.link.push(Kind::Output, &self.buf);
+            self.buf.clear();
+            self.link.flush_all();
+        }
+        if self.link.out_dead { Err(io::Error::new(io::ErrorKind::BrokenPipe, "the host is gone")) } else { Ok(()) }
+    }
+}
+
+/// The handler runner's socket.
+#[derive(Debug)]
+struct HandlerSocket {
+    fd: Option<OwnedFd>,
+    decoder: Decoder,
+    out: Vec<u8>,
+    out_at: usize,
+    received: usize,
+    channel: HandlerChannel,
+}
+
+impl HandlerSocket {
+    fn refuse(&mut self, why: String) {
+        if self.channel.refused.len() < 16 {
+            self.channel.refused.push(why);
+        }
+    }
+
+    fn take(&mut self, frame: Frame) {
+        match frame.kind {
+            Kind::HandlerHello if self.channel.hello.is_none() => {
+                match wire::parse_claim::<HandlerHello>(&frame.body, Kind::HandlerHello.max_body()) {
+                    Ok(h) if h.protocol == wire::PROTOCOL => self.channel.hello = Some(h),
+                    Ok(h) => self.refuse(format!("hello of protocol {}, not {}", h.protocol, wire::PROTOCOL)),
+                    Err(e) => self.refuse(format!("hello: {e}")),
+                }
+            }
+            Kind::HandlerRecord if self.channel.record.is_none() => {
+                match wire::parse_claim::<HandlerRecord>(&frame.body, wire::MAX_RECORD_BYTES) {
+                    Ok(mut r) => {
+                        r.error = wire::cap_text(&r.error, wire::MAX_ERROR_TEXT);
+                        self.channel.record = Some(r);
+                    }
+                    Err(e) => self.refuse(format!("record: {e}")),
+                }
+            }
+            other => self.refuse(format!("unexpected {other:?} frame")),
+        }
+    }
+
+    /// Reads what is there; closes the socket at EOF, on error or past the cap.
+    fn read(&mut self) {
+        let Some(fd) = self.fd.take() else { return };
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match nix::unistd::read(&fd, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.received += n;
+                    if self.received > HANDLER_CHANNEL_CAP {
+                        self.refuse(format!("more than {HANDLER_CHANNEL_CAP} bytes on the handler socket"));
+                        break;
+                    }
+                    self.decoder.feed(&buf[..n]);
+                    loop {
+                        match self.decoder.next_frame() {
+                            Ok(Some(f)) => self.take(f),
+                            Ok(None) => break,
+                            Err(e) => {
+                                self.refuse(e.to_string());
+                                return;
+                            }
+                        }
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => {
+                    self.fd = Some(fd);
+                    return;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn write_some(&mut self) {
+        let Some(fd) = &self.fd else { return };
+        while self.out_at < self.out.len() {
+            match nix::unistd::write(fd, &self.out[self.out_at..]) {
+                Ok(n) => self.out_at += n,
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                // The runner closed its end: what it did not read, it did not want.
+                Err(_) => break,
+            }
+        }
+        self.out = Vec::new();
+        self.out_at = 0;
+    }
+}
+
+/// One of the command's output pipes.
+#[derive(Debug)]
+struct Pipe {
+    fd: Option<OwnedFd>,
+    kind: Kind,
+    bytes: u64,
+}
+
+impl Pipe {
+    /// Reads one chunk into frames; `false` once the pipe is closed.
+    fn read_into(&mut self, link: &mut Link, buf: &mut [u8]) -> bool {
+        let Some(fd) = &self.fd else { return false };
+        loop {
+            match nix::unistd::read(fd, buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.bytes += n as u64;
+                    link.push(self.kind, &buf[..n]);
+                    return true;
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return true,
+                Err(_) => break,
+            }
+        }
+        self.fd = None;
+        false
+    }
+}
+
+#[derive(Debug)]
+struct Init {
+    signals: SignalFd,
+    pid1: bool,
+    link: Link,
+    start: Option<Start>,
+    key: [u8; KEY_LEN],
+    payload: Vec<u8>,
+    host_lost: bool,
+    abandon_at: Option<Instant>,
+}
+
+/// What running the command found out.
+#[derive(Debug)]
+struct Ended {
+    wait: WaitStatus,
+    stopped_by: Option<StoppedBy>,
+    wall_time: Duration,
+    pgid: Option<Pid>,
+    oom_guard: Option<String>,
+    pipes: [Pipe; 2],
+    handler: Option<HandlerSocket>,
+}
+
+impl Init {
+    fn new(signals: SignalFd, pid1: bool) -> Self {
+        let accept = |k: Kind| matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack);
+        Self {
+            signals,
+            pid1,
+            link: Link {
+                decoder: Decoder::new(accept),
+                in_open: true,
+                out_dead: false,
+                out: Vec::new(),
+                out_at: 0,
+                last_heard: Instant::now(),
+            },
+            start: None,
+            key: [0; KEY_LEN],
+            payload: Vec::new(),
+            host_lost: false,
+            abandon_at: None,
+        }
+    }
+
+    fn diag(&mut self, text: &str) {
+        let _ = writeln!(io::stderr(), "stevedore-init: {text}");
+        self.link.push(Kind::Diag, wire::cap_text(text, Kind::Diag.max_body()).as_bytes());
+    }
+
+    fn kill_everything(&self, sig: Signal, pgid: Option<Pid>) {
+        // ESRCH (nobody left) is the expected answer near the end, and nothing else can be
+        // done about an error here anyway.
+        let _ = match kill_target(self.pid1, pgid) {
+            KillTarget::Namespace => kill(Pid::from_raw(-1), sig),
+            KillTarget::Group(g) => killpg(g, sig),
+            KillTarget::Nobody => Ok(()),
+        };
+    }
+
+    fn run(mut self) -> i32 {
+        set_nonblocking(stdin(), true);
+        set_nonblocking(stdout(), true);
+        if let Err(why) = self.await_start() {
+            self.diag(&why);
+            self.link.flush_all();
+            return EXIT_SETUP_FAILED;
+        }
+        let start = self.start.clone().expect("await_start set it");
+        let ended = match child::spawn(&start) {
+            Ok(spawned) => self.supervise(&start, spawned),
+            Err(failure) => {
+                self.diag(&format!("cannot start the command: {}", failure.message));
+                Ended {
+                    wait: WaitStatus::SpawnFailed(failure),
+                    stopped_by: None,
+                    wall_time: Duration::ZERO,
+                    pgid: None,
+                    oom_guard: None,
+                    pipes: [
+                        Pipe { fd: None, kind: Kind::Stdout, bytes: 0 },
+                        Pipe { fd: None, kind: Kind::Stderr, bytes: 0 },
+                    ],
+                    handler: None,
+                }
+            }
+        };
+        self.report(&start, ended);
+        self.await_ack();
+        0
+    }
+
+    /// Reads frames until the Start frame is complete; honours SIGTERM meanwhile (a parked
+    /// init that is stopped just exits).
+    fn await_start(&mut self) -> Result<(), String> {
+        loop {
+            match self.link.decoder.next_frame() {
+                Ok(Some(f)) if f.kind == Kind::Start => {
+                    let (start, payload) = wire::decode_start(&f.body)?;
+                    self.key = wire::parse_key(&start.key).ok_or("the start's key is not 32 hex bytes")?;
+                    self.start = Some(start);
+                    self.payload = payload;
+                    return Ok(());
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                Err(e) => return Err(format!("the link from the host is broken: {e}")),
+            }
+            if !self.link.in_open {
+                return Err("the host closed the link before sending a start".into());
+            }
+            let mut fds =
+                [PollFd::new(self.signals.as_fd(), PollFlags::POLLIN), PollFd::new(stdin(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => return Err(format!("poll failed: {e}")),
+            }
+            while let Ok(Some(info)) = self.signals.read_signal() {
+                if matches!(Signal::try_from(info.ssi_signo as i32), Ok(Signal::SIGTERM | Signal::SIGINT)) {
+                    return Err("stopped before a start arrived".into());
+                }
+            }
+            self.read_host();
+        }
+    }
+
+    /// Reads what the host sent; frames are handled by the caller.
+    fn read_host(&mut self) {
+        if !self.link.in_open {
+            return;
+        }
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match nix::unistd::read(stdin(), &mut buf) {
+                Ok(0) => {
+                    self.link.in_open = false;
+                    return;
+                }
+                Ok(n) => {
+                    self.link.last_heard = Instant::now();
+                    self.link.decoder.feed(&buf[..n]);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    self.link.in_open = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn supervise(&mut self, start: &Start, s: Spawned) -> Ended {
+        let mut sup = Supervisor {
+            pid: s.pid,
+            child: s.child,
+            started: s.started,
+            end: None,
+            stopped_by: None,
+            kill_at: None,
+            grace: Duration::from_millis(start.grace_ms),
+            handshake_by: start.handler.as_ref().map(|_| s.started + Duration::from_millis(start.handshake_ms)),
+        };
+        let mut pipes = [
+            Pipe { fd: Some(s.stdout), kind: Kind::Stdout, bytes: 0 },
+            Pipe { fd: Some(s.stderr), kind: Kind::Stderr, bytes: 0 },
+        ];
+        let mut handler = s.handler.map(|fd| {
+            let mut out = Vec::new();
+            let request = serde_json::to_vec(start.handler.as_ref().expect("a socket means a handler"))
+                .expect("a request always serialises");
+            wire::encode_into(&mut out, Kind::HandlerRequest, &request);
+            wire::encode_into(&mut out, Kind::HandlerPayload, &self.payload);
+            set_nonblocking(fd.as_fd(), true);
+            HandlerSocket {
+                fd: Some(fd),
+                decoder: Decoder::new(|k| matches!(k, Kind::HandlerHello | Kind::HandlerRecord)),
+                out,
+                out_at: 0,
+                received: 0,
+                channel: HandlerChannel::default(),
+            }
+        });
+        self.payload = Vec::new();
+        for p in &pipes {
+            if let Some(fd) = &p.fd {
+                set_nonblocking(fd.as_fd(), true);
+            }
+        }
+        let started = Started { pid: s.pid.as_raw(), init_version: env!("CARGO_PKG_VERSION").to_owned() };
+        self.link.push(Kind::Started, &serde_json::to_vec(&started).expect("serialises"));
+        let mut buf = vec![0u8; CHUNK];
+        // The command may have ended before the first SIGCHLD could be read.
+        sup.reap_ready();
+        while sup.end.is_none() {
+            self.host_frames(&mut sup, start);
+            self.timers(&mut sup, start, handler.as_ref());
+            if sup.end.is_some() {
+                break;
+            }
+            let flow = self.link.queued() < HIGH_WATER;
+            let (sig_ready, in_ready, out_ready, pipe_ready, h_in, h_out) = {
+                let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+                let mut slots = Vec::new();
+                if self.link.in_open {
+                    fds.push(PollFd::new(stdin(), PollFlags::POLLIN));
+                    slots.push(Slot::HostIn);
+                }
+                if self.link.queued() > 0 {
+                    fds.push(PollFd::new(stdout(), PollFlags::POLLOUT));
+                    slots.push(Slot::HostOut);
+                }
+                for (i, p) in pipes.iter().enumerate() {
+                    if let (Some(fd), true) = (&p.fd, flow) {
+                        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                        slots.push(Slot::Pipe(i));
+                    }
+                }
+                if let Some(h) = &handler
+                    && let Some(fd) = &h.fd
+                {
+                    let mut ev = PollFlags::POLLIN;
+                    if h.out_at < h.out.len() {
+                        ev |= PollFlags::POLLOUT;
+                    }
+                    fds.push(PollFd::new(fd.as_fd(), ev));
+                    slots.push(Slot::Handler);
+                }
+                let timeout = self.next_timer(&sup, start).map_or(PollTimeout::NONE, |t| {
+                    // Rounded up, so the loop does not wake just before the deadline.
+                    let ms = t.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000);
+                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+                });
+                if let Err(e) = poll(&mut fds, timeout)
+                    && e != Errno::EINTR
+                {
+                    // Cannot happen with valid fds; if it does, end the attempt rather than spin.
+                    self.diag(&format!("poll failed: {e}; killing the command"));
+                    self.kill_everything(Signal::SIGKILL, Some(sup.pid));
+                    sup.stopped_by = Some(StoppedBy::Kill);
+                    let st = sup.child.wait().map(wait_status).unwrap_or(WaitStatus::Signal(0));
+                    sup.end = Some((st, Instant::now()));
+                    break;
+                }
+                let ready = |i: usize, f: PollFlags| fds[i].revents().is_some_and(|r| r.intersects(f));
+                let any = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+                let mut r = (ready(0, PollFlags::POLLIN), false, false, [false; 2], false, false);
+                for (k, slot) in slots.iter().enumerate() {
+                    match slot {
+                        Slot::HostIn => r.1 = ready(k + 1, any),
+                        Slot::HostOut => r.2 = ready(k + 1, PollFlags::POLLOUT | PollFlags::POLLERR),
+                        Slot::Pipe(i) => r.3[*i] = ready(k + 1, any),
+                        Slot::Handler => {
+                            r.4 = ready(k + 1, any);
+                            r.5 = ready(k + 1, PollFlags::POLLOUT);
+                        }
+                    }
+                }
+                r
+            };
+            if sig_ready {
+                self.drain_signals(&mut sup, start);
+            }
+            if in_ready {
+                self.read_host();
+            }
+            for (i, ready) in pipe_ready.into_iter().enumerate() {
+                if ready {
+                    pipes[i].read_into(&mut self.link, &mut buf);
+                }
+            }
+            if let Some(h) = &mut handler {
+                if h_out {
+                    h.write_some();
+                }
+                if h_in {
+                    h.read();
+                }
+            }
+            if out_ready || self.link.queued() > 0 {
+                self.link.flush_some();
+            }
+        }
+        let (wait, at) = sup.end.take().expect("the loop only ends with the command");
+        Ended {
+            wait,
+            stopped_by: sup.stopped_by,
+            wall_time: at.saturating_duration_since(sup.started),
+            pgid: Some(sup.pid),
+            oom_guard: s.oom_guard,
+            pipes,
+            handler,
+        }
+    }
+
+    fn host_frames(&mut self, sup: &mut Supervisor, start: &Start) {
+        loop {
+            match self.link.decoder.next_frame() {
+                Ok(Some(f)) => match f.kind {
+                    Kind::Stop => self.begin_stop(sup, StoppedBy::Term, sup.grace),
+                    Kind::Heartbeat | Kind::Ack | Kind::Start => {}
+                    _ => {}
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    let text = format!("the link from the host is broken: {e}");
+                    self.diag(&text);
+                    self.link.in_open = false;
+                    break;
+                }
+            }
+        }
+        if !self.link.in_open && !self.host_lost {
+            self.lose_host(sup, start, "the host closed the link");
+        }
+    }
+
+    fn lose_host(&mut self, sup: &mut Supervisor, start: &Start, why: &str) {
+        self.host_lost = true;
+        self.diag(why);
+        if start.host_loss_grace_ms == 0 {
+            self.begin_stop(sup, StoppedBy::DeadMan, sup.grace.min(DEAD_MAN_GRACE_CAP));
+        } else {
+            self.abandon_at = Some(Instant::now() + Duration::from_millis(start.host_loss_grace_ms));
+        }
+    }
+
+    fn next_timer(&self, sup: &Supervisor, start: &Start) -> Option<Instant> {
+        let heartbeat = (start.heartbeat_timeout_ms > 0 && !self.host_lost)
+            .then(|| self.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms));
+        [sup.kill_at, sup.handshake_by, heartbeat, self.abandon_at].into_iter().flatten().min()
+    }
+
+    fn timers(&mut self, sup: &mut Supervisor, start: &Start, handler: Option<&HandlerSocket>) {
+        let now = Instant::now();
+        if sup.kill_at.is_some_and(|t| now >= t) {
+            self.kill_everything(Signal::SIGKILL, Some(sup.pid));
+            if !matches!(sup.stopped_by, Some(StoppedBy::DeadMan | StoppedBy::Handshake)) {
+                sup.stopped_by = Some(StoppedBy::Kill);
+            }
+            sup.kill_at = None;
+        }
+        if handler.is_some_and(|h| h.channel.hello.is_some()) {
+            sup.handshake_by = None;
+        }
+        if sup.handshake_by.is_some_and(|t| now >= t) {
+            sup.handshake_by = None;
+            self.diag("the handler runner did not say hello in time: is it a stevedore worker binary?");
+            self.begin_stop(sup, StoppedBy::Handshake, sup.grace.min(DEAD_MAN_GRACE_CAP));
+        }
+        if !self.host_lost
+            && start.heartbeat_timeout_ms > 0
+            && now >= self.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms)
+        {
+            self.lose_host(sup, start, "no frame from the host within the heartbeat timeout");
+        }
+        if self.abandon_at.is_some_and(|t| now >= t) {
+            self.abandon_at = None;
+            self.begin_stop(sup, StoppedBy::DeadMan, sup.grace.min(DEAD_MAN_GRACE_CAP));
+        }
+    }
+
+    fn drain_signals(&mut self, sup: &mut Supervisor, _start: &Start) {
+        loop {
+            let info = match self.signals.read_signal() {
+                Ok(Some(info)) => info,
+                Err(Errno::EINTR) => continue,
+                Ok(None) | Err(_) => return,
+            };
+            match Signal::try_from(info.ssi_signo as i32) {
+                Ok(Signal::SIGCHLD) => sup.reap_ready(),
+                Ok(Signal::SIGTERM | Signal::SIGINT) => self.begin_stop(sup, StoppedBy::Term, sup.grace),
+                // Not the host's stop protocol, but the command may want them (reload, dump).
+                Ok(sig @ (Signal::SIGHUP | Signal::SIGQUIT)) if sup.end.is_none() => {
+                    let _ = killpg(sup.pid, sig);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// SIGTERMs everything once and arms (or shortens) the SIGKILL timer.
+    fn begin_stop(&mut self, sup: &mut Supervisor, cause: StoppedBy, grace: Duration) {
+        if sup.end.is_some() {
+            return;
+        }
+        if sup.stopped_by.is_none() {
+            sup.stopped_by = Some(cause);
+            self.kill_everything(Signal::SIGTERM, Some(sup.pid));
+        }
+        let at = Instant::now().checked_add(grace);
+        sup.kill_at = match (sup.kill_at, at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// After the command: stragglers, streams, counters, the record, the outputs.
+    fn report(&mut self, start: &Start, mut ended: Ended) {
+        let stragglers_killed = self.reap_stragglers(ended.pgid);
+        // Every writer is gone (or, outside a pid namespace, escaped the group): take what
+        // is in the pipes without waiting for more.
+        let mut buf = vec![0u8; CHUNK];
+        for p in &mut ended.pipes {
+            // Bounded: outside a pid namespace an escaped process may still hold the pipe.
+            let limit = p.bytes.saturating_add(AFTER_END_DRAIN);
+            while p.bytes < limit && p.read_into(&mut self.link, &mut buf) && has_more(p) {
+                if self.link.queued() >= HIGH_WATER {
+                    self.link.flush_all();
+                }
+            }
+        }
+        if let Some(h) = &mut ended.handler {
+            h.read();
+        }
+        let record = InitRecord {
+            wait: ended.wait,
+            stopped_by: ended.stopped_by,
+            stragglers_killed,
+            wall_time_ms: u64::try_from(ended.wall_time.as_millis()).unwrap_or(u64::MAX),
+            cgroup: cgroup::read_counters(Path::new(cgroup::CGROUP_ROOT)),
+            rusage: children_rusage(),
+            out_fs: fs_space(Path::new(&start.outputs.dir)),
+            oom_guard: ended.oom_guard,
+            handler: ended.handler.map(|h| h.channel),
+            stdout_bytes: ended.pipes[0].bytes,
+            stderr_bytes: ended.pipes[1].bytes,
+            host_lost: self.host_lost,
+        };
+        let json = serde_json::to_vec(&record).expect("a record always serialises");
+        self.link.push(Kind::Record, &wire::seal(&self.key, &json));
+        self.link.flush_all();
+        if self.host_lost || self.link.out_dead {
+            return;
+        }
+        let mut end = {
+            let mut frames = OutputFrames { link: &mut self.link, buf: Vec::with_capacity(CHUNK) };
+            let end = outdir::send(&start.outputs, &mut frames);
+            let _ = frames.flush();
+            end
+        };
+        let mut body = serde_json::to_vec(&end).expect("an output end always serialises");
+        if body.len() > Kind::OutputEnd.max_body() {
+            end.refused.truncate(16);
+            body = serde_json::to_vec(&end).expect("an output end always serialises");
+        }
+        self.link.push(Kind::OutputEnd, &body);
+        self.link.flush_all();
+    }
+
+    /// Waits for the host's ack (or for it to go away), so the record stays available until
+    /// it arrived.
+    fn await_ack(&mut self) {
+        let start = self.start.clone().expect("started");
+        let deadline = |me: &Self| {
+            (start.heartbeat_timeout_ms > 0)
+                .then(|| me.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms))
+        };
+        loop {
+            loop {
+                match self.link.decoder.next_frame() {
+                    Ok(Some(f)) if f.kind == Kind::Ack => return,
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(_) => return,
+                }
+            }
+            if !self.link.in_open || self.host_lost {
+                return;
+            }
+            let timeout = deadline(self).map_or(PollTimeout::NONE, |t| {
+                let ms = t.saturating_duration_since(Instant::now()).as_millis();
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+            });
+            let mut fds =
+                [PollFd::new(self.signals.as_fd(), PollFlags::POLLIN), PollFd::new(stdin(), PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(0) => return,
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return,
+            }
+            while let Ok(Some(info)) = self.signals.read_signal() {
+                if matches!(Signal::try_from(info.ssi_signo as i32), Ok(Signal::SIGTERM | Signal::SIGINT)) {
+                    return;
+                }
+            }
+            self.read_host();
+        }
+    }
+
+    /// SIGKILLs whatever is left after the main child ended and reaps it all; returns how
+    /// many had to be killed. Those that had already exited by themselves are reaped first
+    /// and not counted.
+    fn reap_stragglers(&self, pgid: Option<Pid>) -> u32 {
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(NixWait::StillAlive) => break,
+                // EINVAL: reaped, but dead of a signal nix cannot name.
+                Ok(_) | Err(Errno::EINVAL | Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        self.kill_everything(Signal::SIGKILL, pgid);
+        let mut n = 0u32;
+        loop {
+            match waitpid(None::<Pid>, None) {
+                Ok(_) | Err(Errno::EINVAL) => n = n.saturating_add(1),
+                Err(Errno::EINTR) => {}
+                Err(_) => return n,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    HostIn,
+    HostOut,
+    Pipe(usize),
+    Handler,
+}
+
+/// The supervision loop's view of the command.
+#[derive(Debug)]
+struct Supervisor {
+    pid: Pid,
+    child: std::process::Child,
+    started: Instant,
+    end: Option<(WaitStatus, Instant)>,
+    stopped_by: Option<StoppedBy>,
+    kill_at: Option<Instant>,
+    grace: Duration,
+    handshake_by: Option<Instant>,
+}
+
+impl Supervisor {
+    fn record_main(&mut self, st: WaitStatus) {
+        if self.end.is_none() {
+            self.end = Some((st, Instant::now()));
+        }
+    }
+
+    /// Reaps the main child through std (which keeps the raw status: nix cannot name
+    /// real-time signals) and every other exited process through nix.
+    fn reap_main(&mut self) {
+        if self.end.is_some() {
+            return;
+        }
+        match self.child.try_wait() {
+            Ok(Some(st)) => self.record_main(wait_status(st)),
+            Ok(None) => {}
+            // Reaped by the catch-all below in a race with an unnamed-signal death: the
+            // status is lost, but the command is certainly gone.
+            Err(_) => self.record_main(WaitStatus::Signal(0)),
+        }
+    }
+
+    fn reap_ready(&mut self) {
+        loop {
+            self.reap_main();
+            // WNOWAIT: look before reaping, so the main child is left for std.
+            let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match waitid(Id::All, flags) {
+                Ok(NixWait::StillAlive) | Err(Errno::ECHILD) => return,
+                Ok(st) => match st.pid() {
+                    Some(pid) if pid == self.pid => {
+                        if self.end.is_some() {
+                            return;
+                        }
+                    }
+                    Some(pid) => {
+                        let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                    }
+                    None => return,
+                },
+                Err(Errno::EINTR) => {}
+                Err(_) => {
+                    // Some child died of a signal nix cannot name, pid unknown. If it was not
+                    // the main child (checked first), reap it blindly.
+                    self.reap_main();
+                    match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                        Ok(NixWait::Exited(pid, c)) if pid == self.pid => self.record_main(WaitStatus::Code(c)),
+                        Ok(NixWait::Signaled(pid, s, _)) if pid == self.pid => {
+                            self.record_main(WaitStatus::Signal(s as i32))
+                        }
+                        Ok(NixWait::StillAlive) | Err(Errno::ECHILD) => return,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether a pipe has something (data or EOF) to read right now.
+fn has_more(p: &Pipe) -> bool {
+    let Some(fd) = &p.fd else { return false };
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+fn children_rusage() -> wire::ChildrenRusage {
+    let micros = |tv: nix::sys::time::TimeVal| {
+        u64::try_from(tv.tv_sec()).unwrap_or(0) * 1_000_000 + u64::try_from(tv.tv_usec()).unwrap_or(0)
+    };
+    match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => wire::ChildrenRusage {
+            user_us: micros(u.user_time()),
+            system_us: micros(u.system_time()),
+            max_rss_kib: u64::try_from(u.max_rss()).unwrap_or(0),
+        },
+        Err(_) => wire::ChildrenRusage::default(),
+    }
+}
+
+/// Space on the output filesystem.
+fn fs_space(path: &Path) -> Option<FsSpace> {
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    let frag = st.fragment_size();
+    Some(FsSpace {
+        total_bytes: st.blocks().saturating_mul(frag),
+        // f_bavail, not f_bfree: the command is not root, the reserved blocks are not its.
+        free_bytes: st.blocks_available().saturating_mul(frag),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_pid1_never_kills_minus_one() {
+        for g in [None, Some(-1), Some(0), Some(1), Some(2), Some(4242), Some(i32::MAX), Some(i32::MIN)] {
+            match kill_target(false, g.map(Pid::from_raw)) {
+                KillTarget::Namespace => panic!("kill(-1) outside PID 1 for {g:?}"),
+                KillTarget::Group(p) => assert!(p.as_raw() > 1, "{g:?} -> {p}"),
+                KillTarget::Nobody => assert!(g.is_none_or(|g| g <= 1)),
+            }
+        }
+        assert_eq!(kill_target(true, None), KillTarget::Namespace);
+    }
+
+    #[test]
+    fn wait_status_keeps_raw_numbers() {
+        assert_eq!(wait_status(ExitStatus::from_raw(3 << 8)), WaitStatus::Code(3));
+        assert_eq!(wait_status(ExitStatus::from_raw(9)), WaitStatus::Signal(9));
+        // A real-time signal, which nix's WaitStatus cannot represent.
+        assert_eq!(wait_status(ExitStatus::from_raw(40)), WaitStatus::Signal(40));
+    }
+}

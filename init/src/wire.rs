@@ -1,0 +1,864 @@
+//! The link between the host and the init, and between the init and a handler runner:
+//! framing, and every message the three exchange. `docs/link.md` is the prose version.
+//!
+//! A frame is `[kind: u8][length: u32, big-endian][body: length bytes]`. Each kind has
+//! its own size cap, so a reader never buffers more than the largest frame it may get.
+//!
+//! Who writes what:
+//! - host → init, on the container's stdin: [`Kind::Start`] once, then
+//!   [`Kind::Heartbeat`], [`Kind::Stop`], [`Kind::Ack`];
+//! - init → host, on the container's stdout (which only the init holds, so the command
+//!   can never write into the link): [`Kind::Started`], [`Kind::Stdout`] and
+//!   [`Kind::Stderr`] (the command's streams), [`Kind::Report`], [`Kind::Record`] (MACed
+//!   with the attempt's key), then the outputs as [`Kind::Output`] chunks of a tar and
+//!   [`Kind::OutputEnd`];
+//! - handler runner ↔ init, on a socket that is the runner's stdin ([`HANDLER_FD`]):
+//!   [`Kind::HandlerHello`] and [`Kind::HandlerRecord`] up, [`Kind::HandlerRequest`] and
+//!   [`Kind::HandlerPayload`] down.
+//!
+//! Everything that comes from inside the container is an untrusted claim: readers cap it,
+//! parse it strictly ([`parse_claim`]) and bound-check every figure.
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use sha2::Sha256;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The link's version; a [`Start`] of another version is refused.
+pub const PROTOCOL: u32 = 2;
+/// Bytes of a frame header.
+pub const HEADER_LEN: usize = 5;
+/// The largest payload a request may carry.
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
+/// The largest record (init's or handler's) accepted.
+pub const MAX_RECORD_BYTES: usize = 256 << 10;
+/// The longest handler error text kept.
+pub const MAX_ERROR_TEXT: usize = 16 << 10;
+/// The largest chunk of a stream or of the outputs tar in one frame.
+pub const MAX_CHUNK: usize = 64 << 10;
+/// Bytes of the record's MAC (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+/// Bytes of the attempt key.
+pub const KEY_LEN: usize = 32;
+
+/// The fd on which a handler runner finds its socket to the init: its stdin (a plain
+/// command's stdin is `/dev/null`). The runner moves it elsewhere first thing.
+pub const HANDLER_FD: i32 = 0;
+
+/// Where the attempt's inputs are, read-only.
+pub const IN_DIR: &str = "/in";
+/// Where the attempt writes its outputs.
+pub const OUT_DIR: &str = "/out";
+/// Scratch space, a size-limited tmpfs.
+pub const TMP_DIR: &str = "/tmp";
+/// Where stevedore's tools (the init) are mounted read-only.
+pub const TOOLS_DIR: &str = "/.stevedore/tools";
+/// The init's file name inside [`TOOLS_DIR`].
+pub const INIT_NAME: &str = "stevedore-init";
+/// The marker argument that makes a worker binary run one handler.
+pub const HANDLER_MARKER: &str = "__stevedore_handler";
+
+/// Environment variables stevedore sets for the command; a request cannot override them.
+pub mod env {
+    /// The job ID.
+    pub const JOB_ID: &str = "STEVEDORE_JOB_ID";
+    /// The attempt number.
+    pub const ATTEMPT: &str = "STEVEDORE_ATTEMPT";
+    /// The input dir inside the sandbox.
+    pub const IN: &str = "STEVEDORE_IN";
+    /// The output dir inside the sandbox.
+    pub const OUT: &str = "STEVEDORE_OUT";
+    /// For a handler runner: the fd of its socket to the init.
+    pub const HANDLER_FD: &str = "STEVEDORE_HANDLER_FD";
+    /// All of them.
+    pub const ALL: &[&str] = &[JOB_ID, ATTEMPT, IN, OUT, HANDLER_FD];
+    /// Variables the dynamic loader or glibc read at start-up. The container's process
+    /// environment sets each to empty for PID 1 (an image's `ENV` cannot be removed, only
+    /// overridden); the command gets the image's values back through [`super::Start::env`].
+    pub const LOADER: &[&str] = &[
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "LD_BIND_NOW",
+        "LD_DEBUG",
+        "LD_DEBUG_OUTPUT",
+        "LD_PROFILE",
+        "LD_SHOW_AUXV",
+        "LD_DYNAMIC_WEAK",
+        "LD_ORIGIN_PATH",
+        "GLIBC_TUNABLES",
+        "GCONV_PATH",
+        "MALLOC_CHECK_",
+        "MALLOC_PERTURB_",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_MMAP_MAX_",
+        "MALLOC_TOP_PAD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+        "MALLOC_ARENA_TEST",
+    ];
+}
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum Kind {
+    /// host → init: [`Start`] as JSON, then the payload (see [`encode_start`]).
+    Start = 0x01,
+    /// host → init: the host is alive.
+    Heartbeat = 0x02,
+    /// host → init: stop the command (SIGTERM, then SIGKILL after the grace).
+    Stop = 0x03,
+    /// host → init: the record and outputs arrived; the init may exit.
+    Ack = 0x04,
+    /// init → host: the command started ([`Started`]).
+    Started = 0x10,
+    /// init → host: bytes the command wrote on its stdout.
+    Stdout = 0x11,
+    /// init → host: bytes the command wrote on its stderr.
+    Stderr = 0x12,
+    /// init → host: the [`InitRecord`], MACed (see [`seal`]).
+    Record = 0x13,
+    /// init → host: a chunk of the outputs tar.
+    Output = 0x14,
+    /// init → host: the outputs tar is complete ([`OutputEnd`]).
+    OutputEnd = 0x15,
+    /// init → host: a report from the sandbox (a claim; never changes the status).
+    Report = 0x16,
+    /// init → host: a diagnostic of the init itself, as text.
+    Diag = 0x17,
+    /// handler → init: the runner speaks the protocol ([`HandlerHello`]).
+    HandlerHello = 0x20,
+    /// init → handler: what to run ([`HandlerRequest`]).
+    HandlerRequest = 0x21,
+    /// init → handler: the payload bytes.
+    HandlerPayload = 0x22,
+    /// handler → init: how the handler ended ([`HandlerRecord`]).
+    HandlerRecord = 0x23,
+}
+
+impl Kind {
+    /// The kind with this byte, if any.
+    pub fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            0x01 => Kind::Start,
+            0x02 => Kind::Heartbeat,
+            0x03 => Kind::Stop,
+            0x04 => Kind::Ack,
+            0x10 => Kind::Started,
+            0x11 => Kind::Stdout,
+            0x12 => Kind::Stderr,
+            0x13 => Kind::Record,
+            0x14 => Kind::Output,
+            0x15 => Kind::OutputEnd,
+            0x16 => Kind::Report,
+            0x17 => Kind::Diag,
+            0x20 => Kind::HandlerHello,
+            0x21 => Kind::HandlerRequest,
+            0x22 => Kind::HandlerPayload,
+            0x23 => Kind::HandlerRecord,
+            _ => return None,
+        })
+    }
+
+    /// The largest body a frame of this kind may have.
+    pub fn max_body(self) -> usize {
+        match self {
+            Kind::Start => 4 + (4 << 20) + MAX_PAYLOAD_BYTES,
+            Kind::Heartbeat | Kind::Stop | Kind::Ack => 0,
+            Kind::Started | Kind::HandlerHello => 4 << 10,
+            Kind::Stdout | Kind::Stderr | Kind::Output => MAX_CHUNK,
+            Kind::Record => MAC_LEN + 2 * MAX_RECORD_BYTES,
+            Kind::OutputEnd => 1 << 20,
+            Kind::Report | Kind::Diag => 16 << 10,
+            Kind::HandlerRequest => 1 << 20,
+            Kind::HandlerPayload => MAX_PAYLOAD_BYTES,
+            Kind::HandlerRecord => MAX_RECORD_BYTES,
+        }
+    }
+}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// What it is.
+    pub kind: Kind,
+    /// Its body.
+    pub body: Vec<u8>,
+}
+
+/// Appends a frame to `out`.
+///
+/// # Panics
+/// When `body` is larger than `kind` allows: a programming error of the writer.
+pub fn encode_into(out: &mut Vec<u8>, kind: Kind, body: &[u8]) {
+    assert!(body.len() <= kind.max_body(), "{kind:?} body of {} bytes is over its cap", body.len());
+    out.reserve(HEADER_LEN + body.len());
+    out.push(kind as u8);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(body);
+}
+
+/// One frame as bytes.
+pub fn encode(kind: Kind, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_into(&mut out, kind, body);
+    out
+}
+
+/// Why a byte stream is not a valid sequence of frames. Nothing after it can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// A kind byte this side does not know.
+    UnknownKind(u8),
+    /// A kind this side does not accept here.
+    Unexpected(Kind),
+    /// A body over its kind's cap.
+    TooLarge {
+        /// The kind.
+        kind: Kind,
+        /// The announced length.
+        len: usize,
+    },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::UnknownKind(b) => write!(f, "unknown frame kind 0x{b:02x}"),
+            FrameError::Unexpected(k) => write!(f, "unexpected frame {k:?}"),
+            FrameError::TooLarge { kind, len } => write!(f, "{kind:?} frame of {len} bytes is over its cap"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Decodes frames from a byte stream that arrives in arbitrary pieces.
+#[derive(Debug)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    start: usize,
+    accept: fn(Kind) -> bool,
+    failed: Option<FrameError>,
+}
+
+impl Decoder {
+    /// A decoder that accepts only the kinds for which `accept` is true.
+    pub fn new(accept: fn(Kind) -> bool) -> Self {
+        Self { buf: Vec::new(), start: 0, accept, failed: None }
+    }
+
+    /// Adds bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.failed.is_none() {
+            if self.start > 0 && self.start == self.buf.len() {
+                self.buf.clear();
+                self.start = 0;
+            }
+            self.buf.extend_from_slice(bytes);
+        }
+    }
+
+    /// The next complete frame, `Ok(None)` when more bytes are needed. After an error every
+    /// call returns the same error.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let avail = &self.buf[self.start..];
+        if avail.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let fail = |me: &mut Self, e: FrameError| {
+            me.failed = Some(e.clone());
+            me.buf = Vec::new();
+            me.start = 0;
+            Err(e)
+        };
+        let Some(kind) = Kind::from_byte(avail[0]) else {
+            return fail(self, FrameError::UnknownKind(avail[0]));
+        };
+        if !(self.accept)(kind) {
+            return fail(self, FrameError::Unexpected(kind));
+        }
+        let len = u32::from_be_bytes([avail[1], avail[2], avail[3], avail[4]]) as usize;
+        if len > kind.max_body() {
+            return fail(self, FrameError::TooLarge { kind, len });
+        }
+        if avail.len() < HEADER_LEN + len {
+            return Ok(None);
+        }
+        let body = avail[HEADER_LEN..HEADER_LEN + len].to_vec();
+        self.start += HEADER_LEN + len;
+        if self.start > (1 << 20) && self.start * 2 > self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        Ok(Some(Frame { kind, body }))
+    }
+
+    /// Bytes received but not yet returned as frames.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+/// What the host sends: everything the init needs to run the command. The payload follows
+/// the JSON in the same frame ([`encode_start`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Start {
+    /// [`PROTOCOL`].
+    pub protocol: u32,
+    /// The attempt key (hex), which MACs the record; kept only in the init's memory.
+    pub key: String,
+    /// The argv to run.
+    pub argv: Vec<String>,
+    /// The complete environment of the command (nothing of the init's is inherited).
+    pub env: Vec<(String, String)>,
+    /// The working directory.
+    pub cwd: String,
+    /// Time between SIGTERM and SIGKILL of everything, in ms.
+    pub grace_ms: u64,
+    /// The OOM score adjustment for the command (the init keeps its own lower).
+    pub child_oom_score_adj: Option<i32>,
+    /// Set for a handler attempt: the runner gets it over its socket.
+    pub handler: Option<HandlerRequest>,
+    /// How long a handler runner has to say hello, in ms.
+    pub handshake_ms: u64,
+    /// Without a frame from the host for this long, the host counts as lost (0: only EOF).
+    pub heartbeat_timeout_ms: u64,
+    /// How long the init keeps the command running after the host is lost (0: stop at once).
+    pub host_loss_grace_ms: u64,
+    /// Where the outputs are, and the caps on what is sent of them.
+    pub outputs: OutputSpec,
+}
+
+/// Which outputs the init sends back, and how many.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// The output dir.
+    pub dir: String,
+    /// The most regular files sent.
+    pub max_files: u64,
+    /// The most bytes of file content sent.
+    pub max_bytes: u64,
+}
+
+/// The Start frame's body: the JSON's length, the JSON, the payload.
+pub fn encode_start(start: &Start, payload: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(start).expect("a start always serialises");
+    let mut body = Vec::with_capacity(4 + json.len() + payload.len());
+    body.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    body.extend_from_slice(&json);
+    body.extend_from_slice(payload);
+    encode(Kind::Start, &body)
+}
+
+/// Splits a Start frame's body into the start and the payload.
+pub fn decode_start(body: &[u8]) -> Result<(Start, Vec<u8>), String> {
+    if body.len() < 4 {
+        return Err("start frame too short".into());
+    }
+    let n = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
+    let json = body.get(4..4 + n).ok_or("start frame truncated")?;
+    let start: Start = serde_json::from_slice(json).map_err(|e| format!("start invalid: {e}"))?;
+    if start.protocol != PROTOCOL {
+        return Err(format!("protocol {} is not this init's {PROTOCOL}", start.protocol));
+    }
+    let payload = body[4 + n..].to_vec();
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err("payload over its cap".into());
+    }
+    Ok((start, payload))
+}
+
+/// What a handler runner gets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerRequest {
+    /// The handler's name.
+    pub handler: String,
+    /// The fingerprint the caller expects, if any.
+    pub fingerprint: Option<String>,
+    /// The job ID.
+    pub job_id: String,
+    /// The attempt number.
+    pub attempt: u32,
+    /// Named input slots: name → path under [`IN_DIR`].
+    pub inputs: BTreeMap<String, String>,
+    /// Outputs of earlier steps: name → opaque reference.
+    pub prior_outputs: Vec<PriorOutput>,
+    /// Milliseconds the handler has from its start, if there is a deadline.
+    pub deadline_ms: Option<u64>,
+}
+
+/// The output of an earlier step, passed to the handler untouched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriorOutput {
+    /// Its name.
+    pub name: String,
+    /// The opaque artifact reference.
+    pub reference: String,
+}
+
+/// The runner's first words: it speaks the protocol, with this handler set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerHello {
+    /// [`PROTOCOL`].
+    pub protocol: u32,
+    /// The fingerprint of the runner's handler set.
+    pub fingerprint: String,
+}
+
+/// How the handler ended, as its runner says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerRecord {
+    /// What became of the handler.
+    pub result: HandlerResult,
+    /// The error text (empty on success).
+    pub error: String,
+    /// Retrying cannot help.
+    pub permanent: bool,
+    /// The fingerprint of the handler set inside the sandbox.
+    pub fingerprint: String,
+    /// Why it could not start, when `result` is `launch_failed`.
+    #[serde(default)]
+    pub launch: Option<LaunchFailure>,
+}
+
+/// The runner's verdict on its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandlerResult {
+    /// The handler returned `Ok`.
+    Ok,
+    /// The handler returned an error.
+    Error,
+    /// The handler panicked.
+    Panicked,
+    /// The handler could not be started.
+    LaunchFailed,
+}
+
+/// Why a handler could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaunchFailure {
+    /// The handler is not in the runner's set.
+    UnknownHandler,
+    /// The runner's handler set is not the one the caller expects.
+    FingerprintMismatch,
+    /// The request or payload could not be read or is invalid.
+    BadRequest,
+}
+
+/// How the command ended, as the init saw it through `waitpid`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum WaitStatus {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+    /// It could not be started.
+    SpawnFailed(SpawnFailure),
+}
+
+/// Why the command could not be started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnFailure {
+    /// `not_found`, `not_executable` or `other`.
+    pub kind: SpawnFailureKind,
+    /// The error text.
+    pub message: String,
+}
+
+/// The class of a spawn failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnFailureKind {
+    /// The program does not exist.
+    NotFound,
+    /// It exists but cannot be executed.
+    NotExecutable,
+    /// Anything else.
+    Other,
+}
+
+/// Who stopped the command, if the init did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppedBy {
+    /// The host asked (a Stop frame, or SIGTERM through the engine) and the command ended
+    /// within the grace.
+    Term,
+    /// The grace ran out and the init SIGKILLed everything.
+    Kill,
+    /// The host was lost and the init stopped everything.
+    DeadMan,
+    /// A handler runner did not speak the protocol in time.
+    Handshake,
+}
+
+/// The cgroup counters the init read after the command and all stragglers were gone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CgroupCounters {
+    /// 1 or 2; `None` when no cgroup was found.
+    pub version: Option<u8>,
+    /// The memory high-water mark of the container's cgroup.
+    pub memory_peak_bytes: Option<u64>,
+    /// The memory limit the cgroup enforces.
+    pub memory_limit_bytes: Option<u64>,
+    /// Processes the kernel OOM-killed in the cgroup.
+    pub oom_kills: Option<u64>,
+    /// User + system CPU of the cgroup, in nanoseconds.
+    pub cpu_usage_ns: Option<u64>,
+    /// For each figure that is `None`: why.
+    pub missing: BTreeMap<String, String>,
+}
+
+/// CPU and memory of the init's reaped children, from `getrusage(RUSAGE_CHILDREN)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChildrenRusage {
+    /// User CPU, µs.
+    pub user_us: u64,
+    /// System CPU, µs.
+    pub system_us: u64,
+    /// The largest RSS of one reaped descendant, KiB.
+    pub max_rss_kib: u64,
+}
+
+/// Space on the output filesystem after the command, from `statvfs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsSpace {
+    /// Size in bytes.
+    pub total_bytes: u64,
+    /// Free bytes for a non-root user.
+    pub free_bytes: u64,
+}
+
+/// Everything the init saw in the output dir, sent or not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutScan {
+    /// Regular files.
+    pub files: u64,
+    /// Their apparent size (`st_size`), which a sparse file can make huge.
+    pub apparent_bytes: u64,
+    /// What they hold: per file the smaller of its size and its allocated blocks, so a
+    /// sparse file counts what was written, not what it claims.
+    pub written_bytes: u64,
+    /// The walk stopped at one of its own bounds (entries, depth) before the end.
+    pub truncated: bool,
+}
+
+/// What the handler runner said over its socket, as the init received it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerChannel {
+    /// Its hello, if it said one.
+    pub hello: Option<HandlerHello>,
+    /// Its record, if it left one.
+    pub record: Option<HandlerRecord>,
+    /// What the init refused on the channel (malformed or unexpected frames), with why.
+    pub refused: Vec<String>,
+}
+
+/// The init's account of the attempt, sent once the command and every straggler are gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitRecord {
+    /// How the command ended.
+    pub wait: WaitStatus,
+    /// Who stopped it, if the init did.
+    pub stopped_by: Option<StoppedBy>,
+    /// How many processes were still alive after the command ended and were killed.
+    pub stragglers_killed: u32,
+    /// From spawning the command to its end, ms, by the init's monotonic clock.
+    pub wall_time_ms: u64,
+    /// The cgroup's counters.
+    pub cgroup: CgroupCounters,
+    /// The children's rusage.
+    pub rusage: ChildrenRusage,
+    /// Space on the output filesystem after the command.
+    pub out_fs: Option<FsSpace>,
+    /// Whether the init's own OOM score adjustment could be kept below the command's.
+    pub oom_guard: Option<String>,
+    /// For a handler attempt: what its runner said.
+    pub handler: Option<HandlerChannel>,
+    /// Bytes of the command's stdout and stderr the init forwarded.
+    pub stdout_bytes: u64,
+    /// See `stdout_bytes`.
+    pub stderr_bytes: u64,
+    /// Whether the host was lost at some point (the init then stopped the command).
+    pub host_lost: bool,
+}
+
+/// What the init says when the command started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Started {
+    /// The command's pid inside the container.
+    pub pid: i32,
+    /// The init's version.
+    pub init_version: String,
+}
+
+/// One output entry that was not sent, with why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refused {
+    /// Its path relative to the output dir, escaped when not UTF-8.
+    pub name: String,
+    /// `symlink`, `fifo`, `socket`, `device`, `non_utf8_name`, `over_cap`, `unreadable: ...`.
+    pub why: String,
+}
+
+/// The end of the outputs tar.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputEnd {
+    /// Regular files sent.
+    pub files: u64,
+    /// Bytes of their content.
+    pub bytes: u64,
+    /// Entries not sent (at most a bounded number are named).
+    pub refused: Vec<Refused>,
+    /// Some files were left out for the caps.
+    pub over_cap: bool,
+    /// Why the tar could not be completed, if it could not.
+    pub error: Option<String>,
+    /// Everything seen in the output dir, sent or not.
+    pub seen: OutScan,
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Decodes a hex key of [`KEY_LEN`] bytes.
+pub fn parse_key(hex: &str) -> Option<[u8; KEY_LEN]> {
+    if hex.len() != KEY_LEN * 2 {
+        return None;
+    }
+    let mut key = [0u8; KEY_LEN];
+    for (i, k) in key.iter_mut().enumerate() {
+        *k = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(key)
+}
+
+/// The Record frame's body: the MAC of `json` under `key`, then `json`.
+pub fn seal(key: &[u8; KEY_LEN], json: &[u8]) -> Vec<u8> {
+    let mut mac = HmacSha256::new_from_slice(key).expect("any key length works");
+    mac.update(json);
+    let mut body = mac.finalize().into_bytes().to_vec();
+    body.extend_from_slice(json);
+    body
+}
+
+/// Checks a Record frame's body and returns its JSON.
+pub fn open_sealed<'a>(key: &[u8; KEY_LEN], body: &'a [u8]) -> Result<&'a [u8], ClaimError> {
+    if body.len() < MAC_LEN {
+        return Err(ClaimError::BadMac);
+    }
+    let (tag, json) = body.split_at(MAC_LEN);
+    let mut mac = HmacSha256::new_from_slice(key).expect("any key length works");
+    mac.update(json);
+    mac.verify_slice(tag).map_err(|_| ClaimError::BadMac)?;
+    Ok(json)
+}
+
+/// Why a claim from inside the sandbox was refused.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// the record is larger than allowed
+    TooLarge(usize),
+    /// the record's MAC does not verify
+    BadMac,
+    /// the record is not valid
+    Invalid(serde_json::Error),
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClaimError::TooLarge(n) => write!(f, "record larger than {n} bytes"),
+            ClaimError::BadMac => f.write_str("record MAC does not verify"),
+            ClaimError::Invalid(e) => write!(f, "record invalid: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClaimError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClaimError::Invalid(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a claim strictly, refusing one over `max` bytes.
+pub fn parse_claim<T: DeserializeOwned>(bytes: &[u8], max: usize) -> Result<T, ClaimError> {
+    if bytes.len() > max {
+        return Err(ClaimError::TooLarge(max));
+    }
+    serde_json::from_slice(bytes).map_err(ClaimError::Invalid)
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn cap_text(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+/// A path relative to the output dir as text: UTF-8 as is, other bytes as `\xNN`.
+pub fn escape_name(name: &[u8]) -> String {
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start() -> Start {
+        Start {
+            protocol: PROTOCOL,
+            key: "00".repeat(KEY_LEN),
+            argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            env: vec![("A".into(), "1".into())],
+            cwd: "/".into(),
+            grace_ms: 100,
+            child_oom_score_adj: Some(500),
+            handler: None,
+            handshake_ms: 1000,
+            heartbeat_timeout_ms: 0,
+            host_loss_grace_ms: 0,
+            outputs: OutputSpec { dir: "/out".into(), max_files: 10, max_bytes: 100 },
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_at_every_split() {
+        let mut bytes = encode_start(&start(), b"pay\nload");
+        encode_into(&mut bytes, Kind::Heartbeat, b"");
+        encode_into(&mut bytes, Kind::Stop, b"");
+        for cut in 0..=bytes.len() {
+            let mut d = Decoder::new(|k| matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop));
+            let mut got = Vec::new();
+            for piece in [&bytes[..cut], &bytes[cut..]] {
+                d.feed(piece);
+                while let Some(f) = d.next_frame().unwrap() {
+                    got.push(f);
+                }
+            }
+            assert_eq!(got.len(), 3, "cut {cut}");
+            let (s, payload) = decode_start(&got[0].body).unwrap();
+            assert_eq!((s, payload.as_slice()), (start(), &b"pay\nload"[..]));
+            assert_eq!(got[1].kind, Kind::Heartbeat);
+            assert_eq!(d.pending(), 0);
+        }
+    }
+
+    #[test]
+    fn bad_streams_fail_for_good() {
+        let mut d = Decoder::new(|k| k == Kind::Stdout);
+        d.feed(&[0x7f, 0, 0, 0, 0]);
+        assert_eq!(d.next_frame(), Err(FrameError::UnknownKind(0x7f)));
+        d.feed(&encode(Kind::Stdout, b"x"));
+        assert!(d.next_frame().is_err(), "nothing after an error is trusted");
+
+        let mut d = Decoder::new(|k| k == Kind::Stdout);
+        d.feed(&encode(Kind::Record, b"x"));
+        assert_eq!(d.next_frame(), Err(FrameError::Unexpected(Kind::Record)));
+
+        let mut d = Decoder::new(|_| true);
+        d.feed(&[Kind::Stdout as u8, 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(d.next_frame(), Err(FrameError::TooLarge { .. })));
+        assert_eq!(d.pending(), 0, "an oversized frame is not buffered");
+    }
+
+    #[test]
+    fn start_is_checked() {
+        assert!(decode_start(b"").is_err());
+        assert!(decode_start(&[0, 0, 0, 9, b'{']).is_err());
+        let mut s = start();
+        s.protocol = 1;
+        let frame = encode_start(&s, b"");
+        assert!(decode_start(&frame[HEADER_LEN..]).unwrap_err().contains("protocol"));
+        let mut v = serde_json::to_value(start()).unwrap();
+        v["extra"] = 1.into();
+        let json = serde_json::to_vec(&v).unwrap();
+        let mut body = (json.len() as u32).to_be_bytes().to_vec();
+        body.extend(json);
+        assert!(decode_start(&body).is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn sealed_records_verify_only_with_their_key() {
+        let key = parse_key(&"ab".repeat(KEY_LEN)).unwrap();
+        let body = seal(&key, br#"{"x":1}"#);
+        assert_eq!(open_sealed(&key, &body).unwrap(), br#"{"x":1}"#);
+        let other = parse_key(&"cd".repeat(KEY_LEN)).unwrap();
+        assert!(matches!(open_sealed(&other, &body), Err(ClaimError::BadMac)));
+        let mut tampered = body.clone();
+        *tampered.last_mut().unwrap() = b'2';
+        assert!(open_sealed(&key, &tampered).is_err());
+        assert!(open_sealed(&key, b"short").is_err());
+        assert!(parse_key("zz").is_none());
+        assert!(parse_key(&"g0".repeat(KEY_LEN)).is_none());
+    }
+
+    #[test]
+    fn claims_are_capped_and_strict() {
+        let big = vec![b' '; 100];
+        assert!(matches!(parse_claim::<HandlerRecord>(&big, 10), Err(ClaimError::TooLarge(10))));
+        let extra = br#"{"result":"ok","error":"","permanent":false,"fingerprint":"x","evil":1}"#;
+        assert!(matches!(parse_claim::<HandlerRecord>(extra, 1000), Err(ClaimError::Invalid(_))));
+        let good = br#"{"result":"ok","error":"","permanent":false,"fingerprint":"x"}"#;
+        assert_eq!(parse_claim::<HandlerRecord>(good, 1000).unwrap().result, HandlerResult::Ok);
+    }
+
+    #[test]
+    fn names_and_text() {
+        assert_eq!(escape_name(b"a/b c"), "a/b c");
+        assert_eq!(escape_name(b"x\xffy"), "x\\xffy");
+        assert_eq!(escape_name(b"n\nl"), "n\\nl");
+        assert_eq!(cap_text("héllo", 2), "h");
+        assert_eq!(cap_text("abc", 5), "abc");
+    }
+}

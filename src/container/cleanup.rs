@@ -1,0 +1,130 @@
+//! Removing an attempt's objects, whichever way the attempt ends: explicitly and awaited at
+//! its end, or, if its future is dropped, by a `Drop` backstop that hands what is left to
+//! the rung's tracked tasks (`close` waits for them) and never blocks or panics.
+
+use super::executor::Shared;
+use crate::contract::LaunchError;
+use crate::engine::{EngineError, Removal};
+use std::sync::Arc;
+
+/// What must be removed when the attempt ends, whichever way it ends.
+#[derive(Debug, Default)]
+pub(crate) struct Leftovers {
+    pub containers: Vec<String>,
+    pub volumes: Vec<String>,
+    /// Tracked tasks running calls that create objects; removal waits for them.
+    pub creating: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Runs an engine call that creates an object on the rung's tracked tasks, so that it
+/// completes even if the attempt's future is dropped meanwhile: a removal racing an
+/// unfinished create would find nothing, and the object would appear afterwards and leak.
+pub(crate) async fn creating<T: Send + 'static>(
+    shared: &Shared,
+    left: &mut Leftovers,
+    call: impl Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> Result<T, LaunchError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    left.creating.push(shared.tracker.spawn(async move {
+        let _ = tx.send(call.await);
+    }));
+    match rx.await {
+        Ok(r) => r.map_err(LaunchError::Engine),
+        Err(_) => Err(LaunchError::Staging {
+            what: "an engine call that creates an object was abandoned".into(),
+            source: "task ended".into(),
+        }),
+    }
+}
+
+/// What removing an attempt's objects found.
+#[derive(Debug, Default)]
+pub(crate) struct Removed {
+    pub errors: Vec<String>,
+    /// Containers that someone else had removed or was removing.
+    pub by_others: Vec<String>,
+}
+
+/// Removes what `left` lists. Each object leaves the list only once its removal was tried,
+/// so a removal interrupted by a dropped future leaves the rest to the backstop.
+async fn remove_all(shared: &Shared, left: &mut Leftovers) -> Removed {
+    for handle in std::mem::take(&mut left.creating) {
+        let _ = handle.await;
+    }
+    let mut removed = Removed::default();
+    let api = &shared.engine.api;
+    // Containers first: a volume in use cannot be removed.
+    while let Some(c) = left.containers.first() {
+        match api.remove_container(c).await {
+            Ok(Removal::Removed) => {}
+            Ok(Removal::ByOthers) => removed.by_others.push(c.clone()),
+            Err(err) => removed.errors.push(format!("container {c}: {}", err.message())),
+        }
+        left.containers.remove(0);
+    }
+    while let Some(v) = left.volumes.first() {
+        if let Err(err) = api.remove_volume(v).await {
+            removed.errors.push(format!("volume {v}: {}", err.message()));
+        }
+        left.volumes.remove(0);
+    }
+    removed
+}
+
+/// Removes the attempt's objects. Explicit cleanup awaits [`Cleanup::run`]; if the attempt's
+/// future is dropped first, `Drop` hands the rest of the work to the rung's tracked tasks.
+pub(crate) struct Cleanup {
+    shared: Arc<Shared>,
+    attempt_id: String,
+    pub left: Leftovers,
+    done: bool,
+}
+
+impl std::fmt::Debug for Cleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cleanup").field("attempt_id", &self.attempt_id).field("left", &self.left).finish()
+    }
+}
+
+impl Cleanup {
+    /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
+    pub fn new(shared: Arc<Shared>, attempt_id: String) -> Self {
+        shared.in_flight().insert(attempt_id.clone());
+        Self { shared, attempt_id, left: Leftovers::default(), done: false }
+    }
+
+    pub async fn run(mut self) -> Removed {
+        let removed = remove_all(&self.shared, &mut self.left).await;
+        // Only now: dropped halfway, `Drop` must still see what is left.
+        self.done = true;
+        self.shared.in_flight().remove(&self.attempt_id);
+        removed
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let shared = self.shared.clone();
+        let mut left = std::mem::take(&mut self.left);
+        let id = self.attempt_id.clone();
+        // Never panic or block here: without a runtime the objects stay labelled for `reclaim`.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let tracker = shared.tracker.clone();
+            tracker.spawn_on(
+                async move {
+                    let removed = remove_all(&shared, &mut left).await;
+                    shared.in_flight().remove(&id);
+                    if !removed.errors.is_empty() {
+                        tracing::warn!(attempt_id = %id, errors = ?removed.errors, "backstop cleanup left objects behind");
+                    }
+                },
+                &handle,
+            );
+        } else {
+            tracing::warn!(attempt_id = %id, "attempt dropped without a runtime; reclaim will remove its objects");
+        }
+    }
+}

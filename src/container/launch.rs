@@ -1,0 +1,244 @@
+//! Phase 2 of an attempt: the init in the engine, the inputs staged, the container created,
+//! attached and started, the link's reader running and the Start frame sent. Every object
+//! is recorded in the attempt's `Leftovers` before the call that creates it.
+
+use super::cleanup::{Leftovers, creating};
+use super::executor::Shared;
+use super::prepare::Plan;
+use super::spec::{self, volume_mount};
+use super::tools::{self, ToolsVolume};
+use crate::contract::{InputsStaged, LaunchError, Request, Task};
+use crate::engine::{ByteStream, Chunk};
+use crate::link::session::{self, Event, Inbound, OutputsSink, ReaderSetup, Received, Sender};
+use crate::link::{CappedLog, LiveSink};
+use crate::wire::{self, HandlerRequest, IN_DIR, KEY_LEN, OUT_DIR, OutputSpec, Start};
+use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+use futures_util::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// A started container and the tasks around it.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub container_id: String,
+    pub started: Instant,
+    pub sender: Sender,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub reader: tokio::task::JoinHandle<Received>,
+    pub heartbeat: Option<tokio::task::JoinHandle<()>>,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+    pub ports: BTreeMap<String, String>,
+    pub tools: ToolsVolume,
+    pub inputs: Option<InputsStaged>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(h) = &self.heartbeat {
+            h.abort();
+        }
+    }
+}
+
+/// Bytes per second an upload is allowed to be as slow as before it times out.
+const SLOWEST_UPLOAD: u64 = 8 << 20;
+
+pub(crate) async fn launch(
+    shared: &Arc<Shared>,
+    req: &Request,
+    plan: &mut Plan,
+    left: &mut Leftovers,
+    cancel: &CancellationToken,
+) -> Result<Running, LaunchError> {
+    let cfg = &shared.config;
+    let tools = tools_volume(shared, &plan.image_ref).await?;
+    let mut inputs = None;
+    let mut input_volume = None;
+    if let Some((dir, staged)) = plan.inputs.take() {
+        let volume = format!("{}-in", plan.name);
+        let report = stage_inputs(shared, plan, &volume, dir, staged.bytes, left).await?;
+        input_volume = Some(volume);
+        inputs = Some(InputsStaged { skipped: report.skipped, ..staged });
+    }
+    if cancel.is_cancelled() {
+        return Err(LaunchError::CancelledBeforeStart);
+    }
+    let facts = shared.engine.facts();
+    let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
+        config: cfg,
+        image: &plan.image_ref,
+        tools_volume: &tools.volume,
+        labels: plan.labels.clone(),
+        input_volume: input_volume.as_deref(),
+        applied: &plan.applied,
+        image_volumes: &plan.image.volumes,
+        engine_seccomp: facts.seccomp(),
+        podman: facts.is_podman(),
+    });
+    left.containers.push(plan.name.clone());
+    let s = shared.clone();
+    let name = plan.name.clone();
+    let container_id = creating(shared, left, async move { s.engine.api.create_container(&name, body).await }).await?;
+    let attached = shared.engine.api.attach(&plan.name).await?;
+
+    let logs = shared
+        .log_base()
+        .and_then(|base| base.subdir(&req.worker_id))
+        .map_err(|e| LaunchError::Staging { what: "the capture dir".into(), source: Box::new(e) })?;
+    let capture = |stream: &str| {
+        CappedLog::create(&logs, &format!("{}.{stream}", plan.name), cfg.log_cap_bytes)
+            .map_err(|e| LaunchError::Staging { what: format!("the {stream} capture"), source: Box::new(e) })
+    };
+    let key: [u8; KEY_LEN] = rand::random();
+    let setup = ReaderSetup {
+        key,
+        stdout: capture("stdout")?,
+        stderr: capture("stderr")?,
+        live: LiveSink::new(req.live.clone()),
+        outputs: OutputsSink {
+            dest: plan
+                .output_dir
+                .try_clone()
+                .map_err(|e| LaunchError::Staging { what: "the output dir".into(), source: Box::new(e) })?,
+            caps: cfg.output_caps,
+        },
+    };
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let inbound = attached.output.map(|c| {
+        c.map(|c| match c {
+            Chunk::Stdout(b) => Inbound::Link(b),
+            Chunk::Stderr(b) => Inbound::InitStderr(b),
+        })
+    });
+    let reader = shared.tracker.spawn(session::read(inbound, setup, events_tx));
+    let sender = Sender::new(attached.input);
+
+    let started = Instant::now();
+    if let Err(err) = shared.engine.api.start(&plan.name).await {
+        reader.abort();
+        return Err(spec::port_taken(cfg, err));
+    }
+    let start = start_frame(req, plan, &key, cfg);
+    if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
+        // The init then sees no start and exits; the attempt ends as "no record".
+        tracing::warn!(error = %e, "could not send the start to the init");
+    }
+    let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
+    let mut ports = BTreeMap::new();
+    if !cfg.ports.is_empty()
+        && let Ok(state) = shared.engine.api.inspect_container(&plan.name).await
+    {
+        ports.extend(state.ports);
+    }
+    Ok(Running { container_id, started, sender, events, reader, heartbeat, enforcement, skipped, ports, tools, inputs })
+}
+
+fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], cfg: &super::ContainerConfig) -> Start {
+    let handler = match &req.task {
+        Task::Handler(h) => Some(HandlerRequest {
+            handler: h.clone(),
+            fingerprint: req.fingerprint.clone(),
+            job_id: req.job_id.clone(),
+            attempt: req.attempt,
+            inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{IN_DIR}/{}", v.display()))).collect(),
+            prior_outputs: req.prior_outputs.clone(),
+            deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+        }),
+        Task::Command(_) => None,
+    };
+    Start {
+        protocol: wire::PROTOCOL,
+        key: key.iter().map(|b| format!("{b:02x}")).collect(),
+        argv: plan.argv.clone(),
+        env: plan.env.env.clone(),
+        cwd: plan.cwd.clone(),
+        grace_ms: req.policy.grace().as_millis() as u64,
+        child_oom_score_adj: Some(500),
+        handler,
+        handshake_ms: cfg.handshake_timeout.as_millis() as u64,
+        heartbeat_timeout_ms: cfg.host_loss.heartbeat_timeout.map_or(0, |t| t.as_millis() as u64),
+        host_loss_grace_ms: cfg.host_loss.grace.as_millis() as u64,
+        outputs: OutputSpec {
+            dir: OUT_DIR.to_owned(),
+            max_files: cfg.output_caps.max_files as u64,
+            max_bytes: cfg.output_caps.max_total_bytes,
+        },
+    }
+}
+
+/// This process's init in the engine: found (and verified once) or published.
+async fn tools_volume(shared: &Shared, image: &str) -> Result<ToolsVolume, LaunchError> {
+    let mut slot = shared.tools.lock().await;
+    if let Some(t) = &*slot {
+        return Ok(t.clone());
+    }
+    let t = tools::ensure(&shared.engine, image).await?;
+    if !t.filled_here {
+        tools::verify(&shared.engine, image, &t).await?;
+    }
+    *slot = Some(t.clone());
+    Ok(t)
+}
+
+/// Uploads the caller's input dir into `volume` through a created, never-started helper
+/// container (the attempt's own mount of it is read-only, which the archive API refuses).
+async fn stage_inputs(
+    shared: &Arc<Shared>,
+    plan: &Plan,
+    volume: &str,
+    dir: super::staging::InputDir,
+    bytes: u64,
+    left: &mut Leftovers,
+) -> Result<super::staging::StageReport, LaunchError> {
+    let api = &shared.engine.api;
+    let req = VolumeCreateRequest {
+        name: Some(volume.to_owned()),
+        driver: Some("local".into()),
+        labels: Some(plan.input_labels.clone()),
+        ..Default::default()
+    };
+    left.volumes.push(volume.to_owned());
+    let s = shared.clone();
+    creating(shared, left, async move { s.engine.api.create_volume(req).await }).await?;
+    let helper = format!("{}-stage", plan.name);
+    let body = ContainerCreateBody {
+        image: Some(plan.image_ref.clone()),
+        entrypoint: Some(vec!["/.stevedore-helper-never-started".into()]),
+        cmd: Some(vec![]),
+        labels: Some(plan.stage_labels.clone()),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            mounts: Some(vec![volume_mount(volume, IN_DIR, false)]),
+            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    // The helper stays in `left` and goes with the attempt's cleanup: removing it here would
+    // put an engine call in front of every attempt with inputs.
+    left.containers.push(helper.clone());
+    let s = shared.clone();
+    let h = helper.clone();
+    creating(shared, left, async move { s.engine.api.create_container(&h, body).await }).await?;
+    let (uid, gid) = shared.config.uid_gid();
+    let limit = shared.config.max_input_bytes;
+    let (writer, chunks) = super::pipe::writer(8);
+    let producer = tokio::task::spawn_blocking(move || dir.write_tar(uid, gid, limit, writer, &|_| {}));
+    let body: ByteStream = Box::pin(chunks);
+    let timeout = shared.engine.timeout() + Duration::from_secs(bytes / SLOWEST_UPLOAD);
+    let up = api.upload(&helper, IN_DIR, body, timeout).await;
+    let report = producer
+        .await
+        .map_err(|e| LaunchError::Staging { what: "the input tar".into(), source: Box::new(e) })?
+        .map_err(|e| match e {
+            super::staging::StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
+            e => LaunchError::Staging { what: "reading the input dir".into(), source: Box::new(e) },
+        })?;
+    up.map_err(|e| LaunchError::Staging { what: "uploading the inputs".into(), source: Box::new(e) })?;
+    Ok(report)
+}

@@ -1,0 +1,107 @@
+//! Phase 3 of an attempt: waiting for the init's record and outputs while enforcing the
+//! deadline, cancellation and the grace (a Stop frame, then SIGKILL through the engine when
+//! the init does not finish within grace + margin), then the ack.
+
+use super::executor::Shared;
+use super::launch::Running;
+use crate::contract::Request;
+use crate::link::session::{Event, Received};
+use crate::wire::{InitRecord, Kind};
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// What the host saw of the attempt's end.
+#[derive(Debug, Default)]
+pub(crate) struct Ended {
+    pub deadline_fired: bool,
+    pub cancelled: bool,
+    /// stevedore had to SIGKILL the container itself.
+    pub hard_killed: bool,
+    /// The record, verified and parsed, or why it was refused; `None`: none arrived.
+    pub record: Option<Result<Box<InitRecord>, String>>,
+    /// The outputs tar did not end within its time.
+    pub collection_timed_out: bool,
+    /// From start to the record (or the link's end), by the host's clock.
+    pub host_wall: Duration,
+    pub received: Received,
+}
+
+/// Bytes per second the outputs may be as slow as before collection gives up.
+const SLOWEST_COLLECTION: u64 = 8 << 20;
+
+pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, cancel: &CancellationToken) -> Ended {
+    let cfg = &shared.config;
+    let api = &shared.engine.api;
+    let name = &r.container_id;
+    let deadline = req.deadline.map(Instant::from_std);
+    let grace = req.policy.grace();
+    let mut ended = Ended::default();
+    let mut kill_at: Option<Instant> = None;
+    let mut collect_by: Option<Instant> = None;
+    let mut closed = false;
+    loop {
+        let stopping = kill_at.is_some();
+        tokio::select! {
+            biased;
+            ev = r.events.recv() => match ev {
+                Some(Event::Record(rec)) => {
+                    ended.host_wall = r.started.elapsed();
+                    let used = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref()).map_or(0, |f| f.total_bytes.saturating_sub(f.free_bytes));
+                    collect_by = Some(Instant::now() + shared.engine.timeout() + Duration::from_secs(used / SLOWEST_COLLECTION));
+                    ended.record = Some(rec);
+                    kill_at = None;
+                }
+                Some(Event::OutputsDone) => break,
+                Some(Event::Started(s)) => tracing::debug!(pid = s.pid, init = %s.init_version, "command started"),
+                Some(Event::Closed) | None => {
+                    closed = true;
+                    break;
+                }
+            },
+            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await },
+                if deadline.is_some() && !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                ended.deadline_fired = true;
+                let _ = r.sender.frame(Kind::Stop, b"").await;
+                kill_at = Some(Instant::now() + grace + cfg.kill_margin);
+            }
+            _ = cancel.cancelled(), if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                ended.cancelled = true;
+                let _ = r.sender.frame(Kind::Stop, b"").await;
+                kill_at = Some(Instant::now() + grace + cfg.kill_margin);
+            }
+            _ = async { tokio::time::sleep_until(kill_at.expect("guarded")).await }, if kill_at.is_some() => {
+                ended.hard_killed = true;
+                kill_at = None;
+                if let Err(e) = api.kill(name, "SIGKILL").await {
+                    tracing::debug!(error = %e, "SIGKILL not delivered");
+                }
+            }
+            _ = async { tokio::time::sleep_until(collect_by.expect("guarded")).await }, if collect_by.is_some() => {
+                ended.collection_timed_out = true;
+                break;
+            }
+        }
+    }
+    if ended.record.is_none() {
+        ended.host_wall = r.started.elapsed();
+    }
+    if let Some(h) = r.heartbeat.take() {
+        h.abort();
+    }
+    // The init may exit now; if the link is gone this changes nothing.
+    if !closed {
+        let _ = r.sender.frame(Kind::Ack, b"").await;
+    }
+    if ended.collection_timed_out {
+        r.reader.abort();
+    }
+    ended.received = match tokio::time::timeout(shared.engine.timeout(), &mut r.reader).await {
+        Ok(Ok(got)) => got,
+        _ => {
+            r.reader.abort();
+            Received::default()
+        }
+    };
+    ended
+}

@@ -1,0 +1,318 @@
+//! The container rung's attempt against the in-memory engine: cleanup on every path, the
+//! record's checks, the host-only verdicts and engine failures, without a daemon.
+
+use super::{ContainerConfig, ContainerExecutor};
+use crate::contract::{Executor, LaunchError, Reason, Request, Source, Status};
+use crate::engine::fake::{FakeApi, InitSide, Script, await_ack, read_start, send};
+use crate::wire::{
+    self, CgroupCounters, ChildrenRusage, FsSpace, HandlerChannel, InitRecord, Kind, OutScan, OutputEnd, StoppedBy,
+    WaitStatus,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const IMAGE: &str = "fake/busybox:1";
+
+fn record(wait: WaitStatus) -> InitRecord {
+    InitRecord {
+        wait,
+        stopped_by: None,
+        stragglers_killed: 0,
+        wall_time_ms: 5,
+        cgroup: CgroupCounters {
+            version: Some(2),
+            memory_peak_bytes: Some(3 << 20),
+            memory_limit_bytes: Some(1 << 30),
+            oom_kills: Some(0),
+            cpu_usage_ns: Some(1_000_000),
+            missing: Default::default(),
+        },
+        rusage: ChildrenRusage::default(),
+        out_fs: Some(FsSpace { total_bytes: 512 << 20, free_bytes: 500 << 20 }),
+        oom_guard: None,
+        handler: None,
+        stdout_bytes: 6,
+        stderr_bytes: 0,
+        host_lost: false,
+    }
+}
+
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// How the scripted init behaves.
+#[derive(Clone)]
+struct Behaviour {
+    record: Option<InitRecord>,
+    /// Seal the record with a key that is not the attempt's.
+    forge: bool,
+    files: Vec<(String, Vec<u8>)>,
+    /// Exit code the engine reports afterwards (for host-only verdicts).
+    exit: Option<(i64, bool)>,
+    /// Remove the container behind stevedore's back before ending.
+    vanish: bool,
+}
+
+fn init(b: Behaviour) -> Script {
+    Arc::new(move |side: InitSide| {
+        let b = b.clone();
+        Box::pin(async move {
+            let InitSide { mut stdin, out, name, engine } = side;
+            let (start, _payload) = read_start(&mut stdin).await;
+            send(&out, Kind::Stdout, b"hello\n");
+            if let Some((code, oom)) = b.exit {
+                engine.set_exit(&name, code, oom);
+            }
+            if b.vanish {
+                engine.remove_externally(&name);
+            }
+            let Some(rec) = b.record else {
+                // The init died: its streams end with no record.
+                return;
+            };
+            let key = wire::parse_key(&start.key).unwrap();
+            let key = if b.forge { [7u8; wire::KEY_LEN] } else { key };
+            send(&out, Kind::Record, &wire::seal(&key, &serde_json::to_vec(&rec).unwrap()));
+            let files: Vec<(&str, &[u8])> = b.files.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+            let tar = tar_of(&files);
+            for chunk in tar.chunks(wire::MAX_CHUNK) {
+                send(&out, Kind::Output, chunk);
+            }
+            let end = OutputEnd {
+                files: files.len() as u64,
+                bytes: files.iter().map(|f| f.1.len() as u64).sum(),
+                seen: OutScan { files: files.len() as u64, ..OutScan::default() },
+                ..OutputEnd::default()
+            };
+            send(&out, Kind::OutputEnd, &serde_json::to_vec(&end).unwrap());
+            await_ack(&mut stdin).await;
+        })
+    })
+}
+
+fn honest(rec: InitRecord) -> Behaviour {
+    Behaviour {
+        record: Some(rec),
+        forge: false,
+        files: vec![("result.txt".into(), b"42\n".to_vec())],
+        exit: None,
+        vanish: false,
+    }
+}
+
+struct Setup {
+    fake: Arc<FakeApi>,
+    rung: ContainerExecutor,
+    dir: tempfile::TempDir,
+}
+
+fn setup(b: Behaviour) -> Setup {
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(b));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ContainerConfig::default().log_dir(dir.path().join("logs"));
+    let rung = ContainerExecutor::on(fake.engine(), cfg);
+    Setup { fake, rung, dir }
+}
+
+fn request(s: &Setup) -> Request {
+    Request::command("job-1", ["true"], s.dir.path().join("out")).worker("w1").image(IMAGE)
+}
+
+async fn run(s: &Setup, req: &Request) -> Result<crate::Outcome, LaunchError> {
+    let r = s.rung.run(req, CancellationToken::new()).await;
+    s.rung.close().await;
+    assert!(s.fake.attempt_objects().is_empty(), "left behind: {:?}", s.fake.attempt_objects());
+    r
+}
+
+#[tokio::test]
+async fn a_clean_attempt_creates_one_container_and_removes_it() {
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.exit_code), (Status::Ok, Some(0)));
+    assert_eq!(o.outputs.len(), 1);
+    assert_eq!(std::fs::read(s.dir.path().join("out/result.txt")).unwrap(), b"42\n");
+    assert_eq!(o.usage.sources.cpu_time_ms, Some(Source::Cgroup));
+    assert_eq!(o.evidence.logs.stdout.bytes, 6);
+    let calls = s.fake.calls();
+    assert!(!calls.iter().any(|c| c.starts_with("inspect container")), "no inspect with a record: {calls:?}");
+    assert!(!calls.iter().any(|c| c.starts_with("kill")), "no kill after the record: {calls:?}");
+    assert_eq!(calls.iter().filter(|c| c.starts_with("create container sd-")).count(), 1);
+}
+
+#[tokio::test]
+async fn engine_failures_before_the_start_leave_nothing() {
+    for op in ["create container", "attach container", "start container"] {
+        let s = setup(honest(record(WaitStatus::Code(0))));
+        // The tools publication creates one helper container first.
+        let after = if op == "create container" { 1 } else { 0 };
+        s.fake.fail(op, after, 500);
+        let err = run(&s, &request(&s)).await.unwrap_err();
+        assert!(matches!(err, LaunchError::Engine(_)), "{op}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_forged_record_is_refused_and_never_ok() {
+    let s = setup(Behaviour { forge: true, ..honest(record(WaitStatus::Code(0))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::RecordInvalid)));
+    assert!(o.evidence.refused_claims.iter().any(|c| c.contains("MAC")), "{:?}", o.evidence.refused_claims);
+    assert_eq!(o.usage.cpu_time_ms, None);
+}
+
+#[tokio::test]
+async fn without_a_record_the_engine_is_the_only_witness() {
+    let s = setup(Behaviour { record: None, exit: Some((137, false)), ..honest(record(WaitStatus::Code(0))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.signal, o.reason), (Status::Killed, Some(9), Some(Reason::Signalled)));
+
+    let s = setup(Behaviour { record: None, exit: Some((137, true)), ..honest(record(WaitStatus::Code(0))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!(o.status, Status::OomKilled);
+    assert_eq!(o.usage.sources.oom_kills, Some(Source::Engine));
+
+    let s = setup(Behaviour { record: None, exit: Some((0, false)), ..honest(record(WaitStatus::Code(0))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!(
+        (o.status, o.reason),
+        (Status::Killed, Some(Reason::InitLost)),
+        "an init that left no record is never ok"
+    );
+}
+
+#[tokio::test]
+async fn a_container_removed_by_someone_else() {
+    let s = setup(Behaviour { record: None, vanish: true, ..honest(record(WaitStatus::Code(0))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::RemovedExternally)));
+}
+
+#[tokio::test]
+async fn impossible_usage_claims_are_refused() {
+    let mut rec = record(WaitStatus::Code(0));
+    rec.cgroup.cpu_usage_ns = Some(3_600_000_000_000);
+    rec.cgroup.memory_peak_bytes = Some(1 << 50);
+    let s = setup(honest(rec));
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!(o.usage.peak_memory_bytes, None);
+    assert_ne!(o.usage.cpu_time_ms, Some(3_600_000));
+    assert_eq!(o.evidence.refused_claims.len(), 2, "{:?}", o.evidence.refused_claims);
+}
+
+#[tokio::test]
+async fn a_full_disk_says_disk_limit() {
+    let mut rec = record(WaitStatus::Code(1));
+    rec.out_fs = Some(FsSpace { total_bytes: 64 << 20, free_bytes: 0 });
+    let s = setup(honest(rec));
+    let req = request(&s).disk(64 << 20);
+    let o = run(&s, &req).await.unwrap();
+    assert_eq!((o.status, o.reason), (Status::HandlerError, Some(Reason::DiskLimit)));
+}
+
+#[tokio::test]
+async fn a_deadline_stops_the_command_through_the_link() {
+    let mut rec = record(WaitStatus::Signal(15));
+    rec.stopped_by = Some(StoppedBy::Term);
+    // The scripted init records a stop; the host must have asked for it first.
+    let fake = FakeApi::new(IMAGE);
+    let r2 = rec.clone();
+    fake.script(Arc::new(move |side: InitSide| {
+        let rec = r2.clone();
+        Box::pin(async move {
+            let InitSide { mut stdin, out, .. } = side;
+            let (start, _) = read_start(&mut stdin).await;
+            // Wait for the Stop frame.
+            let mut d = wire::Decoder::new(|_| true);
+            let mut buf = vec![0u8; 4096];
+            loop {
+                use tokio::io::AsyncReadExt;
+                if let Ok(Some(f)) = d.next_frame()
+                    && f.kind == Kind::Stop
+                {
+                    break;
+                }
+                let n = stdin.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                d.feed(&buf[..n]);
+            }
+            let key = wire::parse_key(&start.key).unwrap();
+            send(&out, Kind::Record, &wire::seal(&key, &serde_json::to_vec(&rec).unwrap()));
+            send(&out, Kind::Output, &tar_of(&[]));
+            send(&out, Kind::OutputEnd, &serde_json::to_vec(&OutputEnd::default()).unwrap());
+            await_ack(&mut stdin).await;
+        })
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let req = Request::command("j", ["sleep", "9"], dir.path().join("out"))
+        .worker("w1")
+        .image(IMAGE)
+        .timeout(Duration::from_millis(50));
+    let o = rung.run(&req, CancellationToken::new()).await.unwrap();
+    rung.close().await;
+    assert_eq!((o.status, o.reason, o.signal), (Status::Timeout, Some(Reason::Deadline), Some(15)));
+    assert!(fake.attempt_objects().is_empty());
+}
+
+#[tokio::test]
+async fn a_dropped_attempt_is_cleaned_up_by_the_backstop() {
+    let fake = FakeApi::new(IMAGE);
+    // An init that never answers: the attempt hangs until dropped.
+    fake.script(Arc::new(|side: InitSide| {
+        Box::pin(async move {
+            let InitSide { mut stdin, out, .. } = side;
+            let _ = read_start(&mut stdin).await;
+            let _keep = out;
+            await_ack(&mut stdin).await;
+        })
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let req = Request::command("j", ["true"], dir.path().join("out")).worker("w1").image(IMAGE);
+    let r = tokio::time::timeout(Duration::from_millis(300), rung.run(&req, CancellationToken::new())).await;
+    assert!(r.is_err(), "the attempt was still running");
+    rung.close().await;
+    assert!(fake.attempt_objects().is_empty(), "left behind: {:?}", fake.attempt_objects());
+}
+
+#[tokio::test]
+async fn a_handler_runner_that_never_says_hello_is_a_launch_error_naming_main_hook() {
+    let mut rec = record(WaitStatus::Code(1));
+    rec.handler = Some(HandlerChannel::default());
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(honest(rec)));
+    let dir = tempfile::tempdir().unwrap();
+    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    // A worker image: the entry label tells how to exec the worker binary.
+    let mut req = Request::handler("j", "echo", dir.path().join("out")).worker("w1").image(IMAGE);
+    req.fingerprint = None;
+    let err = {
+        let api = fake.clone();
+        api.label_image(IMAGE, crate::container::labels::ENTRY, "[\"/app/worker\"]");
+        rung.run(&req, CancellationToken::new()).await.unwrap_err()
+    };
+    rung.close().await;
+    assert!(matches!(err, LaunchError::HandlerProtocol { .. }), "{err}");
+    assert!(err.to_string().contains("main_hook"));
+    assert!(fake.attempt_objects().is_empty());
+}
+
+#[tokio::test]
+async fn an_invalid_request_waits_for_nothing_and_creates_nothing() {
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    let req = request(&s).worker("..");
+    let err = run(&s, &req).await.unwrap_err();
+    assert!(matches!(err, LaunchError::InvalidRequest(_)));
+    assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+}

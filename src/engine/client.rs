@@ -1,0 +1,192 @@
+//! The connection to an engine: API version negotiation, what the engine is, and a timeout
+//! of stevedore's own on every call.
+
+use super::api::{BollardApi, EngineApi};
+use super::error::EngineError;
+use bollard::Docker;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What stevedore learned about the engine when it connected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineFacts {
+    /// The engine's product (`Docker Engine`, `Podman Engine`, ...).
+    pub product: String,
+    /// The engine's version.
+    pub engine_version: String,
+    /// The API version in use after negotiation.
+    pub api_version: String,
+    /// The engine's oldest supported API version.
+    pub min_api_version: String,
+    /// The engine's newest API version.
+    pub max_api_version: String,
+    /// `1` or `2`.
+    pub cgroup_version: String,
+    /// OCI runtimes the engine knows.
+    pub runtimes: Vec<String>,
+    /// The default runtime.
+    pub default_runtime: String,
+    /// CPUs of the engine host.
+    pub ncpu: u64,
+    /// Memory of the engine host.
+    pub mem_total_bytes: u64,
+    /// Security options (seccomp, userns, rootless, ...).
+    pub security_options: Vec<String>,
+    /// The storage driver.
+    pub storage_driver: String,
+    /// The engine host's OS (`linux`).
+    pub os_type: String,
+    /// The engine host's CPU architecture (`x86_64`, `aarch64`).
+    pub architecture: String,
+    /// The enforcement this engine reports it can apply (probed from its info).
+    pub features: Vec<String>,
+}
+
+impl EngineFacts {
+    /// Whether this is Podman answering the Docker API.
+    pub fn is_podman(&self) -> bool {
+        self.product.to_ascii_lowercase().contains("podman")
+    }
+
+    /// Whether the engine applies a seccomp profile.
+    pub fn seccomp(&self) -> bool {
+        self.security_options.iter().any(|o| o.contains("seccomp"))
+    }
+}
+
+fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
+    let flags = [
+        (info.memory_limit, "memory"),
+        (info.swap_limit, "memory_swap"),
+        (info.cpu_cfs_quota, "cpu"),
+        (info.cpu_shares, "cpu_shares"),
+        (info.pids_limit, "pids"),
+        (info.oom_kill_disable, "oom_kill_disable"),
+    ];
+    let security = [
+        ("seccomp", "seccomp"),
+        ("apparmor", "apparmor"),
+        ("selinux", "selinux"),
+        ("userns", "user_namespaces"),
+        ("rootless", "rootless"),
+        ("cgroupns", "cgroup_namespaces"),
+    ];
+    let sec = info.security_options.clone().unwrap_or_default();
+    let mut f: Vec<&str> = flags.iter().filter(|(on, _)| *on == Some(true)).map(|(_, name)| *name).collect();
+    f.extend(
+        security.iter().filter(|(opt, _)| sec.iter().any(|s| s.contains(&format!("name={opt}")))).map(|(_, n)| *n),
+    );
+    // Flags of the create API that every engine speaking ≥ 1.41 honours.
+    f.extend([
+        "no_new_privileges",
+        "read_only_rootfs",
+        "cap_drop",
+        "network_none",
+        "tmpfs",
+        "ulimits",
+        "log_driver_none",
+    ]);
+    f.into_iter().map(str::to_owned).collect()
+}
+
+/// The endpoint that `connect(None)` uses.
+pub fn default_endpoint() -> String {
+    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_owned())
+}
+
+/// A negotiated connection to one engine, with per-call timeouts.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub(crate) api: Arc<dyn EngineApi>,
+    endpoint: String,
+    facts: EngineFacts,
+    docker: Option<Docker>,
+    timeout: Duration,
+}
+
+impl Engine {
+    /// Connects to `endpoint` (default: `DOCKER_HOST`, else the local socket), negotiates
+    /// the API version (an old engine speaks 1.41, Docker 29 wants ≥ 1.44) and reads what the
+    /// engine is.
+    pub async fn connect(endpoint: Option<&str>, timeout: Duration) -> Result<Self, EngineError> {
+        let endpoint = endpoint.map(str::to_owned).unwrap_or_else(default_endpoint);
+        let secs = timeout.as_secs().max(1);
+        let docker = if endpoint.starts_with("unix://") || endpoint.starts_with('/') {
+            let path = endpoint.trim_start_matches("unix://");
+            Docker::connect_with_unix(path, secs, bollard::API_DEFAULT_VERSION)
+        } else {
+            Docker::connect_with_http(&endpoint, secs, bollard::API_DEFAULT_VERSION)
+        }
+        .map_err(|source| EngineError::Connect { endpoint: endpoint.clone(), source: Box::new(source) })?;
+        let call = |op: &'static str| move |source| EngineError::Api { op, source: Box::new(source) };
+        let timed = |op: &'static str| move |_| EngineError::Timeout { op, after: timeout };
+        let docker = tokio::time::timeout(timeout, docker.negotiate_version())
+            .await
+            .map_err(timed("negotiate version"))?
+            .map_err(call("negotiate version"))?;
+        let version = tokio::time::timeout(timeout, docker.version())
+            .await
+            .map_err(timed("version"))?
+            .map_err(call("version"))?;
+        let info = tokio::time::timeout(timeout, docker.info()).await.map_err(timed("info"))?.map_err(call("info"))?;
+        let product = version
+            .platform
+            .as_ref()
+            .map(|p| p.name.clone())
+            .filter(|n| !n.is_empty())
+            .or_else(|| version.components.as_ref().and_then(|c| c.first()).map(|c| c.name.clone()))
+            .unwrap_or_else(|| "Docker Engine".into());
+        let facts = EngineFacts {
+            product,
+            engine_version: version.version.clone().unwrap_or_default(),
+            api_version: docker.client_version().to_string(),
+            min_api_version: version.min_api_version.clone().unwrap_or_default(),
+            max_api_version: version.api_version.clone().unwrap_or_default(),
+            cgroup_version: info.cgroup_version.map(|v| v.to_string()).unwrap_or_default(),
+            runtimes: {
+                let mut r: Vec<String> = info.runtimes.clone().unwrap_or_default().into_keys().collect();
+                r.sort();
+                r
+            },
+            default_runtime: info.default_runtime.clone().unwrap_or_default(),
+            ncpu: info.ncpu.unwrap_or(0).max(0) as u64,
+            mem_total_bytes: info.mem_total.unwrap_or(0).max(0) as u64,
+            security_options: info.security_options.clone().unwrap_or_default(),
+            storage_driver: info.driver.clone().unwrap_or_default(),
+            os_type: info.os_type.clone().unwrap_or_default(),
+            architecture: info.architecture.clone().unwrap_or_default(),
+            features: features(&info),
+        };
+        let api = Arc::new(BollardApi::new(docker.clone(), timeout));
+        Ok(Self { api, endpoint, facts, docker: Some(docker), timeout })
+    }
+
+    /// An engine behind another implementation of the calls (tests use a fake).
+    #[cfg(test)]
+    pub(crate) fn with_api(api: Arc<dyn EngineApi>, facts: EngineFacts, timeout: Duration) -> Self {
+        Self { api, endpoint: "fake://".into(), facts, docker: None, timeout }
+    }
+
+    /// Where it is.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// What it is.
+    pub fn facts(&self) -> &EngineFacts {
+        &self.facts
+    }
+
+    /// stevedore's own timeout per call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The bollard client, for calls stevedore does not wrap (e.g. building images).
+    ///
+    /// # Panics
+    /// On an engine made with a fake API (tests only).
+    pub fn docker(&self) -> &Docker {
+        self.docker.as_ref().expect("a real engine has a bollard client")
+    }
+}

@@ -1,0 +1,254 @@
+//! Host directories stevedore owns (log captures): created or opened safely, used by
+//! descriptor, never by a path another local user could have placed first.
+//!
+//! The base is `$XDG_RUNTIME_DIR/stevedore` when that is set, else
+//! `$TMPDIR/stevedore-<uid>`. Every directory is opened with `O_NOFOLLOW` and must belong to
+//! the current user with no group or other access (0700); every file is created with
+//! `O_EXCL | O_NOFOLLOW`, mode 0600. A directory someone else made first is refused, named,
+//! never written into or emptied.
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, fchmod, fstat, mkdirat};
+use nix::unistd::{UnlinkatFlags, geteuid, unlinkat};
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// Why a host directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostDirError {
+    /// the directory is not safe to use
+    #[error("refusing {path}: {why}")]
+    Untrusted {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// the name cannot be a path component
+    #[error("{0:?} cannot be a file name (letters, digits, '.', '_', '-' only, not starting with '.')")]
+    BadName(String),
+    /// a system call failed
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Whether `name` is a safe single path component: 1-200 of `[A-Za-z0-9._-]`, not starting
+/// with `.` (so never `.` or `..`).
+pub fn safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The default base for this user.
+pub fn default_base() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_absolute()) {
+        Some(d) => PathBuf::from(d).join("stevedore"),
+        None => std::env::temp_dir().join(format!("stevedore-{}", geteuid().as_raw())),
+    }
+}
+
+/// A directory owned by this user, mode 0700, held open.
+#[derive(Debug)]
+pub struct PrivateDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+impl PrivateDir {
+    /// Opens `path`, creating it (0700) when missing; its parents must exist.
+    pub fn open(path: &Path) -> Result<Self, HostDirError> {
+        let io = |op, source: Errno| HostDirError::Io { op, path: path.to_owned(), source: source.into() };
+        match nix::unistd::mkdir(path, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io("create", e)),
+        }
+        let fd = match nix::fcntl::open(path, dir_flags(), Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => {
+                return Err(HostDirError::Untrusted { path: path.to_owned(), why: "it is a symlink".into() });
+            }
+            Err(Errno::ENOTDIR) => {
+                return Err(HostDirError::Untrusted { path: path.to_owned(), why: "it is not a directory".into() });
+            }
+            Err(e) => return Err(io("open", e)),
+        };
+        Self::checked(fd, path.to_owned())
+    }
+
+    fn checked(fd: OwnedFd, path: PathBuf) -> Result<Self, HostDirError> {
+        let st = fstat(&fd).map_err(|e| HostDirError::Io { op: "inspect", path: path.clone(), source: e.into() })?;
+        let me = geteuid().as_raw();
+        if st.st_uid != me {
+            let why = format!("owned by uid {}, not by this user (uid {me})", st.st_uid);
+            return Err(HostDirError::Untrusted { path, why });
+        }
+        if st.st_mode & 0o077 != 0 {
+            // Ours, so ours to tighten: a umask or an older version may have left it open.
+            fchmod(fd.as_fd(), Mode::from_bits_truncate(0o700)).map_err(|e| HostDirError::Io {
+                op: "tighten the mode of",
+                path: path.clone(),
+                source: e.into(),
+            })?;
+        }
+        Ok(Self { fd, path })
+    }
+
+    /// Its path (for messages and evidence).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens (creating when missing) the subdirectory `name`.
+    pub fn subdir(&self, name: &str) -> Result<PrivateDir, HostDirError> {
+        if !safe_name(name) {
+            return Err(HostDirError::BadName(name.to_owned()));
+        }
+        let path = self.path.join(name);
+        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(HostDirError::Io { op: "create", path, source: e.into() }),
+        }
+        let fd = match openat(&self.fd, name, dir_flags(), Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                return Err(HostDirError::Untrusted { path, why: "it is not a directory (a symlink?)".into() });
+            }
+            Err(e) => return Err(HostDirError::Io { op: "open", path, source: e.into() }),
+        };
+        Self::checked(fd, path)
+    }
+
+    /// Creates the new file `name` (0600); an existing entry of that name is an error.
+    pub fn create_file(&self, name: &str) -> Result<File, HostDirError> {
+        if !safe_name(name) {
+            return Err(HostDirError::BadName(name.to_owned()));
+        }
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        openat(&self.fd, name, flags, Mode::from_bits_truncate(0o600)).map(File::from).map_err(|e| HostDirError::Io {
+            op: "create",
+            path: self.path.join(name),
+            source: e.into(),
+        })
+    }
+
+    /// Opens the file `name` for writing, creating it (0600) when missing; never through a
+    /// symlink (for lock files).
+    pub fn open_file(&self, name: &str) -> Result<File, HostDirError> {
+        if !safe_name(name) {
+            return Err(HostDirError::BadName(name.to_owned()));
+        }
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        openat(&self.fd, name, flags, Mode::from_bits_truncate(0o600)).map(File::from).map_err(|e| HostDirError::Io {
+            op: "open",
+            path: self.path.join(name),
+            source: e.into(),
+        })
+    }
+
+    /// Removes the file `name`; one already gone counts as removed.
+    pub fn remove_file(&self, name: &str) -> Result<(), HostDirError> {
+        if !safe_name(name) {
+            return Err(HostDirError::BadName(name.to_owned()));
+        }
+        match unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(HostDirError::Io { op: "remove", path: self.path.join(name), source: e.into() }),
+        }
+    }
+
+    /// The names of its regular files (only safe names; anything else is left alone).
+    pub fn files(&self) -> Result<Vec<String>, HostDirError> {
+        let io = |e: Errno| HostDirError::Io { op: "list", path: self.path.clone(), source: e.into() };
+        let mut dir = nix::dir::Dir::openat(&self.fd, ".", dir_flags(), Mode::empty()).map_err(io)?;
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(io)?;
+            let Ok(name) = entry.file_name().to_str() else { continue };
+            let is_file = nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG);
+            if safe_name(name) && is_file {
+                names.push(name.to_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+
+    #[test]
+    fn names() {
+        for ok in ["w1", "cli-0123", "a.b_c-d"] {
+            assert!(safe_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", ".hidden", "a/b", "a b", "é", &"x".repeat(201)] {
+            assert!(!safe_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn creates_private_dirs_and_files() {
+        let t = tempfile::tempdir().unwrap();
+        let base = PrivateDir::open(&t.path().join("base")).unwrap();
+        assert_eq!(std::fs::metadata(base.path()).unwrap().mode() & 0o777, 0o700);
+        let sub = base.subdir("w1").unwrap();
+        let mut f = sub.create_file("x.stdout").unwrap();
+        std::io::Write::write_all(&mut f, b"hi").unwrap();
+        let meta = std::fs::metadata(sub.path().join("x.stdout")).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert!(sub.create_file("x.stdout").is_err(), "never written through an existing entry");
+        assert_eq!(sub.files().unwrap(), ["x.stdout"]);
+        sub.remove_file("x.stdout").unwrap();
+        assert!(sub.files().unwrap().is_empty());
+        assert!(matches!(sub.subdir(".."), Err(HostDirError::BadName(_))));
+        assert!(matches!(sub.create_file("../x"), Err(HostDirError::BadName(_))));
+    }
+
+    #[test]
+    fn a_symlink_planted_first_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        std::fs::write(victim.join("keep"), b"k").unwrap();
+        symlink(&victim, t.path().join("base")).unwrap();
+        let err = PrivateDir::open(&t.path().join("base")).unwrap_err();
+        assert!(matches!(err, HostDirError::Untrusted { .. }), "{err}");
+        let base = PrivateDir::open(&t.path().join("real")).unwrap();
+        symlink(&victim, t.path().join("real/w1")).unwrap();
+        assert!(matches!(base.subdir("w1"), Err(HostDirError::Untrusted { .. })));
+        std::os::unix::fs::symlink(victim.join("keep"), t.path().join("real/f")).unwrap();
+        assert!(base.files().unwrap().is_empty(), "a symlink is not listed as a file");
+        assert_eq!(std::fs::read(victim.join("keep")).unwrap(), b"k");
+    }
+
+    #[test]
+    fn an_open_mode_of_our_own_is_tightened() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("base");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+        PrivateDir::open(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o700);
+    }
+}
