@@ -79,7 +79,7 @@ async fn run_a_builtin_handler() {
     assert_eq!(v["status"], "launch_failed", "{v}");
     assert_eq!(v["permanent"], true);
     let out = run("q", &["--handler", "true", "--fingerprint", "sha256:0000"]);
-    assert_eq!(out.status.code(), Some(2), "a mismatch visible on the image is a launch error");
+    assert_eq!(out.status.code(), Some(125), "a mismatch visible on the image is a launch error");
     let err = String::from_utf8_lossy(&out.stderr);
     let actual = stevedore::handlers::builtin().fingerprint();
     assert!(err.contains("sha256:0000") && err.contains(&actual), "both fingerprints named: {err}");

@@ -33,7 +33,7 @@ fn an_unknown_key_names_the_key_and_its_line() {
     let file = t.path().join("profiles.toml");
     std::fs::write(&file, "[profiles.dev]\nnetwork = \"none\"\n\nmemroy = \"1g\"\n").unwrap();
     let out = with_profile(&file, "dev").arg("census").output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("memroy") && err.contains("line 4"), "{err}");
 }
@@ -49,7 +49,7 @@ fn a_request_cannot_turn_on_a_network_its_profile_forbids() {
         .args(["--", "true"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains(r#"profile "locked" forbids network mode "bridge""#), "{err}");
     assert!(!t.path().join("out").exists(), "refused before anything was made");
@@ -153,7 +153,7 @@ async fn an_explicit_host_port_that_is_taken_fails_naming_port_and_profile() {
         .args(["--", "true"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "a launch error, never a fallback: {}", stderr(&out));
+    assert_eq!(out.status.code(), Some(125), "a launch error, never a fallback: {}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains(&format!("host port {port} (container port 8080) of profile \"web\" is taken")), "{err}");
     assert!(out.stdout.is_empty(), "no outcome for an attempt that never ran");

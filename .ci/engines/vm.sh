@@ -6,6 +6,9 @@
 #                              prints the path of the env file (only that, on stdout)
 #   .ci/engines/vm.sh down     stop qemu, remove the per-run overlay
 #   .ci/engines/vm.sh status   prints "up ENV_FILE" (exit 0) or "down" (exit 1)
+#   .ci/engines/vm.sh key      prints the cache key of the current recipe
+#
+# STEVEDORE_VM_REBUILD=1 .ci/engines/vm.sh up   rebuilds the disk even if it is cached.
 #
 # See README.md next to this script for the endpoints, the env file and the timings.
 set -euo pipefail
@@ -225,13 +228,14 @@ remove_tree() {
     rm -rf --one-file-system "$1"
 }
 
-# Builds $CACHE_ROOT/$1 unless it is complete. Runs in a subshell for its own traps.
+# Builds $CACHE_ROOT/$1 unless it is complete (or $2 is "force"). Runs in a subshell for its
+# own traps.
 build_cache() (
-    local key=$1 dest="$CACHE_ROOT/$1" tmp
+    local key=$1 force=${2:-} dest="$CACHE_ROOT/$1" tmp
     mkdir -p "$CACHE_ROOT"
     exec 8>"$CACHE_ROOT/.lock"
     flock -w "$LOCK_TIMEOUT" 8 || die "another build holds $CACHE_ROOT/.lock"
-    [ -f "$dest/complete" ] && exit 0
+    [ "$force" = force ] || [ ! -f "$dest/complete" ] || exit 0
     # We hold the lock: any other .build-* dir is a killed build's leftover.
     for tmp in "$CACHE_ROOT"/.build-*; do remove_tree "$tmp"; done
     tmp="$CACHE_ROOT/.build-$key-$$"
@@ -458,7 +462,10 @@ cmd_up() {
     local key t
     key=$(recipe_key)
     t=$(now)
-    if [ -f "$CACHE_ROOT/$key/complete" ]; then
+    if [ "${STEVEDORE_VM_REBUILD:-0}" = 1 ]; then
+        build_cache "$key" force
+        log "timing: build $(since "$t") s"
+    elif [ -f "$CACHE_ROOT/$key/complete" ]; then
         log "using the cached disk $CACHE_ROOT/$key"
     else
         build_cache "$key"
@@ -501,8 +508,9 @@ case "${1:-}" in
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
+key) recipe_key ;;
 *)
-    echo "usage: $0 up|down|status" >&2
+    echo "usage: $0 up|down|status|key" >&2
     exit 2
     ;;
 esac

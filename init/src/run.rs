@@ -696,6 +696,15 @@ impl Init {
             };
             match Signal::try_from(info.ssi_signo as i32) {
                 Ok(Signal::SIGCHLD) => sup.reap_ready(),
+                // As PID 1, a stop comes from outside the pid namespace (the engine), where the
+                // sender shows as pid 0; the command (same uid) could otherwise stop itself
+                // and have it look like the host's doing.
+                Ok(Signal::SIGTERM | Signal::SIGINT) if self.pid1 && info.ssi_pid != 0 => {
+                    self.diag(&format!(
+                        "ignored signal {} from pid {} inside the sandbox",
+                        info.ssi_signo, info.ssi_pid
+                    ));
+                }
                 Ok(Signal::SIGTERM | Signal::SIGINT) => self.begin_stop(sup, StoppedBy::Term, sup.grace),
                 // Not the host's stop protocol, but the command may want them (reload, dump).
                 Ok(sig @ (Signal::SIGHUP | Signal::SIGQUIT)) if sup.end.is_none() => {

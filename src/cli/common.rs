@@ -70,24 +70,24 @@ fn check(cfg: &ContainerConfig) -> Result<(), String> {
 }
 
 /// The rung for these options, after `adjust` had its say on the configuration; on failure
-/// the message is printed and the exit code returned: 2 for bad options (or an `adjust`
-/// the profile forbids), `unreachable_code` when the engine cannot be reached.
+/// (bad options, a profile that forbids what `adjust` asks, an unreachable engine) the
+/// message is printed and `failure` returned.
 pub async fn rung(
     g: &Global,
-    unreachable_code: u8,
+    failure: u8,
     adjust: impl FnOnce(&mut ContainerConfig) -> Result<(), String>,
 ) -> Result<ContainerExecutor, u8> {
     let mut cfg = config(g).map_err(|e| {
         eprintln!("stevedore: {e}");
-        2
+        failure
     })?;
     adjust(&mut cfg).and_then(|()| check(&cfg)).map_err(|e| {
         eprintln!("stevedore: {e}");
-        2
+        failure
     })?;
     connect(cfg).await.map_err(|e| {
         eprintln!("stevedore: {}", crate::contract::error_chain(&e));
-        unreachable_code
+        failure
     })
 }
 

@@ -15,7 +15,7 @@ Prints the Outcome as ONE JSON object on stdout; the container's output goes liv
 
 Exit status:
   0        the attempt ran, whatever its status (with --exit-status: its exit code, or 128+signal)
-  2        launch error or bad options (message on stderr; nothing is left in the engine)
+  125      refused, launch error or bad options (message on stderr; nothing is left in the engine)
   130/143  cancelled by SIGINT/SIGTERM (SIGTERM, grace, SIGKILL; a second signal removes it at once)
 
 Examples:
@@ -96,19 +96,30 @@ pub struct RunArgs {
     fingerprint: Option<String>,
     /// The command to run
     #[arg(last = true, value_name = "ARGV")]
-    argv: Vec<String>,
+    argv: Vec<std::ffi::OsString>,
 }
 
+/// A refusal: nothing was created (exit 125, as `docker run`).
 fn fail(msg: impl std::fmt::Display) -> u8 {
     eprintln!("stevedore: {msg}");
-    2
+    125
 }
 
 fn request(a: &RunArgs) -> Result<Request, String> {
     let job = a.job.clone().unwrap_or_else(|| format!("run-{:08x}", rand::random::<u32>()));
-    let mut req = match (&a.handler, a.argv.is_empty()) {
+    let argv = a
+        .argv
+        .iter()
+        .enumerate()
+        .map(|(i, arg)| {
+            arg.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("argument {i} of the command ({}) is not valid UTF-8", arg.to_string_lossy()))
+        })
+        .collect::<Result<Vec<String>, String>>()?;
+    let mut req = match (&a.handler, argv.is_empty()) {
         (Some(h), true) => Request::handler(job, h.clone(), a.output.clone()),
-        (None, false) => Request::command(job, a.argv.clone(), a.output.clone()),
+        (None, false) => Request::command(job, argv, a.output.clone()),
         (Some(_), false) => return Err("give either --handler or a command after --, not both".into()),
         (None, true) => return Err("nothing to run: give a command after -- or --handler NAME".into()),
     };
@@ -176,7 +187,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         }
         Ok(())
     };
-    let rung = match common::rung(g, 2, adjust).await {
+    let rung = match common::rung(g, 125, adjust).await {
         Ok(r) => r,
         Err(code) => return code,
     };

@@ -153,6 +153,16 @@ impl LaunchError {
         }
     }
 
+    /// What a job engine should do next: give up on a permanent error or a cancellation
+    /// before the start, else requeue (the attempt never ran, so no retry is spent).
+    pub fn next(&self) -> super::Next {
+        if self.is_permanent() || matches!(self, LaunchError::CancelledBeforeStart) {
+            super::Next::GiveUp
+        } else {
+            super::Next::Requeue
+        }
+    }
+
     /// The engine's error behind this one, if any (e.g. to ask `is_not_found()`).
     pub fn engine_error(&self) -> Option<&EngineError> {
         match self {

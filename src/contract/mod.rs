@@ -19,8 +19,8 @@ pub use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub use outcome::{
-    EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Outcome, OutputFile, RefusedEntry, Source,
-    Sources, Usage, unix_ms_now,
+    EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome, OutputFile, RefusedEntry,
+    Source, Sources, Usage, unix_ms_now,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

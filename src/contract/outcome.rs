@@ -71,6 +71,40 @@ impl Outcome {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("an outcome always serialises")
     }
+
+    /// What a job engine should do next with the job:
+    /// - `ok` → [`Next::Done`];
+    /// - `permanent` (the handler said so, an unknown handler, a fingerprint mismatch, a
+    ///   command that does not exist) → [`Next::GiveUp`]: retrying cannot help;
+    /// - cancelled by the caller → [`Next::GiveUp`]: a user's cancellation is not retried;
+    /// - `launch_failed` otherwise → [`Next::Requeue`]: the handler never ran, so no retry
+    ///   is spent;
+    /// - anything else (`handler_error`, `timeout`, `oom_killed`, `killed`) → [`Next::Retry`],
+    ///   which uses up one of the job's retries.
+    pub fn next(&self) -> Next {
+        match self.status {
+            Status::Ok => Next::Done,
+            _ if self.permanent => Next::GiveUp,
+            Status::Killed if self.reason == Some(Reason::Cancelled) => Next::GiveUp,
+            Status::LaunchFailed => Next::Requeue,
+            _ => Next::Retry,
+        }
+    }
+}
+
+/// What a job engine should do after an attempt (see [`Outcome::next`] and
+/// [`crate::LaunchError::next`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Next {
+    /// The job is done.
+    Done,
+    /// Run it again, spending one of its retries.
+    Retry,
+    /// Run it again without spending a retry: it never ran.
+    Requeue,
+    /// Do not run it again.
+    GiveUp,
 }
 
 /// Resources an attempt used. A figure that could not be obtained is `None`, never 0,
@@ -361,6 +395,30 @@ pub struct InputsStaged {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_to_do_next() {
+        let with = |status, reason, permanent| {
+            let mut o = Outcome::new(status);
+            o.reason = reason;
+            o.permanent = permanent;
+            o.next()
+        };
+        assert_eq!(with(Status::Ok, None, false), Next::Done);
+        assert_eq!(with(Status::HandlerError, None, false), Next::Retry);
+        assert_eq!(with(Status::HandlerError, None, true), Next::GiveUp);
+        assert_eq!(with(Status::Timeout, Some(Reason::Deadline), false), Next::Retry);
+        assert_eq!(with(Status::OomKilled, Some(Reason::Oom), false), Next::Retry);
+        assert_eq!(with(Status::Killed, Some(Reason::Cancelled), false), Next::GiveUp);
+        assert_eq!(with(Status::Killed, Some(Reason::InitLost), false), Next::Retry);
+        assert_eq!(with(Status::LaunchFailed, None, false), Next::Requeue);
+        assert_eq!(with(Status::LaunchFailed, Some(Reason::UnknownHandler), true), Next::GiveUp);
+        use crate::contract::LaunchError;
+        assert_eq!(LaunchError::CancelledBeforeStart.next(), Next::GiveUp);
+        assert_eq!(LaunchError::Closed("x".into()).next(), Next::Requeue);
+        let never = LaunchError::ImageUnavailable { image: "i".into(), why: "w".into(), permanent: true, source: None };
+        assert_eq!(never.next(), Next::GiveUp, "an image missing under pull policy never");
+    }
 
     #[test]
     fn json_names_are_the_contracts() {

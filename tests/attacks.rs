@@ -1,0 +1,292 @@
+//! The red team's attacks, each reproduced against the real engine: by the command, by the
+//! image, by another local user, by an input set. Each must leave the record true and the
+//! host untouched. (The two races on staging, a subdirectory swapped for a symlink and a
+//! file growing while it is copied, are made deterministic with a hook in
+//! `container::staging`'s unit tests.)
+
+mod support;
+
+use support::{BIN, run, rung_with, setup, sh as cmd};
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use stevedore::container::ContainerConfig;
+use stevedore::{Executor, LaunchError, Reason, Request, Status};
+use tokio_util::sync::CancellationToken;
+
+const NOTHING: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+
+/// A shared object that, when a dynamic loader maps it, writes a marker into /out saying
+/// whether it ran in PID 1 (the init) or in another process. No libc: raw syscalls only,
+/// so it loads into anything that has a loader.
+const EVIL_C: &str = r#"
+static long sc(long n, long a, long b, long c) {
+    long r;
+    __asm__ volatile ("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+__attribute__((constructor)) static void pwn(void) {
+    const char *p = sc(39, 0, 0, 0) == 1 ? "/out/pwned-pid1" : "/out/loaded-in-a-command";
+    long fd = sc(2, (long)p, 0101, 0644);
+    sc(1, fd, (long)"pwned\n", 6);
+}
+unsigned int la_version(unsigned int v) { return v; }
+"#;
+
+/// Builds `stevedore-test/evil-env:<unique>`: busybox, the shared object above, an
+/// `/etc/ld.so.preload` naming it, and every loader variable set in `ENV`.
+async fn evil_image(docker: &bollard::Docker) -> String {
+    let busybox = support::busybox_image(docker).await;
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(t.path().join("evil.c"), EVIL_C).unwrap();
+    let so = t.path().join("evil.so");
+    let gcc = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-nostdlib", "-O2", "-o"])
+        .arg(&so)
+        .arg(t.path().join("evil.c"))
+        .output()
+        .expect("gcc is needed to build the attack's shared object");
+    assert!(gcc.status.success(), "{}", String::from_utf8_lossy(&gcc.stderr));
+    let dockerfile = format!(
+        "FROM {busybox}\nCOPY evil.so /evil.so\nCOPY ld.so.preload /etc/ld.so.preload\n\
+         ENV LD_PRELOAD=/evil.so LD_AUDIT=/evil.so LD_LIBRARY_PATH=/ GLIBC_TUNABLES=glibc.malloc.check=3\n\
+         LABEL {}=true\n",
+        support::TEST_LABEL
+    );
+    let so_bytes = std::fs::read(&so).unwrap();
+    let context = support::tar_of(&[
+        ("Dockerfile", 0o644, dockerfile.as_bytes()),
+        ("evil.so", 0o755, &so_bytes),
+        ("ld.so.preload", 0o644, b"/evil.so\n"),
+    ]);
+    let tag = format!("stevedore-test/evil-env:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(docker, &tag, context).await.expect("building the evil image");
+    tag
+}
+
+#[tokio::test]
+async fn an_images_loader_variables_and_ld_so_preload_never_reach_the_init() {
+    let Some((docker, _)) = setup().await else { return };
+    let image = evil_image(&docker).await;
+    let rung = rung_with(ContainerConfig::default()).await;
+    let w = support::worker("evil-env");
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("o");
+    let o = run(&rung, &cmd(&image, &w, &out, "env | grep -E '^(LD_|GLIBC_)' | sort; exit 3")).await;
+    support::remove_image(&docker, &image).await;
+    // The record is the init's own: true exit code, real usage.
+    assert_eq!((o.status, o.exit_code), (Status::HandlerError, Some(3)), "{}", o.to_json());
+    assert_eq!(o.usage.sources.cpu_time_ms.as_ref().unwrap().to_string(), "cgroup");
+    assert!(!out.join("pwned-pid1").exists(), "the image's loader settings ran code in the init");
+    // The command still sees the image's environment, as the contract says.
+    assert_eq!(
+        support::stdout_of(&o),
+        "GLIBC_TUNABLES=glibc.malloc.check=3\nLD_AUDIT=/evil.so\nLD_LIBRARY_PATH=/\nLD_PRELOAD=/evil.so\n"
+    );
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn the_command_cannot_reach_the_inits_key_link_or_stop_it() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let w = support::worker("pid1");
+    let t = tempfile::tempdir().unwrap();
+    // The init is not dumpable and the command has no capabilities: its memory,
+    // environment and descriptors (the link) are closed to the command, although both run
+    // as the same user. A SIGTERM from inside is not the host's stop.
+    let script = "cat /proc/1/environ >/dev/null 2>&1 && echo environ; \
+                  head -c 1 /proc/1/mem >/dev/null 2>&1 && echo mem; \
+                  ls /proc/1/fd >/dev/null 2>&1 && echo fds; \
+                  echo forged > /proc/1/fd/1 2>/dev/null && echo link; \
+                  kill -TERM 1; sleep 1; echo survived";
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("o"), script)).await;
+    assert_eq!((o.status, o.exit_code), (Status::Ok, Some(0)), "{}", o.to_json());
+    assert_eq!(support::stdout_of(&o), "survived\n");
+    assert!(o.evidence.init_diagnostics.iter().any(|d| d.contains("ignored signal 15")), "{:?}", o.evidence);
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn a_sparse_terabyte_and_a_fifo_in_out_neither_stall_nor_hide_the_real_output() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let w = support::worker("sparse");
+    let t = tempfile::tempdir().unwrap();
+    let script = "truncate -s 1099511627776 /out/a-sparse; mkfifo /out/b-fifo; echo 42 > /out/result.txt; exit 3";
+    let started = Instant::now();
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("o"), script).timeout(Duration::from_secs(30))).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(20), "collection took {took:?}");
+    // The status stays true; the reason says the outputs hit a cap; what fits is collected.
+    assert_eq!(
+        (o.status, o.exit_code, o.reason),
+        (Status::HandlerError, Some(3), Some(Reason::OutputLimit)),
+        "{}",
+        o.to_json()
+    );
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["result.txt"]);
+    let refused: Vec<(&str, &str)> =
+        o.evidence.refused_outputs.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+    assert_eq!(refused, [("a-sparse", "over_cap"), ("b-fifo", "fifo")]);
+    assert!(o.usage.disk_written_bytes.unwrap() < 1 << 20, "a sparse file is not bytes written: {}", o.to_json());
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn output_modes_and_counts_are_bounded() {
+    let Some((docker, image)) = setup().await else { return };
+    let caps = stevedore::outputs::Caps { max_files: 50, max_total_bytes: 1 << 20 };
+    let rung = rung_with(ContainerConfig::default().output_caps(caps)).await;
+    let w = support::worker("modes");
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("o");
+    let script = "echo x > /out/a-open; chmod 0777 /out/a-open; chmod 4755 /out/a-open 2>/dev/null; mkdir -m 0777 /out/d; \
+                  i=0; while [ $i -lt 300 ]; do : > /out/d/f$i; i=$((i+1)); done";
+    let o = run(&rung, &cmd(&image, &w, &out, script)).await;
+    assert_eq!((o.status, o.reason), (Status::Ok, Some(Reason::OutputLimit)), "{}", o.to_json());
+    assert_eq!(o.outputs.len(), 50, "the first 50 files by name");
+    assert_eq!(o.outputs[0].name, "a-open");
+    let files = std::fs::read_dir(out.join("d")).map(|d| d.count()).unwrap_or_else(|e| panic!("{e}: {}", o.to_json()));
+    assert!(files <= 50, "{files} files reached the host");
+    for p in [out.join("a-open"), out.join("d")] {
+        let mode = std::fs::metadata(&p).unwrap().mode() & 0o7777;
+        assert_eq!(mode & 0o7022, 0, "{}: mode {mode:o} lets another user write or run as the owner", p.display());
+    }
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn inputs_over_the_limit_are_refused_before_anything_is_created() {
+    let Some((docker, image)) = setup().await else { return };
+    let rung = rung_with(ContainerConfig::default().max_input_bytes(64 << 20)).await;
+    let w = support::worker("bigin");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::File::create(input.join("sparse")).unwrap().set_len(1 << 30).unwrap();
+    let r = cmd(&image, &w, &t.path().join("o"), "true").input_dir(&input);
+    let err = rung.run(&r, CancellationToken::new()).await.unwrap_err();
+    assert!(
+        matches!(err, LaunchError::InputTooLarge { bytes, limit } if bytes == 1 << 30 && limit == 64 << 20),
+        "{err}"
+    );
+    assert!(err.is_permanent());
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn a_capture_dir_another_user_placed_first_is_refused_and_left_alone() {
+    let Some((docker, image)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path().join("logs");
+    std::fs::create_dir(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let victim = t.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("keep.txt"), b"precious").unwrap();
+    let w = support::worker("logdir");
+    std::os::unix::fs::symlink(&victim, base.join(&w)).unwrap();
+    let rung = rung_with(ContainerConfig::default().log_dir(&base)).await;
+    let err = rung.run(&cmd(&image, &w, &t.path().join("o"), "echo hi"), CancellationToken::new()).await.unwrap_err();
+    assert!(stevedore::contract::error_chain(&err).contains("refusing"), "{}", stevedore::contract::error_chain(&err));
+    let report = rung.reclaim(&w).await.unwrap();
+    assert!(report.paths_removed.is_empty());
+    assert_eq!(std::fs::read(victim.join("keep.txt")).unwrap(), b"precious");
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1, "nothing written into the victim");
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+
+    // Captures of a normal run are private: 0600 files in 0700 dirs.
+    let w = support::worker("logmode");
+    let o = run(
+        &rung_with(ContainerConfig::default().log_dir(&base)).await,
+        &cmd(&image, &w, &t.path().join("p"), "echo hi"),
+    )
+    .await;
+    let path = o.evidence.logs.stdout.path.clone().unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(Path::new(&path).parent().unwrap()).unwrap().mode() & 0o777, 0o700);
+}
+
+#[test]
+fn ids_that_would_be_paths_are_refused_by_the_command() {
+    let t = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN).args(["reclaim", "--worker", ".."]).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid worker id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for bad in ["..", "a/b", ".hidden"] {
+        let out = Command::new(BIN)
+            .args(["run", "--worker", bad, "--image", "x", "--output"])
+            .arg(t.path().join("o"))
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{bad}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("invalid worker id"), "{bad}");
+    }
+}
+
+#[test]
+fn a_symlinked_output_and_a_non_utf8_argv_are_refused_clearly() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("real")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("real"), t.path().join("link")).unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--image", "x", "--output"])
+        .arg(t.path().join("link"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a symlink"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["run", "--image", "x", "--output"])
+        .arg(t.path().join("o"))
+        .arg("--")
+        .arg(std::ffi::OsStr::from_bytes(b"caf\xe9"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not valid UTF-8"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!t.path().join("o").exists());
+}
+
+#[tokio::test]
+async fn a_handler_image_without_main_hook_is_refused_naming_it() {
+    let Some((docker, image)) = setup().await else { return };
+    // A "worker image" whose entry is busybox: it never speaks the handler protocol.
+    let tag = format!("stevedore-test/not-a-worker:{:08x}", rand::random::<u32>());
+    let dockerfile = format!(
+        "FROM {image}\nLABEL dev.stevedore.entry=\"[\\\"/bin/sh\\\",\\\"-c\\\",\\\"echo I am no stevedore worker >&2; exit 1\\\"]\" {}=true\n",
+        support::TEST_LABEL
+    );
+    stevedore::image::build_image_from_dir_tar(
+        &docker,
+        &tag,
+        support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]),
+    )
+    .await
+    .unwrap();
+    let rung = rung_with(ContainerConfig::default()).await;
+    let w = support::worker("nohook");
+    let t = tempfile::tempdir().unwrap();
+    let r = Request::handler("j", "echo", t.path().join("o")).worker(w.as_str()).image(tag.as_str());
+    let err = rung.run(&r, CancellationToken::new()).await.unwrap_err();
+    support::remove_image(&docker, &tag).await;
+    assert!(matches!(err, LaunchError::HandlerProtocol { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("sandbox::main_hook") && text.contains("I am no stevedore worker"), "{text}");
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
