@@ -27,7 +27,10 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
         "skew": skew,
         "incarnation": rung.incarnation(),
         "stevedore_version": env!("CARGO_PKG_VERSION"),
-        "endpoint": rung.engine().endpoint(),
+        "endpoint": rung.engine().endpoint().url,
+        "transport": rung.engine().endpoint().transport,
+        "os": f.os_type,
+        "architecture": f.architecture,
         "product": f.product,
     })
 }

@@ -10,9 +10,17 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Global Options")]
 pub struct Global {
-    /// Engine endpoint, e.g. unix:///var/run/docker.sock (default: the local socket)
-    #[arg(long, global = true, env = "DOCKER_HOST", value_name = "URL", hide_env_values = true)]
+    /// Engine address: unix:///PATH, tcp://HOST:PORT, https://HOST:PORT or ssh://USER@HOST
+    /// (default: $DOCKER_HOST, else the local socket)
+    #[arg(long, short = 'H', global = true, value_name = "URL")]
     pub host: Option<String>,
+    /// Use TLS with ca.pem, cert.pem and key.pem from DIR (default: as DOCKER_TLS_VERIFY and
+    /// DOCKER_CERT_PATH say)
+    #[arg(long, global = true, value_name = "DIR")]
+    pub tls_cert_path: Option<PathBuf>,
+    /// Allow plain tcp to an engine that is not on loopback (anyone on the path gets root on it)
+    #[arg(long, global = true)]
+    pub allow_insecure_tcp: bool,
     /// Profiles file (default: $XDG_CONFIG_HOME/stevedore/profiles.toml)
     #[arg(long, global = true, env = "STEVEDORE_CONFIG", value_name = "FILE", hide_env_values = true)]
     pub config: Option<PathBuf>,
@@ -28,8 +36,12 @@ pub fn config(g: &Global) -> Result<ContainerConfig, String> {
         _ => crate::profiles::load(g.config.as_deref(), g.profile.as_deref()).map_err(|e| e.to_string())?,
     };
     if g.host.is_some() {
-        cfg.endpoint = g.host.clone();
+        cfg.connection.host = g.host.clone();
     }
+    if g.tls_cert_path.is_some() {
+        cfg.connection.tls_cert_path = g.tls_cert_path.clone();
+    }
+    cfg.connection.allow_insecure_tcp |= g.allow_insecure_tcp;
     Ok(cfg)
 }
 

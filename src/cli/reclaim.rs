@@ -5,7 +5,7 @@ use crate::contract::Executor;
 
 /// Arguments of `stevedore reclaim`.
 #[derive(Debug, clap::Args)]
-#[command(group = clap::ArgGroup::new("what").required(true).multiple(true).args(["worker", "images"]))]
+#[command(group = clap::ArgGroup::new("what").required(true).multiple(true).args(["worker", "images", "tools"]))]
 pub struct ReclaimArgs {
     /// The worker whose containers, volumes and log files to remove
     #[arg(long, value_name = "ID")]
@@ -14,6 +14,10 @@ pub struct ReclaimArgs {
     /// except this binary's own); without it they are only listed
     #[arg(long)]
     images: bool,
+    /// Remove stale copies of stevedore's init in the engine (volumes of kind `tools` of
+    /// another init, or abandoned fills) that no container uses; this binary's own stays
+    #[arg(long)]
+    tools: bool,
 }
 
 /// Runs `stevedore reclaim`: one JSON line; exit 0 when the sweep ran (failures on single
@@ -40,6 +44,18 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 if let serde_json::Value::Object(m) = report {
                     v.extend(m);
                 }
+            }
+            Err(e) => {
+                eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+                return 1;
+            }
+        }
+    }
+    if a.tools {
+        match rung.prune_tools().await {
+            Ok(p) => {
+                v.insert("tools_volumes_removed".into(), serde_json::json!(p.volumes_removed));
+                v.insert("tools_volumes_in_use".into(), serde_json::json!(p.in_use));
             }
             Err(e) => {
                 eprintln!("stevedore: {}", crate::contract::error_chain(&e));

@@ -73,8 +73,9 @@ pub struct ContainerConfig {
     pub name: String,
     /// The OCI runtime (default: the engine's). `runsc` or a `kata*` runtime makes the rung `vm`.
     pub runtime: Option<String>,
-    /// The engine endpoint (default: `DOCKER_HOST`, else the local socket).
-    pub endpoint: Option<String>,
+    /// How to reach the engine (default: `DOCKER_HOST`, `DOCKER_TLS_VERIFY` and
+    /// `DOCKER_CERT_PATH` as the docker CLI reads them, else the local socket).
+    pub connection: crate::engine::Connection,
     /// The image for handler attempts whose request names none.
     pub worker_image: Option<String>,
     /// The non-root `uid:gid` the sandbox runs as (default [`SANDBOX_USER`]).
@@ -137,7 +138,7 @@ impl std::fmt::Debug for ContainerConfig {
         f.debug_struct("ContainerConfig")
             .field("name", &self.name)
             .field("runtime", &self.runtime)
-            .field("endpoint", &self.endpoint)
+            .field("connection", &self.connection)
             .field("worker_image", &self.worker_image)
             .field("user", &self.user)
             .field("network", &self.network)
@@ -153,7 +154,7 @@ impl Default for ContainerConfig {
         Self {
             name: "docker".into(),
             runtime: None,
-            endpoint: None,
+            connection: crate::engine::Connection::default(),
             worker_image: None,
             user: SANDBOX_USER.into(),
             network: "none".into(),
@@ -208,9 +209,14 @@ impl ContainerConfig {
         self.name = name.into();
         self
     }
-    /// Sets the engine endpoint (`unix://…`, `tcp://…`).
+    /// Sets the engine's address (`unix://…`, `tcp://…`, `https://…`, `ssh://…`).
     pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoint = Some(endpoint.into());
+        self.connection.host = Some(endpoint.into());
+        self
+    }
+    /// Uses TLS with the client certificate, key and CA in `dir` (`cert.pem`, `key.pem`, `ca.pem`).
+    pub fn tls(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.connection.tls_cert_path = Some(dir.into());
         self
     }
     /// Sets the OCI runtime.

@@ -75,8 +75,11 @@ impl ContainerExecutor {
     /// Connects to the engine, negotiates the API version and learns what the engine is.
     /// Every rung of a process shares the process's incarnation.
     pub async fn connect(config: ContainerConfig) -> Result<Self, LaunchError> {
-        let engine = Engine::connect(config.endpoint.as_deref(), config.engine_timeout).await.map_err(|source| {
-            let endpoint = config.endpoint.clone().unwrap_or_else(crate::engine::default_endpoint);
+        let engine = Engine::connect(&config.connection, config.engine_timeout).await.map_err(|source| {
+            let endpoint = match crate::engine::endpoint::resolve(&config.connection, |k| std::env::var(k).ok()) {
+                Ok(e) => e.url,
+                Err(_) => config.connection.host.clone().unwrap_or_else(|| "DOCKER_HOST".into()),
+            };
             LaunchError::EngineUnreachable { endpoint, source }
         })?;
         Ok(Self::on(engine, config))

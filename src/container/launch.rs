@@ -78,6 +78,7 @@ pub(crate) async fn launch(
         image_volumes: &plan.image.volumes,
         engine_seccomp: facts.seccomp(),
         podman: facts.is_podman(),
+        publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
     });
     left.containers.push(plan.name.clone());
     let s = shared.clone();
@@ -132,7 +133,16 @@ pub(crate) async fn launch(
     if !cfg.ports.is_empty()
         && let Ok(state) = shared.engine.api.inspect_container(&plan.name).await
     {
-        ports.extend(state.ports);
+        // On a remote engine the port is on the engine host, reached by its address.
+        let remote_host =
+            (!shared.engine.endpoint().is_local()).then(|| shared.engine.endpoint().host.clone()).flatten();
+        for (container_port, bound) in state.ports {
+            let shown = match (&remote_host, bound.rsplit_once(':')) {
+                (Some(host), Some((_, port))) => format!("{host}:{port}"),
+                _ => bound,
+            };
+            ports.insert(container_port, shown);
+        }
     }
     Ok(Running { container_id, started, sender, events, reader, heartbeat, enforcement, skipped, ports, tools, inputs })
 }

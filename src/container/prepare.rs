@@ -156,7 +156,7 @@ async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, Launc
         source,
     };
     if policy == PullPolicy::Always {
-        api.pull(image).await.map_err(|e| unavailable(format!("pull failed: {}", e.message()), false, Some(e)))?;
+        api.pull(image).await.map_err(|e| unavailable("the pull (policy always) failed".into(), false, Some(e)))?;
     }
     match api.inspect_image(image).await {
         Ok(facts) => Ok(facts),
@@ -165,8 +165,7 @@ async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, Launc
         }
         Err(e) if e.is_not_found() => {
             if let Err(pull) = api.pull(image).await {
-                let why = format!("not found locally, and pulling it failed: {}", pull.message());
-                return Err(unavailable(why, false, Some(pull)));
+                return Err(unavailable("not found locally, and pulling it failed".into(), false, Some(pull)));
             }
             api.inspect_image(image).await.map_err(|e| unavailable("pulled, then not found".into(), false, Some(e)))
         }

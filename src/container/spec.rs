@@ -76,6 +76,9 @@ pub struct SpecInput<'a> {
     pub engine_seccomp: bool,
     /// Whether the engine is Podman (which needs some limits spelled out).
     pub podman: bool,
+    /// The engine host's address published ports bind to: loopback on a local engine, every
+    /// address on a remote one (whose loopback the caller cannot reach).
+    pub publish_ip: &'a str,
 }
 
 /// The spec, and what enforcement it applies or skips (item → how / why).
@@ -264,7 +267,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
             map.insert(
                 k,
                 Some(vec![PortBinding {
-                    host_ip: Some("127.0.0.1".into()),
+                    host_ip: Some(input.publish_ip.to_owned()),
                     host_port: Some(if *hport == 0 { String::new() } else { hport.to_string() }),
                 }]),
             );
@@ -337,6 +340,7 @@ mod tests {
             image_volumes: leak(&["/data", "/out"]),
             engine_seccomp: true,
             podman: false,
+            publish_ip: "127.0.0.1",
         }
     }
 

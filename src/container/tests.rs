@@ -316,3 +316,74 @@ async fn an_invalid_request_waits_for_nothing_and_creates_nothing() {
     assert!(matches!(err, LaunchError::InvalidRequest(_)));
     assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
 }
+
+#[tokio::test]
+async fn workers_racing_to_publish_the_init_share_one_volume() {
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(honest(record(WaitStatus::Code(0)))));
+    let dir = tempfile::tempdir().unwrap();
+    // Two processes' rungs on one engine, each publishing the init on its first attempt.
+    let rungs: Vec<ContainerExecutor> = (0..2)
+        .map(|i| {
+            let cfg = ContainerConfig::default().log_dir(dir.path().join("logs")).incarnation(format!("p{i}"));
+            ContainerExecutor::on(fake.engine(), cfg)
+        })
+        .collect();
+    let reqs: Vec<Request> = (0..2)
+        .map(|i| Request::command("j", ["true"], dir.path().join(format!("o{i}"))).worker("w1").image(IMAGE))
+        .collect();
+    let (a, b) = tokio::join!(
+        rungs[0].run(&reqs[0], CancellationToken::new()),
+        rungs[1].run(&reqs[1], CancellationToken::new())
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.evidence.init, b.evidence.init, "both use the published volume");
+    let tools: Vec<String> =
+        fake.calls().iter().filter(|c| c.starts_with("create volume stevedore-tools-")).cloned().collect();
+    assert!(!tools.is_empty());
+    for r in &rungs {
+        r.close().await;
+    }
+    let content_volumes = fake
+        .volume_names()
+        .into_iter()
+        .filter(|n| n.starts_with("stevedore-tools-") && n.matches('-').count() == 3)
+        .count();
+    assert_eq!(content_volumes, 1, "the loser's fill is removed");
+}
+
+#[tokio::test]
+async fn stale_tools_are_pruned_and_the_current_and_used_ones_kept() {
+    use crate::container::labels;
+    use crate::container::tools::{self, TOOLS_VOLUME};
+    let fake = FakeApi::new(IMAGE);
+    let engine = fake.engine();
+    let current = crate::sandbox::init_binary::sha256();
+    let mk = |name: &str, digest: &str, role: &str, target: Option<&str>| {
+        let mut l = labels::tools(digest, role);
+        if let Some(t) = target {
+            l.insert(TOOLS_VOLUME.into(), t.into());
+        }
+        bollard::models::VolumeCreateRequest { name: Some(name.into()), labels: Some(l), ..Default::default() }
+    };
+    use crate::engine::EngineApi;
+    let old = "00".repeat(32);
+    for req in [
+        mk("stevedore-tools-cur", current, "pointer", Some("stevedore-tools-cur-1")),
+        mk("stevedore-tools-cur-1", current, "content", Some("stevedore-tools-cur-1")),
+        mk("stevedore-tools-cur-abandoned", current, "content", Some("stevedore-tools-cur-abandoned")),
+        mk("stevedore-tools-old", &old, "pointer", Some("stevedore-tools-old-1")),
+        mk("stevedore-tools-old-1", &old, "content", Some("stevedore-tools-old-1")),
+    ] {
+        fake.create_volume(req).await.unwrap();
+    }
+    // The old content is still mounted by a container: the engine refuses to remove it.
+    fake.fail_named("remove volume", "stevedore-tools-old-1", 409);
+    let pruned = tools::prune(&engine, current).await.unwrap();
+    let mut removed = pruned.volumes_removed.clone();
+    removed.sort();
+    assert_eq!(removed, ["stevedore-tools-cur-abandoned", "stevedore-tools-old"]);
+    assert_eq!(pruned.in_use, ["stevedore-tools-old-1"]);
+    let left = fake.volume_names();
+    assert!(left.contains(&"stevedore-tools-cur".to_owned()) && left.contains(&"stevedore-tools-cur-1".to_owned()));
+}

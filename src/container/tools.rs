@@ -33,6 +33,15 @@ pub struct ToolsVolume {
     pub filled_here: bool,
 }
 
+/// One name per CPU architecture: engines say `uname -m` (`x86_64`) or Go's `GOARCH` (`amd64`).
+fn normal_arch(arch: &str) -> &str {
+    match arch {
+        "amd64" | "x86-64" => "x86_64",
+        "arm64" => "aarch64",
+        other => other,
+    }
+}
+
 fn short(digest: &str) -> &str {
     &digest[..16.min(digest.len())]
 }
@@ -89,7 +98,7 @@ pub async fn ensure(engine: &Engine, image: &str) -> Result<ToolsVolume, LaunchE
     };
     let facts = engine.facts();
     if (!facts.os_type.is_empty() && facts.os_type != "linux")
-        || (!facts.architecture.is_empty() && facts.architecture != init_binary::arch())
+        || (!facts.architecture.is_empty() && normal_arch(&facts.architecture) != normal_arch(init_binary::arch()))
     {
         return Err(LaunchError::InitUnavailable {
             client: init_binary::TARGET.to_owned(),
@@ -282,5 +291,7 @@ mod tests {
         assert_eq!(entries, [(INIT_NAME.to_owned(), 0o755, 0)]);
         assert_eq!(digest_in_tar(&tar).unwrap().len(), 64);
         assert_eq!(pointer_name(&"ab".repeat(32)), "stevedore-tools-abababababababab");
+        assert_eq!(normal_arch("amd64"), normal_arch("x86_64"));
+        assert_eq!(normal_arch("arm64"), "aarch64");
     }
 }

@@ -2,6 +2,7 @@
 //! of stevedore's own on every call.
 
 use super::api::{BollardApi, EngineApi};
+use super::endpoint::{Connection, Endpoint, Transport};
 use super::error::EngineError;
 use bollard::Docker;
 use std::sync::Arc;
@@ -89,35 +90,43 @@ fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
     f.into_iter().map(str::to_owned).collect()
 }
 
-/// The endpoint that `connect(None)` uses.
-pub fn default_endpoint() -> String {
-    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_owned())
-}
-
 /// A negotiated connection to one engine, with per-call timeouts.
 #[derive(Debug, Clone)]
 pub struct Engine {
     pub(crate) api: Arc<dyn EngineApi>,
-    endpoint: String,
+    endpoint: Endpoint,
     facts: EngineFacts,
     docker: Option<Docker>,
     timeout: Duration,
 }
 
 impl Engine {
-    /// Connects to `endpoint` (default: `DOCKER_HOST`, else the local socket), negotiates
-    /// the API version (an old engine speaks 1.41, Docker 29 wants ≥ 1.44) and reads what the
-    /// engine is.
-    pub async fn connect(endpoint: Option<&str>, timeout: Duration) -> Result<Self, EngineError> {
-        let endpoint = endpoint.map(str::to_owned).unwrap_or_else(default_endpoint);
+    /// Connects as `connection` says (defaults: `DOCKER_HOST`, `DOCKER_TLS_VERIFY`,
+    /// `DOCKER_CERT_PATH`, else the local socket), negotiates the API version (an old engine
+    /// speaks 1.41, Docker 29 wants ≥ 1.44) and reads what the engine is.
+    pub async fn connect(connection: &Connection, timeout: Duration) -> Result<Self, EngineError> {
+        let endpoint = super::endpoint::resolve(connection, |k| std::env::var(k).ok())?;
         let secs = timeout.as_secs().max(1);
-        let docker = if endpoint.starts_with("unix://") || endpoint.starts_with('/') {
-            let path = endpoint.trim_start_matches("unix://");
-            Docker::connect_with_unix(path, secs, bollard::API_DEFAULT_VERSION)
-        } else {
-            Docker::connect_with_http(&endpoint, secs, bollard::API_DEFAULT_VERSION)
+        let url = endpoint.url.clone();
+        let connect_err = |source| EngineError::Connect { endpoint: url.clone(), source: Box::new(source) };
+        let version = bollard::API_DEFAULT_VERSION;
+        let docker = match endpoint.transport {
+            Transport::Unix => Docker::connect_with_unix(url.trim_start_matches("unix://"), secs, version),
+            Transport::Tcp => Docker::connect_with_http(&url, secs, version),
+            Transport::Tls => {
+                let dir = endpoint.cert_path.clone().unwrap_or_default();
+                Docker::connect_with_ssl(
+                    &url,
+                    &dir.join("key.pem"),
+                    &dir.join("cert.pem"),
+                    &dir.join("ca.pem"),
+                    secs,
+                    version,
+                )
+            }
+            Transport::Ssh => Docker::connect_with_ssh(&url, secs, version, None),
         }
-        .map_err(|source| EngineError::Connect { endpoint: endpoint.clone(), source: Box::new(source) })?;
+        .map_err(connect_err)?;
         let call = |op: &'static str| move |source| EngineError::Api { op, source: Box::new(source) };
         let timed = |op: &'static str| move |_| EngineError::Timeout { op, after: timeout };
         let docker = tokio::time::timeout(timeout, docker.negotiate_version())
@@ -129,13 +138,16 @@ impl Engine {
             .map_err(timed("version"))?
             .map_err(call("version"))?;
         let info = tokio::time::timeout(timeout, docker.info()).await.map_err(timed("info"))?.map_err(call("info"))?;
-        let product = version
-            .platform
-            .as_ref()
-            .map(|p| p.name.clone())
-            .filter(|n| !n.is_empty())
-            .or_else(|| version.components.as_ref().and_then(|c| c.first()).map(|c| c.name.clone()))
+        // Podman names itself in its components (its platform name is the OS); Docker in its
+        // platform name, which a distribution's build may leave empty.
+        let components: Vec<String> = version.components.iter().flatten().map(|c| c.name.clone()).collect();
+        let product = components
+            .iter()
+            .find(|n| n.to_ascii_lowercase().contains("podman"))
+            .cloned()
+            .or_else(|| version.platform.as_ref().map(|p| p.name.clone()).filter(|n| n.contains("Docker")))
             .unwrap_or_else(|| "Docker Engine".into());
+        let podman = product.to_ascii_lowercase().contains("podman");
         let facts = EngineFacts {
             product,
             engine_version: version.version.clone().unwrap_or_default(),
@@ -145,6 +157,11 @@ impl Engine {
             cgroup_version: info.cgroup_version.map(|v| v.to_string()).unwrap_or_default(),
             runtimes: {
                 let mut r: Vec<String> = info.runtimes.clone().unwrap_or_default().into_keys().collect();
+                // Podman lists every runtime it knows of (crun, kata, krun, runsc, ...) whether
+                // or not it is installed; only the one it uses is known to work.
+                if podman {
+                    r = info.default_runtime.iter().cloned().collect();
+                }
                 r.sort();
                 r
             },
@@ -164,11 +181,13 @@ impl Engine {
     /// An engine behind another implementation of the calls (tests use a fake).
     #[cfg(test)]
     pub(crate) fn with_api(api: Arc<dyn EngineApi>, facts: EngineFacts, timeout: Duration) -> Self {
-        Self { api, endpoint: "fake://".into(), facts, docker: None, timeout }
+        let endpoint =
+            Endpoint { url: "unix:///fake.sock".into(), transport: Transport::Unix, host: None, cert_path: None };
+        Self { api, endpoint, facts, docker: None, timeout }
     }
 
-    /// Where it is.
-    pub fn endpoint(&self) -> &str {
+    /// Where it is and how it is reached.
+    pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 

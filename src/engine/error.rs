@@ -6,6 +6,9 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
+    /// the engine's address cannot be used
+    #[error(transparent)]
+    Endpoint(#[from] super::endpoint::EndpointError),
     /// the engine could not be reached or its address is invalid
     #[error("cannot connect to the engine at {endpoint}")]
     Connect {

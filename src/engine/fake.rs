@@ -30,6 +30,8 @@ pub(crate) type Script = Arc<dyn Fn(InitSide) -> futures_util::future::BoxFuture
 #[derive(Debug, Default, Clone)]
 pub(crate) struct FakeContainer {
     pub labels: HashMap<String, String>,
+    /// Volume → mount point.
+    pub mounts: Vec<(String, String)>,
     pub started: bool,
     pub exit_code: Option<i64>,
     pub oom_killed: Option<bool>,
@@ -43,6 +45,10 @@ struct State {
     calls: Vec<String>,
     /// op → how many more calls of it succeed before one fails (then the failure is removed).
     fail: HashMap<&'static str, (usize, u16)>,
+    /// (op, object) → the status every such call fails with.
+    fail_named: HashMap<(&'static str, String), u16>,
+    /// What was uploaded into each volume (the tar, as sent).
+    volume_tars: HashMap<String, Vec<u8>>,
     /// Per container: the stdin to hand to the script at start, and the output sender.
     pending: HashMap<String, (DuplexStream, mpsc::UnboundedSender<std::io::Result<Chunk>>)>,
 }
@@ -98,6 +104,16 @@ impl FakeApi {
         self.state.lock().unwrap().fail.insert(op, (after, status));
     }
 
+    /// Makes every call `op` on the object `name` fail with `status`.
+    pub fn fail_named(&self, op: &'static str, name: &str, status: u16) {
+        self.state.lock().unwrap().fail_named.insert((op, name.to_owned()), status);
+    }
+
+    /// The volumes that exist.
+    pub fn volume_names(&self) -> Vec<String> {
+        self.state.lock().unwrap().volumes.keys().cloned().collect()
+    }
+
     /// The calls made so far, as `op name`.
     pub fn calls(&self) -> Vec<String> {
         self.state.lock().unwrap().calls.clone()
@@ -138,6 +154,9 @@ impl FakeApi {
     fn enter(&self, op: &'static str, what: &str) -> Result<(), EngineError> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("{op} {what}"));
+        if let Some(status) = s.fail_named.get(&(op, what.to_owned())).copied() {
+            return Err(EngineError::Refused { op, status, message: format!("injected failure of {op} {what}") });
+        }
         if let Some((after, status)) = s.fail.get(op).copied() {
             if after == 0 {
                 s.fail.remove(op);
@@ -221,7 +240,15 @@ impl EngineApi for FakeApi {
                 return Err(Self::not_found("create container", &image));
             }
             let labels = body.labels.clone().unwrap_or_default();
-            s.containers.insert(name.to_owned(), FakeContainer { labels, ..FakeContainer::default() });
+            let mounts = body
+                .host_config
+                .as_ref()
+                .and_then(|h| h.mounts.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|m| Some((m.source?, m.target?)))
+                .collect();
+            s.containers.insert(name.to_owned(), FakeContainer { labels, mounts, ..FakeContainer::default() });
             Ok(format!("id-{name}"))
         })
     }
@@ -290,19 +317,35 @@ impl EngineApi for FakeApi {
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, mut tar: ByteStream, _timeout: Duration) -> Call<'a, ()> {
         Box::pin(async move {
             self.enter("upload archive", &format!("{name} {path}"))?;
+            let mut bytes = Vec::new();
             while let Some(chunk) = tar.next().await {
-                chunk.map_err(|e| EngineError::Refused {
+                let chunk = chunk.map_err(|e| EngineError::Refused {
                     op: "upload archive",
                     status: 500,
                     message: e.to_string(),
                 })?;
+                bytes.extend_from_slice(&chunk);
+            }
+            let mut s = self.state.lock().unwrap();
+            let volume =
+                s.containers.get(name).and_then(|c| c.mounts.iter().find(|(_, t)| t == path)).map(|(v, _)| v.clone());
+            if let Some(v) = volume {
+                s.volume_tars.insert(v, bytes);
             }
             Ok(())
         })
     }
 
-    fn download<'a>(&'a self, _name: &'a str, _path: &'a str) -> ByteStream {
-        Box::pin(futures_util::stream::empty())
+    fn download<'a>(&'a self, name: &'a str, path: &'a str) -> ByteStream {
+        // What was uploaded into the volume mounted where `path` is.
+        let s = self.state.lock().unwrap();
+        let tar = s
+            .containers
+            .get(name)
+            .and_then(|c| c.mounts.iter().find(|(_, t)| path.starts_with(t.as_str())))
+            .and_then(|(v, _)| s.volume_tars.get(v).cloned())
+            .unwrap_or_default();
+        Box::pin(futures_util::stream::once(async move { Ok(Bytes::from(tar)) }))
     }
 }
 

@@ -3,11 +3,15 @@
 
 mod api;
 mod client;
+pub mod endpoint;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake;
 
 pub use api::Removal;
 pub(crate) use api::{ByteStream, Chunk, ContainerState, ImageFacts};
-pub use client::{Engine, EngineFacts, default_endpoint};
+#[cfg(test)]
+pub(crate) use api::EngineApi;
+pub use client::{Engine, EngineFacts};
+pub use endpoint::{Connection, Endpoint, Transport};
 pub use error::EngineError;

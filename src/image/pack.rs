@@ -358,8 +358,23 @@ async fn lock_tag(tag: &str) -> Result<nix::fcntl::Flock<std::fs::File>, PackErr
         .map_err(|(_, errno)| err(&path, errno.into()))
 }
 
+/// Whether the engine is Podman answering the Docker API.
+async fn is_podman(docker: &Docker) -> bool {
+    docker
+        .version()
+        .await
+        .ok()
+        .and_then(|v| v.components)
+        .is_some_and(|c| c.iter().any(|c| c.name.to_ascii_lowercase().contains("podman")))
+}
+
 /// Imports a root filesystem tar as a one-layer image with `changes` applied.
 async fn import(docker: &Docker, reference: &str, rootfs: Vec<u8>, changes: Vec<String>) -> Result<String, PackError> {
+    if is_podman(docker).await {
+        // Podman's compat import takes the newline-joined `changes` (how bollard sends them)
+        // as one instruction; its builder is fast, so the same image is built instead.
+        return import_by_build(docker, reference, rootfs, &changes).await;
+    }
     let (repo, tag) = split_tag(reference);
     let options = CreateImageOptionsBuilder::new().from_src("-").repo(repo).tag(tag).changes(changes).build();
     let mut stream = docker.create_image(Some(options), Some(bollard::body_full(rootfs.into())), None);
@@ -387,6 +402,20 @@ async fn import(docker: &Docker, reference: &str, rootfs: Vec<u8>, changes: Vec<
         Some(id) => Ok(id),
         None => inspect_id(docker, reference, String::new()).await,
     }
+}
+
+/// The same image as `import`: `FROM scratch`, the rootfs added, the changes applied.
+async fn import_by_build(
+    docker: &Docker,
+    reference: &str,
+    rootfs: Vec<u8>,
+    changes: &[String],
+) -> Result<String, PackError> {
+    let dockerfile = format!("FROM scratch\nADD rootfs.tar /\n{}\n", changes.join("\n"));
+    let mut context = tar::Builder::new(Vec::new());
+    append_bytes(&mut context, "Dockerfile", 0o644, dockerfile.as_bytes()).map_err(PackError::Context)?;
+    append_bytes(&mut context, "rootfs.tar", 0o644, &rootfs).map_err(PackError::Context)?;
+    build(docker, reference, context.into_inner().map_err(PackError::Context)?).await
 }
 
 /// Builds any Dockerfile context (a tar with `Dockerfile` at its root) into `tag` with the

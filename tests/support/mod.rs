@@ -28,15 +28,17 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
-/// The local engine, negotiated; `None` (after printing `SKIP: ...`) when it is
-/// unreachable outside CI. Under `CI=true` an unreachable engine fails the test.
+/// The engine under test, negotiated: the one `DOCKER_HOST` (and `DOCKER_TLS_VERIFY`,
+/// `DOCKER_CERT_PATH`) name, as stevedore itself reads them, else the local socket. `None`
+/// (after printing `SKIP: ...`) when it is unreachable outside CI; under `CI=true` an
+/// unreachable engine fails the test.
 pub async fn engine() -> Option<Docker> {
     let attempt = async {
-        let docker = Docker::connect_with_local_defaults().map_err(|e| e.to_string())?;
-        tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
+        let conn = stevedore::engine::Connection { allow_insecure_tcp: true, ..Default::default() };
+        let engine = stevedore::engine::Engine::connect(&conn, Duration::from_secs(60))
             .await
-            .map_err(|_| "no answer within 10 s".to_owned())?
-            .map_err(|e| e.to_string())
+            .map_err(|e| stevedore::contract::error_chain(&e))?;
+        Ok::<_, String>(engine.docker().clone())
     };
     match attempt.await {
         Ok(docker) => Some(docker),
@@ -114,6 +116,11 @@ pub async fn run_container(docker: &Docker, image: &str, user: Option<&str>, cmd
         network_disabled: Some(true),
         ..Default::default()
     };
+    finish_container(docker, image, body).await
+}
+
+/// Creates, starts and waits for a container, collects its logs and removes it.
+async fn finish_container(docker: &Docker, image: &str, body: ContainerCreateBody) -> Ran {
     let created = docker
         .create_container(None::<CreateContainerOptions>, body)
         .await
@@ -139,6 +146,19 @@ pub async fn run_container(docker: &Docker, image: &str, user: Option<&str>, cmd
     let ran = result.unwrap_or_else(|e| panic!("container {id} from {image}: {e}"));
     removed.unwrap_or_else(|e| panic!("remove container {id}: {e}"));
     ran
+}
+
+/// Runs `sh -c script` in a fresh container of `image` in the engine host's own network
+/// namespace, and returns what it printed (the engine's side of a published port).
+pub async fn run_in_host_network(docker: &Docker, image: &str, script: &str) -> String {
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        cmd: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        labels: Some(HashMap::from([(TEST_LABEL.to_owned(), "true".to_owned())])),
+        host_config: Some(bollard::models::HostConfig { network_mode: Some("host".into()), ..Default::default() }),
+        ..Default::default()
+    };
+    finish_container(docker, image, body).await.output
 }
 
 /// Removes an image by tag or id; a missing one is fine.
@@ -167,9 +187,11 @@ pub async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, Vec<String
         .list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build()))
         .await
         .expect("list volumes");
+    // Checked again here: Podman ORs repeated label filters.
+    let mine = |l: &HashMap<String, String>| stevedore::container::labels::reclaimable_by(l, worker);
     (
-        containers.into_iter().filter_map(|c| c.id).collect(),
-        volumes.volumes.unwrap_or_default().into_iter().map(|v| v.name).collect(),
+        containers.into_iter().filter(|c| c.labels.as_ref().is_some_and(mine)).filter_map(|c| c.id).collect(),
+        volumes.volumes.unwrap_or_default().into_iter().filter(|v| mine(&v.labels)).map(|v| v.name).collect(),
     )
 }
 
@@ -283,10 +305,28 @@ pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
     child
 }
 
-/// Packs this build's `stevedore` binary (dynamic, `FROM scratch`) as `tag`, labelled with
-/// `fingerprint` as its handler set; reused while the binary is the same.
+/// This build's `stevedore` binary without its debug sections (a fifth of the size: a
+/// remote or emulated engine takes it in seconds), made once per build.
+pub fn stripped_bin() -> std::path::PathBuf {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let bin = Path::new(BIN);
+        let out = bin.with_file_name(format!("stevedore-stripped-{}", sha256_of(bin).unwrap()));
+        if !out.exists() {
+            let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
+            let status = std::process::Command::new("strip").arg("-o").arg(&tmp).arg(bin).status().expect("strip runs");
+            assert!(status.success(), "strip failed");
+            std::fs::rename(&tmp, &out).unwrap();
+        }
+        out
+    })
+    .clone()
+}
+
+/// Packs this build's `stevedore` binary (dynamic, stripped, `FROM scratch`) as `tag`,
+/// labelled with `fingerprint` as its handler set; reused while the binary is the same.
 pub async fn pack_worker(docker: &Docker, tag: &str, fingerprint: String) -> String {
-    let mut spec = stevedore::image::PackSpec::new(BIN, tag);
+    let mut spec = stevedore::image::PackSpec::new(stripped_bin(), tag);
     spec.fingerprint = Some(fingerprint);
     spec.labels.insert(TEST_LABEL.to_owned(), "true".to_owned());
     stevedore::image::ensure_image(docker, &spec).await.unwrap_or_else(|e| panic!("packing {tag}: {e}"));
