@@ -8,10 +8,10 @@ mod error;
 #[cfg(test)]
 pub(crate) mod fake;
 
-pub use api::Removal;
-pub(crate) use api::{ByteStream, Chunk, ContainerState, ImageFacts};
 #[cfg(test)]
 pub(crate) use api::EngineApi;
+pub use api::Removal;
+pub(crate) use api::{ByteStream, Chunk, ContainerState, ImageFacts};
 pub use client::{Engine, EngineFacts};
 pub use endpoint::{Connection, Endpoint, Transport};
 pub use error::EngineError;
