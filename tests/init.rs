@@ -7,12 +7,13 @@ use nix::unistd::Pid;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use stevedore::contract::SandboxReport as Forwarded;
 use stevedore::wire::{
-    self, Decoder, Frame, HandlerRequest, InitRecord, Kind, OutputEnd, OutputSpec, SpawnFailureKind, Start, StoppedBy,
-    WaitStatus,
+    self, Decoder, Frame, HandlerRequest, InitRecord, Kind, OutputEnd, OutputSpec, Rlimit, RlimitResource, Scope,
+    SpawnFailureKind, Start, Started, StoppedBy, WaitStatus,
 };
 use tempfile::TempDir;
 
@@ -46,14 +47,23 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         heartbeat_timeout_ms: 0,
         host_loss_grace_ms: 0,
         outputs: OutputSpec { dir: out.display().to_string(), max_files: 100, max_bytes: 1 << 20 },
+        scope: Scope { job_id: "job-1".into(), attempt: 1 },
+        link_id: None,
+        takeover_uid: None,
+        rlimits: Vec::new(),
+        cgroup_dir: None,
     }
 }
 
 struct Init {
     child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: ChildStdout,
+    stdin: Option<Box<dyn Write + Send>>,
+    stdout: Box<dyn Read + Send>,
     decoder: Decoder,
+    /// Report frames as received.
+    reports: Vec<Forwarded>,
+    /// `Started` frames as received.
+    started: Vec<Started>,
     /// The outputs dir the init reads; removed with the test.
     _out: TempDir,
     /// The command's streams as received so far.
@@ -69,6 +79,8 @@ struct Finished {
     tar: Vec<u8>,
     end: OutputEnd,
     init_stderr: String,
+    reports: Vec<Forwarded>,
+    started: Vec<Started>,
 }
 
 fn launch(start: impl FnOnce(&Path) -> Start, payload: &[u8]) -> Init {
@@ -86,14 +98,24 @@ fn launch_raw(out: TempDir, bytes: &[u8]) -> Init {
     let accept = |k: Kind| {
         matches!(
             k,
-            Kind::Started | Kind::Stdout | Kind::Stderr | Kind::Record | Kind::Output | Kind::OutputEnd | Kind::Diag
+            Kind::Started
+                | Kind::Stdout
+                | Kind::Stderr
+                | Kind::Record
+                | Kind::Output
+                | Kind::OutputEnd
+                | Kind::Diag
+                | Kind::Report
+                | Kind::Challenge
         )
     };
     Init {
         child,
-        stdin: Some(stdin),
-        stdout,
+        stdin: Some(Box::new(stdin)),
+        stdout: Box::new(stdout),
         decoder: Decoder::new(accept),
+        reports: Vec::new(),
+        started: Vec::new(),
         _out: out,
         cmd_stdout: Vec::new(),
         cmd_stderr: Vec::new(),
@@ -109,6 +131,8 @@ impl Init {
                 match f.kind {
                     Kind::Stdout => self.cmd_stdout.extend_from_slice(&f.body),
                     Kind::Stderr => self.cmd_stderr.extend_from_slice(&f.body),
+                    Kind::Report => self.reports.push(serde_json::from_slice(&f.body).expect("a report")),
+                    Kind::Started => self.started.push(serde_json::from_slice(&f.body).expect("started")),
                     _ => {}
                 }
                 return Some(f);
@@ -170,6 +194,8 @@ impl Init {
             tar,
             end: end.unwrap(),
             init_stderr,
+            reports: self.reports,
+            started: self.started,
         }
     }
 }
@@ -232,7 +258,10 @@ fn env_is_exactly_the_start_and_cwd_is_set() {
         b"",
     )
     .finish();
-    assert_eq!(f.stdout, "A=1\nB=two words\n", "nothing of the init's own environment is inherited");
+    assert_eq!(
+        f.stdout, "A=1\nB=two words\nSTEVEDORE_REPORT_FD=3\n",
+        "nothing of the init's own environment is inherited; the report socket is named"
+    );
     let cwd = dir.path().to_str().unwrap().to_owned();
     let f = launch(|o| Start { cwd: cwd.clone(), ..spec(&["/bin/pwd"], o) }, b"").finish();
     assert_eq!(f.stdout.trim_end(), dir.path().canonicalize().unwrap().to_str().unwrap());
@@ -418,4 +447,260 @@ fn a_handler_runner_speaks_the_protocol_and_a_plain_binary_does_not() {
     assert_eq!(f.record.stopped_by, Some(StoppedBy::Handshake));
     assert!(t.elapsed() < Duration::from_secs(10));
     assert!(f.init_stderr.contains("did not say hello"), "{}", f.init_stderr);
+}
+
+/// A spec whose command can reach the init's report client as `$STEVEDORE_INIT`.
+fn reporting(script: &str, out: &Path) -> Start {
+    let mut s = spec(&["/bin/sh", "-c", script], out);
+    s.env.push((wire::env::INIT.into(), init_path().display().to_string()));
+    s
+}
+
+#[test]
+fn reports_ride_the_link_in_order_and_never_the_logs() {
+    let f = launch(
+        |o| {
+            reporting(
+                r#"echo work; "$STEVEDORE_INIT" report progress 10 starting; "$STEVEDORE_INIT" report note half way;
+                   "$STEVEDORE_INIT" report data '{"rows":3}'; "$STEVEDORE_INIT" report progress 100"#,
+                o,
+            )
+        },
+        b"",
+    )
+    .finish();
+    assert_eq!(f.record.wait, WaitStatus::Code(0), "{}", f.stderr);
+    let seqs: Vec<u64> = f.reports.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    assert_eq!(f.reports[0].report.percent, Some(10.0));
+    assert_eq!(f.reports[0].report.text.as_deref(), Some("starting"));
+    assert_eq!(f.reports[1].report.text.as_deref(), Some("half way"));
+    assert_eq!(f.reports[2].report.value, Some(serde_json::json!({"rows": 3})));
+    assert_eq!(f.reports[3].report.percent, Some(100.0));
+    assert_eq!(f.record.reports.forwarded, 4);
+    assert_eq!(f.stdout, "work\n", "reports never appear in the captured streams");
+    assert_eq!(f.stderr, "");
+}
+
+#[test]
+fn a_report_naming_another_attempt_is_refused() {
+    let f = launch(
+        |o| {
+            reporting(
+                r#""$STEVEDORE_INIT" report --attempt 2 note other; "$STEVEDORE_INIT" report --job job-9 note other;
+                   "$STEVEDORE_INIT" report --job job-1 --attempt 1 note mine"#,
+                o,
+            )
+        },
+        b"",
+    )
+    .finish();
+    assert_eq!(f.reports.len(), 1, "{:?}", f.record.reports);
+    assert_eq!(f.reports[0].report.text.as_deref(), Some("mine"));
+    assert_eq!(f.reports[0].report.job_id, None, "the scope is the link's, not repeated");
+    assert_eq!(f.record.reports.refused, 2);
+    assert!(f.record.reports.refusals.iter().any(|r| r.contains("attempt 2")), "{:?}", f.record.reports.refusals);
+    assert!(f.record.reports.refusals.iter().any(|r| r.contains("job-9")));
+}
+
+#[test]
+fn a_flood_of_reports_is_capped_and_does_not_delay_the_record() {
+    // 5000 heartbeat frames written straight onto the report socket by the shell's printf.
+    let script = r#"i=0; while [ $i -lt 5000 ]; do printf '\026\000\000\000\024{"kind":"heartbeat"}'; i=$((i+1)); done >&3; echo flooded"#;
+    let t = Instant::now();
+    let f = launch(|o| reporting(script, o), b"").finish();
+    let took = t.elapsed();
+    assert_eq!(f.stdout, "flooded\n", "{}", f.stderr);
+    let c = &f.record.reports;
+    assert_eq!(c.forwarded + c.dropped_rate + c.dropped_total, 5000, "{c:?}");
+    let allowed = 50 + (20.0 * took.as_secs_f64()).ceil() as u64 + 1;
+    assert!(c.forwarded <= allowed, "forwarded {} in {took:?}", c.forwarded);
+    assert!(c.dropped_rate >= 5000 - allowed);
+    assert_eq!(f.reports.len() as u64, c.forwarded, "exactly the forwarded ones reach the host");
+}
+
+#[test]
+fn rlimits_are_applied_and_the_command_has_its_own_session() {
+    let f = launch(
+        |o| Start {
+            rlimits: vec![
+                Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 },
+                Rlimit { resource: RlimitResource::Core, soft: 0, hard: 0 },
+            ],
+            ..spec(&["/bin/sh", "-c", "ulimit -n; ulimit -c; ps -o sid= -p $$; echo $$"], o)
+        },
+        b"",
+    )
+    .finish();
+    let lines: Vec<&str> = f.stdout.lines().map(str::trim).collect();
+    assert_eq!(&lines[..2], ["64", "0"], "{}", f.stderr);
+    assert_eq!(lines[2], lines[3], "the command leads its own session");
+}
+
+#[test]
+fn stragglers_that_left_the_group_are_killed_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("setsid sleep 300 & echo $! > {}; exit 0", pidfile.display());
+    let f = sh(&script);
+    assert_eq!(f.record.wait, WaitStatus::Code(0));
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(f.record.stragglers_killed >= 1, "{:?}", f.record);
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the escaped sleep {pid} is gone");
+}
+
+const LINK_ID: fn() -> String = || format!("{:032x}", rand_u128());
+
+fn rand_u128() -> u128 {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
+    u128::from_ne_bytes(b)
+}
+
+fn connect(link_id: &str) -> std::os::unix::net::UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(wire::takeover_socket_name(link_id)).unwrap();
+    std::os::unix::net::UnixStream::connect_addr(&addr).unwrap()
+}
+
+/// Reads the challenge on `sock` and answers it with `key`.
+fn answer(sock: &mut std::os::unix::net::UnixStream, key: &str) {
+    let mut challenge = [0u8; 5 + 32];
+    sock.read_exact(&mut challenge).unwrap();
+    assert_eq!(challenge[0], Kind::Challenge as u8);
+    let answer = wire::takeover_answer(&wire::parse_key(key).unwrap(), &challenge[5..]);
+    sock.write_all(&wire::encode(Kind::Takeover, &answer)).unwrap();
+}
+
+impl Init {
+    /// Moves the test's end of the link to a takeover socket that proved `KEY`.
+    fn take_over(&mut self, link_id: &str) {
+        let mut sock = connect(link_id);
+        answer(&mut sock, KEY);
+        self.stdin = Some(Box::new(sock.try_clone().unwrap()));
+        self.stdout = Box::new(sock);
+        self.decoder = Decoder::new(|k| !matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack));
+        let started = loop {
+            let f = self.next().expect("the init accepts the takeover");
+            if f.kind == Kind::Started {
+                break serde_json::from_slice::<Started>(&f.body).unwrap();
+            }
+        };
+        assert!(started.resumed);
+        self.started.push(started);
+    }
+
+    fn drop_old_link(&mut self) {
+        self.stdin = None;
+    }
+}
+
+fn gated(gate: &Path, then: &str, out: &Path, id: &str, grace_ms: u64) -> Start {
+    let script = format!("echo ready; while [ ! -e {} ]; do sleep 0.02; done; {then}", gate.display());
+    Start { link_id: Some(id.to_owned()), host_loss_grace_ms: grace_ms, ..spec(&["/bin/sh", "-c", &script], out) }
+}
+
+#[test]
+fn a_restarted_host_takes_over_a_running_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let id = LINK_ID();
+    let mut init = launch(|o| gated(&gate, &format!("echo after; echo kept > {}/x", o.display()), o, &id, 30_000), b"");
+    init.stdout_until("ready");
+    // The host "dies": its end of the link closes. The init waits within the grace.
+    init.drop_old_link();
+    init.take_over(&id);
+    assert!(!init.started.last().unwrap().ended);
+    std::fs::write(&gate, b"").unwrap();
+    let f = init.finish();
+    assert_eq!(f.record.wait, WaitStatus::Code(0));
+    assert_eq!((f.record.takeovers, f.record.host_lost, f.record.stopped_by), (1, true, None));
+    assert!(f.stdout.contains("after"), "output after the takeover reaches the new host: {:?}", f.stdout);
+    assert_eq!(tar_names(&f.tar), ["x"]);
+}
+
+#[test]
+fn a_command_that_ends_while_the_host_is_away_keeps_its_record_for_the_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let pidfile = dir.path().join("pid");
+    let id = LINK_ID();
+    let then = format!("echo $$ > {}; exit 3", pidfile.display());
+    let mut init = launch(|o| gated(&gate, &format!("echo made > {}/y; {then}", o.display()), o, &id, 30_000), b"");
+    init.stdout_until("ready");
+    init.drop_old_link();
+    std::fs::write(&gate, b"").unwrap();
+    // The command writes its pid just before it exits; once the init reaped it, it is gone.
+    let watch = Instant::now();
+    let pid = loop {
+        if let Ok(p) = std::fs::read_to_string(&pidfile)
+            && let Ok(p) = p.trim().parse::<i32>()
+        {
+            break p;
+        }
+        assert!(watch.elapsed() < Duration::from_secs(20), "the command never got past the gate");
+        std::thread::yield_now();
+    };
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(watch.elapsed() < Duration::from_secs(20), "the command never ended");
+        std::thread::yield_now();
+    }
+    init.take_over(&id);
+    assert!(init.started.last().unwrap().ended, "the takeover found the command ended");
+    let f = init.finish();
+    assert!(f.started.iter().all(|s| s.pid > 0));
+    assert_eq!((f.record.wait.clone(), f.record.takeovers), (WaitStatus::Code(3), 1));
+    assert_eq!(tar_names(&f.tar), ["y"]);
+}
+
+#[test]
+fn a_takeover_without_the_key_is_refused_and_the_attempt_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let id = LINK_ID();
+    let mut init = launch(|o| gated(&gate, "echo done", o, &id, 30_000), b"");
+    init.stdout_until("ready");
+    let mut thief = connect(&id);
+    let mut challenge = [0u8; 37];
+    thief.read_exact(&mut challenge).unwrap();
+    thief.write_all(&wire::encode(Kind::Takeover, &[0u8; 32])).unwrap();
+    let mut rest = Vec::new();
+    thief.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "a wrong answer gets nothing and the connection is closed");
+    std::fs::write(&gate, b"").unwrap();
+    let f = init.finish();
+    assert_eq!((f.record.wait.clone(), f.record.takeovers), (WaitStatus::Code(0), 0));
+    assert!(f.stdout.contains("done"), "the rightful host kept the link");
+}
+
+#[test]
+fn takeovers_from_another_uid_are_refused_when_one_is_named() {
+    let id = LINK_ID();
+    let mut init = launch(
+        |o| Start { takeover_uid: Some(54321), ..gated(Path::new("/nonexistent-gate"), "true", o, &id, 30_000) },
+        b"",
+    );
+    init.stdout_until("ready");
+    let mut sock = connect(&id);
+    let mut buf = Vec::new();
+    sock.read_to_end(&mut buf).unwrap();
+    assert!(buf.is_empty(), "no challenge for a peer of another uid");
+    init.send(Kind::Stop);
+    let f = init.finish();
+    assert_eq!(f.record.takeovers, 0);
+    assert!(f.init_stderr.contains("uid"), "{}", f.init_stderr);
+}
+
+#[test]
+fn without_a_takeover_the_init_gives_up_after_the_grace() {
+    let id = LINK_ID();
+    let mut init = launch(|o| gated(Path::new("/nonexistent-gate"), "true", o, &id, 300), b"");
+    init.stdout_until("ready");
+    init.drop_old_link();
+    let t = Instant::now();
+    // It stops the command itself and exits; nothing more comes on the old link.
+    while init.next().is_some() {}
+    assert!(init.child.wait().unwrap().success());
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert!(t.elapsed() < Duration::from_secs(15));
 }

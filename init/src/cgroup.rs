@@ -102,6 +102,28 @@ pub fn read_counters(root: &Path) -> CgroupCounters {
     c
 }
 
+/// Counters with every figure missing for `why`.
+pub fn unavailable(why: &str) -> CgroupCounters {
+    let mut c = CgroupCounters::default();
+    for key in [KEY_VERSION, KEY_MEMORY_PEAK, KEY_MEMORY_LIMIT, KEY_OOM_KILLS, KEY_CPU] {
+        c.missing.insert(key.into(), why.to_owned());
+    }
+    c
+}
+
+/// Reads a v1 cgroup whose controllers live in separate directories (a cgroup made for one
+/// attempt under each controller's hierarchy): `memory` and `cpuacct` are those dirs.
+pub fn read_v1_dirs(memory: &Path, cpuacct: &Path) -> CgroupCounters {
+    let mut c = CgroupCounters { version: Some(1), ..CgroupCounters::default() };
+    c.memory_peak_bytes = figure(&mut c, KEY_MEMORY_PEAK, memory, "memory.max_usage_in_bytes", None, parse_single);
+    c.oom_kills = figure(&mut c, KEY_OOM_KILLS, memory, "memory.oom_control", None, |s| {
+        parse_keyed(s, "oom_kill").map_err(|e| format!("{e} (kernel < 4.13?)"))
+    });
+    c.cpu_usage_ns = figure(&mut c, KEY_CPU, cpuacct, "cpuacct.usage", None, parse_single);
+    c.memory_limit_bytes = limit(&mut c, memory, "memory.limit_in_bytes", parse_v1_limit);
+    c
+}
+
 fn read_v2(root: &Path, c: &mut CgroupCounters) {
     c.version = Some(2);
     c.memory_peak_bytes = figure(c, KEY_MEMORY_PEAK, root, "memory.peak", Some("kernel < 5.19"), parse_single);

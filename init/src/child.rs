@@ -1,8 +1,9 @@
-//! Starting the command: its own process group, clean signal state, an OOM score above the
-//! init's, its streams on pipes the init reads, and for a handler runner the socket to the
-//! init as its stdin (fd [`HANDLER_FD`]; a plain command's stdin is `/dev/null`).
+//! Starting the command: its own session and process group, clean signal state, an OOM
+//! score above the init's, the start's rlimits, its streams on pipes the init reads, the
+//! report socket as fd [`REPORT_FD`], and for a handler runner the socket to the init as its
+//! stdin (fd [`HANDLER_FD`]; a plain command's stdin is `/dev/null`).
 
-use crate::wire::{HANDLER_FD, SpawnFailure, SpawnFailureKind, Start, env as wire_env};
+use crate::wire::{HANDLER_FD, REPORT_FD, SpawnFailure, SpawnFailureKind, Start, env as wire_env};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
@@ -10,7 +11,6 @@ use nix::unistd::Pid;
 use std::fs;
 use std::io::Read;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
@@ -24,6 +24,8 @@ pub(crate) struct Spawned {
     pub stderr: OwnedFd,
     /// The init's end of the handler socket, for a handler attempt.
     pub handler: Option<OwnedFd>,
+    /// The init's end of the report socket.
+    pub report: OwnedFd,
     pub oom_guard: Option<String>,
 }
 
@@ -48,11 +50,19 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     let mut cmd = Command::new(prog);
     cmd.args(rest)
         .env_clear()
-        .envs(start.env.iter().filter(|(k, _)| k != wire_env::HANDLER_FD).map(|(k, v)| (k, v)))
+        .envs(
+            start
+                .env
+                .iter()
+                .filter(|(k, _)| k != wire_env::HANDLER_FD && k != wire_env::REPORT_FD)
+                .map(|(k, v)| (k, v)),
+        )
+        .env(wire_env::REPORT_FD, REPORT_FD.to_string())
         .current_dir(&start.cwd)
         .stdout(Stdio::from(out_w))
-        .stderr(Stdio::from(err_w))
-        .process_group(0);
+        .stderr(Stdio::from(err_w));
+    let (report, report_theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| other(format!("socketpair: {e}")))?;
     let handler = match &start.handler {
         Some(_) => {
             let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
@@ -66,8 +76,8 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
             None
         }
     };
-    let oom_rx =
-        raw::prepare(&mut cmd, start.child_oom_score_adj).map_err(|e| other(format!("cannot set up {prog}: {e}")))?;
+    let oom_rx = raw::prepare(&mut cmd, start.child_oom_score_adj, report_theirs, &start.rlimits)
+        .map_err(|e| other(format!("cannot set up {prog}: {e}")))?;
     let started = Instant::now();
     let child = cmd.spawn().map_err(|e| SpawnFailure { kind: classify(&e), message: format!("{prog}: {e}") })?;
     // Closes the parent's copies of the child's ends (stream write ends, socket, errno pipe),
@@ -75,7 +85,7 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     drop(cmd);
     let pid = Pid::from_raw(child.id() as i32);
     let oom_guard = start.child_oom_score_adj.zip(oom_rx).map(|(n, rx)| oom_report(n, pid, rx));
-    Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, oom_guard })
+    Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, report, oom_guard })
 }
 
 fn oom_report(n: i32, pid: Pid, rx: OwnedFd) -> String {
@@ -98,18 +108,22 @@ fn oom_report(n: i32, pid: Pid, rx: OwnedFd) -> String {
 pub(crate) mod raw {
     #![expect(
         unsafe_code,
-        reason = "sigaction to SIG_DFL/SIG_IGN, and pre_exec to clean the command's signal state \
-                  and set its OOM score before it runs; the pre_exec closure does not allocate \
-                  and makes only async-signal-safe calls (sigaction, sigprocmask, prctl, open, \
-                  write, close)"
+        reason = "sigaction to SIG_DFL/SIG_IGN; pre_exec to clean the command's signal state, \
+                  start its session, set its rlimits, put its report socket on fd 3 and set its \
+                  OOM score before it runs (the closure does not allocate and makes only \
+                  async-signal-safe calls: sigaction, sigprocmask, setsid, setrlimit, dup2, \
+                  fcntl, prctl, open, write, close); borrowing an inherited fd by number"
     )]
 
-    use nix::fcntl::OFlag;
+    use crate::wire::{REPORT_FD, Rlimit, RlimitResource};
+    use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
     use nix::sys::prctl;
+    use nix::sys::resource::{Resource, setrlimit};
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal, sigaction, sigprocmask};
     use nix::sys::stat::Mode;
     use std::io;
     use std::os::fd::OwnedFd;
+    use std::os::fd::{AsRawFd, BorrowedFd};
     use std::os::unix::process::CommandExt;
     use std::process::Command;
 
@@ -133,11 +147,45 @@ pub(crate) mod raw {
         set_all(SigHandler::SigIgn, &[Signal::SIGPIPE]);
     }
 
+    /// An fd this process inherited, by number, if it is open. The caller never closes it;
+    /// it stays open for the rest of the process's life.
+    pub fn inherited_fd(n: i32) -> Option<BorrowedFd<'static>> {
+        // SAFETY: the fd is checked to be open, and nothing in this crate closes an
+        // inherited descriptor by number, so it outlives the borrow.
+        let fd = unsafe { BorrowedFd::borrow_raw(n) };
+        fcntl(fd, FcntlArg::F_GETFD).ok().map(|_| fd)
+    }
+
+    /// Takes ownership of a descriptor `accept4` just returned.
+    pub fn own_accepted(fd: std::os::fd::RawFd) -> OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: accept4 returned a new descriptor that nothing else owns.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    fn resource(r: RlimitResource) -> Resource {
+        match r {
+            RlimitResource::Nofile => Resource::RLIMIT_NOFILE,
+            RlimitResource::Nproc => Resource::RLIMIT_NPROC,
+            RlimitResource::Core => Resource::RLIMIT_CORE,
+            RlimitResource::Cpu => Resource::RLIMIT_CPU,
+            RlimitResource::Fsize => Resource::RLIMIT_FSIZE,
+        }
+    }
+
     /// Sets up the fork-to-exec window: default dispositions and an empty mask (std leaves
-    /// the init's blocked set in place), and, when `oom` is set, the child's own
-    /// `oom_score_adj` so even its first instruction runs with it. Returns the read end of a
-    /// pipe on which the child reports that write's errno.
-    pub(crate) fn prepare(cmd: &mut Command, oom: Option<i32>) -> io::Result<Option<OwnedFd>> {
+    /// the init's blocked set in place), a session of its own, the rlimits, the report
+    /// socket on [`REPORT_FD`], and, when `oom` is set, the child's own `oom_score_adj` so
+    /// even its first instruction runs with it. Returns the read end of a pipe on which the
+    /// child reports that write's errno.
+    pub(crate) fn prepare(
+        cmd: &mut Command,
+        oom: Option<i32>,
+        report: OwnedFd,
+        rlimits: &[Rlimit],
+    ) -> io::Result<Option<OwnedFd>> {
+        let limits: Vec<(Resource, u64, u64)> =
+            rlimits.iter().map(|l| (resource(l.resource), l.soft, l.hard)).collect();
         let value = oom.map(|n| n.to_string().into_bytes());
         let (rx, tx) = match value {
             Some(_) => {
@@ -153,6 +201,18 @@ pub(crate) mod raw {
                 set_all(SigHandler::SigDfl, &HANDLED);
                 set_all(SigHandler::SigDfl, &[Signal::SIGPIPE]);
                 let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+                nix::unistd::setsid()?;
+                for &(r, soft, hard) in &limits {
+                    setrlimit(r, soft, hard)?;
+                }
+                if report.as_raw_fd() == REPORT_FD {
+                    fcntl(&report, FcntlArg::F_SETFD(FdFlag::empty()))?;
+                } else {
+                    // fd 3 of the child is free to take: stdio is already in place, and
+                    // whatever the init had there is close-on-exec. dup2 leaves the copy
+                    // inheritable.
+                    nix::errno::Errno::result(nix::libc::dup2(report.as_raw_fd(), REPORT_FD))?;
+                }
                 if let (Some(value), Some(tx)) = (&value, &tx) {
                     // Inherited non-dumpability makes /proc/self/* root-owned until exec, and
                     // the command is not root; exec makes it dumpable again anyway, and no

@@ -10,15 +10,25 @@
 //! # Map
 //! - [`wire`]: framing and every message of the link (host ↔ init ↔ handler runner).
 //! - [`cgroup`]: the container's cgroup counters, read from inside (both versions).
+//! - [`report`]: reports from the sandbox (progress, heartbeats, notes): the client and
+//!   the init's limits.
 //! - `run`: the init's life: start, supervise, report, wait for the ack.
+//! - `link`: the link to the host, and the takeover socket a restarted host comes back on.
+//! - `relay`: `stevedore-init relay`, which carries a takeover through `docker exec`.
+//! - `handler`: the handler runner's socket.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
 
 pub mod cgroup;
 mod child;
+mod handler;
+mod link;
 mod outdir;
+mod relay;
+pub mod report;
 mod run;
 pub mod wire;
 
 pub use outdir::send as send_outputs;
+pub use relay::main as relay_main;
 pub use run::{EXIT_SETUP_FAILED, main};

@@ -1,19 +1,22 @@
-//! The init's life, in order: wait for the host's Start frame; start the command; forward
-//! its streams as frames, the host's stop as SIGTERM, SIGKILL after the grace; when the
-//! command ends, kill and reap every straggler, drain the streams, read the cgroup counters;
-//! send the MACed record and the outputs; wait for the host's ack.
+//! The init's life, in order: wait for the host's Start frame; bind the takeover socket;
+//! start the command; forward its streams and reports as frames, the host's stop as
+//! SIGTERM, SIGKILL after the grace; when the command ends, kill and reap every straggler,
+//! drain the streams, read the cgroup counters; send the MACed record and the outputs; wait
+//! for the host's ack. A host that is lost may come back within the host-loss grace through
+//! a takeover (see `link`); the record and outputs are then sent to it.
 //!
 //! Single-threaded on purpose: signals arrive through a signalfd polled beside the link and
 //! the command's pipes, so no handler ever runs concurrently with the bookkeeping.
 
 use crate::child::{self, Spawned};
+use crate::handler::HandlerSocket;
+use crate::link::{HIGH_WATER, Link, Takeover, set_nonblocking};
+use crate::report::Inbox;
 use crate::wire::{
-    self, Decoder, Frame, FsSpace, HandlerChannel, HandlerHello, HandlerRecord, InitRecord, KEY_LEN, Kind, Start,
-    Started, StoppedBy, WaitStatus,
+    self, Decoder, FsSpace, HandlerChannel, InitRecord, KEY_LEN, Kind, Start, Started, StoppedBy, WaitStatus,
 };
 use crate::{cgroup, outdir};
 use nix::errno::Errno;
-use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::prctl;
 use nix::sys::resource::{UsageWho, getrusage};
@@ -22,7 +25,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus as NixWait, waitid, waitpid};
 use nix::unistd::{Pid, getpid};
 use std::io::{self, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::ExitStatus;
@@ -33,19 +36,21 @@ pub const EXIT_SETUP_FAILED: i32 = 125;
 
 /// The dead-man switch does not honour a long grace: nobody waits for a clean shutdown.
 const DEAD_MAN_GRACE_CAP: Duration = Duration::from_secs(2);
-/// Above this many bytes queued for the host, the command's pipes are not read (the command
-/// then blocks on its own writes, as with any slow reader).
-const HIGH_WATER: usize = 1 << 20;
-/// The most a handler runner may send over its socket in all.
-const HANDLER_CHANNEL_CAP: usize = 2 * wire::MAX_RECORD_BYTES + (64 << 10);
 const CHUNK: usize = wire::MAX_CHUNK;
 /// What is still taken from the command's pipes after it ended, per pipe.
 const AFTER_END_DRAIN: u64 = 16 << 20;
 
 /// Runs the init; returns the process exit code.
 pub fn main() -> i32 {
+    let link = match Link::on_stdio() {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "stevedore-init: cannot take the link: {e}");
+            return EXIT_SETUP_FAILED;
+        }
+    };
     match setup() {
-        Ok((signals, pid1)) => Init::new(signals, pid1).run(),
+        Ok((signals, pid1)) => Init::new(signals, pid1, link).run(),
         Err(why) => {
             let _ = writeln!(io::stderr(), "stevedore-init: {why}");
             EXIT_SETUP_FAILED
@@ -76,24 +81,6 @@ fn setup() -> Result<(SignalFd, bool), String> {
     Ok((signals, pid1))
 }
 
-fn stdin() -> BorrowedFd<'static> {
-    static STDIN: std::sync::LazyLock<io::Stdin> = std::sync::LazyLock::new(io::stdin);
-    STDIN.as_fd()
-}
-
-fn stdout() -> BorrowedFd<'static> {
-    static STDOUT: std::sync::LazyLock<io::Stdout> = std::sync::LazyLock::new(io::stdout);
-    STDOUT.as_fd()
-}
-
-fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) {
-    if let Ok(bits) = fcntl(fd, FcntlArg::F_GETFL) {
-        let mut flags = OFlag::from_bits_truncate(bits);
-        flags.set(OFlag::O_NONBLOCK, on);
-        let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
-    }
-}
-
 /// Where "kill everything" sends a signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KillTarget {
@@ -116,6 +103,33 @@ pub(crate) fn kill_target(is_pid1: bool, pgid: Option<Pid>) -> KillTarget {
     }
 }
 
+/// The direct children of `parent`, from `/proc` (outside a pid namespace, the processes
+/// that left the command's group and were reparented to the init as subreaper).
+fn children_of(parent: Pid) -> Vec<Pid> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The command name may hold spaces and parentheses: fields start after the last ')'.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+        if ppid == Some(parent.as_raw()) {
+            found.push(Pid::from_raw(pid));
+        }
+    }
+    found
+}
+
+/// Every process `/proc` lists but `spare`.
+fn all_but(spare: &[Pid]) -> Vec<Pid> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .map(Pid::from_raw)
+        .filter(|p| !spare.contains(p))
+        .collect()
+}
+
 fn wait_status(st: ExitStatus) -> WaitStatus {
     match (st.code(), st.signal()) {
         (Some(c), _) => WaitStatus::Code(c),
@@ -125,59 +139,7 @@ fn wait_status(st: ExitStatus) -> WaitStatus {
     }
 }
 
-/// The host side of the link: frames in on stdin, frames out on stdout.
-#[derive(Debug)]
-struct Link {
-    decoder: Decoder,
-    in_open: bool,
-    /// Writes failed for good (no reader at all): what would be sent is dropped.
-    out_dead: bool,
-    out: Vec<u8>,
-    out_at: usize,
-    last_heard: Instant,
-}
-
-impl Link {
-    fn queued(&self) -> usize {
-        self.out.len() - self.out_at
-    }
-
-    fn push(&mut self, kind: Kind, body: &[u8]) {
-        if !self.out_dead {
-            wire::encode_into(&mut self.out, kind, body);
-        }
-    }
-
-    /// Writes what it can without blocking.
-    fn flush_some(&mut self) {
-        while self.queued() > 0 && !self.out_dead {
-            match nix::unistd::write(stdout(), &self.out[self.out_at..]) {
-                Ok(n) => self.out_at += n,
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => break,
-                Err(_) => self.out_dead = true,
-            }
-        }
-        if self.queued() == 0 || self.out_dead {
-            self.out.clear();
-            self.out_at = 0;
-        } else if self.out_at >= HIGH_WATER {
-            // What was written is dropped as it goes: a host that never drains the queue
-            // completely must not make it grow with everything ever sent.
-            self.out.drain(..self.out_at);
-            self.out_at = 0;
-        }
-    }
-
-    /// Writes everything, blocking.
-    fn flush_all(&mut self) {
-        set_nonblocking(stdout(), false);
-        self.flush_some();
-        set_nonblocking(stdout(), true);
-    }
-}
-
-/// Writes Output frames straight to stdout, blocking (the command is gone by then).
+/// Writes Output frames straight to the link, blocking (the command is gone by then).
 struct OutputFrames<'a> {
     link: &'a mut Link,
     buf: Vec<u8>,
@@ -200,97 +162,6 @@ impl Write for OutputFrames<'_> {
             self.link.flush_all();
         }
         if self.link.out_dead { Err(io::Error::new(io::ErrorKind::BrokenPipe, "the host is gone")) } else { Ok(()) }
-    }
-}
-
-/// The handler runner's socket.
-#[derive(Debug)]
-struct HandlerSocket {
-    fd: Option<OwnedFd>,
-    decoder: Decoder,
-    out: Vec<u8>,
-    out_at: usize,
-    received: usize,
-    channel: HandlerChannel,
-}
-
-impl HandlerSocket {
-    fn refuse(&mut self, why: String) {
-        if self.channel.refused.len() < 16 {
-            self.channel.refused.push(why);
-        }
-    }
-
-    fn take(&mut self, frame: Frame) {
-        match frame.kind {
-            Kind::HandlerHello if self.channel.hello.is_none() => {
-                match wire::parse_claim::<HandlerHello>(&frame.body, Kind::HandlerHello.max_body()) {
-                    Ok(h) if h.protocol == wire::PROTOCOL => self.channel.hello = Some(h),
-                    Ok(h) => self.refuse(format!("hello of protocol {}, not {}", h.protocol, wire::PROTOCOL)),
-                    Err(e) => self.refuse(format!("hello: {e}")),
-                }
-            }
-            Kind::HandlerRecord if self.channel.record.is_none() => {
-                match wire::parse_claim::<HandlerRecord>(&frame.body, wire::MAX_RECORD_BYTES) {
-                    Ok(mut r) => {
-                        r.error = wire::cap_text(&r.error, wire::MAX_ERROR_TEXT);
-                        self.channel.record = Some(r);
-                    }
-                    Err(e) => self.refuse(format!("record: {e}")),
-                }
-            }
-            other => self.refuse(format!("unexpected {other:?} frame")),
-        }
-    }
-
-    /// Reads what is there; closes the socket at EOF, on error or past the cap.
-    fn read(&mut self) {
-        let Some(fd) = self.fd.take() else { return };
-        let mut buf = vec![0u8; CHUNK];
-        loop {
-            match nix::unistd::read(&fd, &mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    self.received += n;
-                    if self.received > HANDLER_CHANNEL_CAP {
-                        self.refuse(format!("more than {HANDLER_CHANNEL_CAP} bytes on the handler socket"));
-                        break;
-                    }
-                    self.decoder.feed(&buf[..n]);
-                    loop {
-                        match self.decoder.next_frame() {
-                            Ok(Some(f)) => self.take(f),
-                            Ok(None) => break,
-                            Err(e) => {
-                                self.refuse(e.to_string());
-                                return;
-                            }
-                        }
-                    }
-                }
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => {
-                    self.fd = Some(fd);
-                    return;
-                }
-                Err(_) => break,
-            }
-        }
-    }
-
-    fn write_some(&mut self) {
-        let Some(fd) = &self.fd else { return };
-        while self.out_at < self.out.len() {
-            match nix::unistd::write(fd, &self.out[self.out_at..]) {
-                Ok(n) => self.out_at += n,
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return,
-                // The runner closed its end: what it did not read, it did not want.
-                Err(_) => break,
-            }
-        }
-        self.out = Vec::new();
-        self.out_at = 0;
     }
 }
 
@@ -332,8 +203,18 @@ struct Init {
     start: Option<Start>,
     key: [u8; KEY_LEN],
     payload: Vec<u8>,
+    /// The host is lost right now (no takeover since).
     host_lost: bool,
+    host_lost_ever: bool,
+    /// Told to stop (SIGTERM), or the host-loss grace ran out: nobody waits for a takeover.
+    dismissed: bool,
     abandon_at: Option<Instant>,
+    takeover: Option<Takeover>,
+    takeovers: u32,
+    command_pid: i32,
+    /// The process carrying the link since a takeover (`stevedore-init relay`, run by the
+    /// engine's exec in the same pid namespace): spared when everything else is killed.
+    relay: Option<Pid>,
 }
 
 /// What running the command found out.
@@ -346,27 +227,45 @@ struct Ended {
     oom_guard: Option<String>,
     pipes: [Pipe; 2],
     handler: Option<HandlerSocket>,
+    inbox: Option<Inbox>,
+}
+
+/// How waiting after the record ended.
+enum AfterRecord {
+    Acked,
+    TakenOver,
+    Abandoned,
+}
+
+/// What a poll slot is.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Signals,
+    HostIn,
+    HostOut,
+    Pipe(usize),
+    Handler,
+    Inbox,
+    Takeover,
 }
 
 impl Init {
-    fn new(signals: SignalFd, pid1: bool) -> Self {
-        let accept = |k: Kind| matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack);
+    fn new(signals: SignalFd, pid1: bool, link: Link) -> Self {
         Self {
             signals,
             pid1,
-            link: Link {
-                decoder: Decoder::new(accept),
-                in_open: true,
-                out_dead: false,
-                out: Vec::new(),
-                out_at: 0,
-                last_heard: Instant::now(),
-            },
+            link,
             start: None,
             key: [0; KEY_LEN],
             payload: Vec::new(),
             host_lost: false,
+            host_lost_ever: false,
+            dismissed: false,
             abandon_at: None,
+            takeover: None,
+            takeovers: 0,
+            command_pid: 0,
+            relay: None,
         }
     }
 
@@ -379,6 +278,12 @@ impl Init {
         // ESRCH (nobody left) is the expected answer near the end, and nothing else can be
         // done about an error here anyway.
         let _ = match kill_target(self.pid1, pgid) {
+            KillTarget::Namespace if self.relay.is_some() => {
+                for pid in all_but(&[getpid(), self.relay.expect("checked")]) {
+                    let _ = kill(pid, sig);
+                }
+                Ok(())
+            }
             KillTarget::Namespace => kill(Pid::from_raw(-1), sig),
             KillTarget::Group(g) => killpg(g, sig),
             KillTarget::Nobody => Ok(()),
@@ -386,14 +291,18 @@ impl Init {
     }
 
     fn run(mut self) -> i32 {
-        set_nonblocking(stdin(), true);
-        set_nonblocking(stdout(), true);
         if let Err(why) = self.await_start() {
             self.diag(&why);
             self.link.flush_all();
             return EXIT_SETUP_FAILED;
         }
         let start = self.start.clone().expect("await_start set it");
+        if let Some(id) = &start.link_id {
+            match Takeover::bind(id, start.takeover_uid) {
+                Ok(t) => self.takeover = Some(t),
+                Err(e) => self.diag(&format!("no takeover for this attempt: {e}")),
+            }
+        }
         let ended = match child::spawn(&start) {
             Ok(spawned) => self.supervise(&start, spawned),
             Err(failure) => {
@@ -409,11 +318,12 @@ impl Init {
                         Pipe { fd: None, kind: Kind::Stderr, bytes: 0 },
                     ],
                     handler: None,
+                    inbox: None,
                 }
             }
         };
-        self.report(&start, ended);
-        self.await_ack();
+        let record = self.finish(&start, ended);
+        self.deliver(&start, record);
         0
     }
 
@@ -436,8 +346,10 @@ impl Init {
             if !self.link.in_open {
                 return Err("the host closed the link before sending a start".into());
             }
-            let mut fds =
-                [PollFd::new(self.signals.as_fd(), PollFlags::POLLIN), PollFd::new(stdin(), PollFlags::POLLIN)];
+            let mut fds = [
+                PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.link.input(), PollFlags::POLLIN),
+            ];
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => return Err(format!("poll failed: {e}")),
@@ -447,33 +359,7 @@ impl Init {
                     return Err("stopped before a start arrived".into());
                 }
             }
-            self.read_host();
-        }
-    }
-
-    /// Reads what the host sent; frames are handled by the caller.
-    fn read_host(&mut self) {
-        if !self.link.in_open {
-            return;
-        }
-        let mut buf = [0u8; 16 << 10];
-        loop {
-            match nix::unistd::read(stdin(), &mut buf) {
-                Ok(0) => {
-                    self.link.in_open = false;
-                    return;
-                }
-                Ok(n) => {
-                    self.link.last_heard = Instant::now();
-                    self.link.decoder.feed(&buf[..n]);
-                }
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return,
-                Err(_) => {
-                    self.link.in_open = false;
-                    return;
-                }
-            }
+            self.link.read();
         }
     }
 
@@ -488,6 +374,7 @@ impl Init {
             grace: Duration::from_millis(start.grace_ms),
             handshake_by: start.handler.as_ref().map(|_| s.started + Duration::from_millis(start.handshake_ms)),
         };
+        self.command_pid = s.pid.as_raw();
         let mut pipes = [
             Pipe { fd: Some(s.stdout), kind: Kind::Stdout, bytes: 0 },
             Pipe { fd: Some(s.stderr), kind: Kind::Stderr, bytes: 0 },
@@ -508,104 +395,114 @@ impl Init {
                 channel: HandlerChannel::default(),
             }
         });
+        let mut inbox = Inbox::new(s.report, start.scope.clone(), s.started);
         self.payload = Vec::new();
         for p in &pipes {
             if let Some(fd) = &p.fd {
                 set_nonblocking(fd.as_fd(), true);
             }
         }
-        let started = Started { pid: s.pid.as_raw(), init_version: env!("CARGO_PKG_VERSION").to_owned() };
-        self.link.push(Kind::Started, &serde_json::to_vec(&started).expect("serialises"));
+        self.push_started(false);
         let mut buf = vec![0u8; CHUNK];
         // The command may have ended before the first SIGCHLD could be read.
         sup.reap_ready();
         while sup.end.is_none() {
-            self.host_frames(&mut sup, start);
+            self.host_frames(&mut sup);
             self.timers(&mut sup, start, handler.as_ref());
             if sup.end.is_some() {
                 break;
             }
             let flow = self.link.queued() < HIGH_WATER;
-            let (sig_ready, in_ready, out_ready, pipe_ready, h_in, h_out) = {
-                let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
-                let mut slots = Vec::new();
-                if self.link.in_open {
-                    fds.push(PollFd::new(stdin(), PollFlags::POLLIN));
-                    slots.push(Slot::HostIn);
+            let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+            let mut slots = vec![Slot::Signals];
+            if self.link.in_open {
+                fds.push(PollFd::new(self.link.input(), PollFlags::POLLIN));
+                slots.push(Slot::HostIn);
+            }
+            // While the host is lost, what it has not been sent stays queued for a takeover
+            // (up to the high-water mark; the command's pipes then wait).
+            if self.link.queued() > 0 && !self.link.out_dead && !self.host_lost {
+                fds.push(PollFd::new(self.link.output(), PollFlags::POLLOUT));
+                slots.push(Slot::HostOut);
+            }
+            for (i, p) in pipes.iter().enumerate() {
+                if let (Some(fd), true) = (&p.fd, flow) {
+                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    slots.push(Slot::Pipe(i));
                 }
-                if self.link.queued() > 0 {
-                    fds.push(PollFd::new(stdout(), PollFlags::POLLOUT));
-                    slots.push(Slot::HostOut);
+            }
+            if let Some(h) = &handler
+                && let Some(fd) = &h.fd
+            {
+                let mut ev = PollFlags::POLLIN;
+                if h.out_at < h.out.len() {
+                    ev |= PollFlags::POLLOUT;
                 }
-                for (i, p) in pipes.iter().enumerate() {
-                    if let (Some(fd), true) = (&p.fd, flow) {
-                        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                        slots.push(Slot::Pipe(i));
+                fds.push(PollFd::new(fd.as_fd(), ev));
+                slots.push(Slot::Handler);
+            }
+            if let Some(fd) = inbox.fd() {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                slots.push(Slot::Inbox);
+            }
+            let takeover_at = fds.len();
+            if let Some(t) = &self.takeover {
+                let more = t.poll_fds();
+                slots.extend(std::iter::repeat_n(Slot::Takeover, more.len()));
+                fds.extend(more);
+            }
+            let timeout = poll_timeout(self.next_timer(&sup, start));
+            let polled = poll(&mut fds, timeout);
+            let revents: Vec<Option<PollFlags>> = fds.iter().map(PollFd::revents).collect();
+            drop(fds);
+            if let Err(e) = polled
+                && e != Errno::EINTR
+            {
+                // Cannot happen with valid fds; if it does, end the attempt rather than spin.
+                self.diag(&format!("poll failed: {e}; killing the command"));
+                self.kill_everything(Signal::SIGKILL, Some(sup.pid));
+                sup.stopped_by = Some(StoppedBy::Kill);
+                let st = sup.child.wait().map(wait_status).unwrap_or(WaitStatus::Signal(0));
+                sup.end = Some((st, Instant::now()));
+                break;
+            }
+            let any = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+            let is = |i: usize, f: PollFlags| revents[i].is_some_and(|r| r.intersects(f));
+            let mut takeover_ready = false;
+            for (i, slot) in slots.iter().enumerate() {
+                match slot {
+                    Slot::Signals if is(i, PollFlags::POLLIN) => self.drain_signals(&mut sup),
+                    Slot::HostIn if is(i, any) => self.link.read(),
+                    Slot::Pipe(k) if is(i, any) => {
+                        pipes[*k].read_into(&mut self.link, &mut buf);
                     }
-                }
-                if let Some(h) = &handler
-                    && let Some(fd) = &h.fd
-                {
-                    let mut ev = PollFlags::POLLIN;
-                    if h.out_at < h.out.len() {
-                        ev |= PollFlags::POLLOUT;
-                    }
-                    fds.push(PollFd::new(fd.as_fd(), ev));
-                    slots.push(Slot::Handler);
-                }
-                let timeout = self.next_timer(&sup, start).map_or(PollTimeout::NONE, |t| {
-                    // Rounded up, so the loop does not wake just before the deadline.
-                    let ms = t.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000);
-                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
-                });
-                if let Err(e) = poll(&mut fds, timeout)
-                    && e != Errno::EINTR
-                {
-                    // Cannot happen with valid fds; if it does, end the attempt rather than spin.
-                    self.diag(&format!("poll failed: {e}; killing the command"));
-                    self.kill_everything(Signal::SIGKILL, Some(sup.pid));
-                    sup.stopped_by = Some(StoppedBy::Kill);
-                    let st = sup.child.wait().map(wait_status).unwrap_or(WaitStatus::Signal(0));
-                    sup.end = Some((st, Instant::now()));
-                    break;
-                }
-                let ready = |i: usize, f: PollFlags| fds[i].revents().is_some_and(|r| r.intersects(f));
-                let any = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
-                let mut r = (ready(0, PollFlags::POLLIN), false, false, [false; 2], false, false);
-                for (k, slot) in slots.iter().enumerate() {
-                    match slot {
-                        Slot::HostIn => r.1 = ready(k + 1, any),
-                        Slot::HostOut => r.2 = ready(k + 1, PollFlags::POLLOUT | PollFlags::POLLERR),
-                        Slot::Pipe(i) => r.3[*i] = ready(k + 1, any),
-                        Slot::Handler => {
-                            r.4 = ready(k + 1, any);
-                            r.5 = ready(k + 1, PollFlags::POLLOUT);
+                    Slot::Handler => {
+                        if let Some(h) = &mut handler {
+                            if is(i, PollFlags::POLLOUT) {
+                                h.write_some();
+                            }
+                            if is(i, any) {
+                                h.read();
+                            }
                         }
                     }
-                }
-                r
-            };
-            if sig_ready {
-                self.drain_signals(&mut sup, start);
-            }
-            if in_ready {
-                self.read_host();
-            }
-            for (i, ready) in pipe_ready.into_iter().enumerate() {
-                if ready {
-                    pipes[i].read_into(&mut self.link, &mut buf);
+                    Slot::Inbox if is(i, any) => {
+                        let link = &mut self.link;
+                        inbox.read(&mut |body| link.push(Kind::Report, body));
+                    }
+                    Slot::Takeover => takeover_ready = true,
+                    _ => {}
                 }
             }
-            if let Some(h) = &mut handler {
-                if h_out {
-                    h.write_some();
-                }
-                if h_in {
-                    h.read();
-                }
+            if takeover_ready {
+                let ended = sup.end.is_some();
+                self.try_takeover(&revents[takeover_at..], ended);
             }
-            if out_ready || self.link.queued() > 0 {
+            if self.link.queued() > 0 && !self.host_lost {
                 self.link.flush_some();
+                if self.link.out_dead {
+                    self.lose_host(&mut sup, start, "the link to the host broke");
+                }
             }
         }
         let (wait, at) = sup.end.take().expect("the loop only ends with the command");
@@ -617,17 +514,52 @@ impl Init {
             oom_guard: s.oom_guard,
             pipes,
             handler,
+            inbox: Some(inbox),
         }
     }
 
-    fn host_frames(&mut self, sup: &mut Supervisor, start: &Start) {
+    fn push_started(&mut self, ended: bool) {
+        let started = Started {
+            pid: self.command_pid,
+            init_version: env!("CARGO_PKG_VERSION").to_owned(),
+            resumed: self.takeovers > 0,
+            ended,
+        };
+        self.link.push(Kind::Started, &serde_json::to_vec(&started).expect("serialises"));
+    }
+
+    /// Checks the takeover candidates; on a winner, moves the link to it.
+    fn try_takeover(&mut self, revents: &[Option<PollFlags>], ended: bool) -> bool {
+        let Some(t) = &mut self.takeover else { return false };
+        let won = t.ready(&self.key, revents);
+        for why in std::mem::take(&mut t.refused) {
+            self.diag(&why);
+        }
+        let Some((socket, peer)) = won else { return false };
+        if let Err(e) = self.link.take_over(socket) {
+            self.diag(&format!("a takeover could not be completed: {e}"));
+            return false;
+        }
+        self.takeovers += 1;
+        self.relay = peer.map(Pid::from_raw);
+        self.host_lost = false;
+        self.abandon_at = None;
+        self.push_started(ended);
+        if self.link.cut_bytes > 0 {
+            let text = format!("{} bytes of a frame to the previous host were cut", self.link.cut_bytes);
+            self.diag(&text);
+        }
+        true
+    }
+
+    fn host_frames(&mut self, sup: &mut Supervisor) {
         loop {
             match self.link.decoder.next_frame() {
-                Ok(Some(f)) => match f.kind {
-                    Kind::Stop => self.begin_stop(sup, StoppedBy::Term, sup.grace),
-                    Kind::Heartbeat | Kind::Ack | Kind::Start => {}
-                    _ => {}
-                },
+                Ok(Some(f)) => {
+                    if f.kind == Kind::Stop {
+                        self.begin_stop(sup, StoppedBy::Term, sup.grace);
+                    }
+                }
                 Ok(None) => break,
                 Err(e) => {
                     let text = format!("the link from the host is broken: {e}");
@@ -638,24 +570,38 @@ impl Init {
             }
         }
         if !self.link.in_open && !self.host_lost {
-            self.lose_host(sup, start, "the host closed the link");
+            let start = self.start.clone().expect("started");
+            self.lose_host(sup, &start, "the host closed the link");
         }
+    }
+
+    /// Whether the init may wait for a takeover after losing the host.
+    fn may_wait(&self, start: &Start) -> bool {
+        self.takeover.is_some() && start.host_loss_grace_ms > 0 && !self.dismissed
     }
 
     fn lose_host(&mut self, sup: &mut Supervisor, start: &Start, why: &str) {
         self.host_lost = true;
+        self.host_lost_ever = true;
         self.diag(why);
-        if start.host_loss_grace_ms == 0 {
-            self.begin_stop(sup, StoppedBy::DeadMan, sup.grace.min(DEAD_MAN_GRACE_CAP));
-        } else {
+        if self.may_wait(start) {
             self.abandon_at = Some(Instant::now() + Duration::from_millis(start.host_loss_grace_ms));
+        } else {
+            self.begin_stop(sup, StoppedBy::DeadMan, sup.grace.min(DEAD_MAN_GRACE_CAP));
         }
     }
 
+    fn heartbeat_deadline(&self, start: &Start) -> Option<Instant> {
+        (start.heartbeat_timeout_ms > 0 && !self.host_lost)
+            .then(|| self.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms))
+    }
+
     fn next_timer(&self, sup: &Supervisor, start: &Start) -> Option<Instant> {
-        let heartbeat = (start.heartbeat_timeout_ms > 0 && !self.host_lost)
-            .then(|| self.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms));
-        [sup.kill_at, sup.handshake_by, heartbeat, self.abandon_at].into_iter().flatten().min()
+        let takeover = self.takeover.as_ref().and_then(Takeover::next_timer);
+        [sup.kill_at, sup.handshake_by, self.heartbeat_deadline(start), self.abandon_at, takeover]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn timers(&mut self, sup: &mut Supervisor, start: &Start, handler: Option<&HandlerSocket>) {
@@ -675,19 +621,18 @@ impl Init {
             self.diag("the handler runner did not say hello in time: is it a stevedore worker binary?");
             self.begin_stop(sup, StoppedBy::Handshake, sup.grace.min(DEAD_MAN_GRACE_CAP));
         }
-        if !self.host_lost
-            && start.heartbeat_timeout_ms > 0
-            && now >= self.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms)
-        {
+        if self.heartbeat_deadline(start).is_some_and(|t| now >= t) {
             self.lose_host(sup, start, "no frame from the host within the heartbeat timeout");
         }
         if self.abandon_at.is_some_and(|t| now >= t) {
             self.abandon_at = None;
+            self.dismissed = true;
+            self.diag("no host took the attempt over within the host-loss grace");
             self.begin_stop(sup, StoppedBy::DeadMan, sup.grace.min(DEAD_MAN_GRACE_CAP));
         }
     }
 
-    fn drain_signals(&mut self, sup: &mut Supervisor, _start: &Start) {
+    fn drain_signals(&mut self, sup: &mut Supervisor) {
         loop {
             let info = match self.signals.read_signal() {
                 Ok(Some(info)) => info,
@@ -705,7 +650,10 @@ impl Init {
                         info.ssi_signo, info.ssi_pid
                     ));
                 }
-                Ok(Signal::SIGTERM | Signal::SIGINT) => self.begin_stop(sup, StoppedBy::Term, sup.grace),
+                Ok(Signal::SIGTERM | Signal::SIGINT) => {
+                    self.dismissed = true;
+                    self.begin_stop(sup, StoppedBy::Term, sup.grace);
+                }
                 // Not the host's stop protocol, but the command may want them (reload, dump).
                 Ok(sig @ (Signal::SIGHUP | Signal::SIGQUIT)) if sup.end.is_none() => {
                     let _ = killpg(sup.pid, sig);
@@ -731,8 +679,8 @@ impl Init {
         };
     }
 
-    /// After the command: stragglers, streams, counters, the record, the outputs.
-    fn report(&mut self, start: &Start, mut ended: Ended) {
+    /// After the command: stragglers, streams, reports, counters; returns the record.
+    fn finish(&mut self, start: &Start, mut ended: Ended) -> InitRecord {
         let stragglers_killed = self.reap_stragglers(ended.pgid);
         // Every writer is gone (or, outside a pid namespace, escaped the group): take what
         // is in the pipes without waiting for more.
@@ -749,24 +697,70 @@ impl Init {
         if let Some(h) = &mut ended.handler {
             h.read();
         }
-        let record = InitRecord {
+        let reports = match &mut ended.inbox {
+            Some(inbox) => {
+                let link = &mut self.link;
+                inbox.read(&mut |body| link.push(Kind::Report, body));
+                inbox.counts()
+            }
+            None => wire::ReportCounts::default(),
+        };
+        InitRecord {
             wait: ended.wait,
             stopped_by: ended.stopped_by,
             stragglers_killed,
             wall_time_ms: u64::try_from(ended.wall_time.as_millis()).unwrap_or(u64::MAX),
-            cgroup: cgroup::read_counters(Path::new(cgroup::CGROUP_ROOT)),
+            cgroup: match &start.cgroup_dir {
+                Some(dir) => cgroup::read_counters(Path::new(dir)),
+                None => cgroup::unavailable("no cgroup of the attempt's own"),
+            },
             rusage: children_rusage(),
             out_fs: fs_space(Path::new(&start.outputs.dir)),
             oom_guard: ended.oom_guard,
             handler: ended.handler.map(|h| h.channel),
             stdout_bytes: ended.pipes[0].bytes,
             stderr_bytes: ended.pipes[1].bytes,
-            host_lost: self.host_lost,
-        };
-        let json = serde_json::to_vec(&record).expect("a record always serialises");
-        self.link.push(Kind::Record, &wire::seal(&self.key, &json));
+            host_lost: self.host_lost_ever,
+            takeovers: self.takeovers,
+            reports,
+        }
+    }
+
+    /// The record as it stands now (a takeover after the end counts), MACed.
+    fn sealed(&self, record: &mut InitRecord) -> Vec<u8> {
+        record.takeovers = self.takeovers;
+        record.host_lost |= self.host_lost_ever;
+        let json = serde_json::to_vec(record).expect("a record always serialises");
+        wire::seal(&self.key, &json)
+    }
+
+    /// Sends the record and the outputs, and waits for the ack; on a takeover meanwhile,
+    /// sends them again to the new host.
+    fn deliver(&mut self, start: &Start, mut record: InitRecord) {
+        loop {
+            let sealed = self.sealed(&mut record);
+            if !self.link.out_dead {
+                if !self.host_lost {
+                    self.send_record(start, &sealed);
+                } else if !self.may_wait(start) {
+                    // Nobody will take over: the record goes out for whoever still reads
+                    // the old link; the outputs would only be written into the void.
+                    self.link.push(Kind::Record, &sealed);
+                    self.link.flush_all();
+                    return;
+                }
+            }
+            match self.after_record(start) {
+                AfterRecord::Acked | AfterRecord::Abandoned => return,
+                AfterRecord::TakenOver => {}
+            }
+        }
+    }
+
+    fn send_record(&mut self, start: &Start, sealed: &[u8]) {
+        self.link.push(Kind::Record, sealed);
         self.link.flush_all();
-        if self.host_lost || self.link.out_dead {
+        if self.link.out_dead {
             return;
         }
         let mut end = {
@@ -784,49 +778,67 @@ impl Init {
         self.link.flush_all();
     }
 
-    /// Waits for the host's ack (or for it to go away), so the record stays available until
-    /// it arrived.
-    fn await_ack(&mut self) {
-        let start = self.start.clone().expect("started");
-        let deadline = |me: &Self| {
-            (start.heartbeat_timeout_ms > 0)
-                .then(|| me.link.last_heard + Duration::from_millis(start.heartbeat_timeout_ms))
-        };
+    /// Waits for the host's ack, so the record stays available until it arrived; a host lost
+    /// meanwhile may be replaced by a takeover within the host-loss grace.
+    fn after_record(&mut self, start: &Start) -> AfterRecord {
         loop {
             loop {
                 match self.link.decoder.next_frame() {
-                    Ok(Some(f)) if f.kind == Kind::Ack => return,
+                    Ok(Some(f)) if f.kind == Kind::Ack => return AfterRecord::Acked,
                     Ok(Some(_)) => {}
                     Ok(None) => break,
-                    Err(_) => return,
+                    Err(_) => {
+                        self.link.in_open = false;
+                        break;
+                    }
                 }
             }
-            if !self.link.in_open || self.host_lost {
-                return;
+            let now = Instant::now();
+            let lost =
+                !self.link.in_open || self.link.out_dead || self.heartbeat_deadline(start).is_some_and(|t| now >= t);
+            if lost && !self.host_lost {
+                self.host_lost = true;
+                self.host_lost_ever = true;
+                if self.may_wait(start) {
+                    self.abandon_at = Some(now + Duration::from_millis(start.host_loss_grace_ms));
+                }
             }
-            let timeout = deadline(self).map_or(PollTimeout::NONE, |t| {
-                let ms = t.saturating_duration_since(Instant::now()).as_millis();
-                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
-            });
-            let mut fds =
-                [PollFd::new(self.signals.as_fd(), PollFlags::POLLIN), PollFd::new(stdin(), PollFlags::POLLIN)];
+            if self.host_lost && (!self.may_wait(start) || self.abandon_at.is_none_or(|t| now >= t)) {
+                return AfterRecord::Abandoned;
+            }
+            let takeover = self.takeover.as_ref().and_then(Takeover::next_timer);
+            let timeout =
+                poll_timeout([self.heartbeat_deadline(start), self.abandon_at, takeover].into_iter().flatten().min());
+            let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+            if self.link.in_open {
+                fds.push(PollFd::new(self.link.input(), PollFlags::POLLIN));
+            }
+            let takeover_at = fds.len();
+            if let Some(t) = &self.takeover {
+                fds.extend(t.poll_fds());
+            }
             match poll(&mut fds, timeout) {
-                Ok(0) => return,
                 Ok(_) | Err(Errno::EINTR) => {}
-                Err(_) => return,
+                Err(_) => return AfterRecord::Abandoned,
             }
+            let revents: Vec<Option<PollFlags>> = fds.iter().map(PollFd::revents).collect();
+            drop(fds);
             while let Ok(Some(info)) = self.signals.read_signal() {
                 if matches!(Signal::try_from(info.ssi_signo as i32), Ok(Signal::SIGTERM | Signal::SIGINT)) {
-                    return;
+                    return AfterRecord::Abandoned;
                 }
             }
-            self.read_host();
+            if self.takeover.is_some() && self.try_takeover(&revents[takeover_at..], true) {
+                return AfterRecord::TakenOver;
+            }
+            self.link.read();
         }
     }
 
     /// SIGKILLs whatever is left after the main child ended and reaps it all; returns how
     /// many had to be killed. Those that had already exited by themselves are reaped first
-    /// and not counted.
+    /// and not counted. Outside a pid namespace, processes that left the command's group
+    /// come back to the init (a subreaper) as their parents die, and are killed in turn.
     fn reap_stragglers(&self, pgid: Option<Pid>) -> u32 {
         loop {
             match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
@@ -836,9 +848,15 @@ impl Init {
                 Err(_) => break,
             }
         }
-        self.kill_everything(Signal::SIGKILL, pgid);
+        let me = getpid();
         let mut n = 0u32;
         loop {
+            self.kill_everything(Signal::SIGKILL, pgid);
+            if !self.pid1 {
+                for pid in children_of(me) {
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+            }
             match waitpid(None::<Pid>, None) {
                 Ok(_) | Err(Errno::EINVAL) => n = n.saturating_add(1),
                 Err(Errno::EINTR) => {}
@@ -848,12 +866,12 @@ impl Init {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Slot {
-    HostIn,
-    HostOut,
-    Pipe(usize),
-    Handler,
+fn poll_timeout(at: Option<Instant>) -> PollTimeout {
+    at.map_or(PollTimeout::NONE, |t| {
+        // Rounded up, so the loop does not wake just before the deadline.
+        let ms = t.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000);
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+    })
 }
 
 /// The supervision loop's view of the command.

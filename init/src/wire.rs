@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -45,6 +45,13 @@ pub const KEY_LEN: usize = 32;
 /// The fd on which a handler runner finds its socket to the init: its stdin (a plain
 /// command's stdin is `/dev/null`). The runner moves it elsewhere first thing.
 pub const HANDLER_FD: i32 = 0;
+
+/// The fd on which the command (and everything it starts) finds its report socket to the
+/// init ([`env::REPORT_FD`] says so too). Reports sent on it belong to this attempt.
+pub const REPORT_FD: i32 = 3;
+
+/// The largest report a command may send, as JSON.
+pub const MAX_REPORT_BYTES: usize = 4 << 10;
 
 /// Where the attempt's inputs are, read-only.
 pub const IN_DIR: &str = "/in";
@@ -71,8 +78,13 @@ pub mod env {
     pub const OUT: &str = "STEVEDORE_OUT";
     /// For a handler runner: the fd of its socket to the init.
     pub const HANDLER_FD: &str = "STEVEDORE_HANDLER_FD";
+    /// The fd of the report socket ([`super::REPORT_FD`]).
+    pub const REPORT_FD: &str = "STEVEDORE_REPORT_FD";
+    /// The path of stevedore's init binary inside the sandbox, whose `report` verb sends
+    /// reports: `"$STEVEDORE_INIT" report progress 40`.
+    pub const INIT: &str = "STEVEDORE_INIT";
     /// All of them.
-    pub const ALL: &[&str] = &[JOB_ID, ATTEMPT, IN, OUT, HANDLER_FD];
+    pub const ALL: &[&str] = &[JOB_ID, ATTEMPT, IN, OUT, HANDLER_FD, REPORT_FD, INIT];
     /// Variables the dynamic loader or glibc read at start-up. The container's process
     /// environment sets each to empty for PID 1 (an image's `ENV` cannot be removed, only
     /// overridden); the command gets the image's values back through [`super::Start::env`].
@@ -113,6 +125,9 @@ pub enum Kind {
     Stop = 0x03,
     /// host → init: the record and outputs arrived; the init may exit.
     Ack = 0x04,
+    /// host → init, on a takeover connection: the answer to the init's [`Kind::Challenge`]
+    /// ([`takeover_answer`]).
+    Takeover = 0x05,
     /// init → host: the command started ([`Started`]).
     Started = 0x10,
     /// init → host: bytes the command wrote on its stdout.
@@ -129,6 +144,8 @@ pub enum Kind {
     Report = 0x16,
     /// init → host: a diagnostic of the init itself, as text.
     Diag = 0x17,
+    /// init → host, first on a takeover connection: random bytes the host must answer.
+    Challenge = 0x18,
     /// handler → init: the runner speaks the protocol ([`HandlerHello`]).
     HandlerHello = 0x20,
     /// init → handler: what to run ([`HandlerRequest`]).
@@ -147,6 +164,7 @@ impl Kind {
             0x02 => Kind::Heartbeat,
             0x03 => Kind::Stop,
             0x04 => Kind::Ack,
+            0x05 => Kind::Takeover,
             0x10 => Kind::Started,
             0x11 => Kind::Stdout,
             0x12 => Kind::Stderr,
@@ -155,6 +173,7 @@ impl Kind {
             0x15 => Kind::OutputEnd,
             0x16 => Kind::Report,
             0x17 => Kind::Diag,
+            0x18 => Kind::Challenge,
             0x20 => Kind::HandlerHello,
             0x21 => Kind::HandlerRequest,
             0x22 => Kind::HandlerPayload,
@@ -172,7 +191,9 @@ impl Kind {
             Kind::Stdout | Kind::Stderr | Kind::Output => MAX_CHUNK,
             Kind::Record => MAC_LEN + 2 * MAX_RECORD_BYTES,
             Kind::OutputEnd => 1 << 20,
-            Kind::Report | Kind::Diag => 16 << 10,
+            Kind::Takeover | Kind::Challenge => MAC_LEN,
+            Kind::Report => MAX_REPORT_BYTES + 256,
+            Kind::Diag => 16 << 10,
             Kind::HandlerRequest => 1 << 20,
             Kind::HandlerPayload => MAX_PAYLOAD_BYTES,
             Kind::HandlerRecord => MAX_RECORD_BYTES,
@@ -336,6 +357,84 @@ pub struct Start {
     pub host_loss_grace_ms: u64,
     /// Where the outputs are, and the caps on what is sent of them.
     pub outputs: OutputSpec,
+    /// The attempt this link belongs to: a report naming any other is refused.
+    pub scope: Scope,
+    /// Names the init's takeover socket (the abstract unix socket
+    /// `stevedore-takeover-<link_id>`, see [`takeover_socket_name`]); `None`: no takeover.
+    pub link_id: Option<String>,
+    /// When set, only connections from this uid may try a takeover (the process rung,
+    /// whose abstract socket namespace is the host's).
+    pub takeover_uid: Option<u32>,
+    /// Resource limits applied to the command with `setrlimit`.
+    pub rlimits: Vec<Rlimit>,
+    /// The cgroup whose counters the record carries (the container's own root inside a
+    /// container); `None`: none is read.
+    pub cgroup_dir: Option<String>,
+}
+
+/// The attempt a link belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scope {
+    /// The job ID.
+    pub job_id: String,
+    /// The attempt number.
+    pub attempt: u32,
+}
+
+/// A `setrlimit` resource the init may set on the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlimitResource {
+    /// Open files per process (`RLIMIT_NOFILE`).
+    Nofile,
+    /// Processes of the command's uid in all, every attempt of that uid counted
+    /// (`RLIMIT_NPROC`).
+    Nproc,
+    /// The largest core dump (`RLIMIT_CORE`).
+    Core,
+    /// CPU seconds per process (`RLIMIT_CPU`): total time, not a rate.
+    Cpu,
+    /// The largest file a process may write (`RLIMIT_FSIZE`).
+    Fsize,
+}
+
+/// One resource limit for the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimit {
+    /// Which.
+    pub resource: RlimitResource,
+    /// The soft limit.
+    pub soft: u64,
+    /// The hard limit.
+    pub hard: u64,
+}
+
+/// The abstract unix socket name (without the leading NUL) of a link's takeover socket.
+pub fn takeover_socket_name(link_id: &str) -> String {
+    format!("stevedore-takeover-{link_id}")
+}
+
+/// Whether `id` is a valid link ID: 32 lowercase hex digits.
+pub fn valid_link_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The answer to a takeover challenge: the HMAC of the challenge under the attempt key.
+pub fn takeover_answer(key: &[u8; KEY_LEN], challenge: &[u8]) -> [u8; MAC_LEN] {
+    let mut mac = HmacSha256::new_from_slice(key).expect("any key length works");
+    mac.update(b"stevedore-takeover\0");
+    mac.update(challenge);
+    mac.finalize().into_bytes().into()
+}
+
+/// Checks a takeover answer in constant time.
+pub fn takeover_verify(key: &[u8; KEY_LEN], challenge: &[u8], answer: &[u8]) -> bool {
+    let mut mac = HmacSha256::new_from_slice(key).expect("any key length works");
+    mac.update(b"stevedore-takeover\0");
+    mac.update(challenge);
+    mac.verify_slice(answer).is_ok()
 }
 
 /// Which outputs the init sends back, and how many.
@@ -603,8 +702,29 @@ pub struct InitRecord {
     pub stdout_bytes: u64,
     /// See `stdout_bytes`.
     pub stderr_bytes: u64,
-    /// Whether the host was lost at some point (the init then stopped the command).
+    /// Whether the host was lost at some point.
     pub host_lost: bool,
+    /// Takeovers of the link by a host that proved the key.
+    pub takeovers: u32,
+    /// What became of the command's reports.
+    pub reports: ReportCounts,
+}
+
+/// What the init did with the reports the command sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportCounts {
+    /// Forwarded to the host.
+    pub forwarded: u64,
+    /// Dropped by the rate limit (a burst, then a steady rate).
+    pub dropped_rate: u64,
+    /// Dropped because the attempt's total was reached, or the socket was closed for a
+    /// flood of bytes.
+    pub dropped_total: u64,
+    /// Refused: malformed, too large, or naming another attempt.
+    pub refused: u64,
+    /// Why the first few were refused.
+    pub refusals: Vec<String>,
 }
 
 /// What the init says when the command started.
@@ -615,6 +735,12 @@ pub struct Started {
     pub pid: i32,
     /// The init's version.
     pub init_version: String,
+    /// Sent again on a takeover: the new host continues the attempt from here.
+    #[serde(default)]
+    pub resumed: bool,
+    /// On a takeover: whether the command had already ended.
+    #[serde(default)]
+    pub ended: bool,
 }
 
 /// One output entry that was not sent, with why.
@@ -769,6 +895,11 @@ mod tests {
             heartbeat_timeout_ms: 0,
             host_loss_grace_ms: 0,
             outputs: OutputSpec { dir: "/out".into(), max_files: 10, max_bytes: 100 },
+            scope: Scope { job_id: "j".into(), attempt: 1 },
+            link_id: Some("0".repeat(32)),
+            takeover_uid: None,
+            rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
+            cgroup_dir: None,
         }
     }
 
@@ -851,6 +982,21 @@ mod tests {
         assert!(matches!(parse_claim::<HandlerRecord>(extra, 1000), Err(ClaimError::Invalid(_))));
         let good = br#"{"result":"ok","error":"","permanent":false,"fingerprint":"x"}"#;
         assert_eq!(parse_claim::<HandlerRecord>(good, 1000).unwrap().result, HandlerResult::Ok);
+    }
+
+    #[test]
+    fn takeover_answers_need_the_key() {
+        let key = parse_key(&"ab".repeat(KEY_LEN)).unwrap();
+        let other = parse_key(&"cd".repeat(KEY_LEN)).unwrap();
+        let a = takeover_answer(&key, b"challenge");
+        assert!(takeover_verify(&key, b"challenge", &a));
+        assert!(!takeover_verify(&key, b"challengf", &a));
+        assert!(!takeover_verify(&other, b"challenge", &a));
+        assert!(!takeover_verify(&key, b"challenge", &a[..31]));
+        assert!(valid_link_id(&"0f".repeat(16)));
+        for bad in ["", "0F".repeat(16).as_str(), "0".repeat(31).as_str(), "../x"] {
+            assert!(!valid_link_id(bad), "{bad}");
+        }
     }
 
     #[test]

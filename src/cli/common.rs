@@ -127,3 +127,57 @@ pub fn own_tag(rung: &ContainerExecutor) -> Result<(std::path::PathBuf, String),
 pub fn mint_worker() -> String {
     format!("cli-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
 }
+
+/// The command's hooks: the checkpoint into a file, reports onto stderr.
+#[derive(Debug)]
+pub struct CliHooks {
+    /// Where the checkpoint goes, if anywhere.
+    pub checkpoint: Option<PathBuf>,
+    /// Whether reports stay off stderr.
+    pub quiet: bool,
+}
+
+impl crate::contract::Hooks for CliHooks {
+    fn checkpoint<'a>(&'a self, c: &'a crate::contract::Checkpoint) -> crate::contract::HookResult<'a> {
+        Box::pin(async move {
+            let Some(path) = &self.checkpoint else { return Ok(()) };
+            write_secret(path, c.to_json().as_bytes()).map_err(|e| {
+                crate::contract::HookError::new(format!("cannot write the checkpoint {}: {e}", path.display()))
+            })
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        _: &'a crate::contract::AttemptRef,
+        r: &'a crate::contract::SandboxReport,
+    ) -> crate::contract::HookResult<'a> {
+        Box::pin(async move {
+            if !self.quiet {
+                eprintln!("stevedore: report {}", report_line(r));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One report as a line for people.
+pub fn report_line(r: &crate::contract::SandboxReport) -> String {
+    use crate::contract::ReportKind;
+    let text = r.report.text.as_deref().map(|t| format!(" {t}")).unwrap_or_default();
+    match r.report.kind {
+        ReportKind::Progress => format!("progress {}%{text}", r.report.percent.unwrap_or(0.0)),
+        ReportKind::Heartbeat => "heartbeat".into(),
+        ReportKind::Note => format!("note{text}"),
+        ReportKind::Data => format!("data {}", r.report.value.as_ref().map(ToString::to_string).unwrap_or_default()),
+    }
+}
+
+/// Writes a new file only this user can read (never through a symlink, never over a file).
+pub fn write_secret(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}

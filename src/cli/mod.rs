@@ -4,6 +4,7 @@ mod census;
 mod common;
 mod image;
 mod reclaim;
+mod recover;
 mod run;
 mod smoke;
 
@@ -59,6 +60,10 @@ enum Command {
                             Prints a JSON summary (containers_removed, volumes_removed, stale_images, \
                             images_removed). Exit status: 0 when the sweep ran, 1 when it could not.")]
     Reclaim(reclaim::ReclaimArgs),
+    /// Finish an attempt whose `stevedore run --checkpoint FILE` died, from FILE
+    #[command(after_help = "Prints the Outcome as one JSON line (evidence.recovered says how). Exit status: 0 \
+                            when the attempt was recovered, 125 when it could not be (it is then removed).")]
+    Recover(recover::RecoverArgs),
     /// Make worker images
     #[command(subcommand, override_usage = "stevedore image COMMAND", disable_help_subcommand = true)]
     Image(image::ImageCommand),
@@ -82,6 +87,7 @@ pub fn main(handlers: Handlers) -> ExitCode {
             Command::Smoke => smoke::smoke(&cli.global, &handlers).await,
             Command::Run(args) => run::run(&cli.global, *args, &handlers).await,
             Command::Reclaim(args) => reclaim::reclaim(&cli.global, args).await,
+            Command::Recover(args) => recover::recover(&cli.global, args).await,
             Command::Image(cmd) => image::image(&cli.global, cmd, &handlers).await,
         }
     });

@@ -82,6 +82,14 @@ pub struct RunArgs {
     /// Exit with the attempt's exit code (or 128+signal) instead of 0
     #[arg(long, help_heading = "Output")]
     exit_status: bool,
+    /// Write the attempt's checkpoint to FILE (0600, new) before its command starts, so that
+    /// `stevedore recover FILE` can finish it if this process dies
+    #[arg(long, value_name = "FILE", help_heading = "Recovery")]
+    checkpoint: Option<PathBuf>,
+    /// How long the attempt keeps running after this process is gone, waiting for
+    /// `stevedore recover` (default 0: it is stopped at once)
+    #[arg(long, value_name = "DUR", help_heading = "Recovery")]
+    host_loss_grace: Option<String>,
     /// Run this handler of the worker image instead of a command
     #[arg(long, value_name = "NAME", conflicts_with = "argv", help_heading = "Handler")]
     handler: Option<String>,
@@ -185,6 +193,9 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         if let Some(n) = &a.network {
             common::choose_network(cfg, n)?;
         }
+        if let Some(g) = &a.host_loss_grace {
+            cfg.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
+        }
         Ok(())
     };
     let rung = match common::rung(g, 125, adjust).await {
@@ -201,6 +212,10 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     if a.worker.is_none() {
         eprintln!("stevedore: worker {}", req.worker_id);
     }
+    req.hooks = Some(crate::contract::HookSet(std::sync::Arc::new(common::CliHooks {
+        checkpoint: a.checkpoint.clone(),
+        quiet: a.quiet,
+    })));
     if !a.quiet {
         let (live, mut chunks) = LiveOutput::channel(256);
         req.live = Some(live);

@@ -4,10 +4,11 @@
 use super::cleanup::Cleanup;
 use super::executor::Shared;
 use super::finish::assess;
+use super::launch::Running;
 use super::launch::launch;
 use super::prepare::prepare;
 use super::spec::Applied;
-use super::supervise::supervise;
+use super::supervise::{Ended, supervise};
 use crate::contract::{LaunchError, Outcome, Request, judge};
 use crate::engine::ContainerState;
 use std::sync::Arc;
@@ -53,13 +54,30 @@ async fn attempt(
             return Err(e);
         }
     };
-    tracing::Span::current().record("container_id", running.container_id.as_str());
+    tracing::Span::current().record("container_id", running.ledger.container_id.as_str());
     let ended = supervise(&shared, req, &mut running, &cancel).await;
+    let (outcome, silent) = conclude(&shared, req, &mut running, ended, cleanup).await;
+    if let Some(detail) = silent {
+        return Err(LaunchError::HandlerProtocol { image: plan.image_ref.clone(), detail });
+    }
+    Ok(outcome)
+}
+
+/// After supervision: the engine's state if the record is missing, the cleanup, the
+/// assessment, the judge, the outcome hook. Returns the outcome, and what was seen of a
+/// handler runner that never spoke the protocol (the caller decides what that means).
+pub(crate) async fn conclude(
+    shared: &Arc<Shared>,
+    req: &Request,
+    running: &mut Running,
+    ended: Ended,
+    cleanup: Cleanup,
+) -> (Outcome, Option<String>) {
     // Without a verified record the engine's own state is the only witness left.
     let state = if ended.record.as_ref().is_some_and(Result::is_ok) {
         None
     } else {
-        match shared.engine.api.inspect_container(&plan.name).await {
+        match shared.engine.api.inspect_container(&running.ledger.name).await {
             Ok(s) => Some(s),
             Err(e) if e.is_not_found() => None,
             Err(e) => {
@@ -70,20 +88,25 @@ async fn attempt(
     };
     let removed = cleanup.run().await;
     let stderr_path = ended.received.stderr.path.clone();
-    let assessed = assess(&shared, req, &plan, &running, ended, state, removed);
-    if assessed.handler_silent {
+    let delivered = crate::link::reports::finish(running.reports.take()).await;
+    let assessed = assess(shared, req, &running.ledger, ended, state, removed, delivered);
+    let silent = assessed.handler_silent.then(|| {
         let exit = match assessed.judgement.facts.exit {
             crate::contract::Exit::Code(c) => format!("it exited with code {c}"),
             crate::contract::Exit::Signal(s) => format!("it was killed by signal {s}"),
             crate::contract::Exit::Unknown => "it never said hello".to_owned(),
         };
         let tail = stderr_path.as_deref().map(tail_of).unwrap_or_default();
-        let detail = if tail.is_empty() { exit } else { format!("{exit}; its stderr ends with: {tail}") };
-        return Err(LaunchError::HandlerProtocol { image: plan.image_ref.clone(), detail });
-    }
-    let outcome = judge(req, assessed.judgement);
+        if tail.is_empty() { exit } else { format!("{exit}; its stderr ends with: {tail}") }
+    });
+    let mut outcome = judge(req, assessed.judgement);
     tracing::info!(status = %outcome.status, reason = ?outcome.reason, "attempt finished");
-    Ok(outcome)
+    if silent.is_none()
+        && let Some(hooks) = &req.hooks
+    {
+        hooks.deliver_outcome(&mut outcome).await;
+    }
+    (outcome, silent)
 }
 
 /// The last line or so of a capture file.

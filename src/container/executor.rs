@@ -3,7 +3,10 @@
 
 use super::config::ContainerConfig;
 use super::tools::ToolsVolume;
-use crate::contract::{BoxFuture, Executor, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request};
+use crate::contract::{
+    BoxFuture, Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError,
+    Request,
+};
 use crate::engine::Engine;
 use crate::hostdir::PrivateDir;
 use std::collections::HashSet;
@@ -196,5 +199,14 @@ impl Executor for ContainerExecutor {
             self.shared.tracker.close();
             self.shared.tracker.wait().await;
         })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        hooks: Option<HookSet>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
+        Box::pin(super::recover::recover(self.shared.clone(), checkpoint, hooks, cancel))
     }
 }

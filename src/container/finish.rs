@@ -4,12 +4,12 @@
 
 use super::cleanup::Removed;
 use super::executor::Shared;
-use super::launch::Running;
-use super::prepare::Plan;
+use super::ledger::Ledger;
 use super::supervise::Ended;
-use crate::contract::{Evidence, Exit, Judgement, Record, Request, Source, Task, Usage};
+use crate::contract::{Evidence, Exit, Judgement, Record, Request, Source, Usage};
 use crate::engine::ContainerState;
 use crate::link::claims::{self, Bounds};
+use crate::link::reports::{self, Delivered};
 
 /// The judge's inputs, and whether the handler runner never spoke the protocol.
 pub(crate) struct Assessed {
@@ -20,11 +20,11 @@ pub(crate) struct Assessed {
 pub(crate) fn assess(
     shared: &Shared,
     req: &Request,
-    plan: &Plan,
-    running: &Running,
+    ledger: &Ledger,
     ended: Ended,
     state: Option<ContainerState>,
     removed: Removed,
+    delivered: Option<Delivered>,
 ) -> Assessed {
     let cfg = &shared.config;
     let facts_e = shared.engine.facts();
@@ -34,21 +34,21 @@ pub(crate) fn assess(
         level: Some(cfg.level()),
         worker: req.worker_id.clone(),
         incarnation: shared.incarnation.clone(),
-        started_at_unix_ms: Some(plan.started_ms),
+        started_at_unix_ms: Some(ledger.started_ms),
         finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
-        container_id: Some(running.container_id.clone()),
-        image: Some(plan.image_ref.clone()),
-        image_id: Some(plan.image.id.clone()),
+        container_id: Some(ledger.container_id.clone()),
+        image: Some(ledger.image_ref.clone()),
+        image_id: Some(ledger.image_id.clone()),
         engine_version: Some(facts_e.engine_version.clone()),
         api_version: Some(facts_e.api_version.clone()),
         runtime: Some(cfg.runtime.clone().unwrap_or_else(|| facts_e.default_runtime.clone())),
-        enforcement: running.enforcement.clone(),
-        skipped: running.skipped.clone(),
-        limits_narrowed: plan.applied.narrowed.clone(),
-        env_overrides: plan.env.overrides.clone(),
-        ports: running.ports.clone(),
-        init: Some(format!("volume {} (init sha256:{})", running.tools.volume, running.tools.digest)),
-        inputs: running.inputs.clone(),
+        enforcement: ledger.enforcement.clone(),
+        skipped: ledger.skipped.clone(),
+        limits_narrowed: ledger.narrowed.clone(),
+        env_overrides: ledger.env_overrides.clone(),
+        ports: ledger.ports.clone(),
+        init: Some(format!("volume {} (init sha256:{})", ledger.tools_volume, ledger.tools_digest)),
+        inputs: ledger.inputs.clone(),
         live_dropped_bytes: got.live_dropped,
         ..Evidence::default()
     };
@@ -71,19 +71,23 @@ pub(crate) fn assess(
     if ended.collection_timed_out {
         ev.notes.push("collecting the outputs took too long and was stopped".into());
     }
+    if ended.cancelled_by_hook {
+        ev.notes.push("the engine's cancellation hook asked for the stop".into());
+    }
+    ev.hook_failures.extend(ended.poll_failures.iter().cloned());
     if got.live_dropped > 0 {
         ev.notes.push(format!("{} bytes of live output did not fit the caller's channel", got.live_dropped));
     }
-    let expects_handler = matches!(req.task, Task::Handler(_));
+    let expects_handler = ledger.expects_handler;
     let mut j = Judgement::default();
     let mut handler_silent = false;
     match &ended.record {
         Some(Ok(rec)) => {
-            let cpus = plan.applied.cpu_millis.map(|m| m as f64 / 1000.0).unwrap_or(facts_e.ncpu.max(1) as f64);
+            let cpus = ledger.cpu_millis.map(|m| m as f64 / 1000.0).unwrap_or(facts_e.ncpu.max(1) as f64);
             let bounds = Bounds {
                 host_wall: ended.host_wall,
                 cpus: cpus.min(facts_e.ncpu.max(1) as f64),
-                memory: plan.applied.memory,
+                memory: ledger.memory,
             };
             let c = claims::apply(rec, bounds, expects_handler, ended.deadline_fired, ended.cancelled, &mut ev);
             handler_silent = expects_handler && c.handler_silent;
@@ -96,7 +100,7 @@ pub(crate) fn assess(
             }
             if let Some(fs) = &rec.out_fs
                 && fs.free_bytes < (1 << 20).max(fs.total_bytes / 100)
-                && fs.total_bytes.saturating_sub(fs.free_bytes) + (2 << 20) >= plan.applied.disk
+                && fs.total_bytes.saturating_sub(fs.free_bytes) + (2 << 20) >= ledger.disk
             {
                 j.facts.disk_full = true;
             }
@@ -110,7 +114,7 @@ pub(crate) fn assess(
             j.facts.cancelled = ended.cancelled;
             j.facts.removed_externally = state.is_none()
                 || state.as_ref().is_some_and(|s| s.removing)
-                || removed.by_others.iter().any(|c| c == &plan.name);
+                || removed.by_others.iter().any(|c| c == &ledger.name);
             // stevedore's init never exits above 128 by itself: such a code is a signal from outside.
             j.facts.exit = match state.as_ref().and_then(|s| s.exit_code) {
                 Some(c) if c > 128 => Exit::Signal((c - 128) as i32),
@@ -125,6 +129,8 @@ pub(crate) fn assess(
             j.usage.sources.peak_memory_bytes = Some(Source::unavailable("no record from the init"));
         }
     }
+    let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);
+    ev.reports = reports::seen(init_reports, &got.reports, delivered, &mut ev.hook_failures);
     outputs(&ended, &mut j, &mut ev);
     j.evidence = ev;
     Assessed { judgement: j, handler_silent }

@@ -4,11 +4,16 @@
 
 use super::cleanup::{Leftovers, creating};
 use super::executor::Shared;
+use super::ledger::Ledger;
 use super::prepare::Plan;
 use super::spec::{self, volume_mount};
 use super::tools::{self, ToolsVolume};
-use crate::contract::{InputsStaged, LaunchError, Request, Task};
+use crate::contract::{
+    CHECKPOINT_VERSION, Checkpoint, HOOK_TIMEOUT, HookError, InputsStaged, LaunchError, LinkSecret, Request, Target,
+    Task,
+};
 use crate::engine::{ByteStream, Chunk};
+use crate::link::reports::{self, ReportRoute};
 use crate::link::session::{self, Event, Inbound, OutputsSink, ReaderSetup, Received, Sender};
 use crate::link::{CappedLog, LiveSink};
 use crate::wire::{self, HandlerRequest, IN_DIR, KEY_LEN, OUT_DIR, OutputSpec, Start};
@@ -23,17 +28,14 @@ use tokio_util::sync::CancellationToken;
 /// A started container and the tasks around it.
 #[derive(Debug)]
 pub(crate) struct Running {
-    pub container_id: String,
+    pub ledger: Ledger,
     pub started: Instant,
     pub sender: Sender,
     pub events: mpsc::UnboundedReceiver<Event>,
     pub reader: tokio::task::JoinHandle<Received>,
     pub heartbeat: Option<tokio::task::JoinHandle<()>>,
-    pub enforcement: BTreeMap<String, String>,
-    pub skipped: BTreeMap<String, String>,
-    pub ports: BTreeMap<String, String>,
-    pub tools: ToolsVolume,
-    pub inputs: Option<InputsStaged>,
+    /// The task handing reports to the engine's hook.
+    pub reports: Option<tokio::task::JoinHandle<reports::Delivered>>,
 }
 
 impl Drop for Running {
@@ -90,15 +92,24 @@ pub(crate) async fn launch(
         .log_base()
         .and_then(|base| base.subdir(&req.worker_id))
         .map_err(|e| LaunchError::Staging { what: "the capture dir".into(), source: Box::new(e) })?;
-    let capture = |stream: &str| {
-        CappedLog::create(&logs, &format!("{}.{stream}", plan.name), cfg.log_cap_bytes)
-            .map_err(|e| LaunchError::Staging { what: format!("the {stream} capture"), source: Box::new(e) })
+    let capture_names = [format!("{}.stdout", plan.name), format!("{}.stderr", plan.name)];
+    let capture = |name: &str| {
+        CappedLog::create(&logs, name, cfg.log_cap_bytes)
+            .map_err(|e| LaunchError::Staging { what: format!("the capture {name}"), source: Box::new(e) })
     };
     let key: [u8; KEY_LEN] = rand::random();
+    let link_id: String = rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect();
+    let (report_tx, report_task) = match &req.hooks {
+        Some(h) => {
+            let (tx, task) = reports::forward(h.clone(), req.attempt_ref());
+            (Some(tx), Some(task))
+        }
+        None => (None, None),
+    };
     let setup = ReaderSetup {
         key,
-        stdout: capture("stdout")?,
-        stderr: capture("stderr")?,
+        stdout: capture(&capture_names[0])?,
+        stderr: capture(&capture_names[1])?,
         live: LiveSink::new(req.live.clone()),
         outputs: OutputsSink {
             dest: plan
@@ -107,6 +118,7 @@ pub(crate) async fn launch(
                 .map_err(|e| LaunchError::Staging { what: "the output dir".into(), source: Box::new(e) })?,
             caps: cfg.output_caps,
         },
+        reports: ReportRoute::new(scope(req), report_tx),
     };
     let (events_tx, events) = mpsc::unbounded_channel();
     let inbound = attached.output.map(|c| {
@@ -123,12 +135,6 @@ pub(crate) async fn launch(
         reader.abort();
         return Err(spec::port_taken(cfg, err));
     }
-    let start = start_frame(req, plan, &key, cfg);
-    if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
-        // The init then sees no start and exits; the attempt ends as "no record".
-        tracing::warn!(error = %e, "could not send the start to the init");
-    }
-    let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
     let mut ports = BTreeMap::new();
     if !cfg.ports.is_empty()
         && let Ok(state) = shared.engine.api.inspect_container(&plan.name).await
@@ -144,10 +150,83 @@ pub(crate) async fn launch(
             ports.insert(container_port, shown);
         }
     }
-    Ok(Running { container_id, started, sender, events, reader, heartbeat, enforcement, skipped, ports, tools, inputs })
+    let ledger = Ledger {
+        attempt_id: plan.attempt_id.clone(),
+        name: plan.name.clone(),
+        container_id,
+        image_ref: plan.image_ref.clone(),
+        image_id: plan.image.id.clone(),
+        memory: plan.applied.memory,
+        cpu_millis: plan.applied.cpu_millis,
+        disk: plan.applied.disk,
+        narrowed: plan.applied.narrowed.clone(),
+        env_overrides: plan.env.overrides.clone(),
+        enforcement,
+        skipped,
+        ports,
+        tools_volume: tools.volume.clone(),
+        tools_digest: tools.digest.clone(),
+        inputs,
+        containers: left.containers.clone(),
+        volumes: left.volumes.clone(),
+        expects_handler: matches!(req.task, Task::Handler(_)),
+        started_ms: plan.started_ms,
+        captures: Some(capture_names),
+        max_files: cfg.output_caps.max_files as u64,
+        max_total_bytes: cfg.output_caps.max_total_bytes,
+    };
+    // The container runs, its init waits for the start: the command has not started yet.
+    if let Some(hooks) = &req.hooks {
+        let cp = checkpoint(shared, req, &ledger, &key, &link_id);
+        let answer = tokio::time::timeout(HOOK_TIMEOUT, hooks.0.checkpoint(&cp)).await;
+        let failed = match answer {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(HookError::new(format!("no answer within {}s", HOOK_TIMEOUT.as_secs()))),
+        };
+        if let Some(e) = failed {
+            reader.abort();
+            return Err(LaunchError::Hook(e));
+        }
+    }
+    let start = start_frame(req, plan, &key, &link_id, cfg);
+    if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
+        // The init then sees no start and exits; the attempt ends as "no record".
+        tracing::warn!(error = %e, "could not send the start to the init");
+    }
+    let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
+    Ok(Running { ledger, started, sender, events, reader, heartbeat, reports: report_task })
 }
 
-fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], cfg: &super::ContainerConfig) -> Start {
+/// The attempt a link belongs to.
+pub(crate) fn scope(req: &Request) -> wire::Scope {
+    wire::Scope { job_id: req.job_id.clone(), attempt: req.attempt }
+}
+
+/// The checkpoint of a launched attempt.
+fn checkpoint(shared: &Shared, req: &Request, ledger: &Ledger, key: &[u8; KEY_LEN], link_id: &str) -> Checkpoint {
+    let now_ms = crate::contract::unix_ms_now();
+    Checkpoint {
+        version: CHECKPOINT_VERSION,
+        job_id: req.job_id.clone(),
+        attempt: req.attempt,
+        worker: req.worker_id.clone(),
+        rung: shared.config.name.clone(),
+        level: shared.config.level(),
+        incarnation: shared.incarnation.clone(),
+        started_at_unix_ms: ledger.started_ms,
+        deadline_at_unix_ms: req
+            .deadline
+            .map(|d| now_ms.saturating_add(d.saturating_duration_since(Instant::now()).as_millis() as u64)),
+        grace_ms: req.policy.grace().as_millis() as u64,
+        output_dir: std::path::absolute(&req.output_dir).unwrap_or_else(|_| req.output_dir.clone()),
+        target: Target::Container { id: ledger.container_id.clone(), name: ledger.name.clone() },
+        link: LinkSecret { id: link_id.to_owned(), key: key.iter().map(|b| format!("{b:02x}")).collect() },
+        state: serde_json::to_value(ledger).expect("a ledger always serialises"),
+    }
+}
+
+fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], link_id: &str, cfg: &super::ContainerConfig) -> Start {
     let handler = match &req.task {
         Task::Handler(h) => Some(HandlerRequest {
             handler: h.clone(),
@@ -177,6 +256,11 @@ fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], cfg: &super::Con
             max_files: cfg.output_caps.max_files as u64,
             max_bytes: cfg.output_caps.max_total_bytes,
         },
+        scope: scope(req),
+        link_id: Some(link_id.to_owned()),
+        takeover_uid: None,
+        rlimits: Vec::new(),
+        cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
     }
 }
 

@@ -10,7 +10,7 @@ use super::spec::Applied;
 use super::staging::InputDir;
 use crate::contract::{InputsStaged, LaunchError, Request, Task};
 use crate::engine::ImageFacts;
-use crate::wire::{HANDLER_MARKER, IN_DIR, OUT_DIR, env as wire_env};
+use crate::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TOOLS_DIR, env as wire_env};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
@@ -133,6 +133,7 @@ fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) ->
         (wire_env::ATTEMPT.to_owned(), req.attempt.to_string()),
         (wire_env::IN.to_owned(), IN_DIR.to_owned()),
         (wire_env::OUT.to_owned(), OUT_DIR.to_owned()),
+        (wire_env::INIT.to_owned(), format!("{TOOLS_DIR}/{INIT_NAME}")),
     ];
     let mut image_env = envlayer::parse_pairs(&image.env);
     if !image_env.iter().any(|(k, _)| k == "PATH") {

@@ -4,7 +4,7 @@
 
 use super::executor::Shared;
 use super::launch::Running;
-use crate::contract::Request;
+use crate::contract::{HOOK_TIMEOUT, HookError, Request};
 use crate::link::session::{Event, Received};
 use crate::wire::{InitRecord, Kind};
 use std::time::Duration;
@@ -25,6 +25,10 @@ pub(crate) struct Ended {
     /// From start to the record (or the link's end), by the host's clock.
     pub host_wall: Duration,
     pub received: Received,
+    /// The engine's cancellation hook asked for the stop.
+    pub cancelled_by_hook: bool,
+    /// Polls of the cancellation hook that failed (the first few).
+    pub poll_failures: Vec<String>,
 }
 
 /// Bytes per second the outputs may be as slow as before collection gives up.
@@ -33,7 +37,11 @@ const SLOWEST_COLLECTION: u64 = 8 << 20;
 pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, cancel: &CancellationToken) -> Ended {
     let cfg = &shared.config;
     let api = &shared.engine.api;
-    let name = &r.container_id;
+    let name = &r.ledger.container_id;
+    let hooks = req.hooks.clone();
+    let aref = req.attempt_ref();
+    let mut next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
+    let mut polling: Option<crate::contract::HookResult<'_, bool>> = None;
     let deadline = req.deadline.map(Instant::from_std);
     let grace = req.policy.grace();
     let mut ended = Ended::default();
@@ -80,6 +88,31 @@ pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, c
             _ = async { tokio::time::sleep_until(collect_by.expect("guarded")).await }, if collect_by.is_some() => {
                 ended.collection_timed_out = true;
                 break;
+            }
+            _ = async { tokio::time::sleep_until(next_poll.expect("guarded")).await },
+                if next_poll.is_some() && polling.is_none() && !stopping && ended.record.is_none() => {
+                let h = hooks.as_ref().expect("a poll time means hooks");
+                let asked = h.0.cancellation_requested(&aref);
+                polling = Some(Box::pin(async move {
+                    tokio::time::timeout(HOOK_TIMEOUT, asked)
+                        .await
+                        .unwrap_or_else(|_| Err(HookError::new(format!("no answer within {}s", HOOK_TIMEOUT.as_secs()))))
+                }));
+            }
+            asked = async { polling.as_mut().expect("guarded").await }, if polling.is_some() => {
+                polling = None;
+                next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
+                match asked {
+                    Ok(true) if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                        ended.cancelled = true;
+                        ended.cancelled_by_hook = true;
+                        let _ = r.sender.frame(Kind::Stop, b"").await;
+                        kill_at = Some(Instant::now() + grace + cfg.kill_margin);
+                    }
+                    Ok(_) => {}
+                    Err(e) if ended.poll_failures.len() < 4 => ended.poll_failures.push(format!("cancellation_requested: {e}")),
+                    Err(_) => {}
+                }
             }
         }
     }

@@ -35,6 +35,8 @@ fn record(wait: WaitStatus) -> InitRecord {
         stdout_bytes: 6,
         stderr_bytes: 0,
         host_lost: false,
+        takeovers: 0,
+        reports: Default::default(),
     }
 }
 

@@ -135,6 +135,9 @@ pub enum LaunchError {
     /// the attempt was cancelled before its sandbox started
     #[error("cancelled before start")]
     CancelledBeforeStart,
+    /// the engine's checkpoint hook failed, so the command was not started
+    #[error("the checkpoint hook failed; the command was not started")]
+    Hook(#[source] super::HookError),
 }
 
 impl LaunchError {

@@ -1,6 +1,6 @@
 //! The trait every rung implements.
 
-use super::{LaunchError, Level, Outcome, Request};
+use super::{Checkpoint, HookSet, LaunchError, Level, Outcome, RecoverError, Request};
 use std::future::Future;
 use std::pin::Pin;
 use tokio_util::sync::CancellationToken;
@@ -97,4 +97,20 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
 
     /// Refuses new attempts, waits for the ones in flight, releases the rung's resources.
     fn close(&self) -> BoxFuture<'_, ()>;
+
+    /// Takes over an attempt a previous life of this worker started, from its checkpoint
+    /// (see [`crate::Hooks::checkpoint`]), and finishes it: if it is still running, it is
+    /// supervised to its end; if it ended while the worker was away, its authenticated
+    /// record and outputs are collected. Either way the Outcome says `evidence.recovered`.
+    /// What cannot be recovered is removed. Call it before [`Executor::reclaim`], which
+    /// spares only attempts in flight.
+    fn recover<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        hooks: Option<HookSet>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
+        let _ = (checkpoint, hooks, cancel);
+        Box::pin(async move { Err(RecoverError::Unsupported(self.name().to_owned())) })
+    }
 }

@@ -1,8 +1,10 @@
 //! The engine-agnostic contract: the request, the outcome and its words, the one judge,
 //! the `Executor` trait every rung implements, and the registry that picks a rung.
 
+mod checkpoint;
 mod error;
 mod executor;
+mod hooks;
 pub mod incarnation;
 mod judge;
 mod level;
@@ -13,14 +15,16 @@ mod registry;
 mod request;
 mod status;
 
+pub use checkpoint::{CHECKPOINT_VERSION, Checkpoint, LinkSecret, RecoverError, Target};
 pub use error::{Cause, LaunchError, error_chain};
 pub use executor::{BoxFuture, Executor, ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport};
+pub use hooks::{AttemptRef, HOOK_TIMEOUT, HookError, HookResult, HookSet, Hooks, Report, ReportKind, SandboxReport};
 pub use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub use outcome::{
     EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome, OutputFile, RefusedEntry,
-    Source, Sources, Usage, unix_ms_now,
+    ReportsSeen, Source, Sources, Usage, unix_ms_now,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

@@ -295,7 +295,7 @@ pub struct NarrowedLimit {
 }
 
 /// Facts, not verdicts, about one attempt.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Evidence {
     /// The rung that ran the attempt.
@@ -369,9 +369,42 @@ pub struct Evidence {
     /// What the init itself said (its diagnostics), when there is something to say.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub init_diagnostics: Vec<String>,
+    /// Set when a restarted worker took the attempt over: how (see `Executor::recover`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovered: Option<String>,
+    /// What became of the reports the sandbox sent, when it sent any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reports: Option<ReportsSeen>,
+    /// Hooks that failed after the command started (`report: ...`, `outcome: ...`); the
+    /// outcome stands regardless.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hook_failures: Vec<String>,
     /// Other facts worth a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+}
+
+/// What became of the sandbox's reports (claims: they never change the status or usage).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReportsSeen {
+    /// Reports the host received from the init.
+    pub received: u64,
+    /// Handed to the engine's report hook.
+    pub delivered: u64,
+    /// Dropped by the init's rate limit.
+    pub dropped_rate: u64,
+    /// Dropped by the init's per-attempt total (or a flood of bytes).
+    pub dropped_total: u64,
+    /// Dropped because the engine's hook was too slow to keep up.
+    pub dropped_slow_hook: u64,
+    /// Refused (malformed, too large, naming another attempt), by the init or the host.
+    pub refused: u64,
+    /// Why the first few were refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<String>,
+    /// The last progress reported, in percent.
+    pub last_progress: Option<f64>,
 }
 
 fn is_zero(n: &u64) -> bool {

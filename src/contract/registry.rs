@@ -100,6 +100,21 @@ impl Registry {
         Err(SelectError::Unsatisfiable { wanted: policy.level, registered })
     }
 
+    /// Recovers an attempt through the rung its checkpoint names (see [`Executor::recover`]).
+    pub async fn recover(
+        &self,
+        checkpoint: &super::Checkpoint,
+        hooks: Option<super::HookSet>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<super::Outcome, super::RecoverError> {
+        let rung = self
+            .rungs
+            .iter()
+            .find(|r| r.name() == checkpoint.rung)
+            .ok_or_else(|| super::RecoverError::UnknownRung(checkpoint.rung.clone()))?;
+        rung.recover(checkpoint, hooks, cancel).await
+    }
+
     /// Checks at startup that every policy a deployment will use can be satisfied.
     pub fn check_satisfiable<'p>(&self, policies: impl IntoIterator<Item = &'p Policy>) -> Result<(), SelectError> {
         for p in policies {

@@ -58,6 +58,8 @@ pub struct Request {
     pub worker_id: String,
     /// Where the command's output goes live, if anywhere (see [`LiveOutput`]).
     pub live: Option<LiveOutput>,
+    /// The engine's hooks into this attempt (see [`super::Hooks`]).
+    pub hooks: Option<super::HookSet>,
 }
 
 /// Why a request is invalid. Always permanent: retrying the same request cannot help.
@@ -228,6 +230,7 @@ impl Request {
             env: BTreeMap::new(),
             worker_id: "worker".to_owned(),
             live: None,
+            hooks: None,
         }
     }
 
@@ -325,6 +328,15 @@ impl Request {
     pub fn live_output(mut self, live: LiveOutput) -> Self {
         self.live = Some(live);
         self
+    }
+    /// Sets the engine's hooks into this attempt.
+    pub fn hooks(mut self, hooks: std::sync::Arc<dyn super::Hooks>) -> Self {
+        self.hooks = Some(super::HookSet(hooks));
+        self
+    }
+    /// The attempt this request is, for hook calls.
+    pub fn attempt_ref(&self) -> super::AttemptRef {
+        super::AttemptRef { job_id: self.job_id.clone(), attempt: self.attempt, worker: self.worker_id.clone() }
     }
     /// Sets the scope IDs.
     pub fn scope(mut self, app_id: Option<String>, org_id: Option<String>) -> Self {

@@ -71,6 +71,8 @@ pub(crate) struct ContainerState {
     pub oom_killed: Option<bool>,
     /// Published ports: container port → host address.
     pub ports: Vec<(String, String)>,
+    /// Its labels.
+    pub labels: HashMap<String, String>,
 }
 
 /// A container as a listing shows it.
@@ -88,6 +90,17 @@ pub enum Removal {
     Removed,
     /// It was already gone, or someone else was removing it and it is gone now.
     ByOthers,
+}
+
+/// One item of an attached stream, as a [`Chunk`] (stdin echoes are dropped).
+async fn log_chunk(item: Result<bollard::container::LogOutput, bollard::errors::Error>) -> Option<io::Result<Chunk>> {
+    match item {
+        Ok(bollard::container::LogOutput::StdOut { message })
+        | Ok(bollard::container::LogOutput::Console { message }) => Some(Ok(Chunk::Stdout(message))),
+        Ok(bollard::container::LogOutput::StdErr { message }) => Some(Ok(Chunk::Stderr(message))),
+        Ok(bollard::container::LogOutput::StdIn { .. }) => None,
+        Err(e) => Some(Err(io::Error::other(e))),
+    }
 }
 
 /// The calls the rungs make.
@@ -108,6 +121,8 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     fn remove_container<'a>(&'a self, name: &'a str) -> Call<'a, Removal>;
     fn list_containers(&self, filters: HashMap<String, Vec<String>>) -> Call<'_, Vec<Listed>>;
     fn attach<'a>(&'a self, name: &'a str) -> Call<'a, Attached>;
+    /// Runs `argv` in a running container with its stdin, stdout and stderr attached.
+    fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>) -> Call<'a, Attached>;
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()>;
     fn inspect_container<'a>(&'a self, name: &'a str) -> Call<'a, ContainerState>;
@@ -309,16 +324,32 @@ impl EngineApi for BollardApi {
                 .logs(false)
                 .build();
             let a = self.call("attach container", self.docker.attach_container(name, Some(opts))).await?;
-            let output = a.output.filter_map(|item| async move {
-                match item {
-                    Ok(bollard::container::LogOutput::StdOut { message })
-                    | Ok(bollard::container::LogOutput::Console { message }) => Some(Ok(Chunk::Stdout(message))),
-                    Ok(bollard::container::LogOutput::StdErr { message }) => Some(Ok(Chunk::Stderr(message))),
-                    Ok(bollard::container::LogOutput::StdIn { .. }) => None,
-                    Err(e) => Some(Err(io::Error::other(e))),
+            Ok(Attached { output: Box::pin(a.output.filter_map(log_chunk)), input: a.input })
+        })
+    }
+
+    fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>) -> Call<'a, Attached> {
+        Box::pin(async move {
+            let create = bollard::exec::CreateExecOptions::<String> {
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                cmd: Some(argv),
+                ..Default::default()
+            };
+            let id = self.call("create exec", self.docker.create_exec(name, create)).await?.id;
+            let start = bollard::exec::StartExecOptions { detach: false, tty: false, output_capacity: None };
+            match self.call("start exec", self.docker.start_exec(&id, Some(start))).await? {
+                bollard::exec::StartExecResults::Attached { output, input } => {
+                    Ok(Attached { output: Box::pin(output.filter_map(log_chunk)), input })
                 }
-            });
-            Ok(Attached { output: Box::pin(output), input: a.input })
+                bollard::exec::StartExecResults::Detached => Err(EngineError::Refused {
+                    op: "start exec",
+                    status: 500,
+                    message: "the engine started the exec detached".into(),
+                }),
+            }
         })
     }
 
@@ -349,6 +380,7 @@ impl EngineApi for BollardApi {
                 exit_code: state.exit_code,
                 oom_killed: state.oom_killed,
                 ports,
+                labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
             })
         })
     }

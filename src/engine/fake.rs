@@ -285,6 +285,13 @@ impl EngineApi for FakeApi {
         })
     }
 
+    fn exec<'a>(&'a self, name: &'a str, _argv: Vec<String>) -> Call<'a, Attached> {
+        Box::pin(async move {
+            self.enter("create exec", name)?;
+            Err(EngineError::Refused { op: "create exec", status: 501, message: "the fake engine has no exec".into() })
+        })
+    }
+
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(async move {
             self.enter("start container", name)?;

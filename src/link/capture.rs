@@ -82,6 +82,15 @@ impl CappedLog {
         Ok(Self { file: Some(file), path, cap, kept: 0, total: 0 })
     }
 
+    /// Continues the capture `name` in `dir` (after a restart): what it holds counts.
+    pub fn append(dir: &PrivateDir, name: &str, cap: u64) -> Result<Self, crate::hostdir::HostDirError> {
+        use std::io::Seek;
+        let mut file = dir.open_file(name)?;
+        let kept = file.seek(std::io::SeekFrom::End(0)).unwrap_or(0);
+        let path = dir.path().join(name).display().to_string();
+        Ok(Self { file: Some(file), path, cap, kept, total: kept })
+    }
+
     /// Appends what fits under the cap; counts all of it. A write error stops keeping, never
     /// the draining.
     pub fn write(&mut self, chunk: &[u8]) {

@@ -203,6 +203,8 @@ mod tests {
             stdout_bytes: 0,
             stderr_bytes: 0,
             host_lost: false,
+            takeovers: 0,
+            reports: Default::default(),
         }
     }
 

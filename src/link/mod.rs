@@ -4,6 +4,7 @@
 
 mod capture;
 pub(crate) mod claims;
+pub(crate) mod reports;
 pub(crate) mod session;
 
 pub(crate) use capture::{CappedLog, LiveSink};

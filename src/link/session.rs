@@ -7,9 +7,10 @@
 //! extractor, which is the attempt's own and runs after the command has ended.
 
 use super::capture::{CappedLog, LiveSink, Stream, Tail};
+use super::reports::ReportRoute;
 use crate::contract::LogCapture;
 use crate::outputs::{Caps, ExtractReport, extract_into};
-use crate::wire::{self, Decoder, InitRecord, KEY_LEN, Kind, OutputEnd, Started};
+use crate::wire::{self, Decoder, HEADER_LEN, InitRecord, KEY_LEN, Kind, MAC_LEN, OutputEnd, Started};
 use bytes::Bytes;
 use futures_util::{Stream as FutStream, StreamExt};
 use std::io;
@@ -94,6 +95,7 @@ pub(crate) struct ReaderSetup {
     pub stderr: CappedLog,
     pub live: LiveSink,
     pub outputs: OutputsSink,
+    pub reports: ReportRoute,
 }
 
 /// What the attempt hears from the reader as it happens.
@@ -131,6 +133,8 @@ pub(crate) struct Received {
     pub outputs: Option<OutputsReceived>,
     /// The link broke (a frame that is not the init's): nothing after it was read.
     pub link_error: Option<String>,
+    /// The sandbox's reports, as the host saw them.
+    pub reports: crate::contract::ReportsSeen,
 }
 
 struct Extraction {
@@ -179,7 +183,7 @@ pub(crate) async fn read(
     setup: ReaderSetup,
     events: mpsc::UnboundedSender<Event>,
 ) -> Received {
-    let ReaderSetup { key, mut stdout, mut stderr, mut live, outputs } = setup;
+    let ReaderSetup { key, mut stdout, mut stderr, mut live, outputs, mut reports } = setup;
     let accept = |k: Kind| {
         matches!(
             k,
@@ -240,7 +244,7 @@ pub(crate) async fn read(
                         got.diag.push(String::from_utf8_lossy(&frame.body).into_owned());
                     }
                 }
-                Kind::Report => {}
+                Kind::Report => reports.take(&frame.body),
                 Kind::Record if !record_seen => {
                     record_seen = true;
                     let parsed = wire::open_sealed(&key, &frame.body)
@@ -281,6 +285,47 @@ pub(crate) async fn read(
     got.stderr = stderr.capture();
     got.live_dropped = live.dropped;
     got.init_stderr = init_stderr.text();
+    got.reports = reports.seen;
     let _ = events.send(Event::Closed);
     got
+}
+
+/// On a fresh transport to the init's takeover socket: reads the init's challenge, sends the
+/// answer (which proves the attempt key), and returns the transport positioned after the
+/// challenge. Whether the init accepted shows as its `Started` frame (`resumed`).
+pub(crate) async fn answer_challenge<S>(
+    mut inbound: S,
+    sender: &Sender,
+    key: &[u8; KEY_LEN],
+    within: Duration,
+) -> Result<impl FutStream<Item = io::Result<Inbound>> + Send + Unpin + 'static, String>
+where
+    S: FutStream<Item = io::Result<Inbound>> + Send + Unpin + 'static,
+{
+    let mut buf = Vec::new();
+    let mut stderr = Tail::new(2048);
+    let read = async {
+        while buf.len() < HEADER_LEN + MAC_LEN {
+            match inbound.next().await {
+                Some(Ok(Inbound::Link(b))) => buf.extend_from_slice(&b),
+                Some(Ok(Inbound::InitStderr(b))) => stderr.push(&b),
+                Some(Err(e)) => return Err(format!("the transport failed: {e}")),
+                None => return Err("the transport ended before the init's challenge".to_owned()),
+            }
+        }
+        Ok(())
+    };
+    let read = tokio::time::timeout(within, read).await.unwrap_or_else(|_| Err("no challenge in time".into()));
+    if let Err(e) = read {
+        let said = stderr.text();
+        return Err(if said.is_empty() { e } else { format!("{e} ({})", said.trim()) });
+    }
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if buf[0] != Kind::Challenge as u8 || len != MAC_LEN {
+        return Err("the first frame is not the init's challenge".into());
+    }
+    let answer = wire::takeover_answer(key, &buf[HEADER_LEN..HEADER_LEN + MAC_LEN]);
+    sender.frame(Kind::Takeover, &answer).await.map_err(|e| format!("sending the answer: {e}"))?;
+    let rest = Bytes::copy_from_slice(&buf[HEADER_LEN + MAC_LEN..]);
+    Ok(futures_util::stream::iter([Ok(Inbound::Link(rest))]).chain(inbound))
 }

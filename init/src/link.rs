@@ -1,0 +1,359 @@
+//! The init's end of the link to the host: frames in, a queue of frames out, and the
+//! takeover socket through which a host that restarted (and proves the attempt key) gets the
+//! link back.
+//!
+//! The link starts on the init's stdin and stdout (the container's attach, or the process
+//! rung's pipes). A takeover moves it to the accepted socket: what the old host had not
+//! been sent stays queued (from the next whole frame on), and the init carries on.
+
+use crate::wire::{self, Decoder, HEADER_LEN, KEY_LEN, Kind};
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags};
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockType, UnixAddr, accept4, bind, getsockopt, listen, socket, sockopt,
+};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Above this many bytes queued for the host, the command's pipes are not read (the command
+/// then blocks on its own writes, as with any slow reader).
+pub(crate) const HIGH_WATER: usize = 1 << 20;
+/// How long a takeover candidate has to answer the challenge.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// Candidates answered at once; more wait in the listen backlog.
+const MAX_CANDIDATES: usize = 4;
+
+pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) {
+    if let Ok(bits) = fcntl(fd, FcntlArg::F_GETFL) {
+        let mut flags = OFlag::from_bits_truncate(bits);
+        flags.set(OFlag::O_NONBLOCK, on);
+        let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
+    }
+}
+
+fn host_kinds(k: Kind) -> bool {
+    matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack)
+}
+
+/// The link to the host.
+#[derive(Debug)]
+pub(crate) struct Link {
+    input: OwnedFd,
+    output: OwnedFd,
+    pub decoder: Decoder,
+    pub in_open: bool,
+    /// Writes failed for good (no reader at all): what is queued waits for a takeover.
+    pub out_dead: bool,
+    out: Vec<u8>,
+    out_at: usize,
+    /// A frame boundary at or before `out_at`.
+    boundary: usize,
+    pub last_heard: Instant,
+    /// Bytes of a frame cut off by a takeover (the old host got its start, never its end).
+    pub cut_bytes: u64,
+}
+
+impl Link {
+    /// The link on the init's own stdin and stdout, which are replaced by `/dev/null` so
+    /// that dropping the link really closes them.
+    pub fn on_stdio() -> io::Result<Self> {
+        let input = nix::unistd::dup(io::stdin().as_fd())?;
+        let output = nix::unistd::dup(io::stdout().as_fd())?;
+        for fd in [&input, &output] {
+            fcntl(fd.as_fd(), FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+            set_nonblocking(fd.as_fd(), true);
+        }
+        let null = nix::fcntl::open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+        nix::unistd::dup2_stdin(&null)?;
+        nix::unistd::dup2_stdout(&null)?;
+        Ok(Self::new(input, output))
+    }
+
+    fn new(input: OwnedFd, output: OwnedFd) -> Self {
+        Self {
+            input,
+            output,
+            decoder: Decoder::new(host_kinds),
+            in_open: true,
+            out_dead: false,
+            out: Vec::new(),
+            out_at: 0,
+            boundary: 0,
+            last_heard: Instant::now(),
+            cut_bytes: 0,
+        }
+    }
+
+    pub fn input(&self) -> BorrowedFd<'_> {
+        self.input.as_fd()
+    }
+
+    pub fn output(&self) -> BorrowedFd<'_> {
+        self.output.as_fd()
+    }
+
+    pub fn queued(&self) -> usize {
+        self.out.len() - self.out_at
+    }
+
+    pub fn push(&mut self, kind: Kind, body: &[u8]) {
+        wire::encode_into(&mut self.out, kind, body);
+    }
+
+    /// Moves `boundary` to the last frame start at or before `out_at`.
+    fn advance_boundary(&mut self) {
+        while self.boundary + HEADER_LEN <= self.out.len() {
+            let len = u32::from_be_bytes(self.out[self.boundary + 1..self.boundary + 5].try_into().expect("4 bytes"));
+            let end = self.boundary + HEADER_LEN + len as usize;
+            if end > self.out_at {
+                break;
+            }
+            self.boundary = end;
+        }
+    }
+
+    /// Writes what it can without blocking.
+    pub fn flush_some(&mut self) {
+        while self.queued() > 0 && !self.out_dead {
+            match nix::unistd::write(&self.output, &self.out[self.out_at..]) {
+                Ok(n) => self.out_at += n,
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(_) => self.out_dead = true,
+            }
+        }
+        if self.queued() == 0 {
+            self.out.clear();
+            self.out_at = 0;
+            self.boundary = 0;
+        } else if self.out_at >= HIGH_WATER {
+            // What was written is dropped as it goes (up to a frame boundary, so a takeover
+            // can resume on a whole frame).
+            self.advance_boundary();
+            self.out.drain(..self.boundary);
+            self.out_at -= self.boundary;
+            self.boundary = 0;
+        }
+    }
+
+    /// Writes everything, blocking (unless the host is gone for good).
+    pub fn flush_all(&mut self) {
+        set_nonblocking(self.output.as_fd(), false);
+        self.flush_some();
+        set_nonblocking(self.output.as_fd(), true);
+    }
+
+    /// Reads what the host sent; the caller takes the frames from `decoder`.
+    pub fn read(&mut self) {
+        if !self.in_open {
+            return;
+        }
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            match nix::unistd::read(&self.input, &mut buf) {
+                Ok(0) => {
+                    self.in_open = false;
+                    return;
+                }
+                Ok(n) => {
+                    self.last_heard = Instant::now();
+                    self.decoder.feed(&buf[..n]);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return,
+                Err(_) => {
+                    self.in_open = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Moves the link to `socket`, a host that proved the key. What the old host was sent
+    /// in part is cut at the next frame boundary; everything after it is sent to the new one.
+    pub fn take_over(&mut self, socket: OwnedFd) -> io::Result<()> {
+        let output = socket.try_clone()?;
+        set_nonblocking(socket.as_fd(), true);
+        self.advance_boundary();
+        let mut from = self.boundary;
+        while from < self.out_at {
+            let len = u32::from_be_bytes(self.out[from + 1..from + 5].try_into().expect("4 bytes"));
+            from += HEADER_LEN + len as usize;
+        }
+        self.cut_bytes += (from - self.out_at) as u64;
+        self.out.drain(..from.min(self.out.len()));
+        self.out_at = 0;
+        self.boundary = 0;
+        self.input = socket;
+        self.output = output;
+        self.decoder = Decoder::new(host_kinds);
+        self.in_open = true;
+        self.out_dead = false;
+        self.last_heard = Instant::now();
+        Ok(())
+    }
+}
+
+/// One connection on the takeover socket that has yet to answer its challenge.
+#[derive(Debug)]
+struct Candidate {
+    fd: OwnedFd,
+    /// The peer's pid, as the kernel says (in the init's pid namespace).
+    pid: Option<i32>,
+    challenge: [u8; wire::MAC_LEN],
+    decoder: Decoder,
+    answer_by: Instant,
+}
+
+/// The takeover socket and the candidates on it.
+#[derive(Debug)]
+pub(crate) struct Takeover {
+    listener: OwnedFd,
+    only_uid: Option<u32>,
+    candidates: Vec<Candidate>,
+    urandom: std::fs::File,
+    /// Candidates that failed, for the record's diagnostics.
+    pub refused: Vec<String>,
+}
+
+impl Takeover {
+    /// Binds the abstract socket named for `link_id`. Done before the command starts, so
+    /// nothing of the sandbox can hold the name first.
+    pub fn bind(link_id: &str, only_uid: Option<u32>) -> Result<Self, String> {
+        if !wire::valid_link_id(link_id) {
+            return Err(format!("invalid link id {link_id:?}"));
+        }
+        let urandom = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
+        let listener =
+            socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
+                .map_err(|e| format!("socket: {e}"))?;
+        let addr = UnixAddr::new_abstract(wire::takeover_socket_name(link_id).as_bytes())
+            .map_err(|e| format!("address: {e}"))?;
+        bind(std::os::fd::AsRawFd::as_raw_fd(&listener), &addr).map_err(|e| format!("bind: {e}"))?;
+        listen(&listener, Backlog::new(8).expect("8 is a valid backlog")).map_err(|e| format!("listen: {e}"))?;
+        Ok(Self { listener, only_uid, candidates: Vec::new(), urandom, refused: Vec::new() })
+    }
+
+    /// The fds to poll, in the order [`Takeover::ready`] expects.
+    pub fn poll_fds(&self) -> Vec<PollFd<'_>> {
+        let mut fds = Vec::with_capacity(1 + self.candidates.len());
+        let listen_events = if self.candidates.len() < MAX_CANDIDATES { PollFlags::POLLIN } else { PollFlags::empty() };
+        fds.push(PollFd::new(self.listener.as_fd(), listen_events));
+        for c in &self.candidates {
+            fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
+        }
+        fds
+    }
+
+    /// The earliest answer deadline.
+    pub fn next_timer(&self) -> Option<Instant> {
+        self.candidates.iter().map(|c| c.answer_by).min()
+    }
+
+    fn refuse(&mut self, why: String) {
+        if self.refused.len() < 8 {
+            self.refused.push(why);
+        }
+    }
+
+    /// Accepts, challenges and checks; returns a socket whose peer proved `key`, and the
+    /// peer's pid.
+    pub fn ready(&mut self, key: &[u8; KEY_LEN], revents: &[Option<PollFlags>]) -> Option<(OwnedFd, Option<i32>)> {
+        let now = Instant::now();
+        let mut won = None;
+        let mut keep = Vec::with_capacity(self.candidates.len());
+        for (i, mut c) in std::mem::take(&mut self.candidates).into_iter().enumerate() {
+            let ready = revents.get(i + 1).copied().flatten().is_some_and(|r| !r.is_empty());
+            if won.is_none() && ready {
+                match answer_of(&mut c) {
+                    Ok(Some(answer)) if wire::takeover_verify(key, &c.challenge, &answer) => {
+                        won = Some((c.fd, c.pid));
+                        continue;
+                    }
+                    Ok(Some(_)) => self.refuse("a takeover answered the challenge wrongly".into()),
+                    Ok(None) if now < c.answer_by => keep.push(c),
+                    Ok(None) => self.refuse("a takeover did not answer in time".into()),
+                    Err(e) => self.refuse(format!("a takeover connection failed: {e}")),
+                }
+            } else if now < c.answer_by {
+                keep.push(c);
+            } else {
+                self.refuse("a takeover did not answer in time".into());
+            }
+        }
+        self.candidates = keep;
+        if revents.first().copied().flatten().is_some_and(|r| r.contains(PollFlags::POLLIN)) {
+            self.accept();
+        }
+        won
+    }
+
+    fn accept(&mut self) {
+        while self.candidates.len() < MAX_CANDIDATES {
+            let raw = match accept4(
+                std::os::fd::AsRawFd::as_raw_fd(&self.listener),
+                SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            ) {
+                Ok(fd) => fd,
+                Err(Errno::EINTR | Errno::ECONNABORTED) => continue,
+                Err(_) => return,
+            };
+            let fd = crate::child::raw::own_accepted(raw);
+            let cred = getsockopt(&fd, sockopt::PeerCredentials).ok();
+            if let Some(uid) = self.only_uid {
+                match &cred {
+                    Some(c) if c.uid() == uid => {}
+                    Some(c) => {
+                        self.refuse(format!("a takeover from uid {} (only {uid} may)", c.uid()));
+                        continue;
+                    }
+                    None => {
+                        self.refuse("a takeover without peer credentials".into());
+                        continue;
+                    }
+                }
+            }
+            let pid = cred.map(|c| c.pid()).filter(|p| *p > 0);
+            let mut challenge = [0u8; wire::MAC_LEN];
+            if self.urandom.read_exact(&mut challenge).is_err() {
+                self.refuse("no randomness for a challenge".into());
+                continue;
+            }
+            // A fresh socket's buffer always takes 37 bytes.
+            if nix::unistd::write(&fd, &wire::encode(Kind::Challenge, &challenge)).is_err() {
+                continue;
+            }
+            self.candidates.push(Candidate {
+                fd,
+                pid,
+                challenge,
+                decoder: Decoder::new(|k| k == Kind::Takeover),
+                answer_by: Instant::now() + ANSWER_WITHIN,
+            });
+        }
+    }
+}
+
+/// Reads a candidate's answer, if it is complete.
+fn answer_of(c: &mut Candidate) -> Result<Option<Vec<u8>>, String> {
+    let mut buf = [0u8; 64];
+    loop {
+        match nix::unistd::read(&c.fd, &mut buf) {
+            Ok(0) => return Err("closed before answering".into()),
+            Ok(n) => c.decoder.feed(&buf[..n]),
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => break,
+            Err(e) => return Err(e.to_string()),
+        }
+        if c.decoder.pending() > 64 {
+            break;
+        }
+    }
+    match c.decoder.next_frame() {
+        Ok(Some(f)) => Ok(Some(f.body)),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}

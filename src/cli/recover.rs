@@ -1,0 +1,67 @@
+//! `stevedore recover FILE`: finishes an attempt whose `stevedore run --checkpoint FILE`
+//! died, from its checkpoint; prints its Outcome like `run` does.
+
+use super::common::{self, Global};
+use crate::contract::{Checkpoint, Executor, HookSet, RecoverError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Arguments of `stevedore recover`.
+#[derive(Debug, clap::Args)]
+pub struct RecoverArgs {
+    /// The checkpoint `stevedore run --checkpoint` wrote
+    #[arg(value_name = "FILE")]
+    checkpoint: PathBuf,
+    /// Do not print the attempt's reports on stderr
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+/// Runs `stevedore recover`.
+pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
+    let fail = |m: String| {
+        eprintln!("stevedore: {m}");
+        125
+    };
+    let json = match std::fs::read(&a.checkpoint) {
+        Ok(j) => j,
+        Err(e) => return fail(format!("cannot read {}: {e}", a.checkpoint.display())),
+    };
+    let cp = match Checkpoint::from_json(&json) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("{}: {e}", a.checkpoint.display())),
+    };
+    let rung = match common::rung(g, 125, |cfg| {
+        cfg.name = cp.rung.clone();
+        Ok(())
+    })
+    .await
+    {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let hooks = HookSet(Arc::new(common::CliHooks { checkpoint: None, quiet: a.quiet }));
+    let cancel = CancellationToken::new();
+    let watch = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            watch.cancel();
+        }
+    });
+    let result = rung.recover(&cp, Some(hooks), cancel).await;
+    rung.close().await;
+    match result {
+        Ok(o) => {
+            println!("{}", o.to_json());
+            // The checkpoint holds the attempt's key; the attempt is over.
+            let _ = std::fs::remove_file(&a.checkpoint);
+            0
+        }
+        Err(e @ RecoverError::Gone(_)) => {
+            let _ = std::fs::remove_file(&a.checkpoint);
+            fail(crate::contract::error_chain(&e))
+        }
+        Err(e) => fail(crate::contract::error_chain(&e)),
+    }
+}

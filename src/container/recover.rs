@@ -1,0 +1,212 @@
+//! Taking over an attempt a previous life of this worker started (`Executor::recover`): the
+//! container is checked to be the checkpoint's (by its labels), the init's takeover socket
+//! is reached through `stevedore-init relay` run by `docker exec`, the host answers the
+//! init's challenge with the attempt key, and the attempt is then supervised and judged as
+//! if it had never been left. Whatever cannot be recovered is removed.
+
+use super::attempt::conclude;
+use super::cleanup::Cleanup;
+use super::executor::Shared;
+use super::labels;
+use super::launch::{Running, scope};
+use super::ledger::Ledger;
+use super::supervise::supervise;
+use crate::contract::{Checkpoint, HookSet, Outcome, RecoverError, Request, Target, valid_worker_id};
+use crate::engine::Chunk;
+use crate::link::reports::{self, ReportRoute};
+use crate::link::session::{self, Event, Inbound, OutputsSink, ReaderSetup, Sender};
+use crate::link::{CappedLog, LiveSink};
+use crate::outputs::Caps;
+use crate::wire::{self, INIT_NAME, TOOLS_DIR};
+use futures_util::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// How long the init has to send its challenge, and then to accept the answer.
+const TAKEOVER_WITHIN: Duration = Duration::from_secs(15);
+
+pub(crate) async fn recover(
+    shared: Arc<Shared>,
+    cp: &Checkpoint,
+    hooks: Option<HookSet>,
+    cancel: CancellationToken,
+) -> Result<Outcome, RecoverError> {
+    let span = tracing::info_span!(
+        "recover",
+        job = %cp.job_id,
+        attempt = cp.attempt,
+        worker = %cp.worker,
+        container_id = tracing::field::Empty
+    );
+    take_over(shared, cp, hooks, cancel).instrument(span).await
+}
+
+/// The request the attempt was, as far as judging it needs.
+fn request_of(cp: &Checkpoint, hooks: Option<HookSet>) -> Request {
+    let now_ms = crate::contract::unix_ms_now();
+    let mut req = Request::command(cp.job_id.clone(), ["recovered"], cp.output_dir.clone())
+        .attempt(cp.attempt)
+        .worker(cp.worker.clone())
+        .grace(Duration::from_millis(cp.grace_ms));
+    if let Some(at) = cp.deadline_at_unix_ms {
+        req = req.deadline(Instant::now() + Duration::from_millis(at.saturating_sub(now_ms)));
+    }
+    req.hooks = hooks;
+    req
+}
+
+async fn take_over(
+    shared: Arc<Shared>,
+    cp: &Checkpoint,
+    hooks: Option<HookSet>,
+    cancel: CancellationToken,
+) -> Result<Outcome, RecoverError> {
+    let invalid = |why: &str| RecoverError::Invalid(why.to_owned());
+    if cp.rung != shared.config.name {
+        return Err(invalid("the checkpoint is another rung's"));
+    }
+    let Target::Container { id, .. } = &cp.target else {
+        return Err(invalid("the checkpoint is not of a container"));
+    };
+    let ledger: Ledger = serde_json::from_value(cp.state.clone()).map_err(|e| invalid(&format!("its state: {e}")))?;
+    let key = wire::parse_key(&cp.link.key).ok_or_else(|| invalid("its key is not 32 hex bytes"))?;
+    if !wire::valid_link_id(&cp.link.id) || !valid_worker_id(&cp.worker) {
+        return Err(invalid("its link id or worker id is malformed"));
+    }
+    let api = &shared.engine.api;
+    // The engine says what the container is: a checkpoint cannot point stevedore at
+    // someone else's container.
+    let state = match api.inspect_container(id).await {
+        Ok(s) => s,
+        Err(e) if e.is_not_found() => {
+            let mut cleanup = Cleanup::new(shared.clone(), ledger.attempt_id.clone());
+            cleanup.left.volumes = ledger.volumes.clone();
+            cleanup.left.containers = ledger.containers.clone();
+            cleanup.run().await;
+            return Err(RecoverError::Gone("its container no longer exists".into()));
+        }
+        Err(e) => return Err(RecoverError::Engine(e)),
+    };
+    let label = |k: &str| state.labels.get(k).map(String::as_str);
+    if label(labels::WORKER) != Some(&cp.worker) || label(labels::ATTEMPT_ID) != Some(&ledger.attempt_id) {
+        return Err(invalid("the container's labels are not this attempt's"));
+    }
+    tracing::Span::current().record("container_id", id.as_str());
+    let mut cleanup = Cleanup::new(shared.clone(), ledger.attempt_id.clone());
+    cleanup.left.containers = ledger.containers.clone();
+    cleanup.left.volumes = ledger.volumes.clone();
+    if !state.running {
+        cleanup.run().await;
+        return Err(RecoverError::Gone(format!(
+            "its init ended while no host was there (exit code {:?}); the record went with it",
+            state.exit_code
+        )));
+    }
+    let req = request_of(cp, hooks);
+    let fail = |cleanup: Cleanup, e: RecoverError| async move {
+        cleanup.run().await;
+        Err(e)
+    };
+    let dest = match req.open_output_dir() {
+        Ok(d) => d,
+        Err(e) => return fail(cleanup, RecoverError::OutputDir(e)).await,
+    };
+    let relay = vec![format!("{TOOLS_DIR}/{INIT_NAME}"), "relay".to_owned(), cp.link.id.clone()];
+    let attached = match api.exec(id, relay).await {
+        Ok(a) => a,
+        Err(e) => return fail(cleanup, RecoverError::Engine(e)).await,
+    };
+    let sender = Sender::new(attached.input);
+    let inbound = attached.output.map(|c| {
+        c.map(|c| match c {
+            Chunk::Stdout(b) => Inbound::Link(b),
+            Chunk::Stderr(b) => Inbound::InitStderr(b),
+        })
+    });
+    let inbound = match session::answer_challenge(inbound, &sender, &key, TAKEOVER_WITHIN).await {
+        Ok(s) => s,
+        Err(e) => return fail(cleanup, RecoverError::Takeover(e)).await,
+    };
+    let cfg = &shared.config;
+    let captures = shared.log_base().and_then(|b| b.subdir(&cp.worker)).ok().and_then(|dir| {
+        let [out, err] = ledger.captures.as_ref()?;
+        Some((
+            CappedLog::append(&dir, out, cfg.log_cap_bytes).ok()?,
+            CappedLog::append(&dir, err, cfg.log_cap_bytes).ok()?,
+        ))
+    });
+    let Some((stdout, stderr)) = captures else {
+        return fail(cleanup, RecoverError::Invalid("its capture files cannot be continued".into())).await;
+    };
+    let (report_tx, report_task) = match &req.hooks {
+        Some(h) => {
+            let (tx, task) = reports::forward(h.clone(), req.attempt_ref());
+            (Some(tx), Some(task))
+        }
+        None => (None, None),
+    };
+    let caps = Caps { max_files: ledger.max_files as usize, max_total_bytes: ledger.max_total_bytes };
+    let setup = ReaderSetup {
+        key,
+        stdout,
+        stderr,
+        live: LiveSink::new(None),
+        outputs: OutputsSink { dest, caps },
+        reports: ReportRoute::new(scope(&req), report_tx),
+    };
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let reader = shared.tracker.spawn(session::read(inbound, setup, events_tx));
+    // The init says it accepted the answer by sending `Started` again.
+    let resumed = tokio::time::timeout(TAKEOVER_WITHIN, async {
+        loop {
+            match events.recv().await {
+                Some(Event::Started(s)) if s.resumed => return Some(s),
+                Some(Event::Closed) | None => return None,
+                Some(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(resumed) = resumed else {
+        reader.abort();
+        return fail(cleanup, RecoverError::Takeover("the init did not accept the answer".into())).await;
+    };
+    let away_ms = crate::contract::unix_ms_now().saturating_sub(ledger.started_ms);
+    let started = Instant::now().checked_sub(Duration::from_millis(away_ms)).unwrap_or_else(Instant::now);
+    let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
+    let mut running = Running { ledger, started, sender, events, reader, heartbeat, reports: report_task };
+    let ended = supervise(&shared, &req, &mut running, &cancel).await;
+    let (mut outcome, _silent) = conclude_recovered(&shared, &req, &mut running, ended, cleanup, resumed.ended).await;
+    outcome.evidence.incarnation = shared.incarnation.clone();
+    Ok(outcome)
+}
+
+/// Concludes like any attempt, saying how it was recovered before the outcome hook runs.
+async fn conclude_recovered(
+    shared: &Arc<Shared>,
+    req: &Request,
+    running: &mut Running,
+    ended: super::supervise::Ended,
+    cleanup: Cleanup,
+    had_ended: bool,
+) -> (Outcome, Option<String>) {
+    let how = if had_ended {
+        "taken over by a restarted worker after the command had ended; the record and outputs were kept for it"
+    } else {
+        "taken over by a restarted worker while the command was running"
+    };
+    let hooks = req.hooks.clone();
+    let mut quiet = req.clone();
+    quiet.hooks = None;
+    let (mut outcome, silent) = conclude(shared, &quiet, running, ended, cleanup).await;
+    outcome.evidence.recovered = Some(how.to_owned());
+    if let Some(h) = hooks {
+        h.deliver_outcome(&mut outcome).await;
+    }
+    (outcome, silent)
+}

@@ -1,0 +1,126 @@
+//! The engine's hooks into an attempt: a checkpoint before the command starts, a
+//! cancellation poll while it runs, the sandbox's reports as they arrive, and the outcome
+//! once it is known. Every method is optional (the defaults do nothing) and async.
+//!
+//! Order, per attempt: `checkpoint` → `report`* (in the order the sandbox sent them) →
+//! `outcome`. `cancellation_requested` is polled every [`Hooks::poll_every`] meanwhile.
+//!
+//! Failures: a `checkpoint` that fails stops the attempt before its command starts
+//! ([`crate::LaunchError::Hook`]), leaving nothing behind. A `report` or `outcome` that
+//! fails (or takes longer than [`HOOK_TIMEOUT`]) never loses the outcome or its outputs: it
+//! is recorded in `evidence.hook_failures`. Reports reach the hook through a bounded queue,
+//! so a slow hook never stalls the draining of the sandbox's output; what does not fit is
+//! counted in `evidence.reports.dropped_slow_hook`.
+
+use super::{BoxFuture, Checkpoint, Outcome};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest one hook call may take before it counts as failed.
+pub const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A report from the sandbox, as the init admitted it (see `stevedore_init::report`).
+pub use stevedore_init::report::{Forwarded as SandboxReport, Report, ReportKind};
+
+/// The attempt a hook call is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRef {
+    /// The job.
+    pub job_id: String,
+    /// The attempt number.
+    pub attempt: u32,
+    /// The worker it runs for.
+    pub worker: String,
+}
+
+/// Why a hook failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct HookError {
+    /// What went wrong.
+    pub message: String,
+    /// The cause, if any.
+    #[source]
+    pub source: Option<super::Cause>,
+}
+
+impl HookError {
+    /// A failure with `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), source: None }
+    }
+
+    /// A failure carrying `err`, with its text as the message.
+    pub fn from_error<E: std::error::Error + Send + Sync + 'static>(err: E) -> Self {
+        Self { message: err.to_string(), source: Some(Box::new(err)) }
+    }
+}
+
+/// What a hook returns.
+pub type HookResult<'a, T = ()> = BoxFuture<'a, Result<T, HookError>>;
+
+/// The engine's hooks. Implement the methods you need.
+pub trait Hooks: Send + Sync {
+    /// Called once the sandbox exists and before the command starts, with what a restarted
+    /// worker needs to find the attempt again ([`crate::Executor::recover`]). Persist it
+    /// before returning: it holds the attempt's link key, a secret.
+    fn checkpoint<'a>(&'a self, checkpoint: &'a Checkpoint) -> HookResult<'a> {
+        let _ = checkpoint;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Polled while the command runs; `Ok(true)` stops the attempt as a cancellation does.
+    fn cancellation_requested<'a>(&'a self, attempt: &'a AttemptRef) -> HookResult<'a, bool> {
+        let _ = attempt;
+        Box::pin(async { Ok(false) })
+    }
+
+    /// How often [`Hooks::cancellation_requested`] is polled.
+    fn poll_every(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// A report from the sandbox (a claim: it changes neither the status nor the usage).
+    fn report<'a>(&'a self, attempt: &'a AttemptRef, report: &'a SandboxReport) -> HookResult<'a> {
+        let _ = (attempt, report);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The attempt's outcome, once known (also for a recovered attempt).
+    fn outcome<'a>(&'a self, outcome: &'a Outcome) -> HookResult<'a> {
+        let _ = outcome;
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A request's hooks: cheap to clone, printed as a name only.
+#[derive(Clone)]
+pub struct HookSet(pub Arc<dyn Hooks>);
+
+impl std::fmt::Debug for HookSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HookSet")
+    }
+}
+
+impl HookSet {
+    /// Calls `f` with [`HOOK_TIMEOUT`]; a timeout is a failure.
+    pub(crate) async fn call<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, HookError>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(HOOK_TIMEOUT, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(format!("{what}: {}", super::error_chain(&e))),
+            Err(_) => Err(format!("{what}: no answer within {}s", HOOK_TIMEOUT.as_secs())),
+        }
+    }
+
+    /// Delivers the outcome; a failure is recorded in the outcome's evidence.
+    pub(crate) async fn deliver_outcome(&self, outcome: &mut Outcome) {
+        if let Err(e) = self.call("outcome", self.0.outcome(outcome)).await {
+            outcome.evidence.hook_failures.push(e);
+        }
+    }
+}
