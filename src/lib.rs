@@ -8,6 +8,7 @@
 //! - [`handlers`]: the handler registry every rung that runs handlers shares, and the
 //!   built-in handlers of the `stevedore` binary.
 //! - [`inprocess`]: the in-process rung (level `none`).
+//! - [`process`]: the process rung (level `process`): a child process under a dedicated uid.
 //! - [`container`]: the container rung (level `sandboxed`, or `vm` under a VM-grade runtime).
 //! - [`engine`]: the connection to a Docker-API engine and the narrow set of calls made.
 //! - [`link`]: the host side of the link to stevedore's init: captures, live output, claims.
@@ -59,6 +60,7 @@ pub mod image;
 pub mod inprocess;
 pub mod link;
 pub mod outputs;
+pub mod process;
 pub mod profiles;
 pub mod sandbox;
 
@@ -74,4 +76,5 @@ pub use contract::{
 pub use handlers::{HandlerContext, HandlerError, Handlers};
 pub use inprocess::InProcessExecutor;
 pub use link::{LiveChunk, LiveOutput, Stream};
+pub use process::{ProcessConfig, ProcessExecutor};
 pub use tokio_util::sync::CancellationToken;

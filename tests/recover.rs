@@ -93,7 +93,10 @@ async fn a_worker_killed_mid_attempt_is_recovered_while_the_command_runs() {
         }
     }
     assert_eq!(exec(&docker, &id, "touch /tmp/gate").await, 0);
+    // Drained on a thread: more reports may come before the end.
+    let drain = std::thread::spawn(move || lines.count());
     let got = recover.wait_with_output().unwrap();
+    drain.join().unwrap();
     assert!(got.status.success());
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!(o["status"], "ok", "{o}");
@@ -163,4 +166,85 @@ async fn what_cannot_be_recovered_is_removed() {
             Some(bollard::query_parameters::RemoveContainerOptionsBuilder::default().force(true).build()),
         )
         .await;
+}
+
+/// `stevedore run --rung process` of `script` with a checkpoint and a host-loss grace,
+/// returned once the command said `ready <its TMPDIR>` on stderr: the attempt's own scratch
+/// dir, which the command's uid (`nobody`) can use and this test (root) can reach.
+fn start_process_worker(w: &str, out: &Path, cp: &Path, script: &str) -> (Child, std::path::PathBuf) {
+    let mut child = Command::new(BIN)
+        .args(["run", "--rung", "process", "--worker", w, "--host-loss-grace", "120s", "--checkpoint"])
+        .arg(cp)
+        .arg("--output")
+        .arg(out)
+        .args(["--", "sh", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with("ready ") => return (child, l["ready ".len()..].into()),
+            Some(_) => continue,
+            None => panic!("stevedore run ended before the command was ready"),
+        }
+    }
+}
+
+#[test]
+fn the_process_rung_recovers_a_running_command_after_kill_9() {
+    let w = worker("recover-proc-run");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    let script = r#"echo "ready $TMPDIR" >&2; while [ ! -e "$TMPDIR/open" ]; do "$STEVEDORE_INIT" report heartbeat; sleep 0.2; done;
+                    echo result > "$STEVEDORE_OUT/r"; echo finished"#;
+    let (worker_process, scratch) = start_process_worker(&w, &out, &cp, script);
+    kill9(worker_process);
+    let mut recover =
+        Command::new(BIN).arg("recover").arg(&cp).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(recover.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("report heartbeat") => break,
+            Some(_) => continue,
+            None => panic!("stevedore recover ended before the takeover"),
+        }
+    }
+    std::fs::write(scratch.join("open"), b"").unwrap();
+    // Drained on a thread: more reports may come before the end.
+    let drain = std::thread::spawn(move || lines.count());
+    let got = recover.wait_with_output().unwrap();
+    drain.join().unwrap();
+    assert!(got.status.success());
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!((o["status"].as_str(), o["evidence"]["level"].as_str()), (Some("ok"), Some("process")), "{o}");
+    assert!(o["evidence"]["recovered"].as_str().unwrap().contains("while the command was running"), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "result\n");
+    assert!(!scratch.exists(), "the attempt's dir is removed");
+}
+
+#[test]
+fn the_process_rung_collects_an_attempt_that_ended_while_the_worker_was_away() {
+    let w = worker("recover-proc-ended");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    let script = r#"echo $$ > "$TMPDIR/pid"; echo "ready $TMPDIR" >&2; while [ ! -e "$TMPDIR/open" ]; do sleep 0.05; done;
+                    echo made > "$STEVEDORE_OUT/m"; exit 7"#;
+    let (worker_process, scratch) = start_process_worker(&w, &out, &cp, script);
+    kill9(worker_process);
+    std::fs::write(scratch.join("open"), b"").unwrap();
+    let pid: i32 = std::fs::read_to_string(scratch.join("pid")).unwrap().trim().parse().unwrap();
+    let t = Instant::now();
+    // Gone from /proc once the init reaped it.
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the command never ended");
+        std::thread::yield_now();
+    }
+    let got = Command::new(BIN).arg("recover").arg(&cp).output().unwrap();
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!((o["status"].as_str(), o["exit_code"].as_i64()), (Some("handler_error"), Some(7)), "{o}");
+    assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("m")).unwrap(), "made\n");
 }

@@ -32,14 +32,21 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(format!("{}: {e}", a.checkpoint.display())),
     };
-    let rung = match common::rung(g, 125, |cfg| {
-        cfg.name = cp.rung.clone();
-        Ok(())
-    })
-    .await
-    {
-        Ok(r) => r,
-        Err(code) => return code,
+    let rung: Arc<dyn Executor> = if cp.level == crate::contract::Level::Process {
+        match crate::process::ProcessExecutor::new(crate::process::ProcessConfig::default().name(cp.rung.clone())) {
+            Ok(r) => Arc::new(r),
+            Err(e) => return fail(e.to_string()),
+        }
+    } else {
+        match common::rung(g, 125, |cfg| {
+            cfg.name = cp.rung.clone();
+            Ok(())
+        })
+        .await
+        {
+            Ok(r) => Arc::new(r),
+            Err(code) => return code,
+        }
     };
     let hooks = HookSet(Arc::new(common::CliHooks { checkpoint: None, quiet: a.quiet }));
     let cancel = CancellationToken::new();

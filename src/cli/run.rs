@@ -73,6 +73,10 @@ pub struct RunArgs {
     /// Set an environment variable (repeatable; above the image's and the profile's)
     #[arg(long = "env", short = 'e', value_name = "K=V", help_heading = "Attempt")]
     env: Vec<String>,
+    /// Which rung runs the attempt: container (default) or process (a child process under a
+    /// dedicated uid when run as root; see `stevedore::process`)
+    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "process"], help_heading = "Attempt")]
+    rung: String,
     /// Network mode (default: the profile's, else none; only modes the profile allows)
     #[arg(long, value_name = "MODE", help_heading = "Attempt")]
     network: Option<String>,
@@ -198,17 +202,32 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         }
         Ok(())
     };
-    let rung = match common::rung(g, 125, adjust).await {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
     let mut req = req;
-    if req.handler_name().is_some() && req.policy.image.is_empty() {
-        match common::own_image(&rung, handlers).await {
-            Ok(tag) => req.policy.image = tag,
+    let rung: std::sync::Arc<dyn Executor> = if a.rung == "process" {
+        let mut cfg = crate::process::ProcessConfig::default();
+        if let Some(grace) = &a.host_loss_grace {
+            match parse_duration(grace) {
+                Ok(d) => cfg.host_loss.grace = d,
+                Err(e) => return fail(format!("--host-loss-grace: {e}")),
+            }
+        }
+        match crate::process::ProcessExecutor::new(cfg) {
+            Ok(r) => std::sync::Arc::new(r),
             Err(e) => return fail(e),
         }
-    }
+    } else {
+        let rung = match common::rung(g, 125, adjust).await {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
+        if req.handler_name().is_some() && req.policy.image.is_empty() {
+            match common::own_image(&rung, handlers).await {
+                Ok(tag) => req.policy.image = tag,
+                Err(e) => return fail(e),
+            }
+        }
+        std::sync::Arc::new(rung)
+    };
     if a.worker.is_none() {
         eprintln!("stevedore: worker {}", req.worker_id);
     }

@@ -8,9 +8,9 @@ use super::launch::Running;
 use super::launch::launch;
 use super::prepare::prepare;
 use super::spec::Applied;
-use super::supervise::{Ended, supervise};
 use crate::contract::{LaunchError, Outcome, Request, judge};
 use crate::engine::ContainerState;
+use crate::link::supervise::Ended;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -55,7 +55,7 @@ async fn attempt(
         }
     };
     tracing::Span::current().record("container_id", running.ledger.container_id.as_str());
-    let ended = supervise(&shared, req, &mut running, &cancel).await;
+    let ended = running.supervise(&shared, req, &cancel).await;
     let (outcome, silent) = conclude(&shared, req, &mut running, ended, cleanup).await;
     if let Some(detail) = silent {
         return Err(LaunchError::HandlerProtocol { image: plan.image_ref.clone(), detail });

@@ -1,6 +1,7 @@
 //! Configuration of the container rung, with documented defaults and a builder.
 
 use crate::contract::{ResourceLimits, limits::key};
+pub use crate::link::HostLoss;
 use crate::outputs::Caps;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -34,30 +35,6 @@ pub struct Hardening {
 impl Default for Hardening {
     fn default() -> Self {
         Self { read_only_rootfs: true, drop_all_capabilities: true, no_new_privileges: true }
-    }
-}
-
-/// How the host's liveness reaches the init (`docs/link.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HostLoss {
-    /// How often the host says it is alive.
-    pub heartbeat_every: Duration,
-    /// Without a word from the host for this long, the init counts it as lost (the link's
-    /// end counts at once). `None`: only the link's end.
-    pub heartbeat_timeout: Option<Duration>,
-    /// How long the init keeps the command running after losing the host, for another host
-    /// to take over (0, the default: stop it at once, as a dead-man switch).
-    pub grace: Duration,
-}
-
-impl Default for HostLoss {
-    fn default() -> Self {
-        Self {
-            heartbeat_every: Duration::from_secs(5),
-            heartbeat_timeout: Some(Duration::from_secs(60)),
-            grace: Duration::ZERO,
-        }
     }
 }
 

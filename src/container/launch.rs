@@ -14,7 +14,8 @@ use crate::contract::{
 };
 use crate::engine::{ByteStream, Chunk};
 use crate::link::reports::{self, ReportRoute};
-use crate::link::session::{self, Event, Inbound, OutputsSink, ReaderSetup, Received, Sender};
+use crate::link::session::{self, Inbound, OutputsSink, ReaderSetup, Sender};
+use crate::link::supervise::{Ended, HardStop, Linked, Rules, supervise};
 use crate::link::{CappedLog, LiveSink};
 use crate::wire::{self, HandlerRequest, IN_DIR, KEY_LEN, OUT_DIR, OutputSpec, Start};
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
@@ -29,20 +30,34 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug)]
 pub(crate) struct Running {
     pub ledger: Ledger,
-    pub started: Instant,
-    pub sender: Sender,
-    pub events: mpsc::UnboundedReceiver<Event>,
-    pub reader: tokio::task::JoinHandle<Received>,
-    pub heartbeat: Option<tokio::task::JoinHandle<()>>,
+    pub link: Linked,
     /// The task handing reports to the engine's hook.
     pub reports: Option<tokio::task::JoinHandle<reports::Delivered>>,
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(h) = &self.heartbeat {
-            h.abort();
-        }
+impl Running {
+    /// Supervises the attempt to its end (`link::supervise`), SIGKILLing the container
+    /// through the engine if its init does not finish in time.
+    pub async fn supervise(&mut self, shared: &Shared, req: &Request, cancel: &CancellationToken) -> Ended {
+        let rules = Rules { kill_margin: shared.config.kill_margin, call_timeout: shared.engine.timeout() };
+        let stop = EngineKill { shared, id: &self.ledger.container_id };
+        supervise(&mut self.link, req, rules, cancel, &stop).await
+    }
+}
+
+/// SIGKILLs a container through the engine.
+struct EngineKill<'a> {
+    shared: &'a Shared,
+    id: &'a str,
+}
+
+impl HardStop for EngineKill<'_> {
+    fn hard_stop(&self) -> crate::contract::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.shared.engine.api.kill(self.id, "SIGKILL").await {
+                tracing::debug!(error = %e, "SIGKILL not delivered");
+            }
+        })
     }
 }
 
@@ -195,7 +210,8 @@ pub(crate) async fn launch(
         tracing::warn!(error = %e, "could not send the start to the init");
     }
     let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
-    Ok(Running { ledger, started, sender, events, reader, heartbeat, reports: report_task })
+    let link = Linked { started, sender, events, reader, heartbeat };
+    Ok(Running { ledger, link, reports: report_task })
 }
 
 /// The attempt a link belongs to.

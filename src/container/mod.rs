@@ -2,7 +2,7 @@
 //!
 //! Pure parts (tested without an engine): `config`, `labels`, `env`, `spec`. Parts that talk
 //! to the engine or the host: `executor` (admission), the attempt's phases (`attempt`:
-//! `prepare`, `launch`, `supervise`, `finish`, with `cleanup`), `tools` (the init in the
+//! `prepare`, `launch`, supervision (`link::supervise`), `finish`, with `cleanup`), `tools` (the init in the
 //! engine), `staging` (inputs), `reclaim`.
 
 mod attempt;
@@ -20,7 +20,6 @@ mod reclaim;
 mod recover;
 pub mod spec;
 pub mod staging;
-mod supervise;
 #[cfg(test)]
 mod tests;
 pub mod tools;

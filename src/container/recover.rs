@@ -10,7 +10,6 @@ use super::executor::Shared;
 use super::labels;
 use super::launch::{Running, scope};
 use super::ledger::Ledger;
-use super::supervise::supervise;
 use crate::contract::{Checkpoint, HookSet, Outcome, RecoverError, Request, Target, valid_worker_id};
 use crate::engine::Chunk;
 use crate::link::reports::{self, ReportRoute};
@@ -179,8 +178,9 @@ async fn take_over(
     let away_ms = crate::contract::unix_ms_now().saturating_sub(ledger.started_ms);
     let started = Instant::now().checked_sub(Duration::from_millis(away_ms)).unwrap_or_else(Instant::now);
     let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
-    let mut running = Running { ledger, started, sender, events, reader, heartbeat, reports: report_task };
-    let ended = supervise(&shared, &req, &mut running, &cancel).await;
+    let link = crate::link::supervise::Linked { started, sender, events, reader, heartbeat };
+    let mut running = Running { ledger, link, reports: report_task };
+    let ended = running.supervise(&shared, &req, &cancel).await;
     let (mut outcome, _silent) = conclude_recovered(&shared, &req, &mut running, ended, cleanup, resumed.ended).await;
     outcome.evidence.incarnation = shared.incarnation.clone();
     Ok(outcome)
@@ -191,7 +191,7 @@ async fn conclude_recovered(
     shared: &Arc<Shared>,
     req: &Request,
     running: &mut Running,
-    ended: super::supervise::Ended,
+    ended: crate::link::supervise::Ended,
     cleanup: Cleanup,
     had_ended: bool,
 ) -> (Outcome, Option<String>) {

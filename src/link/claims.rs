@@ -14,7 +14,14 @@ pub(crate) struct Bounds {
     pub cpus: f64,
     /// The memory limit applied.
     pub memory: u64,
+    /// Who read the cgroup counters, and what they cover, for the evidence.
+    pub cgroup_note: &'static str,
 }
+
+/// The container rung's cgroup note.
+pub(crate) const CONTAINER_CGROUP: &str = "usage read by the init from the container's cgroup after the command and \
+    its stragglers ended: cpu of the whole container, memory high-water mark (tmpfs /out and /tmp pages \
+    included), oom_kill count";
 
 /// What the record says, checked, as the judge's inputs.
 #[derive(Debug, Default)]
@@ -119,10 +126,7 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
     let max_cpu_ms = (host_ms as f64 * b.cpus * 1.05) as u64 + 200;
     let cg = &rec.cgroup;
     if let Some(v) = cg.version {
-        ev.notes.push(format!(
-            "usage read by the init from cgroup v{v} after the command and its stragglers ended: cpu of the \
-             whole container, memory high-water mark (tmpfs /out and /tmp pages included), oom_kill count"
-        ));
+        ev.notes.push(format!("{} (cgroup v{v})", b.cgroup_note));
     }
     let rusage_cpu = (rec.rusage.user_us + rec.rusage.system_us) / 1000;
     match cg.cpu_usage_ns.map(|ns| ns / 1_000_000) {
@@ -209,7 +213,7 @@ mod tests {
     }
 
     fn bounds() -> Bounds {
-        Bounds { host_wall: Duration::from_millis(1000), cpus: 1.0, memory: 64 << 20 }
+        Bounds { host_wall: Duration::from_millis(1000), cpus: 1.0, memory: 64 << 20, cgroup_note: CONTAINER_CGROUP }
     }
 
     #[test]

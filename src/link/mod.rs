@@ -4,8 +4,11 @@
 
 mod capture;
 pub(crate) mod claims;
+pub(crate) mod judgement;
 pub(crate) mod reports;
 pub(crate) mod session;
+pub(crate) mod supervise;
 
 pub(crate) use capture::{CappedLog, LiveSink};
 pub use capture::{LiveChunk, LiveOutput, Stream};
+pub use supervise::HostLoss;

@@ -1,15 +1,39 @@
-//! Phase 3 of an attempt: waiting for the init's record and outputs while enforcing the
-//! deadline, cancellation and the grace (a Stop frame, then SIGKILL through the engine when
-//! the init does not finish within grace + margin), then the ack.
+//! Supervising one attempt over its link, whatever runs the init: waiting for the record
+//! and the outputs while enforcing the deadline, cancellation (the caller's, or the engine's
+//! hook) and the grace (a Stop frame, then the rung's hard stop when the init does not finish
+//! within grace + margin), then the ack.
 
-use super::executor::Shared;
-use super::launch::Running;
-use crate::contract::{HOOK_TIMEOUT, HookError, Request};
-use crate::link::session::{Event, Received};
+use super::session::{Event, Received, Sender};
+use crate::contract::{BoxFuture, HOOK_TIMEOUT, HookError, Request};
 use crate::wire::{InitRecord, Kind};
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// How the host's liveness reaches the init (`docs/link.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostLoss {
+    /// How often the host says it is alive.
+    pub heartbeat_every: Duration,
+    /// Without a word from the host for this long, the init counts it as lost (the link's
+    /// end counts at once). `None`: only the link's end.
+    pub heartbeat_timeout: Option<Duration>,
+    /// How long the init keeps the command running after losing the host, for another host
+    /// to take over (0, the default: stop it at once, as a dead-man switch).
+    pub grace: Duration,
+}
+
+impl Default for HostLoss {
+    fn default() -> Self {
+        Self {
+            heartbeat_every: Duration::from_secs(5),
+            heartbeat_timeout: Some(Duration::from_secs(60)),
+            grace: Duration::ZERO,
+        }
+    }
+}
 
 /// What the host saw of the attempt's end.
 #[derive(Debug, Default)]
@@ -34,10 +58,49 @@ pub(crate) struct Ended {
 /// Bytes per second the outputs may be as slow as before collection gives up.
 const SLOWEST_COLLECTION: u64 = 8 << 20;
 
-pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, cancel: &CancellationToken) -> Ended {
-    let cfg = &shared.config;
-    let api = &shared.engine.api;
-    let name = &r.ledger.container_id;
+/// An attempt's link, once its init runs.
+#[derive(Debug)]
+pub(crate) struct Linked {
+    pub started: std::time::Instant,
+    pub sender: Sender,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub reader: tokio::task::JoinHandle<Received>,
+    pub heartbeat: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        if let Some(h) = &self.heartbeat {
+            h.abort();
+        }
+    }
+}
+
+/// How the rung stops a sandbox whose init did not finish within grace + margin.
+pub(crate) trait HardStop: Sync {
+    /// SIGKILLs everything of the attempt.
+    fn hard_stop(&self) -> BoxFuture<'_, ()>;
+}
+
+/// The rung's timing rules for supervision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// Past grace, how long the init gets before the rung stops everything itself.
+    pub kill_margin: Duration,
+    /// The rung's per-call timeout (collection and the reader's end are bounded by it).
+    pub call_timeout: Duration,
+}
+
+/// Waits for the init's record and outputs while enforcing the request's deadline, the
+/// caller's cancellation and the engine's cancellation hook (a Stop frame; then `stop`
+/// after grace + margin), then acks.
+pub(crate) async fn supervise(
+    r: &mut Linked,
+    req: &Request,
+    rules: Rules,
+    cancel: &CancellationToken,
+    stop: &dyn HardStop,
+) -> Ended {
     let hooks = req.hooks.clone();
     let aref = req.attempt_ref();
     let mut next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
@@ -56,7 +119,7 @@ pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, c
                 Some(Event::Record(rec)) => {
                     ended.host_wall = r.started.elapsed();
                     let used = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref()).map_or(0, |f| f.total_bytes.saturating_sub(f.free_bytes));
-                    collect_by = Some(Instant::now() + shared.engine.timeout() + Duration::from_secs(used / SLOWEST_COLLECTION));
+                    collect_by = Some(Instant::now() + rules.call_timeout + Duration::from_secs(used / SLOWEST_COLLECTION));
                     ended.record = Some(rec);
                     kill_at = None;
                 }
@@ -71,19 +134,17 @@ pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, c
                 if deadline.is_some() && !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
                 ended.deadline_fired = true;
                 let _ = r.sender.frame(Kind::Stop, b"").await;
-                kill_at = Some(Instant::now() + grace + cfg.kill_margin);
+                kill_at = Some(Instant::now() + grace + rules.kill_margin);
             }
             _ = cancel.cancelled(), if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
                 ended.cancelled = true;
                 let _ = r.sender.frame(Kind::Stop, b"").await;
-                kill_at = Some(Instant::now() + grace + cfg.kill_margin);
+                kill_at = Some(Instant::now() + grace + rules.kill_margin);
             }
             _ = async { tokio::time::sleep_until(kill_at.expect("guarded")).await }, if kill_at.is_some() => {
                 ended.hard_killed = true;
                 kill_at = None;
-                if let Err(e) = api.kill(name, "SIGKILL").await {
-                    tracing::debug!(error = %e, "SIGKILL not delivered");
-                }
+                stop.hard_stop().await;
             }
             _ = async { tokio::time::sleep_until(collect_by.expect("guarded")).await }, if collect_by.is_some() => {
                 ended.collection_timed_out = true;
@@ -107,7 +168,7 @@ pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, c
                         ended.cancelled = true;
                         ended.cancelled_by_hook = true;
                         let _ = r.sender.frame(Kind::Stop, b"").await;
-                        kill_at = Some(Instant::now() + grace + cfg.kill_margin);
+                        kill_at = Some(Instant::now() + grace + rules.kill_margin);
                     }
                     Ok(_) => {}
                     Err(e) if ended.poll_failures.len() < 4 => ended.poll_failures.push(format!("cancellation_requested: {e}")),
@@ -129,7 +190,7 @@ pub(crate) async fn supervise(shared: &Shared, req: &Request, r: &mut Running, c
     if ended.collection_timed_out {
         r.reader.abort();
     }
-    ended.received = match tokio::time::timeout(shared.engine.timeout(), &mut r.reader).await {
+    ended.received = match tokio::time::timeout(rules.call_timeout, &mut r.reader).await {
         Ok(Ok(got)) => got,
         _ => {
             r.reader.abort();
