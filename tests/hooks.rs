@@ -178,3 +178,30 @@ async fn the_cancellation_poll_stops_the_attempt() {
     assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::Cancelled)), "{}", o.to_json());
     assert!(o.evidence.notes.iter().any(|n| n.contains("cancellation hook")), "{:?}", o.evidence.notes);
 }
+
+#[tokio::test]
+async fn a_handler_in_a_container_reports_through_its_context() {
+    let Some((docker, _image)) = setup().await else { return };
+    let image = worker_image(&docker).await;
+    let rung = rung().await;
+    let w = worker("hooks-handler");
+    let out = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Recorder::default());
+    let r = stevedore::Request::handler("job", "progress", out.path())
+        .worker(&w)
+        .image(&image)
+        .payload("step")
+        .hooks(hooks.clone());
+    let o = run(&rung, &r).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(std::fs::read_to_string(out.path().join("reported")).unwrap(), "true true true");
+    let reports: Vec<String> = hooks.events().into_iter().filter(|e| e.starts_with("report")).collect();
+    assert_eq!(
+        reports,
+        [
+            "report job 1 Some(25.0) Some(\"step\")",
+            "report job 2 Some(50.0) Some(\"step\")",
+            "report job 3 Some(75.0) Some(\"step\")"
+        ]
+    );
+}

@@ -264,6 +264,13 @@ async fn hooks_and_reports_on_the_process_rung() {
         *hooks.0.lock().unwrap(),
         ["checkpoint process true", "report 1 Some(25.0)", "report 2 Some(75.0)", "outcome ok"]
     );
+    // A handler reports through its context, over the same socket.
+    let out = tempfile::tempdir().unwrap();
+    let hooks = Arc::new(Recorder::default());
+    let o = run(&r, &Request::handler("job", "progress", out.path()).worker(&w).hooks(hooks.clone())).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let events = hooks.0.lock().unwrap().clone();
+    assert_eq!(&events[1..], ["report 1 Some(25.0)", "report 2 Some(50.0)", "report 3 Some(75.0)", "outcome ok"]);
 }
 
 #[test]

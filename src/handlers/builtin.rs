@@ -22,6 +22,7 @@ use std::time::Duration;
 /// | `inputs` | writes `<slot> sha256:<hex>` lines to `<out>/inputs.txt` |
 /// | `alloc` | allocates payload bytes, touches every page, holds them 200 ms |
 /// | `cat-input` | copies input slot `in` to `<out>/copy` |
+/// | `progress` | reports progress 25, 50, 75 (the payload as text), writes `<out>/reported` |
 pub fn builtin() -> Handlers {
     Handlers::new()
         .with_version(concat!("stevedore ", env!("CARGO_PKG_VERSION")))
@@ -30,6 +31,12 @@ pub fn builtin() -> Handlers {
         .register("write-outputs", |ctx| async move {
             write(&ctx.output("a.txt"), b"alpha\n").await?;
             write(&ctx.output("dir/b.json"), br#"{"b":1}"#).await
+        })
+        .register("progress", |ctx| async move {
+            let text = (!ctx.payload.is_empty()).then(|| ctx.payload_text().into_owned());
+            let taken: Vec<String> =
+                [25.0, 50.0, 75.0].iter().map(|p| ctx.progress(*p, text.as_deref()).to_string()).collect();
+            write(&ctx.output("reported"), taken.join(" ").as_bytes()).await
         })
         .register("fail", |ctx| async move { Err(HandlerError::new(text_or(&ctx, "failed"))) })
         .register(
@@ -138,6 +145,7 @@ mod tests {
             prior_outputs: Vec::new(),
             deadline: None,
             cancel: CancellationToken::new(),
+            reporter: crate::handlers::Reporter::none(),
         }
     }
 

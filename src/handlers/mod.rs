@@ -7,7 +7,7 @@ mod error;
 mod registry;
 
 pub use builtin::builtin;
-pub use context::HandlerContext;
+pub use context::{HandlerContext, Reporter};
 pub use error::HandlerError;
 pub(crate) use error::{cap_text, error_chain, panic_text};
 pub(crate) use registry::check;

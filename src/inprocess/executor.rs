@@ -1,14 +1,18 @@
 //! The in-process rung.
 
+use crate::contract::HOOK_TIMEOUT;
 use crate::contract::{
     BoxFuture, Evidence, Executor, Exit, Judgement, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, Request,
     Source, Task, Usage, judge, valid_worker_id,
 };
-use crate::handlers::{HandlerContext, HandlerError, Handlers, cap_text, error_chain, panic_text};
+use crate::handlers::{HandlerContext, HandlerError, Handlers, Reporter, cap_text, error_chain, panic_text};
+use crate::link::reports;
 use crate::outputs::{self, Caps, WalkReport};
 use crate::wire::{LaunchFailure as WireLaunch, MAX_ERROR_TEXT};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -128,11 +132,43 @@ impl InProcessExecutor {
         let output_dir = request.open_output_dir()?;
         drop(output_dir);
 
+        // The engine's hooks: reports through the same checks and limits as a sandbox's, and
+        // a cancellation poll that cancels like the caller does.
+        let scope = crate::wire::Scope { job_id: request.job_id.clone(), attempt: request.attempt };
+        let (report_tx, report_task) = match &request.hooks {
+            Some(h) => {
+                let (tx, task) = reports::forward(h.clone(), request.attempt_ref());
+                (Some(tx), Some(task))
+            }
+            None => (None, None),
+        };
+        let direct = Arc::new(Mutex::new(reports::Direct::new(scope, report_tx)));
+        let reporter = {
+            let d = direct.clone();
+            Reporter::new(move |r| d.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(r))
+        };
+        let cancel = cancel.child_token();
+        let asked = Arc::new(AtomicBool::new(false));
+        let poller = request.hooks.clone().map(|h| {
+            let (token, asked, attempt) = (cancel.clone(), asked.clone(), request.attempt_ref());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(h.0.poll_every()).await;
+                    if let Ok(Ok(true)) = tokio::time::timeout(HOOK_TIMEOUT, h.0.cancellation_requested(&attempt)).await
+                    {
+                        asked.store(true, Ordering::SeqCst);
+                        token.cancel();
+                        return;
+                    }
+                }
+            })
+        });
         let end = if request.deadline.is_some_and(|d| d <= start) {
             // Not started at all, so nothing of it can still be running.
             End::Deadline { still_running: false }
         } else {
-            let ctx = context(request, cancel.child_token());
+            let mut ctx = context(request, cancel.child_token());
+            ctx.reporter = reporter;
             let handler_cancel = ctx.cancel.clone();
             let caller_cancel = cancel.clone();
             let task = tokio::spawn(async move {
@@ -172,9 +208,26 @@ impl InProcessExecutor {
                 }
             }
         }
+        if let Some(p) = poller {
+            p.abort();
+        }
+        if asked.load(Ordering::SeqCst) {
+            j.evidence.notes.push("the engine's cancellation hook asked for the stop".into());
+        }
         // Outputs are listed for every attempt whose handler ran, whatever its status.
         record_outputs(&mut j, self.walk(request.output_dir.clone()).await);
-        Ok(finish(request, j, start))
+        // The handler's reporter (which holds the hook's queue) may outlive the attempt in a
+        // handler that keeps running; the queue is closed by dropping the route here.
+        let (init_like, host) = direct.lock().unwrap_or_else(std::sync::PoisonError::into_inner).counts();
+        *direct.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            reports::Direct::new(crate::wire::Scope::default(), None);
+        let delivered = reports::finish(report_task).await;
+        j.evidence.reports = reports::seen(Some(&init_like), &host, delivered, &mut j.evidence.hook_failures);
+        let mut outcome = finish(request, j, start);
+        if let Some(h) = &request.hooks {
+            h.deliver_outcome(&mut outcome).await;
+        }
+        Ok(outcome)
     }
 
     /// The evidence known before the handler runs.
@@ -280,6 +333,7 @@ fn context(request: &Request, cancel: CancellationToken) -> HandlerContext {
         prior_outputs: request.prior_outputs.clone(),
         deadline: request.deadline,
         cancel,
+        reporter: Reporter::none(),
     }
 }
 

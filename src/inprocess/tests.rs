@@ -333,3 +333,78 @@ async fn usable_as_trait_object_with_a_name() {
     assert!(report.containers_removed.is_empty() && report.paths_removed.is_empty());
     assert!(e.reclaim("bad worker!").await.is_err());
 }
+
+mod hooks {
+    use super::*;
+    use crate::contract::{AttemptRef, HookResult, Hooks, Reason, SandboxReport};
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Vec<String>>,
+        cancel_after_report: bool,
+    }
+
+    impl Hooks for Recorder {
+        fn cancellation_requested<'a>(&'a self, _: &'a AttemptRef) -> HookResult<'a, bool> {
+            Box::pin(async move {
+                Ok(self.cancel_after_report && self.events.lock().unwrap().iter().any(|e| e.starts_with("report")))
+            })
+        }
+        fn poll_every(&self) -> Duration {
+            Duration::from_millis(20)
+        }
+        fn report<'a>(&'a self, _: &'a AttemptRef, r: &'a SandboxReport) -> HookResult<'a> {
+            Box::pin(async move {
+                self.events.lock().unwrap().push(format!("report {} {:?}", r.seq, r.report.percent));
+                Ok(())
+            })
+        }
+        fn outcome<'a>(&'a self, o: &'a crate::contract::Outcome) -> HookResult<'a> {
+            Box::pin(async move {
+                self.events.lock().unwrap().push(format!("outcome {}", o.status));
+                Ok(())
+            })
+        }
+    }
+
+    fn rung() -> InProcessExecutor {
+        let handlers = builtin()
+            .register("progress", |ctx| async move {
+                assert!(ctx.progress(10.0, Some("a")));
+                assert!(ctx.progress(60.0, None));
+                let mut other = crate::contract::Report::note("not mine");
+                other.attempt = Some(99);
+                assert!(!ctx.report(other), "a report naming another attempt is refused");
+                Ok(())
+            })
+            .register("report-then-wait", |ctx| async move {
+                ctx.note("waiting");
+                ctx.cancel.cancelled().await;
+                Err(HandlerError::new("cancelled"))
+            });
+        InProcessExecutor::new(handlers, "boot")
+    }
+
+    #[tokio::test]
+    async fn in_process_reports_reach_the_hook_in_order_before_the_outcome() {
+        let out = tempfile::tempdir().unwrap();
+        let h = Arc::new(Recorder::default());
+        let req = Request::handler("j", "progress", out.path()).hooks(h.clone());
+        let o = rung().run(&req, CancellationToken::new()).await.unwrap();
+        assert_eq!(o.status, Status::Ok);
+        assert_eq!(*h.events.lock().unwrap(), ["report 1 Some(10.0)", "report 2 Some(60.0)", "outcome ok"]);
+        let seen = o.evidence.reports.unwrap();
+        assert_eq!((seen.received, seen.delivered, seen.refused), (2, 2, 1));
+    }
+
+    #[tokio::test]
+    async fn the_cancellation_poll_cancels_an_in_process_handler() {
+        let out = tempfile::tempdir().unwrap();
+        let h = Arc::new(Recorder { cancel_after_report: true, ..Recorder::default() });
+        let req = Request::handler("j", "report-then-wait", out.path()).hooks(h.clone());
+        let o = rung().run(&req, CancellationToken::new()).await.unwrap();
+        assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::Cancelled)));
+        assert!(o.evidence.notes.iter().any(|n| n.contains("cancellation hook")));
+    }
+}

@@ -36,27 +36,75 @@ impl ReportRoute {
     pub fn take(&mut self, body: &[u8]) {
         self.seen.received += 1;
         let parsed = wire::parse_claim::<SandboxReport>(body, Kind::Report.max_body()).map_err(|e| e.to_string());
-        let r = match parsed {
-            Ok(r) if r.seq <= self.last_seq => {
-                return self.refuse(format!("sequence {} after {}", r.seq, self.last_seq));
-            }
+        match parsed {
+            Ok(r) if r.seq <= self.last_seq => self.refuse(format!("sequence {} after {}", r.seq, self.last_seq)),
             Ok(r) => match r.report.clone().check(&self.scope) {
-                Ok(_) => r,
-                Err(why) => return self.refuse(why),
+                Ok(_) => {
+                    self.pass(r);
+                }
+                Err(why) => self.refuse(why),
             },
-            Err(why) => return self.refuse(why),
-        };
+            Err(why) => self.refuse(why),
+        }
+    }
+
+    /// Hands a checked report on; `false` when the hook's queue could not take it.
+    fn pass(&mut self, r: SandboxReport) -> bool {
         self.last_seq = r.seq;
         if r.report.kind == ReportKind::Progress {
             self.seen.last_progress = r.report.percent;
         }
-        if let Some(tx) = &self.tx {
-            match tx.try_send(r) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => self.seen.dropped_slow_hook += 1,
-                Err(mpsc::error::TrySendError::Closed(_)) => self.tx = None,
+        let Some(tx) = &self.tx else { return false };
+        match tx.try_send(r) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.seen.dropped_slow_hook += 1;
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.tx = None;
+                false
             }
         }
+    }
+}
+
+/// Reports made in the worker's own process (the in-process rung's handlers): the same
+/// checks and limits as the init applies to a sandbox's, then the same route.
+#[derive(Debug)]
+pub(crate) struct Direct {
+    limiter: stevedore_init::report::Limiter,
+    route: ReportRoute,
+    started: std::time::Instant,
+}
+
+impl Direct {
+    pub fn new(scope: Scope, tx: Option<mpsc::Sender<SandboxReport>>) -> Self {
+        let now = std::time::Instant::now();
+        Self { limiter: stevedore_init::report::Limiter::new(now), route: ReportRoute::new(scope, tx), started: now }
+    }
+
+    /// Checks, limits and routes one report; `false` when it was not taken.
+    pub fn take(&mut self, report: crate::contract::Report) -> bool {
+        let report = match report.check(&self.route.scope) {
+            Ok(r) => r,
+            Err(why) => {
+                self.limiter.refuse(why);
+                return false;
+            }
+        };
+        let now = std::time::Instant::now();
+        if !self.limiter.admit(now) {
+            return false;
+        }
+        self.route.seen.received += 1;
+        let at_ms = u64::try_from(now.saturating_duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
+        self.route.pass(SandboxReport { seq: self.limiter.counts.forwarded, at_ms, report })
+    }
+
+    /// The limiter's counts and what the route saw.
+    pub fn counts(&self) -> (ReportCounts, ReportsSeen) {
+        (self.limiter.counts.clone(), self.route.seen.clone())
     }
 }
 

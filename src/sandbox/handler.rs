@@ -187,6 +187,11 @@ fn prepare(
         prior_outputs: req.prior_outputs,
         deadline: req.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
         cancel,
+        // The init's report socket, which this process inherited (fd 3).
+        reporter: match stevedore_init::report::socket_from_env() {
+            Ok(fd) => crate::handlers::Reporter::new(move |r| stevedore_init::report::send_on(fd, &r).is_ok()),
+            Err(_) => crate::handlers::Reporter::none(),
+        },
     };
     Ok((handler, ctx))
 }
