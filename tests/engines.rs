@@ -265,3 +265,47 @@ async fn the_dead_man_switch_and_reclaim_leave_nothing() {
     assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
+
+#[tokio::test]
+async fn reports_and_a_takeover_through_the_engines_exec() {
+    if quick() {
+        return;
+    }
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("reports_and_a_takeover_through_the_engines_exec", Instant::now());
+    let w = support::worker("e-takeover");
+    let t = tempfile::tempdir().unwrap();
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("a"), r#""$STEVEDORE_INIT" report progress 50 half"#)).await;
+    let seen = o.evidence.reports.as_ref().expect("the report arrived");
+    assert_eq!((seen.received, seen.last_progress), (1, Some(50.0)), "{}", o.to_json());
+    rung.close().await;
+
+    // A worker killed with SIGKILL; another process takes the attempt over through exec.
+    let (out, cp) = (t.path().join("b"), t.path().join("cp.json"));
+    let mut child = Command::new(support::BIN)
+        .args(["run", "--worker", &w, "--image", &image, "--host-loss-grace", "600s", "--checkpoint"])
+        .arg(&cp)
+        .arg("--output")
+        .arg(&out)
+        .args(["--", "sh", "-c", "echo ready >&2; while [ ! -e /tmp/gate ]; do sleep 0.1; done; echo r > /out/r"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    while !lines.next().expect("ready").unwrap().contains("ready") {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let checkpoint = stevedore::contract::Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap();
+    let stevedore::contract::Target::Container { id, .. } = &checkpoint.target else { panic!("a container") };
+    assert_eq!(support::exec(&docker, id, "touch /tmp/gate").await, 0);
+    let got = Command::new(support::BIN).arg("recover").arg(&cp).output().unwrap();
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(o["status"], "ok", "{o}");
+    assert!(o["evidence"]["recovered"].is_string(), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "r\n");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}

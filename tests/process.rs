@@ -291,3 +291,32 @@ fn the_rung_refuses_to_run_commands_as_root_or_silently_as_the_worker() {
         assert!(err.to_string().contains("cannot be trusted"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn reclaim_stops_what_a_killed_worker_left_and_removes_its_dir() {
+    use std::io::BufRead;
+    let w = worker("proc-reclaim");
+    let t = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .args(["run", "--rung", "process", "--worker", &w, "--host-loss-grace", "600s", "--output"])
+        .arg(t.path().join("o"))
+        .args(["--", "sh", "-c", "echo \"ready $$\" >&2; exec sleep 600"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let pid: i32 = loop {
+        let l = lines.next().expect("ready").unwrap();
+        if let Some(p) = l.strip_prefix("ready ") {
+            break p.trim().parse().unwrap();
+        }
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = rung(Delegation::Auto);
+    let report = r.reclaim(&w).await.unwrap();
+    assert_eq!(report.paths_removed.len(), 1, "{report:?}");
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the command {pid} was stopped");
+    nothing_left(&r, &w);
+}

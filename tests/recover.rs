@@ -5,9 +5,6 @@
 
 mod support;
 
-use bollard::Docker;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use futures_util::StreamExt;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -15,22 +12,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use stevedore::contract::{Checkpoint, Target};
 use support::*;
-
-/// Runs `sh -c script` in the container; its exit code.
-async fn exec(docker: &Docker, id: &str, script: &str) -> i64 {
-    let opts = CreateExecOptions::<String> {
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        cmd: Some(vec!["sh".into(), "-c".into(), script.into()]),
-        ..Default::default()
-    };
-    let created = docker.create_exec(id, opts).await.unwrap();
-    let start = StartExecOptions { detach: false, tty: false, output_capacity: None };
-    if let StartExecResults::Attached { mut output, .. } = docker.start_exec(&created.id, Some(start)).await.unwrap() {
-        while output.next().await.is_some() {}
-    }
-    docker.inspect_exec(&created.id).await.unwrap().exit_code.unwrap_or(-1)
-}
 
 /// `stevedore run` of `script` with a checkpoint and a host-loss grace, returned once the
 /// command said `ready` on stderr (which the checkpoint precedes).

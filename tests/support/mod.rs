@@ -376,3 +376,21 @@ pub async fn setup_with_rung() -> Option<(Docker, String, stevedore::container::
     let (docker, image) = setup().await?;
     Some((docker, image, rung().await))
 }
+
+/// Runs `sh -c script` in the container; its exit code.
+pub async fn exec(docker: &Docker, id: &str, script: &str) -> i64 {
+    let opts = bollard::exec::CreateExecOptions::<String> {
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        cmd: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        ..Default::default()
+    };
+    let created = docker.create_exec(id, opts).await.unwrap();
+    let start = bollard::exec::StartExecOptions { detach: false, tty: false, output_capacity: None };
+    if let bollard::exec::StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&created.id, Some(start)).await.unwrap()
+    {
+        while output.next().await.is_some() {}
+    }
+    docker.inspect_exec(&created.id).await.unwrap().exit_code.unwrap_or(-1)
+}
