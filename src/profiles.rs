@@ -13,6 +13,10 @@
 //! wait_for_admission = true
 //! labels = { team = "infra" }
 //! ports = { "8080" = 0 }              # container port = host port (0: ephemeral), on 127.0.0.1
+//! allow_publish = true                # `run -p` may add ports (default true; needs a network)
+//! allow_root = false                  # `run -u 0` may run as root (default false)
+//! caches = { cargo = "/cache/cargo" }  # named caches, kept across attempts
+//! allow_caches = true                 # `run --cache` may add caches (default true)
 //! env = { RUST_LOG = "info" }
 //! env_files = { API_TOKEN = "/run/secrets/token" }   # value read from the file (secrets)
 //! defaults = { memory = "256m", cpus = "1", pids = 128, disk = "100m" }
@@ -135,6 +139,11 @@ struct Profile {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     ports: BTreeMap<String, u16>,
+    allow_publish: Option<bool>,
+    allow_root: Option<bool>,
+    #[serde(default)]
+    caches: BTreeMap<String, String>,
+    allow_caches: Option<bool>,
     #[serde(default)]
     env: BTreeMap<String, String>,
     #[serde(default)]
@@ -186,6 +195,14 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     cfg.network_choices = Some(p.allow_networks.into_iter().collect());
     if let Some(u) = p.user {
         cfg.user = u;
+    }
+    cfg.allow_publish = p.allow_publish.unwrap_or(true);
+    cfg.allow_root = p.allow_root.unwrap_or(false);
+    cfg.allow_caches = p.allow_caches.unwrap_or(true);
+    for (name, path) in p.caches {
+        let c = crate::container::CacheMount { name: name.clone(), path };
+        c.check().map_err(|why| bad(&format!("caches.{name}"), why))?;
+        cfg.caches.push(c);
     }
     if let Some(c) = p.log_cap {
         cfg.log_cap_bytes = parse_size(&c).map_err(|e| bad("log_cap", e.to_string()))?;

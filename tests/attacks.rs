@@ -222,7 +222,7 @@ fn ids_that_would_be_paths_are_refused_by_the_command() {
     );
     for bad in ["..", "a/b", ".hidden"] {
         let out = Command::new(BIN)
-            .args(["run", "--worker", bad, "--image", "x", "--output"])
+            .args(["run", "--outcome", "-", "--worker", bad, "--image", "x", "--output"])
             .arg(t.path().join("o"))
             .args(["--", "true"])
             .output()
@@ -239,7 +239,7 @@ fn a_symlinked_output_and_a_non_utf8_argv_are_refused_clearly() {
     std::fs::create_dir(t.path().join("real")).unwrap();
     std::os::unix::fs::symlink(t.path().join("real"), t.path().join("link")).unwrap();
     let out = Command::new(BIN)
-        .args(["run", "--image", "x", "--output"])
+        .args(["run", "--outcome", "-", "--image", "x", "--output"])
         .arg(t.path().join("link"))
         .args(["--", "true"])
         .output()
@@ -247,7 +247,7 @@ fn a_symlinked_output_and_a_non_utf8_argv_are_refused_clearly() {
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is a symlink"), "{}", String::from_utf8_lossy(&out.stderr));
     let out = Command::new(BIN)
-        .args(["run", "--image", "x", "--output"])
+        .args(["run", "--outcome", "-", "--image", "x", "--output"])
         .arg(t.path().join("o"))
         .arg("--")
         .arg(std::ffi::OsStr::from_bytes(b"caf\xe9"))

@@ -63,7 +63,7 @@ async fn run_a_builtin_handler() {
     let t = tempfile::tempdir().unwrap();
     let run = |out: &str, args: &[&str]| {
         Command::new(BIN)
-            .args(["run", "--quiet", "--worker", &w, "--output"])
+            .args(["run", "--outcome", "-", "--quiet", "--worker", &w, "--output"])
             .arg(t.path().join(out))
             .args(args)
             .output()
@@ -94,7 +94,19 @@ async fn eight_runs_at_once() {
     let children: Vec<_> = (0..8)
         .map(|i| {
             Command::new(BIN)
-                .args(["run", "--quiet", "--worker", &w, "--image", &image, "--job", &format!("job-{i}"), "--output"])
+                .args([
+                    "run",
+                    "--outcome",
+                    "-",
+                    "--quiet",
+                    "--worker",
+                    &w,
+                    "--image",
+                    &image,
+                    "--job",
+                    &format!("job-{i}"),
+                    "--output",
+                ])
                 .arg(t.path().join(format!("o{i}")))
                 .args(["--", "sh", "-c", "echo $STEVEDORE_JOB_ID > /out/id"])
                 .stdout(Stdio::piped())

@@ -44,7 +44,7 @@ fn a_request_cannot_turn_on_a_network_its_profile_forbids() {
     let file = t.path().join("profiles.toml");
     std::fs::write(&file, "[profiles.locked]\nnetwork = \"none\"\n").unwrap();
     let out = with_profile(&file, "locked")
-        .args(["run", "-q", "--image", support::BUSYBOX_IMAGE, "--network", "bridge", "--output"])
+        .args(["run", "--outcome", "-", "-q", "--image", support::BUSYBOX_IMAGE, "--network", "bridge", "--output"])
         .arg(t.path().join("out"))
         .args(["--", "true"])
         .output()
@@ -83,9 +83,11 @@ async fn profile_env_layers_secrets_and_ceilings() {
     .unwrap();
     let w = support::worker("profile-env");
     let out = with_profile(&file, "dev")
-        .args(["run", "--worker", &w, "--image", &image, "--memory", "256m", "--pids", "50"])
+        .args(["run", "--outcome", "-", "--worker", &w, "--image", &image, "--memory", "256m", "--pids", "50"])
         .args(["-e", "C=request", "-e", "STEVEDORE_ATTEMPT=99", "--input"])
         .arg(t.path().join("in"))
+        .arg("--logs")
+        .arg(t.path().join("logs"))
         .arg("--output")
         .arg(t.path().join("out"))
         .args([
@@ -148,7 +150,7 @@ async fn an_explicit_host_port_that_is_taken_fails_naming_port_and_profile() {
     std::fs::write(&file, format!("[profiles.web]\nnetwork = \"bridge\"\nports = {{ \"8080\" = {port} }}\n")).unwrap();
     let w = support::worker("port-taken");
     let out = with_profile(&file, "web")
-        .args(["run", "-q", "--worker", &w, "--image", &image, "--output"])
+        .args(["run", "--outcome", "-", "-q", "--worker", &w, "--image", &image, "--output"])
         .arg(t.path().join("out"))
         .args(["--", "true"])
         .output()
@@ -172,7 +174,7 @@ async fn an_ephemeral_port_is_published_on_localhost_and_reported() {
     // `ready` only once the server listens, so the test's connection cannot race it.
     let script = r#"echo hello | nc -l -p 8080 & until netstat -ltn | grep -q ':8080 '; do usleep 10000; done; echo ready >&2; wait"#;
     let mut child = with_profile(&file, "web")
-        .args(["run", "--worker", &w, "--image", &image, "--timeout", "60s", "--output"])
+        .args(["run", "--outcome", "-", "--worker", &w, "--image", &image, "--timeout", "60s", "--output"])
         .arg(t.path().join("out"))
         .args(["--", "sh", "-c", script])
         .stdout(Stdio::piped())
@@ -277,7 +279,20 @@ async fn the_top_level_dockerfile_builds_a_worker_image() {
         // And stevedore runs its handlers from it.
         let w = support::worker("dockerfile");
         let out = Command::new(BIN)
-            .args(["run", "-q", "--worker", &w, "--image", &tag, "--handler", "echo", "--payload", "hi"])
+            .args([
+                "run",
+                "--outcome",
+                "-",
+                "-q",
+                "--worker",
+                &w,
+                "--image",
+                &tag,
+                "--handler",
+                "echo",
+                "--payload",
+                "hi",
+            ])
             .args(["--fingerprint", &fingerprint, "--output"])
             .arg(t.path().join("out"))
             .output()

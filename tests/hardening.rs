@@ -118,7 +118,7 @@ async fn environment_layers_and_the_hosts_environment() {
     // Through the command, so the host variable is in the real process environment of stevedore.
     let out = Command::new(BIN)
         .env("STEVEDORE_TEST_HOST_ONLY", "leaked")
-        .args(["run", "--quiet", "--worker", &w, "--image", &image, "--output"])
+        .args(["run", "--outcome", "-", "--quiet", "--worker", &w, "--image", &image, "--output"])
         .arg(t.path().join("o"))
         .args(["-e", "FROM_REQUEST=yes", "-e", "STEVEDORE_ATTEMPT=99", "--attempt", "3"])
         .args(["--", "sh", "-c", "env > /out/env"])

@@ -54,6 +54,13 @@ impl Hooks for Recorder {
         Duration::from_millis(100)
     }
 
+    fn started<'a>(&'a self, _: &'a AttemptRef, info: &'a stevedore::contract::StartedInfo) -> HookResult<'a> {
+        Box::pin(async move {
+            self.push(format!("started {}", info.container_id.is_some()));
+            Ok(())
+        })
+    }
+
     fn report<'a>(&'a self, a: &'a AttemptRef, r: &'a SandboxReport) -> HookResult<'a> {
         Box::pin(async move {
             if let Some(d) = self.slow_report {
@@ -91,6 +98,7 @@ async fn checkpoint_then_reports_in_order_then_outcome() {
         hooks.events(),
         [
             "checkpoint docker",
+            "started true",
             "report job 1 Some(10.0) Some(\"step\")",
             "report job 2 Some(50.0) Some(\"step\")",
             "report job 3 Some(90.0) Some(\"step\")",

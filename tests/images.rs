@@ -78,7 +78,7 @@ async fn packed_static_busybox_has_the_non_root_user() {
     let w = support::worker("entrypoint");
     let t = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(support::BIN)
-        .args(["run", "--quiet", "--worker", &w, "--image", tag, "--output"])
+        .args(["run", "--outcome", "-", "--quiet", "--worker", &w, "--image", tag, "--output"])
         .arg(t.path().join("o"))
         .args(["--", "sh", "-c", "echo via-entrypoint > /out/x"])
         .output()

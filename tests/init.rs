@@ -52,6 +52,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         takeover_uid: None,
         rlimits: Vec::new(),
         cgroup_dir: None,
+        measure: Vec::new(),
     }
 }
 

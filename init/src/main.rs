@@ -13,6 +13,10 @@ fn main() {
         None => stevedore_init::main(),
         Some("relay") if args.len() == 2 => stevedore_init::relay_main(&args[1]),
         Some("report") => stevedore_init::report::cli_main(&args[1..]),
+        // Run by the host, as root, in a throwaway container: hands a new cache volume's
+        // root to the sandbox user (the engine makes it root's, and the archive API cannot
+        // change the root of what it extracts into).
+        Some("chown-dir") if args.len() == 4 => chown_dir(&args[1], &args[2], &args[3]),
         Some(other) => {
             eprintln!(
                 "stevedore-init: unknown verb {other:?}. Without arguments it is an attempt's init; \
@@ -22,4 +26,34 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+fn chown_dir(dir: &str, uid: &str, gid: &str) -> i32 {
+    let (Ok(uid), Ok(gid)) = (uid.parse::<u32>(), gid.parse::<u32>()) else {
+        eprintln!("stevedore-init chown-dir: uid and gid must be numbers");
+        return 2;
+    };
+    let path = std::path::Path::new(dir);
+    if !path.is_absolute() {
+        eprintln!("stevedore-init chown-dir: {dir} is not absolute");
+        return 2;
+    }
+    let owner = (Some(nix::unistd::Uid::from_raw(uid)), Some(nix::unistd::Gid::from_raw(gid)));
+    let done =
+        nix::unistd::fchownat(nix::fcntl::AT_FDCWD, path, owner.0, owner.1, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .and_then(|()| {
+                nix::sys::stat::fchmodat(
+                    nix::fcntl::AT_FDCWD,
+                    path,
+                    nix::sys::stat::Mode::from_bits_truncate(0o755),
+                    nix::sys::stat::FchmodatFlags::FollowSymlink,
+                )
+            });
+    match done {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("stevedore-init chown-dir {dir}: {e}");
+            1
+        }
+    }
 }

@@ -90,6 +90,12 @@ pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
     s.end
 }
 
+/// What `dir` holds, walked like the outputs (nothing followed, nothing read).
+pub fn measure(dir: &str) -> crate::wire::OutScan {
+    let spec = OutputSpec { dir: dir.to_owned(), max_files: 0, max_bytes: 0 };
+    send(&spec, io::sink()).seen
+}
+
 struct Sender<'a> {
     spec: &'a OutputSpec,
     end: OutputEnd,

@@ -723,6 +723,11 @@ impl Init {
             host_lost: self.host_lost_ever,
             takeovers: self.takeovers,
             reports,
+            measured: start
+                .measure
+                .iter()
+                .map(|d| wire::Measured { path: d.clone(), seen: outdir::measure(d) })
+                .collect(),
         }
     }
 

@@ -370,6 +370,8 @@ pub struct Start {
     /// The cgroup whose counters the record carries (the container's own root inside a
     /// container); `None`: none is read.
     pub cgroup_dir: Option<String>,
+    /// Directories whose size the record reports once the command ended (caches).
+    pub measure: Vec<String>,
 }
 
 /// The attempt a link belongs to.
@@ -708,6 +710,18 @@ pub struct InitRecord {
     pub takeovers: u32,
     /// What became of the command's reports.
     pub reports: ReportCounts,
+    /// The directories [`Start::measure`] named, as found after the command.
+    pub measured: Vec<Measured>,
+}
+
+/// The size of a directory, by a walk that follows nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measured {
+    /// The directory.
+    pub path: String,
+    /// What was found in it.
+    pub seen: OutScan,
 }
 
 /// What the init did with the reports the command sent.
@@ -900,6 +914,7 @@ mod tests {
             takeover_uid: None,
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
+            measure: Vec::new(),
         }
     }
 

@@ -33,7 +33,13 @@ pub struct Global {
 pub fn config(g: &Global) -> Result<ContainerConfig, String> {
     let mut cfg = match (&g.config, &g.profile) {
         (None, None) => ContainerConfig::default(),
-        _ => crate::profiles::load(g.config.as_deref(), g.profile.as_deref()).map_err(|e| e.to_string())?,
+        _ => crate::profiles::load(g.config.as_deref(), g.profile.as_deref()).map_err(|e| {
+            let mut text = crate::contract::error_chain(&e);
+            if g.config.is_none() && matches!(e, crate::profiles::ProfileError::Read { .. }) {
+                text.push_str(" (--profile needs a profiles file: give --config FILE, or set STEVEDORE_CONFIG)");
+            }
+            text
+        })?,
     };
     if g.host.is_some() {
         cfg.connection.host = g.host.clone();
@@ -72,10 +78,15 @@ pub fn choose_network(cfg: &mut ContainerConfig, mode: &str) -> Result<(), Strin
 fn check(cfg: &ContainerConfig) -> Result<(), String> {
     if !cfg.ports.is_empty() && cfg.network == "none" {
         let ports: Vec<String> = cfg.ports.keys().map(u16::to_string).collect();
+        let allowed = match &cfg.network_choices {
+            Some(c) if c.is_empty() => "it allows no other mode; a profile allows one with allow_networks".to_owned(),
+            Some(c) => format!("it allows {}", c.iter().cloned().collect::<Vec<_>>().join(", ")),
+            None => "e.g. --network bridge".to_owned(),
+        };
         return Err(format!(
-            "profile {:?} publishes ports {} but the network mode is none: ports need a network (e.g. bridge)",
+            "ports {} need a network, and the network mode of profile {:?} is none ({allowed})",
+            ports.join(", "),
             cfg.profile.as_deref().unwrap_or("default"),
-            ports.join(", ")
         ));
     }
     Ok(())
@@ -144,6 +155,21 @@ impl crate::contract::Hooks for CliHooks {
             write_secret(path, c.to_json().as_bytes()).map_err(|e| {
                 crate::contract::HookError::new(format!("cannot write the checkpoint {}: {e}", path.display()))
             })
+        })
+    }
+
+    fn started<'a>(
+        &'a self,
+        _: &'a crate::contract::AttemptRef,
+        info: &'a crate::contract::StartedInfo,
+    ) -> crate::contract::HookResult<'a> {
+        Box::pin(async move {
+            if !self.quiet {
+                for (port, addr) in &info.ports {
+                    eprintln!("stevedore: port {port} published at {addr}");
+                }
+            }
+            Ok(())
         })
     }
 

@@ -1,10 +1,12 @@
 //! The `stevedore` command: census, smoke, run, reclaim, image pack.
 
+mod cache;
 mod census;
 mod common;
 mod image;
 mod reclaim;
 mod recover;
+mod report;
 mod run;
 mod smoke;
 
@@ -18,6 +20,8 @@ Examples:
   stevedore smoke
   stevedore run --image stevedore-test/busybox:latest --output ./out -- sh -c 'echo hi > /out/hi'
   stevedore run --handler echo --payload hello --output ./out
+  stevedore recover ./attempt.ckpt
+  stevedore cache ls
   stevedore --config profiles.toml --profile web run --image IMG --output ./out -- httpd -f -p 8080
   stevedore reclaim --worker W
   stevedore image pack --exe ./my-worker --tag my-worker:dev
@@ -64,6 +68,17 @@ enum Command {
     #[command(after_help = "Prints the Outcome as one JSON line (evidence.recovered says how). Exit status: 0 \
                             when the attempt was recovered, 125 when it could not be (it is then removed).")]
     Recover(recover::RecoverArgs),
+    /// List or remove named caches (`run --cache NAME:/path`)
+    #[command(subcommand, override_usage = "stevedore cache COMMAND", disable_help_subcommand = true)]
+    Cache(cache::CacheCommand),
+    /// Send a report from inside an attempt: progress PERCENT [TEXT], heartbeat, note TEXT, data JSON
+    #[command(after_help = "Works only inside an attempt (it writes to the report socket stevedore's init gave \
+                            the command, fd 3). Exit status: 0 sent, 1 not sent, 2 bad arguments.")]
+    Report {
+        /// The report: progress PERCENT [TEXT...] | heartbeat | note TEXT... | data JSON
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "REPORT")]
+        args: Vec<String>,
+    },
     /// Make worker images
     #[command(subcommand, override_usage = "stevedore image COMMAND", disable_help_subcommand = true)]
     Image(image::ImageCommand),
@@ -88,6 +103,8 @@ pub fn main(handlers: Handlers) -> ExitCode {
             Command::Run(args) => run::run(&cli.global, *args, &handlers).await,
             Command::Reclaim(args) => reclaim::reclaim(&cli.global, args).await,
             Command::Recover(args) => recover::recover(&cli.global, args).await,
+            Command::Cache(cmd) => cache::cache(&cli.global, cmd).await,
+            Command::Report { args } => stevedore_init::report::cli_main(&args).clamp(0, 255) as u8,
             Command::Image(cmd) => image::image(&cli.global, cmd, &handlers).await,
         }
     });

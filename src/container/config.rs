@@ -20,6 +20,54 @@ pub enum PullPolicy {
     Always,
 }
 
+/// A named cache: a volume of kind `cache` that outlives attempts (dependency caches), mounted
+/// read-write at `path`. Its volume's name is scoped by the request's app and org ids, so jobs
+/// of different apps never share one; it is outside the `disk` limit (its size is in the
+/// evidence) and only `stevedore cache rm` removes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheMount {
+    /// The cache's name: 1-64 of `[a-z0-9_.-]`, starting with a letter or digit.
+    pub name: String,
+    /// Where it is mounted in the sandbox (absolute; not one of stevedore's own dirs).
+    pub path: String,
+}
+
+impl CacheMount {
+    /// Parses `NAME:/path`, checking both.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (name, path) = s.split_once(':').ok_or_else(|| format!("cache {s:?}: expected NAME:/path"))?;
+        let c = Self { name: name.to_owned(), path: path.to_owned() };
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Checks the name and the path.
+    pub fn check(&self) -> Result<(), String> {
+        let n = &self.name;
+        let name_ok = (1..=64).contains(&n.len())
+            && n.as_bytes()[0].is_ascii_alphanumeric()
+            && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'));
+        if !name_ok {
+            return Err(format!(
+                "cache name {n:?}: 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
+            ));
+        }
+        let p = std::path::Path::new(&self.path);
+        let ours = ["/in", "/out", "/tmp", "/.stevedore"];
+        if !self.path.starts_with('/')
+            || p == std::path::Path::new("/")
+            || p.components().any(|c| matches!(c, std::path::Component::ParentDir))
+            || ours.iter().any(|o| p.starts_with(o))
+        {
+            return Err(format!(
+                "cache path {:?}: give an absolute path outside /in, /out, /tmp and /.stevedore",
+                self.path
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Hardening items; each is on by default and can be relaxed only here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -102,6 +150,14 @@ pub struct ContainerConfig {
     /// Published ports (`container_port` → host port, 0 = ephemeral), on the engine host's
     /// loopback.
     pub ports: BTreeMap<u16, u16>,
+    /// Whether a caller may add published ports (`stevedore run -p`; default true).
+    pub allow_publish: bool,
+    /// Whether the sandbox user may be root (`user = "0"`; default false).
+    pub allow_root: bool,
+    /// Named caches mounted read-write in every attempt (see [`CacheMount`]).
+    pub caches: Vec<CacheMount>,
+    /// Whether caches may be used (default true).
+    pub allow_caches: bool,
     /// The profile name, for messages.
     pub profile: Option<String>,
     /// The incarnation stamped on what the rung creates (default: the process's one, shared
@@ -158,6 +214,10 @@ impl Default for ContainerConfig {
             max_in_flight: 8,
             wait_for_admission: true,
             ports: BTreeMap::new(),
+            allow_publish: true,
+            allow_root: false,
+            caches: Vec::new(),
+            allow_caches: true,
             profile: None,
             incarnation: None,
         }

@@ -53,6 +53,11 @@ pub(crate) fn assess(
     for err in &removed.errors {
         ev.notes.push(format!("cleanup: {err}"));
     }
+    let measured = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| r.measured.clone()).unwrap_or_default();
+    for (name, volume, path) in &ledger.caches {
+        let bytes = measured.iter().find(|m| &m.path == path).map(|m| m.seen.written_bytes);
+        ev.caches.insert(name.clone(), crate::contract::CacheUse { volume: volume.clone(), path: path.clone(), bytes });
+    }
     let ncpu = facts_e.ncpu.max(1) as f64;
     let cpus = ledger.cpu_millis.map_or(ncpu, |m| m as f64 / 1000.0);
     let frame = Frame {

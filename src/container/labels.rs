@@ -153,6 +153,55 @@ pub fn tools(digest: &str, role: &str) -> HashMap<String, String> {
     ])
 }
 
+/// The label naming a cache (on volumes of kind `cache`).
+pub const CACHE: &str = "dev.stevedore.cache";
+
+/// The volume of cache `name` for the app and org scope: the name for people, a digest of the
+/// scope so different apps and orgs never share one.
+pub fn cache_volume(name: &str, app: Option<&str>, org: Option<&str>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [app.unwrap_or(""), org.unwrap_or(""), name] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let d: String = h.finalize().iter().take(6).map(|b| format!("{b:02x}")).collect();
+    format!("stevedore-cache-{name}-{d}")
+}
+
+/// The labels of cache `name` in the app and org scope.
+pub fn cache(name: &str, app: Option<&str>, org: Option<&str>) -> HashMap<String, String> {
+    let mut m = HashMap::from([
+        (MANAGED.to_owned(), "true".to_owned()),
+        (KIND.to_owned(), Kind::Cache.as_str().to_owned()),
+        (CACHE.to_owned(), name.to_owned()),
+        (ROLE.to_owned(), "cache".to_owned()),
+    ]);
+    if let Some(a) = app {
+        m.insert(APP.to_owned(), a.to_owned());
+    }
+    if let Some(o) = org {
+        m.insert(ORG.to_owned(), o.to_owned());
+    }
+    m
+}
+
+/// Whether `labels` are exactly those of cache `name` in the scope (so a cache can never
+/// name someone else's volume, an attempt's or the tools').
+pub fn is_cache(labels: &HashMap<String, String>, name: &str, app: Option<&str>, org: Option<&str>) -> bool {
+    let get = |k: &str| labels.get(k).map(String::as_str);
+    get(MANAGED) == Some("true")
+        && get(KIND) == Some(Kind::Cache.as_str())
+        && get(CACHE) == Some(name)
+        && get(APP) == app
+        && get(ORG) == org
+}
+
+/// The engine filter that selects every cache.
+pub fn cache_filter() -> HashMap<String, Vec<String>> {
+    HashMap::from([("label".to_owned(), vec![format!("{MANAGED}=true"), format!("{KIND}=cache")])])
+}
+
 /// The engine filter that selects every tools object.
 pub fn tools_filter() -> HashMap<String, Vec<String>> {
     HashMap::from([("label".to_owned(), vec![format!("{MANAGED}=true"), format!("{KIND}=tools")])])
@@ -191,6 +240,20 @@ mod tests {
         assert!(!reclaimable_by(&tools("abc", "init"), "w1"), "nor the shared tools");
         let ahead = AttemptLabels { job: None, ..l };
         assert!(!ahead.for_role("attempt").contains_key(JOB));
+    }
+
+    #[test]
+    fn caches_are_scoped_and_recognised_exactly() {
+        let a = cache_volume("cargo", Some("app1"), None);
+        assert!(a.starts_with("stevedore-cache-cargo-"));
+        assert_ne!(a, cache_volume("cargo", Some("app2"), None), "another app, another volume");
+        assert_ne!(a, cache_volume("cargo", None, Some("app1")), "app and org are not interchangeable");
+        let l = cache("cargo", Some("app1"), None);
+        assert!(is_cache(&l, "cargo", Some("app1"), None));
+        assert!(!is_cache(&l, "cargo", Some("app2"), None));
+        assert!(!is_cache(&l, "npm", Some("app1"), None));
+        assert!(!is_cache(&tools("abc", "content"), "cargo", None, None));
+        assert!(!reclaimable_by(&l, "w1"));
     }
 
     #[test]

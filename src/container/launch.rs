@@ -9,8 +9,8 @@ use super::prepare::Plan;
 use super::spec::{self, volume_mount};
 use super::tools::{self, ToolsVolume};
 use crate::contract::{
-    CHECKPOINT_VERSION, Checkpoint, HOOK_TIMEOUT, HookError, InputsStaged, LaunchError, LinkSecret, Request, Target,
-    Task,
+    CHECKPOINT_VERSION, Checkpoint, HOOK_TIMEOUT, HookError, InputsStaged, LaunchError, LinkSecret, Request,
+    StartedInfo, Target, Task,
 };
 use crate::engine::{ByteStream, Chunk};
 use crate::link::reports::{self, ReportRoute};
@@ -81,6 +81,7 @@ pub(crate) async fn launch(
         input_volume = Some(volume);
         inputs = Some(InputsStaged { skipped: report.skipped, ..staged });
     }
+    let caches = super::caches::ensure(shared, req, &plan.image_ref).await?;
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
@@ -96,6 +97,7 @@ pub(crate) async fn launch(
         engine_seccomp: facts.seccomp(),
         podman: facts.is_podman(),
         publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
+        caches: &caches,
     });
     left.containers.push(plan.name.clone());
     let s = shared.clone();
@@ -121,6 +123,7 @@ pub(crate) async fn launch(
         }
         None => (None, None),
     };
+    let started_tx = report_tx.clone();
     let setup = ReaderSetup {
         key,
         stdout: capture(&capture_names[0])?,
@@ -187,12 +190,13 @@ pub(crate) async fn launch(
         expects_handler: matches!(req.task, Task::Handler(_)),
         started_ms: plan.started_ms,
         captures: Some(capture_names),
+        caches: caches.clone(),
         max_files: cfg.output_caps.max_files as u64,
         max_total_bytes: cfg.output_caps.max_total_bytes,
     };
     // The container runs, its init waits for the start: the command has not started yet.
     if let Some(hooks) = &req.hooks {
-        let cp = checkpoint(shared, req, &ledger, &key, &link_id);
+        let cp = checkpoint(shared, req, &ledger, &key, &link_id, started);
         let answer = tokio::time::timeout(HOOK_TIMEOUT, hooks.0.checkpoint(&cp)).await;
         let failed = match answer {
             Ok(Ok(())) => None,
@@ -204,7 +208,12 @@ pub(crate) async fn launch(
             return Err(LaunchError::Hook(e));
         }
     }
-    let start = start_frame(req, plan, &key, &link_id, cfg);
+    if let Some(tx) = &started_tx {
+        let info =
+            StartedInfo { container_id: Some(ledger.container_id.clone()), pid: None, ports: ledger.ports.clone() };
+        let _ = tx.try_send(reports::Delivery::Started(info));
+    }
+    let start = start_frame(req, plan, &key, &link_id, cfg, &ledger.caches, started);
     if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
         // The init then sees no start and exits; the attempt ends as "no record".
         tracing::warn!(error = %e, "could not send the start to the init");
@@ -220,7 +229,14 @@ pub(crate) fn scope(req: &Request) -> wire::Scope {
 }
 
 /// The checkpoint of a launched attempt.
-fn checkpoint(shared: &Shared, req: &Request, ledger: &Ledger, key: &[u8; KEY_LEN], link_id: &str) -> Checkpoint {
+fn checkpoint(
+    shared: &Shared,
+    req: &Request,
+    ledger: &Ledger,
+    key: &[u8; KEY_LEN],
+    link_id: &str,
+    started: Instant,
+) -> Checkpoint {
     let now_ms = crate::contract::unix_ms_now();
     Checkpoint {
         version: CHECKPOINT_VERSION,
@@ -232,7 +248,7 @@ fn checkpoint(shared: &Shared, req: &Request, ledger: &Ledger, key: &[u8; KEY_LE
         incarnation: shared.incarnation.clone(),
         started_at_unix_ms: ledger.started_ms,
         deadline_at_unix_ms: req
-            .deadline
+            .deadline_from(started)
             .map(|d| now_ms.saturating_add(d.saturating_duration_since(Instant::now()).as_millis() as u64)),
         grace_ms: req.policy.grace().as_millis() as u64,
         output_dir: std::path::absolute(&req.output_dir).unwrap_or_else(|_| req.output_dir.clone()),
@@ -242,7 +258,15 @@ fn checkpoint(shared: &Shared, req: &Request, ledger: &Ledger, key: &[u8; KEY_LE
     }
 }
 
-fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], link_id: &str, cfg: &super::ContainerConfig) -> Start {
+fn start_frame(
+    req: &Request,
+    plan: &Plan,
+    key: &[u8; KEY_LEN],
+    link_id: &str,
+    cfg: &super::ContainerConfig,
+    caches: &[(String, String, String)],
+    started: Instant,
+) -> Start {
     let handler = match &req.task {
         Task::Handler(h) => Some(HandlerRequest {
             handler: h.clone(),
@@ -251,7 +275,9 @@ fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], link_id: &str, c
             attempt: req.attempt,
             inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{IN_DIR}/{}", v.display()))).collect(),
             prior_outputs: req.prior_outputs.clone(),
-            deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+            deadline_ms: req
+                .deadline_from(started)
+                .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
         }),
         Task::Command(_) => None,
     };
@@ -277,6 +303,7 @@ fn start_frame(req: &Request, plan: &Plan, key: &[u8; KEY_LEN], link_id: &str, c
         takeover_uid: None,
         rlimits: Vec::new(),
         cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
+        measure: caches.iter().map(|(_, _, path)| path.clone()).collect(),
     }
 }
 

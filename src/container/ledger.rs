@@ -37,4 +37,7 @@ pub(crate) struct Ledger {
     pub captures: Option<[String; 2]>,
     pub max_files: u64,
     pub max_total_bytes: u64,
+    /// Named caches mounted: (name, volume, path).
+    #[serde(default)]
+    pub caches: Vec<(String, String, String)>,
 }

@@ -6,6 +6,7 @@
 //! engine), `staging` (inputs), `reclaim`.
 
 mod attempt;
+mod caches;
 mod cleanup;
 pub mod config;
 pub mod env;
@@ -24,5 +25,5 @@ pub mod staging;
 mod tests;
 pub mod tools;
 
-pub use config::{ContainerConfig, Hardening, HostLoss, PullPolicy, SANDBOX_USER};
+pub use config::{CacheMount, ContainerConfig, Hardening, HostLoss, PullPolicy, SANDBOX_USER};
 pub use executor::ContainerExecutor;

@@ -10,7 +10,7 @@ use super::spec::Applied;
 use super::staging::InputDir;
 use crate::contract::{InputsStaged, LaunchError, Request, Task};
 use crate::engine::ImageFacts;
-use crate::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TOOLS_DIR, env as wire_env};
+use crate::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 
@@ -84,7 +84,11 @@ pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) ->
         stage_labels: l.for_role("stage"),
         attempt_id,
         name,
-        cwd: image.working_dir.clone().unwrap_or_else(|| "/".into()),
+        cwd: req
+            .workdir
+            .clone()
+            .or_else(|| image.working_dir.clone().filter(|w| !w.is_empty()))
+            .unwrap_or_else(|| "/".into()),
         image_ref,
         image,
         argv,
@@ -101,7 +105,14 @@ pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) ->
 /// on the image is refused before anything is created.
 fn argv(req: &Request, image_ref: &str, image: &ImageFacts) -> Result<Vec<String>, LaunchError> {
     match &req.task {
-        Task::Command(argv) => Ok(image.entrypoint.iter().chain(argv).cloned().collect()),
+        Task::Command(argv) => {
+            let entry = req.entrypoint.as_ref().unwrap_or(&image.entrypoint);
+            let all: Vec<String> = entry.iter().chain(argv).cloned().collect();
+            if all.first().is_none_or(String::is_empty) {
+                return Err(LaunchError::InvalidRequest(crate::contract::RequestError::EmptyCommand));
+            }
+            Ok(all)
+        }
         Task::Handler(_) => {
             let not_worker = |why: String| LaunchError::NotAWorkerImage { image: image_ref.to_owned(), why };
             let entry =
@@ -139,8 +150,11 @@ fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) ->
     if !image_env.iter().any(|(k, _)| k == "PATH") {
         image_env.insert(0, ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()));
     }
+    // The root filesystem is read-only: HOME goes where the command can write, unless a
+    // profile or the request says otherwise.
     envlayer::layer(&[
         ("image", image_env),
+        ("rung", vec![("HOME".into(), TMP_DIR.into())]),
         ("profile", cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         ("request", req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         ("protocol", protocol_env),
@@ -161,12 +175,18 @@ async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, Launc
     }
     match api.inspect_image(image).await {
         Ok(facts) => Ok(facts),
-        Err(e) if e.is_not_found() && policy == PullPolicy::Never => {
-            Err(unavailable("not found locally, and the pull policy is never".into(), true, Some(e)))
-        }
+        Err(e) if e.is_not_found() && policy == PullPolicy::Never => Err(unavailable(
+            "not found locally (`docker images` lists what this engine has), and the pull policy is never".into(),
+            true,
+            Some(e),
+        )),
         Err(e) if e.is_not_found() => {
             if let Err(pull) = api.pull(image).await {
-                return Err(unavailable("not found locally, and pulling it failed".into(), false, Some(pull)));
+                return Err(unavailable(
+                    "not found locally (`docker images` lists what this engine has), and pulling it failed".into(),
+                    false,
+                    Some(pull),
+                ));
             }
             api.inspect_image(image).await.map_err(|e| unavailable("pulled, then not found".into(), false, Some(e)))
         }

@@ -79,6 +79,8 @@ pub struct SpecInput<'a> {
     /// The engine host's address published ports bind to: loopback on a local engine, every
     /// address on a remote one (whose loopback the caller cannot reach).
     pub publish_ip: &'a str,
+    /// Named caches: (name, volume, path), mounted read-write.
+    pub caches: &'a [(String, String, String)],
 }
 
 /// The spec, and what enforcement it applies or skips (item → how / why).
@@ -144,7 +146,16 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     // of the disk limit gives ENOSPC at the limit on any engine.
     mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
     mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
-    let ours = [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"];
+    for (name, volume, path) in input.caches {
+        mounts.push(volume_mount(volume, path, false));
+        put(
+            &mut enforcement,
+            &format!("cache.{name}"),
+            format!("volume {volume} read-write at {path}, outside the disk limit"),
+        );
+    }
+    let cache_paths: Vec<&str> = input.caches.iter().map(|(_, _, p)| p.as_str()).collect();
+    let ours: Vec<&str> = [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"].into_iter().chain(cache_paths).collect();
     let mut masked = Vec::new();
     for v in input.image_volumes {
         if !covered(v, &ours) {
@@ -341,6 +352,7 @@ mod tests {
             engine_seccomp: true,
             podman: false,
             publish_ip: "127.0.0.1",
+            caches: &[],
         }
     }
 

@@ -37,6 +37,7 @@ fn record(wait: WaitStatus) -> InitRecord {
         host_lost: false,
         takeovers: 0,
         reports: Default::default(),
+        measured: Vec::new(),
     }
 }
 

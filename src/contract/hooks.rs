@@ -2,8 +2,8 @@
 //! cancellation poll while it runs, the sandbox's reports as they arrive, and the outcome
 //! once it is known. Every method is optional (the defaults do nothing) and async.
 //!
-//! Order, per attempt: `checkpoint` → `report`* (in the order the sandbox sent them) →
-//! `outcome`. `cancellation_requested` is polled every [`Hooks::poll_every`] meanwhile.
+//! Order, per attempt: `checkpoint` → `started` → `report`* (in the order the sandbox sent
+//! them) → `outcome`. `cancellation_requested` is polled every [`Hooks::poll_every`] meanwhile.
 //!
 //! Failures: a `checkpoint` that fails stops the attempt before its command starts
 //! ([`crate::LaunchError::Hook`]), leaving nothing behind. A `report` or `outcome` that
@@ -31,6 +31,18 @@ pub struct AttemptRef {
     pub attempt: u32,
     /// The worker it runs for.
     pub worker: String,
+}
+
+/// What [`Hooks::started`] says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StartedInfo {
+    /// The container, on the container rung.
+    pub container_id: Option<String>,
+    /// The init's pid, on the process rung.
+    pub pid: Option<i32>,
+    /// Published ports: container port → host address.
+    pub ports: std::collections::BTreeMap<String, String>,
 }
 
 /// Why a hook failed.
@@ -78,6 +90,12 @@ pub trait Hooks: Send + Sync {
     /// How often [`Hooks::cancellation_requested`] is polled.
     fn poll_every(&self) -> Duration {
         Duration::from_secs(1)
+    }
+
+    /// The command started: where it runs, and the host addresses of its published ports.
+    fn started<'a>(&'a self, attempt: &'a AttemptRef, info: &'a StartedInfo) -> HookResult<'a> {
+        let _ = (attempt, info);
+        Box::pin(async { Ok(()) })
     }
 
     /// A report from the sandbox (a claim: it changes neither the status nor the usage).

@@ -18,13 +18,15 @@ mod status;
 pub use checkpoint::{CHECKPOINT_VERSION, Checkpoint, LinkSecret, RecoverError, Target};
 pub use error::{Cause, LaunchError, error_chain};
 pub use executor::{BoxFuture, Executor, ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport};
-pub use hooks::{AttemptRef, HOOK_TIMEOUT, HookError, HookResult, HookSet, Hooks, Report, ReportKind, SandboxReport};
+pub use hooks::{
+    AttemptRef, HOOK_TIMEOUT, HookError, HookResult, HookSet, Hooks, Report, ReportKind, SandboxReport, StartedInfo,
+};
 pub use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub use outcome::{
-    EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome, OutputFile, RefusedEntry,
-    ReportsSeen, Source, Sources, Usage, unix_ms_now,
+    CacheUse, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome, OutputFile,
+    RefusedEntry, ReportsSeen, Source, Sources, Usage, unix_ms_now,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

@@ -369,6 +369,9 @@ pub struct Evidence {
     /// What the init itself said (its diagnostics), when there is something to say.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub init_diagnostics: Vec<String>,
+    /// Named caches the attempt used: name → where, and what it held afterwards.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub caches: BTreeMap<String, CacheUse>,
     /// Set when a restarted worker took the attempt over: how (see `Executor::recover`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recovered: Option<String>,
@@ -382,6 +385,18 @@ pub struct Evidence {
     /// Other facts worth a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+}
+
+/// One named cache, as an attempt used it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CacheUse {
+    /// The engine volume holding it.
+    pub volume: String,
+    /// Where it was mounted.
+    pub path: String,
+    /// What it held after the attempt (outside the disk limit); `None` when unknown.
+    pub bytes: Option<u64>,
 }
 
 /// What became of the sandbox's reports (claims: they never change the status or usage).

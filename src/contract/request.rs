@@ -32,8 +32,11 @@ pub struct Request {
     pub payload: Vec<u8>,
     /// Which attempt of the job this is (1-based).
     pub attempt: u32,
-    /// When the attempt must end.
+    /// When the attempt must end, whatever happened before it started.
     pub deadline: Option<Instant>,
+    /// The longest the command may run, counted from its start (as `docker run` users and
+    /// `timeout(1)` count it); with `deadline` too, the earlier wins.
+    pub run_timeout: Option<std::time::Duration>,
     /// Fingerprint of the handler set the caller expects.
     pub fingerprint: Option<String>,
     /// Mounted whole, read-only, at `/in`.
@@ -60,6 +63,10 @@ pub struct Request {
     pub live: Option<LiveOutput>,
     /// The engine's hooks into this attempt (see [`super::Hooks`]).
     pub hooks: Option<super::HookSet>,
+    /// The working directory in the sandbox (default: the image's, else `/`).
+    pub workdir: Option<String>,
+    /// Replaces the image's `ENTRYPOINT` (an empty vector clears it).
+    pub entrypoint: Option<Vec<String>>,
 }
 
 /// Why a request is invalid. Always permanent: retrying the same request cannot help.
@@ -78,6 +85,9 @@ pub enum RequestError {
     /// the command has no argv
     #[error("empty command: give at least the program to run")]
     EmptyCommand,
+    /// the working directory is not an absolute path
+    #[error("working directory {0:?} is not an absolute path")]
+    Workdir(String),
     /// an argument has a NUL byte
     #[error("argument {0} of the command contains a NUL byte")]
     NulInArgv(usize),
@@ -218,6 +228,7 @@ impl Request {
             payload: Vec::new(),
             attempt: 1,
             deadline: None,
+            run_timeout: None,
             fingerprint: None,
             input_dir: None,
             output_dir,
@@ -231,6 +242,8 @@ impl Request {
             worker_id: "worker".to_owned(),
             live: None,
             hooks: None,
+            workdir: None,
+            entrypoint: None,
         }
     }
 
@@ -249,10 +262,19 @@ impl Request {
         self.deadline = Some(deadline);
         self
     }
-    /// Sets the deadline to `timeout` from now.
+    /// Lets the command run at most `timeout`, counted from its start (waiting for
+    /// admission, staging inputs and starting the sandbox do not count).
     pub fn timeout(mut self, timeout: std::time::Duration) -> Self {
-        self.deadline = Some(Instant::now() + timeout);
+        self.run_timeout = Some(timeout);
         self
+    }
+    /// The deadline of an attempt whose command started at `started`.
+    pub fn deadline_from(&self, started: Instant) -> Option<Instant> {
+        let run = self.run_timeout.and_then(|t| started.checked_add(t));
+        match (self.deadline, run) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
     /// Sets the expected handler-set fingerprint.
     pub fn fingerprint(mut self, fp: impl Into<String>) -> Self {
@@ -329,6 +351,16 @@ impl Request {
         self.live = Some(live);
         self
     }
+    /// Sets the working directory in the sandbox (absolute).
+    pub fn workdir(mut self, dir: impl Into<String>) -> Self {
+        self.workdir = Some(dir.into());
+        self
+    }
+    /// Replaces the image's `ENTRYPOINT` (empty: none).
+    pub fn entrypoint<I: IntoIterator<Item = S>, S: Into<String>>(mut self, argv: I) -> Self {
+        self.entrypoint = Some(argv.into_iter().map(Into::into).collect());
+        self
+    }
     /// Sets the engine's hooks into this attempt.
     pub fn hooks(mut self, hooks: std::sync::Arc<dyn super::Hooks>) -> Self {
         self.hooks = Some(super::HookSet(hooks));
@@ -365,9 +397,13 @@ impl Request {
         }
         match &self.task {
             Task::Handler(h) if h.trim().is_empty() => return Err(RequestError::EmptyHandler),
-            Task::Command(argv) if argv.is_empty() || argv[0].is_empty() => return Err(RequestError::EmptyCommand),
+            // An empty argv runs the image's ENTRYPOINT alone; the rung refuses it if there is none.
+            Task::Command(argv) if argv.first().is_some_and(String::is_empty) && self.entrypoint.is_none() => {
+                return Err(RequestError::EmptyCommand);
+            }
             Task::Command(argv) => {
-                if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
+                let all = self.entrypoint.iter().flatten().chain(argv);
+                if let Some(i) = all.clone().position(|a| a.contains('\0')) {
                     return Err(RequestError::NulInArgv(i));
                 }
             }
@@ -412,6 +448,11 @@ impl Request {
             && d < (1 << 20)
         {
             return Err(RequestError::Limit { key: "disk".into(), value: d, why: "below 1 MiB" });
+        }
+        if let Some(w) = &self.workdir
+            && (!w.starts_with('/') || w.contains('\0'))
+        {
+            return Err(RequestError::Workdir(w.clone()));
         }
         self.validate_slots()?;
         self.validate_dirs()
@@ -553,7 +594,7 @@ mod tests {
             (Request::command("", ["true"], p.join("out")), |e| matches!(e, RequestError::JobId(_))),
             (base(p).worker("bad worker!"), |e| matches!(e, RequestError::WorkerId(_))),
             (Request::handler("j", " ", p.join("out")), |e| matches!(e, RequestError::EmptyHandler)),
-            (Request::command("j", Vec::<String>::new(), p.join("out")), |e| matches!(e, RequestError::EmptyCommand)),
+            (Request::command("j", [""], p.join("out")), |e| matches!(e, RequestError::EmptyCommand)),
             (Request::command("j", ["a\0b"], p.join("out")), |e| matches!(e, RequestError::NulInArgv(0))),
             (base(p).attempt(0), |e| matches!(e, RequestError::AttemptZero)),
             (base(p).input_dir(p.join("in")).input("x", "/etc/passwd"), |e| {

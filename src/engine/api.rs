@@ -124,6 +124,8 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     /// Runs `argv` in a running container with its stdin, stdout and stderr attached.
     fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>) -> Call<'a, Attached>;
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
+    /// Waits (under the call timeout) for a started container to exit; its exit code.
+    fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64>;
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()>;
     fn inspect_container<'a>(&'a self, name: &'a str) -> Call<'a, ContainerState>;
     /// Uploads a tar into `path` of a (created, not necessarily started) container, under
@@ -355,6 +357,26 @@ impl EngineApi for BollardApi {
 
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(async move { self.call("start container", self.docker.start_container(name, None)).await })
+    }
+
+    fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64> {
+        Box::pin(async move {
+            let mut waiting = self.docker.wait_container(name, None::<bollard::query_parameters::WaitContainerOptions>);
+            // bollard reports a non-zero exit as an error: it is an exit code here.
+            match self.call("wait container", async { waiting.next().await.transpose() }).await {
+                Ok(Some(r)) => Ok(r.status_code),
+                Ok(None) => Ok(0),
+                Err(EngineError::Api { source, .. })
+                    if matches!(source.as_ref(), bollard::errors::Error::DockerContainerWaitError { .. }) =>
+                {
+                    match *source {
+                        bollard::errors::Error::DockerContainerWaitError { code, .. } => Ok(code),
+                        _ => unreachable!("matched above"),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        })
     }
 
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()> {

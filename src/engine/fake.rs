@@ -285,6 +285,13 @@ impl EngineApi for FakeApi {
         })
     }
 
+    fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64> {
+        Box::pin(async move {
+            self.enter("wait container", name)?;
+            Ok(0)
+        })
+    }
+
     fn exec<'a>(&'a self, name: &'a str, _argv: Vec<String>) -> Call<'a, Attached> {
         Box::pin(async move {
             self.enter("create exec", name)?;

@@ -158,7 +158,7 @@ mod tests {
         let names = builtin().names().join(" ");
         assert_eq!(
             names,
-            "alloc cat-input echo env fail fail-permanent ignore-cancel inputs panic sleep true write-outputs"
+            "alloc cat-input echo env fail fail-permanent ignore-cancel inputs panic progress sleep true write-outputs"
         );
     }
 

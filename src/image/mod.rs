@@ -1,5 +1,10 @@
 //! Worker images: packing an executable (with its loader and libraries, `bundle`) into a
 //! `FROM scratch` image through the engine, and finding the stale ones.
+//!
+//! Nothing grows without bound on the host: the host bundles of executables that were
+//! rebuilt or removed, or not used for a week, are pruned whenever a bundle is prepared
+//! ([`bundle::prune`]), and packing a tag again removes the image it pointed to before
+//! once that image has no tag left and no container uses it.
 
 pub mod bundle;
 pub mod pack;

@@ -279,41 +279,104 @@ fn split_tag(reference: &str) -> (&str, &str) {
     }
 }
 
-/// Packs `spec.exe` into a `FROM scratch` image tagged `spec.tag`, always building.
+/// Packs `spec.exe` into a `FROM scratch` image tagged `spec.tag`, always building. The
+/// image the tag pointed to before is removed when that left it without a tag and unused
+/// (see [`ensure_image`]).
 pub async fn pack_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImage, PackError> {
     let bundle = ToolsBundle::prepare_default(&spec.exe)?;
-    pack_bundle(docker, spec, &bundle).await
+    // Two packs of one tag at once would each leave the other's image dangling.
+    let _lock = lock_tag(&spec.tag).await?;
+    let previous = inspect_tag(docker, &spec.tag).await?.and_then(|image| image.id);
+    pack_bundle(docker, spec, &bundle, previous).await
 }
 
-async fn pack_bundle(docker: &Docker, spec: &PackSpec, bundle: &ToolsBundle) -> Result<PackedImage, PackError> {
+/// Packs the bundle as `spec.tag`; `previous` is the image the tag pointed to before.
+async fn pack_bundle(
+    docker: &Docker,
+    spec: &PackSpec,
+    bundle: &ToolsBundle,
+    previous: Option<String>,
+) -> Result<PackedImage, PackError> {
     let entry = bundle.argv(APP_DIR);
     let labels = labels_for(spec, bundle, &entry);
     let changes = changes(spec, &entry, &labels)?;
     let rootfs = rootfs_tar(spec, bundle)?;
     let id = import(docker, &spec.tag, rootfs, changes).await?;
+    if let Some(old) = previous.filter(|old| *old != id) {
+        let fate = remove_replaced(docker, &old).await;
+        tracing::debug!(tag = %spec.tag, image = %old, ?fate, "the image the tag replaced");
+    }
     Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: false })
 }
 
-/// Reuses `spec.tag` when it already holds this exe packed the same way, else packs it
-/// (and removes the image the tag pointed to before, when stevedore had packed it).
+/// The image `tag` names, if any.
+async fn inspect_tag(docker: &Docker, tag: &str) -> Result<Option<bollard::models::ImageInspect>, PackError> {
+    match docker.inspect_image(tag).await {
+        Ok(image) => Ok(Some(image)),
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+        Err(source) => Err(PackError::Engine { op: "inspect image", source }),
+    }
+}
+
+/// What became of the image a tag pointed to before the tag was packed again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Replaced {
+    /// Removed (with its untagged parents).
+    Removed,
+    /// Kept: it still has another tag.
+    Tagged,
+    /// Kept: the engine refused (a container, running or not, was made from it, or an
+    /// image is built on it).
+    InUse(String),
+    /// Already gone.
+    Gone,
+    /// Kept: the engine failed.
+    Failed(String),
+}
+
+/// Whether an image's `RepoTags` names a tag (`<none>:<none>` is none).
+fn has_tags(repo_tags: Option<&[String]>) -> bool {
+    repo_tags.unwrap_or_default().iter().any(|t| !t.is_empty() && t != "<none>:<none>")
+}
+
+/// Removes the image `id` that a tag pointed to before it was packed again, when that left
+/// it without a tag: never forced (an image a container uses stays) and never an image
+/// with another tag (removing by id would untag it).
+async fn remove_replaced(docker: &Docker, id: &str) -> Replaced {
+    let image = match docker.inspect_image(id).await {
+        Ok(image) => image,
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Replaced::Gone,
+        Err(e) => return Replaced::Failed(crate::contract::error_chain(&e)),
+    };
+    if has_tags(image.repo_tags.as_deref()) {
+        return Replaced::Tagged;
+    }
+    let options = RemoveImageOptionsBuilder::new().force(false).noprune(false).build();
+    match docker.remove_image(id, Some(options), None).await {
+        Ok(_) => Replaced::Removed,
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Replaced::Gone,
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }) => {
+            Replaced::InUse(message)
+        }
+        Err(e) => Replaced::Failed(crate::contract::error_chain(&e)),
+    }
+}
+
+/// Reuses `spec.tag` when it already holds this exe packed the same way, else packs it.
+/// The image the tag pointed to before is then removed, when that left it without a tag
+/// and no container uses it (an image with another tag, or one a container was made from,
+/// stays).
 ///
-/// Processes on one host that ensure the same tag at once (eight `stevedore run --handler`
-/// on first use) take turns on a lock file: the first packs, the others reuse its image,
-/// and no untagged duplicate is left behind.
+/// Processes on one host that ensure (or pack) the same tag at once (eight `stevedore run
+/// --handler` on first use) take turns on a lock file: the first packs, the others reuse
+/// its image, and no untagged duplicate is left behind.
 pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImage, PackError> {
     let _lock = lock_tag(&spec.tag).await?;
     let bundle = ToolsBundle::prepare_default(&spec.exe)?;
     let entry = bundle.argv(APP_DIR);
     let wanted = labels_for(spec, &bundle, &entry);
-    let previous = match docker.inspect_image(&spec.tag).await {
-        Ok(image) => Some(image),
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => None,
-        Err(source) => {
-            return Err(PackError::Engine { op: "inspect image", source });
-        }
-    };
-    let mut stale = None;
-    if let Some(image) = previous {
+    let mut previous = None;
+    if let Some(image) = inspect_tag(docker, &spec.tag).await? {
         let config = image.config.unwrap_or_default();
         let have = config.labels.unwrap_or_default();
         let same_labels = wanted.iter().all(|(k, v)| have.get(k) == Some(v))
@@ -324,19 +387,10 @@ pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImag
             Some(id) if same_labels && same_user => {
                 return Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: true });
             }
-            Some(id) if have.get(LABEL_PACKED).is_some_and(|v| v == "true") => stale = Some(id),
-            _ => {}
+            id => previous = id,
         }
     }
-    let packed = pack_bundle(docker, spec, &bundle).await?;
-    if let Some(old) = stale.filter(|old| *old != packed.id) {
-        // Best effort: a container still using the old image keeps it alive, which is fine.
-        let options = RemoveImageOptionsBuilder::new().noprune(false).build();
-        if let Err(e) = docker.remove_image(&old, Some(options), None).await {
-            tracing::debug!(image = %old, error = %e, "old packed image kept");
-        }
-    }
-    Ok(packed)
+    pack_bundle(docker, spec, &bundle, previous).await
 }
 
 /// Takes the host-wide lock for `tag` (released when the returned file is dropped).
@@ -543,6 +597,15 @@ mod tests {
 
     fn changes_of(spec: &PackSpec, labels: &BTreeMap<String, String>) -> Result<Vec<String>, PackError> {
         changes(spec, &[], labels)
+    }
+
+    #[test]
+    fn only_real_tags_count() {
+        assert!(!has_tags(None));
+        assert!(!has_tags(Some(&[])));
+        assert!(!has_tags(Some(&["<none>:<none>".to_owned()])));
+        assert!(has_tags(Some(&["<none>:<none>".to_owned(), "a/b:1".to_owned()])));
+        assert!(has_tags(Some(&["a/b:1".to_owned()])));
     }
 
     #[test]

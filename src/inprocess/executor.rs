@@ -163,11 +163,13 @@ impl InProcessExecutor {
                 }
             })
         });
-        let end = if request.deadline.is_some_and(|d| d <= start) {
+        let deadline = request.deadline_from(start);
+        let end = if deadline.is_some_and(|d| d <= start) {
             // Not started at all, so nothing of it can still be running.
             End::Deadline { still_running: false }
         } else {
             let mut ctx = context(request, cancel.child_token());
+            ctx.deadline = deadline;
             ctx.reporter = reporter;
             let handler_cancel = ctx.cancel.clone();
             let caller_cancel = cancel.clone();
@@ -178,7 +180,7 @@ impl InProcessExecutor {
                 Returned { result, at: Instant::now(), cancelled: caller_cancel.is_cancelled() }
             });
             let settle = SETTLE.min(request.policy.grace());
-            wait(task, request.deadline, &cancel, &handler_cancel, settle).await
+            wait(task, deadline, &cancel, &handler_cancel, settle).await
         };
 
         let facts = &mut j.facts;

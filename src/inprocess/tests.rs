@@ -370,7 +370,7 @@ mod hooks {
 
     fn rung() -> InProcessExecutor {
         let handlers = builtin()
-            .register("progress", |ctx| async move {
+            .register("two-reports", |ctx| async move {
                 assert!(ctx.progress(10.0, Some("a")));
                 assert!(ctx.progress(60.0, None));
                 let mut other = crate::contract::Report::note("not mine");
@@ -390,7 +390,7 @@ mod hooks {
     async fn in_process_reports_reach_the_hook_in_order_before_the_outcome() {
         let out = tempfile::tempdir().unwrap();
         let h = Arc::new(Recorder::default());
-        let req = Request::handler("j", "progress", out.path()).hooks(h.clone());
+        let req = Request::handler("j", "two-reports", out.path()).hooks(h.clone());
         let o = rung().run(&req, CancellationToken::new()).await.unwrap();
         assert_eq!(o.status, Status::Ok);
         assert_eq!(*h.events.lock().unwrap(), ["report 1 Some(10.0)", "report 2 Some(60.0)", "outcome ok"]);

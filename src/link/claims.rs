@@ -209,6 +209,7 @@ mod tests {
             host_lost: false,
             takeovers: 0,
             reports: Default::default(),
+            measured: Vec::new(),
         }
     }
 

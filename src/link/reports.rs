@@ -2,17 +2,26 @@
 //! to the engine's report hook through a bounded queue the link's reader never waits on,
 //! and summed up for the evidence.
 
-use crate::contract::{AttemptRef, HookSet, ReportKind, ReportsSeen, SandboxReport};
+use crate::contract::{AttemptRef, HookSet, ReportKind, ReportsSeen, SandboxReport, StartedInfo};
 use crate::wire::{self, Kind, ReportCounts, Scope};
 use tokio::sync::mpsc;
 
 /// Reports waiting for a slow hook; more are dropped and counted.
 pub(crate) const QUEUE: usize = 256;
 
+/// What goes to the engine's hooks, in order, on the hooks' own task.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    /// The command is about to start (queued before the Start frame, so first).
+    Started(StartedInfo),
+    /// A report from the sandbox.
+    Report(SandboxReport),
+}
+
 /// The reader's end: checks and routes each report frame.
 #[derive(Debug)]
 pub(crate) struct ReportRoute {
-    tx: Option<mpsc::Sender<SandboxReport>>,
+    tx: Option<mpsc::Sender<Delivery>>,
     scope: Scope,
     last_seq: u64,
     /// What the host saw.
@@ -21,7 +30,7 @@ pub(crate) struct ReportRoute {
 
 impl ReportRoute {
     /// A route for `scope`, to `tx` when the attempt has a report hook.
-    pub fn new(scope: Scope, tx: Option<mpsc::Sender<SandboxReport>>) -> Self {
+    pub fn new(scope: Scope, tx: Option<mpsc::Sender<Delivery>>) -> Self {
         Self { tx, scope, last_seq: 0, seen: ReportsSeen::default() }
     }
 
@@ -55,7 +64,7 @@ impl ReportRoute {
             self.seen.last_progress = r.report.percent;
         }
         let Some(tx) = &self.tx else { return false };
-        match tx.try_send(r) {
+        match tx.try_send(Delivery::Report(r)) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.seen.dropped_slow_hook += 1;
@@ -79,7 +88,7 @@ pub(crate) struct Direct {
 }
 
 impl Direct {
-    pub fn new(scope: Scope, tx: Option<mpsc::Sender<SandboxReport>>) -> Self {
+    pub fn new(scope: Scope, tx: Option<mpsc::Sender<Delivery>>) -> Self {
         let now = std::time::Instant::now();
         Self { limiter: stevedore_init::report::Limiter::new(now), route: ReportRoute::new(scope, tx), started: now }
     }
@@ -115,17 +124,22 @@ pub(crate) struct Delivered {
     pub failures: Vec<String>,
 }
 
-/// Starts the task that hands queued reports to `hooks` one at a time, in order.
+/// Starts the task that hands queued deliveries to `hooks` one at a time, in order.
 pub(crate) fn forward(
     hooks: HookSet,
     attempt: AttemptRef,
-) -> (mpsc::Sender<SandboxReport>, tokio::task::JoinHandle<Delivered>) {
-    let (tx, mut rx) = mpsc::channel::<SandboxReport>(QUEUE);
+) -> (mpsc::Sender<Delivery>, tokio::task::JoinHandle<Delivered>) {
+    let (tx, mut rx) = mpsc::channel::<Delivery>(QUEUE);
     let task = tokio::spawn(async move {
         let mut d = Delivered::default();
-        while let Some(r) = rx.recv().await {
-            match hooks.call("report", hooks.0.report(&attempt, &r)).await {
-                Ok(()) => d.delivered += 1,
+        while let Some(item) = rx.recv().await {
+            let done = match &item {
+                Delivery::Started(info) => hooks.call("started", hooks.0.started(&attempt, info)).await,
+                Delivery::Report(r) => hooks.call("report", hooks.0.report(&attempt, r)).await,
+            };
+            match done {
+                Ok(()) if matches!(item, Delivery::Report(_)) => d.delivered += 1,
+                Ok(()) => {}
                 Err(e) if d.failures.len() < 8 => d.failures.push(e),
                 Err(_) => {}
             }
@@ -203,7 +217,11 @@ mod tests {
         assert_eq!(route.seen.refused, 3, "{:?}", route.seen.refusals);
         assert_eq!(route.seen.dropped_slow_hook, 1, "the queue holds two");
         assert_eq!(route.seen.last_progress, Some(30.0));
-        assert_eq!(rx.try_recv().unwrap().seq, 1);
-        assert_eq!(rx.try_recv().unwrap().seq, 3);
+        let seq = |d: Delivery| match d {
+            Delivery::Report(r) => r.seq,
+            Delivery::Started(_) => 0,
+        };
+        assert_eq!(seq(rx.try_recv().unwrap()), 1);
+        assert_eq!(seq(rx.try_recv().unwrap()), 3);
     }
 }

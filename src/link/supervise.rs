@@ -105,7 +105,7 @@ pub(crate) async fn supervise(
     let aref = req.attempt_ref();
     let mut next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
     let mut polling: Option<crate::contract::HookResult<'_, bool>> = None;
-    let deadline = req.deadline.map(Instant::from_std);
+    let deadline = req.deadline_from(r.started).map(Instant::from_std);
     let grace = req.policy.grace();
     let mut ended = Ended::default();
     let mut kill_at: Option<Instant> = None;

@@ -442,6 +442,7 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         cmd.uid(uid).gid(gid);
     }
     let mut child = cmd.spawn().map_err(|e| staging(format!("starting the init {}", shared.init.display()), e))?;
+    let spawned_at = Instant::now();
     let init_pid = child.id().map_or(0, |p| p as i32);
     tracing::Span::current().record("pid", init_pid);
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
@@ -476,6 +477,7 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         }
         None => (None, None),
     };
+    let started_tx = report_tx.clone();
     let setup = ReaderSetup {
         key,
         stdout: capture(&captures[0])?,
@@ -511,7 +513,7 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         max_total_bytes: cfg.output_caps.max_total_bytes,
     };
     if let Some(hooks) = &req.hooks {
-        let cp = checkpoint(&shared, req, &ledger, &key, &link_id);
+        let cp = checkpoint(&shared, req, &ledger, &key, &link_id, spawned_at);
         let failed = match tokio::time::timeout(HOOK_TIMEOUT, hooks.0.checkpoint(&cp)).await {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
@@ -524,8 +526,12 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
             return Err(LaunchError::Hook(e));
         }
     }
-    let started = Instant::now();
-    let start = start_frame(&shared, req, &ledger, &argv, &key, &link_id);
+    if let Some(tx) = &started_tx {
+        let info = crate::contract::StartedInfo { container_id: None, pid: Some(init_pid), ports: BTreeMap::new() };
+        let _ = tx.try_send(reports::Delivery::Started(info));
+    }
+    let started = spawned_at;
+    let start = start_frame(&shared, req, &ledger, &argv, &key, &link_id, spawned_at);
     if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
         tracing::warn!(error = %e, "could not send the start to the init");
     }
@@ -628,7 +634,14 @@ pub(crate) fn scope(req: &Request) -> wire::Scope {
     wire::Scope { job_id: req.job_id.clone(), attempt: req.attempt }
 }
 
-fn checkpoint(shared: &Shared, req: &Request, ledger: &Ledger, key: &[u8; KEY_LEN], link_id: &str) -> Checkpoint {
+fn checkpoint(
+    shared: &Shared,
+    req: &Request,
+    ledger: &Ledger,
+    key: &[u8; KEY_LEN],
+    link_id: &str,
+    started: Instant,
+) -> Checkpoint {
     let now_ms = crate::contract::unix_ms_now();
     Checkpoint {
         version: CHECKPOINT_VERSION,
@@ -640,7 +653,7 @@ fn checkpoint(shared: &Shared, req: &Request, ledger: &Ledger, key: &[u8; KEY_LE
         incarnation: shared.incarnation.clone(),
         started_at_unix_ms: ledger.started_ms,
         deadline_at_unix_ms: req
-            .deadline
+            .deadline_from(started)
             .map(|d| now_ms.saturating_add(d.saturating_duration_since(Instant::now()).as_millis() as u64)),
         grace_ms: req.policy.grace().as_millis() as u64,
         output_dir: std::path::absolute(&req.output_dir).unwrap_or_else(|_| req.output_dir.clone()),
@@ -657,6 +670,7 @@ fn start_frame(
     argv: &[String],
     key: &[u8; KEY_LEN],
     link_id: &str,
+    started: Instant,
 ) -> Start {
     let cfg = &shared.config;
     let d = &ledger.dir;
@@ -682,7 +696,9 @@ fn start_frame(
             attempt: req.attempt,
             inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{input}/{}", v.display()))).collect(),
             prior_outputs: req.prior_outputs.clone(),
-            deadline_ms: req.deadline.map(|dl| dl.saturating_duration_since(Instant::now()).as_millis() as u64),
+            deadline_ms: req
+                .deadline_from(started)
+                .map(|dl| dl.saturating_duration_since(Instant::now()).as_millis() as u64),
         }),
         Task::Command(_) => None,
     };
@@ -708,5 +724,6 @@ fn start_frame(
         takeover_uid: Some(shared.euid),
         rlimits: cfg.rlimits.clone(),
         cgroup_dir: None,
+        measure: Vec::new(),
     }
 }

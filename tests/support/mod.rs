@@ -285,7 +285,7 @@ pub fn stdout_of(o: &stevedore::Outcome) -> String {
 pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(BIN)
-        .args(["run", "--worker", w, "--image", image, "--grace", "2s", "--output"])
+        .args(["run", "--outcome", "-", "--worker", w, "--image", image, "--grace", "2s", "--output"])
         .arg(out)
         .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
         .stdout(std::process::Stdio::piped())

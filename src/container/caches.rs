@@ -1,0 +1,123 @@
+//! Named caches: volumes of kind `cache` that outlive attempts. Found by name and checked by
+//! their labels (a cache never names a volume that is not that cache in that scope), made on
+//! first use and handed to the sandbox user (through the archive API: an engine makes a new
+//! volume's root root-owned).
+
+use super::executor::Shared;
+use super::labels;
+use crate::contract::{LaunchError, Request};
+use crate::wire::{INIT_NAME, TOOLS_DIR};
+use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+
+/// The caches an attempt mounts: (name, volume, path).
+pub(crate) async fn ensure(
+    shared: &Shared,
+    req: &Request,
+    image: &str,
+) -> Result<Vec<(String, String, String)>, LaunchError> {
+    let cfg = &shared.config;
+    if cfg.caches.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !cfg.allow_caches {
+        return Err(LaunchError::NotAllowed(format!(
+            "profile {:?} forbids caches (allow_caches = false)",
+            cfg.profile.as_deref().unwrap_or("default")
+        )));
+    }
+    let (app, org) = (req.app_id.as_deref(), req.org_id.as_deref());
+    let mut out = Vec::new();
+    for c in &cfg.caches {
+        c.check().map_err(LaunchError::NotAllowed)?;
+        let volume = labels::cache_volume(&c.name, app, org);
+        match shared.engine.api.inspect_volume(&volume).await? {
+            Some(v) if labels::is_cache(&v.labels, &c.name, app, org) => {}
+            Some(_) => {
+                return Err(LaunchError::NotAllowed(format!(
+                    "volume {volume} exists but is not cache {:?} of this scope; it is left alone",
+                    c.name
+                )));
+            }
+            None => create(shared, &volume, &c.name, app, org, image).await?,
+        }
+        out.push((c.name.clone(), volume, c.path.clone()));
+    }
+    Ok(out)
+}
+
+async fn create(
+    shared: &Shared,
+    volume: &str,
+    name: &str,
+    app: Option<&str>,
+    org: Option<&str>,
+    image: &str,
+) -> Result<(), LaunchError> {
+    let api = &shared.engine.api;
+    let req = VolumeCreateRequest {
+        name: Some(volume.to_owned()),
+        driver: Some("local".into()),
+        labels: Some(labels::cache(name, app, org)),
+        ..Default::default()
+    };
+    api.create_volume(req).await?;
+    let handed = hand_over(shared, volume, name, app, org, image).await;
+    if handed.is_err() {
+        let _ = api.remove_volume(volume).await;
+    }
+    handed
+}
+
+/// Runs stevedore's init, as root, in a throwaway container with the new volume, to give
+/// the volume's root to the sandbox user.
+async fn hand_over(
+    shared: &Shared,
+    volume: &str,
+    name: &str,
+    app: Option<&str>,
+    org: Option<&str>,
+    image: &str,
+) -> Result<(), LaunchError> {
+    let api = &shared.engine.api;
+    let tools = shared.tools.lock().await.clone().ok_or_else(|| LaunchError::Staging {
+        what: "the cache's ownership".into(),
+        source: "stevedore's init is not in the engine yet".into(),
+    })?;
+    let (uid, gid) = shared.config.uid_gid();
+    let helper = format!("{volume}-own-{:08x}", rand::random::<u32>());
+    let body = ContainerCreateBody {
+        image: Some(image.to_owned()),
+        entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
+        cmd: Some(vec!["chown-dir".into(), "/cache".into(), uid.to_string(), gid.to_string()]),
+        user: Some("0:0".into()),
+        labels: Some(labels::cache(name, app, org)),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
+            mounts: Some(vec![
+                super::spec::volume_mount(&tools.volume, TOOLS_DIR, true),
+                super::spec::volume_mount(volume, "/cache", false),
+            ]),
+            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    api.create_container(&helper, body).await?;
+    let ran = async {
+        api.start(&helper).await?;
+        api.wait_exit(&helper).await
+    }
+    .await;
+    let _ = api.remove_container(&helper).await;
+    match ran {
+        Ok(0) => Ok(()),
+        Ok(code) => Err(LaunchError::Staging {
+            what: format!("the ownership of cache volume {volume}"),
+            source: format!("stevedore-init chown-dir exited {code}").into(),
+        }),
+        Err(e) => Err(LaunchError::Engine(e)),
+    }
+}
