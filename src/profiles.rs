@@ -17,6 +17,8 @@
 //! allow_root = false                  # `run -u 0` may run as root (default false)
 //! caches = { cargo = "/cache/cargo" }  # named caches, kept across attempts
 //! allow_caches = true                 # `run --cache` may add caches (default true)
+//! pool = { size = 2, worker = "w1" }  # a warm pool (for a long-lived process using this profile)
+//! background_cleanup = false          # remove an attempt's objects after returning its outcome
 //! env = { RUST_LOG = "info" }
 //! env_files = { API_TOKEN = "/run/secrets/token" }   # value read from the file (secrets)
 //! defaults = { memory = "256m", cpus = "1", pids = 128, disk = "100m" }
@@ -144,6 +146,8 @@ struct Profile {
     #[serde(default)]
     caches: BTreeMap<String, String>,
     allow_caches: Option<bool>,
+    pool: Option<PoolProfile>,
+    background_cleanup: Option<bool>,
     #[serde(default)]
     env: BTreeMap<String, String>,
     #[serde(default)]
@@ -152,6 +156,14 @@ struct Profile {
     defaults: Limits,
     #[serde(default)]
     ceilings: Limits,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolProfile {
+    size: usize,
+    worker: String,
+    image: Option<String>,
 }
 
 /// The default profiles file.
@@ -199,6 +211,15 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     cfg.allow_publish = p.allow_publish.unwrap_or(true);
     cfg.allow_root = p.allow_root.unwrap_or(false);
     cfg.allow_caches = p.allow_caches.unwrap_or(true);
+    cfg.background_cleanup = p.background_cleanup.unwrap_or(false);
+    if let Some(pool) = p.pool {
+        if !crate::contract::valid_worker_id(&pool.worker) {
+            return Err(bad("pool.worker", format!("{:?} is not a valid worker id", pool.worker)));
+        }
+        let mut pc = crate::container::PoolConfig::new(pool.size, pool.worker);
+        pc.image = pool.image;
+        cfg.pool = Some(pc);
+    }
     for (name, path) in p.caches {
         let c = crate::container::CacheMount { name: name.clone(), path };
         c.check().map_err(|why| bad(&format!("caches.{name}"), why))?;

@@ -43,8 +43,14 @@ async fn attempt(
     cancel: CancellationToken,
 ) -> Result<Outcome, LaunchError> {
     let mut plan = prepare(&shared, req, applied).await?;
+    let warm = super::pool::claim(&shared, &plan);
+    if let super::pool::Claim::Hit(p) = &warm {
+        // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
+        plan.attempt_id = p.attempt_id.clone();
+        plan.name = p.name.clone();
+    }
     let mut cleanup = Cleanup::new(shared.clone(), plan.attempt_id.clone());
-    let mut running = match launch(&shared, req, &mut plan, &mut cleanup.left, &cancel).await {
+    let mut running = match launch(&shared, req, &mut plan, &mut cleanup.left, &cancel, warm).await {
         Ok(r) => r,
         Err(e) => {
             let removed = cleanup.run().await;
@@ -86,7 +92,19 @@ pub(crate) async fn conclude(
             }
         }
     };
-    let removed = cleanup.run().await;
+    let removed = if shared.config.background_cleanup && ended.record.as_ref().is_some_and(Result::is_ok) {
+        // With a verified record nothing the removal finds changes the outcome: it runs on
+        // the rung's tracked tasks (`close` waits for them) while the outcome is returned.
+        shared.tracker.spawn(async move {
+            let removed = cleanup.run().await;
+            if !removed.errors.is_empty() {
+                tracing::warn!(errors = ?removed.errors, "removing a finished attempt's objects left some behind");
+            }
+        });
+        super::cleanup::Removed::default()
+    } else {
+        cleanup.run().await
+    };
     let stderr_path = ended.received.stderr.path.clone();
     let delivered = crate::link::reports::finish(running.reports.take()).await;
     let assessed = assess(shared, req, &running.ledger, ended, state, removed, delivered);

@@ -37,6 +37,31 @@ pub(crate) async fn creating<T: Send + 'static>(
     }
 }
 
+/// Like [`creating`], but the call starts now and is awaited later through the returned
+/// receiver, so that other work overlaps it.
+pub(crate) fn creating_later<T: Send + 'static>(
+    shared: &Shared,
+    left: &mut Leftovers,
+    call: impl Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> tokio::sync::oneshot::Receiver<Result<T, EngineError>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    left.creating.push(shared.tracker.spawn(async move {
+        let _ = tx.send(call.await);
+    }));
+    rx
+}
+
+/// Awaits what [`creating_later`] started.
+pub(crate) async fn created<T>(rx: tokio::sync::oneshot::Receiver<Result<T, EngineError>>) -> Result<T, LaunchError> {
+    match rx.await {
+        Ok(r) => r.map_err(LaunchError::Engine),
+        Err(_) => Err(LaunchError::Staging {
+            what: "an engine call that creates an object was abandoned".into(),
+            source: "task ended".into(),
+        }),
+    }
+}
+
 /// What removing an attempt's objects found.
 #[derive(Debug, Default)]
 pub(crate) struct Removed {

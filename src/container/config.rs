@@ -158,6 +158,12 @@ pub struct ContainerConfig {
     pub caches: Vec<CacheMount>,
     /// Whether caches may be used (default true).
     pub allow_caches: bool,
+    /// A warm pool of parked containers (opt-in; see [`super::PoolConfig`]).
+    pub pool: Option<super::PoolConfig>,
+    /// Remove a finished attempt's container and volumes after its outcome is returned, on
+    /// the rung's tracked tasks (`close` waits for them), when its record was verified
+    /// (default false: `run` returns once they are removed).
+    pub background_cleanup: bool,
     /// The profile name, for messages.
     pub profile: Option<String>,
     /// The incarnation stamped on what the rung creates (default: the process's one, shared
@@ -218,6 +224,8 @@ impl Default for ContainerConfig {
             allow_root: false,
             caches: Vec::new(),
             allow_caches: true,
+            pool: None,
+            background_cleanup: false,
             profile: None,
             incarnation: None,
         }

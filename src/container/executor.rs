@@ -27,10 +27,13 @@ pub(crate) struct Shared {
     pub tools: tokio::sync::Mutex<Option<ToolsVolume>>,
     /// The base of the capture dirs, opened once.
     logs: Mutex<Option<Arc<PrivateDir>>>,
+    /// The warm pool, when configured.
+    pub pool: Option<super::pool::Pool>,
 }
 
 impl Shared {
     pub fn new(engine: Engine, config: ContainerConfig, incarnation: String) -> Self {
+        let pool = config.pool.as_ref().filter(|p| p.size > 0).map(|_| super::pool::Pool::default());
         Self {
             engine,
             config,
@@ -39,6 +42,7 @@ impl Shared {
             tracker: TaskTracker::new(),
             tools: tokio::sync::Mutex::new(None),
             logs: Mutex::new(None),
+            pool,
         }
     }
 
@@ -95,13 +99,28 @@ impl ContainerExecutor {
             u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
         let incarnation =
             config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
-        let shared = Shared::new(engine, config, incarnation);
+        let shared = Arc::new(Shared::new(engine, config, incarnation));
+        // The pool fills in the background from the start (when there is a runtime to do it on).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            super::pool::refill(&shared);
+        }
         Self {
             slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))),
             memory_mib: Arc::new(Semaphore::new(memory_budget_mib as usize)),
             memory_budget_mib,
-            shared: Arc::new(shared),
+            shared,
         }
+    }
+
+    /// Waits until the warm pool holds its configured number of parked containers, or
+    /// `within` passes; whether it does. `false` at once without a pool.
+    pub async fn warm_up(&self, within: std::time::Duration) -> bool {
+        super::pool::wait_full(&self.shared, within).await
+    }
+
+    /// How many containers are parked in the warm pool now.
+    pub fn parked(&self) -> usize {
+        super::pool::parked(&self.shared)
     }
 
     /// The engine this rung talks to.
@@ -196,8 +215,11 @@ impl Executor for ContainerExecutor {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
+            super::pool::drain(&self.shared).await;
             self.shared.tracker.close();
             self.shared.tracker.wait().await;
+            // A fill that was under way when the pool closed removes its own container.
+            super::pool::drain(&self.shared).await;
         })
     }
 

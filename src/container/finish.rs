@@ -48,8 +48,16 @@ pub(crate) fn assess(
         ports: ledger.ports.clone(),
         init: Some(format!("volume {} (init sha256:{})", ledger.tools_volume, ledger.tools_digest)),
         inputs: ledger.inputs.clone(),
+        warm: ledger.warm,
         ..Evidence::default()
     };
+    if ledger.warm == Some(true) {
+        ev.notes.push(
+            "warm: the container was created and started ahead, its init parked; the wall time and the command's \
+             usage start at the Start frame (the parked init's own idle CPU and ~1 MiB are in the cgroup's counters)"
+                .into(),
+        );
+    }
     for err in &removed.errors {
         ev.notes.push(format!("cleanup: {err}"));
     }

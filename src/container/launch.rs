@@ -2,7 +2,7 @@
 //! attached and started, the link's reader running and the Start frame sent. Every object
 //! is recorded in the attempt's `Leftovers` before the call that creates it.
 
-use super::cleanup::{Leftovers, creating};
+use super::cleanup::{Leftovers, created, creating, creating_later};
 use super::executor::Shared;
 use super::ledger::Ledger;
 use super::prepare::Plan;
@@ -20,7 +20,7 @@ use crate::link::{CappedLog, LiveSink};
 use crate::wire::{self, HandlerRequest, IN_DIR, KEY_LEN, OUT_DIR, OutputSpec, Start};
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use futures_util::StreamExt;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -64,24 +64,64 @@ impl HardStop for EngineKill<'_> {
 /// Bytes per second an upload is allowed to be as slow as before it times out.
 const SLOWEST_UPLOAD: u64 = 8 << 20;
 
+/// A container ready for its attempt: created and attached (cold), or parked and claimed
+/// (warm: already started, its init waiting for the Start frame).
+pub(crate) struct Provisioned {
+    pub container_id: String,
+    pub attached: crate::engine::Attached,
+    pub running: bool,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+    pub tools: ToolsVolume,
+    pub inputs: Option<InputsStaged>,
+    pub caches: Vec<(String, String, String)>,
+    /// `Some(true)`: from the warm pool; `Some(false)`: the pool could not serve it.
+    pub warm: Option<bool>,
+}
+
 pub(crate) async fn launch(
     shared: &Arc<Shared>,
     req: &Request,
     plan: &mut Plan,
     left: &mut Leftovers,
     cancel: &CancellationToken,
+    warm: super::pool::Claim,
 ) -> Result<Running, LaunchError> {
+    let prov = match warm {
+        super::pool::Claim::Hit(parked) => super::pool::ready(shared, plan, left, *parked).await?,
+        other => {
+            let mut p = provision(shared, req, plan, left, cancel).await?;
+            if let super::pool::Claim::Miss(why) = other {
+                p.warm = Some(false);
+                p.skipped.insert("warm_pool".into(), why);
+            }
+            p
+        }
+    };
+    begin(shared, req, plan, left, prov).await
+}
+
+/// The cold path: the init, the inputs, the caches, the container created and attached.
+async fn provision(
+    shared: &Arc<Shared>,
+    req: &Request,
+    plan: &mut Plan,
+    left: &mut Leftovers,
+    cancel: &CancellationToken,
+) -> Result<Provisioned, LaunchError> {
     let cfg = &shared.config;
     let tools = tools_volume(shared, &plan.image_ref).await?;
-    let mut inputs = None;
-    let mut input_volume = None;
-    if let Some((dir, staged)) = plan.inputs.take() {
-        let volume = format!("{}-in", plan.name);
-        let report = stage_inputs(shared, plan, &volume, dir, staged.bytes, left).await?;
-        input_volume = Some(volume);
-        inputs = Some(InputsStaged { skipped: report.skipped, ..staged });
-    }
     let caches = super::caches::ensure(shared, req, &plan.image_ref).await?;
+    // With inputs, the container is created while they upload: it only needs their volume
+    // to exist, and the upload goes through the helper, never the container.
+    let staging = match plan.inputs.take() {
+        Some((dir, staged)) => {
+            let volume = format!("{}-in", plan.name);
+            let helper = prepare_staging(shared, plan, &volume, left).await?;
+            Some((volume, helper, dir, staged))
+        }
+        None => None,
+    };
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
@@ -91,7 +131,7 @@ pub(crate) async fn launch(
         image: &plan.image_ref,
         tools_volume: &tools.volume,
         labels: plan.labels.clone(),
-        input_volume: input_volume.as_deref(),
+        input_volume: staging.as_ref().map(|(v, ..)| v.as_str()),
         applied: &plan.applied,
         image_volumes: &plan.image.volumes,
         engine_seccomp: facts.seccomp(),
@@ -102,9 +142,44 @@ pub(crate) async fn launch(
     left.containers.push(plan.name.clone());
     let s = shared.clone();
     let name = plan.name.clone();
-    let container_id = creating(shared, left, async move { s.engine.api.create_container(&name, body).await }).await?;
+    let container = creating_later(shared, left, async move { s.engine.api.create_container(&name, body).await });
+    let mut inputs = None;
+    if let Some((_, helper, dir, staged)) = staging {
+        let report = upload_inputs(shared, &helper, dir, staged.bytes).await;
+        // The create runs on; its result is awaited even when the upload failed.
+        let created_id = created(container).await;
+        let report = report?;
+        inputs = Some(InputsStaged { skipped: report.skipped, ..staged });
+        let container_id = created_id?;
+        let attached = shared.engine.api.attach(&plan.name).await?;
+        return Ok(Provisioned {
+            container_id,
+            attached,
+            running: false,
+            enforcement,
+            skipped,
+            tools,
+            inputs,
+            caches,
+            warm: None,
+        });
+    }
+    let container_id = created(container).await?;
     let attached = shared.engine.api.attach(&plan.name).await?;
+    Ok(Provisioned { container_id, attached, running: false, enforcement, skipped, tools, inputs, caches, warm: None })
+}
 
+/// The attempt on its container: captures, the link's reader, the start (cold), the
+/// checkpoint hook, the Start frame.
+async fn begin(
+    shared: &Arc<Shared>,
+    req: &Request,
+    plan: &mut Plan,
+    left: &mut Leftovers,
+    prov: Provisioned,
+) -> Result<Running, LaunchError> {
+    let cfg = &shared.config;
+    let Provisioned { container_id, attached, running, enforcement, skipped, tools, inputs, caches, warm } = prov;
     let logs = shared
         .log_base()
         .and_then(|base| base.subdir(&req.worker_id))
@@ -149,7 +224,7 @@ pub(crate) async fn launch(
     let sender = Sender::new(attached.input);
 
     let started = Instant::now();
-    if let Err(err) = shared.engine.api.start(&plan.name).await {
+    if !running && let Err(err) = shared.engine.api.start(&plan.name).await {
         reader.abort();
         return Err(spec::port_taken(cfg, err));
     }
@@ -191,6 +266,7 @@ pub(crate) async fn launch(
         started_ms: plan.started_ms,
         captures: Some(capture_names),
         caches: caches.clone(),
+        warm,
         max_files: cfg.output_caps.max_files as u64,
         max_total_bytes: cfg.output_caps.max_total_bytes,
     };
@@ -308,7 +384,7 @@ fn start_frame(
 }
 
 /// This process's init in the engine: found (and verified once) or published.
-async fn tools_volume(shared: &Shared, image: &str) -> Result<ToolsVolume, LaunchError> {
+pub(crate) async fn tools_volume(shared: &Shared, image: &str) -> Result<ToolsVolume, LaunchError> {
     let mut slot = shared.tools.lock().await;
     if let Some(t) = &*slot {
         return Ok(t.clone());
@@ -323,15 +399,14 @@ async fn tools_volume(shared: &Shared, image: &str) -> Result<ToolsVolume, Launc
 
 /// Uploads the caller's input dir into `volume` through a created, never-started helper
 /// container (the attempt's own mount of it is read-only, which the archive API refuses).
-async fn stage_inputs(
+/// The input volume and the never-started helper that uploads into it (the attempt's own
+/// mount of it is read-only, which the archive API refuses); returns the helper's name.
+async fn prepare_staging(
     shared: &Arc<Shared>,
     plan: &Plan,
     volume: &str,
-    dir: super::staging::InputDir,
-    bytes: u64,
     left: &mut Leftovers,
-) -> Result<super::staging::StageReport, LaunchError> {
-    let api = &shared.engine.api;
+) -> Result<String, LaunchError> {
     let req = VolumeCreateRequest {
         name: Some(volume.to_owned()),
         driver: Some("local".into()),
@@ -342,11 +417,24 @@ async fn stage_inputs(
     let s = shared.clone();
     creating(shared, left, async move { s.engine.api.create_volume(req).await }).await?;
     let helper = format!("{}-stage", plan.name);
-    let body = ContainerCreateBody {
-        image: Some(plan.image_ref.clone()),
+    let body = helper_body(&plan.image_ref, volume, plan.stage_labels.clone());
+    // The helper stays in `left` and goes with the attempt's cleanup: removing it here would
+    // put an engine call in front of every attempt with inputs.
+    left.containers.push(helper.clone());
+    let s = shared.clone();
+    let h = helper.clone();
+    creating(shared, left, async move { s.engine.api.create_container(&h, body).await }).await?;
+    Ok(helper)
+}
+
+/// A never-started container that mounts `volume` read-write at `/in`: the archive API
+/// refuses the attempt's own read-only mount, so inputs go in through it.
+pub(crate) fn helper_body(image: &str, volume: &str, labels: HashMap<String, String>) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
         entrypoint: Some(vec!["/.stevedore-helper-never-started".into()]),
         cmd: Some(vec![]),
-        labels: Some(plan.stage_labels.clone()),
+        labels: Some(labels),
         network_disabled: Some(true),
         host_config: Some(HostConfig {
             network_mode: Some("none".into()),
@@ -355,20 +443,23 @@ async fn stage_inputs(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    // The helper stays in `left` and goes with the attempt's cleanup: removing it here would
-    // put an engine call in front of every attempt with inputs.
-    left.containers.push(helper.clone());
-    let s = shared.clone();
-    let h = helper.clone();
-    creating(shared, left, async move { s.engine.api.create_container(&h, body).await }).await?;
+    }
+}
+
+/// Streams the input dir, as a tar written by descriptor, into `/in` of `helper`.
+pub(crate) async fn upload_inputs(
+    shared: &Arc<Shared>,
+    helper: &str,
+    dir: super::staging::InputDir,
+    bytes: u64,
+) -> Result<super::staging::StageReport, LaunchError> {
     let (uid, gid) = shared.config.uid_gid();
     let limit = shared.config.max_input_bytes;
     let (writer, chunks) = super::pipe::writer(8);
     let producer = tokio::task::spawn_blocking(move || dir.write_tar(uid, gid, limit, writer, &|_| {}));
     let body: ByteStream = Box::pin(chunks);
     let timeout = shared.engine.timeout() + Duration::from_secs(bytes / SLOWEST_UPLOAD);
-    let up = api.upload(&helper, IN_DIR, body, timeout).await;
+    let up = shared.engine.api.upload(helper, IN_DIR, body, timeout).await;
     let report = producer
         .await
         .map_err(|e| LaunchError::Staging { what: "the input tar".into(), source: Box::new(e) })?

@@ -40,4 +40,7 @@ pub(crate) struct Ledger {
     /// Named caches mounted: (name, volume, path).
     #[serde(default)]
     pub caches: Vec<(String, String, String)>,
+    /// Whether the attempt came from the warm pool (`None`: the rung has none).
+    #[serde(default)]
+    pub warm: Option<bool>,
 }

@@ -16,6 +16,7 @@ pub mod labels;
 mod launch;
 mod ledger;
 pub(crate) mod pipe;
+mod pool;
 mod prepare;
 mod reclaim;
 mod recover;
@@ -27,3 +28,4 @@ pub mod tools;
 
 pub use config::{CacheMount, ContainerConfig, Hardening, HostLoss, PullPolicy, SANDBOX_USER};
 pub use executor::ContainerExecutor;
+pub use pool::PoolConfig;

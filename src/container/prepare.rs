@@ -161,7 +161,7 @@ fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) ->
     ])
 }
 
-async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, LaunchError> {
+pub(crate) async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, LaunchError> {
     let api = &shared.engine.api;
     let policy = shared.config.pull;
     let unavailable = |why: String, permanent: bool, source| LaunchError::ImageUnavailable {

@@ -369,6 +369,10 @@ pub struct Evidence {
     /// What the init itself said (its diagnostics), when there is something to say.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub init_diagnostics: Vec<String>,
+    /// Whether the attempt ran in a container of the rung's warm pool (`false`: the pool could
+    /// not serve it, `skipped.warm_pool` says why); absent when the rung has no pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<bool>,
     /// Named caches the attempt used: name → where, and what it held afterwards.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub caches: BTreeMap<String, CacheUse>,

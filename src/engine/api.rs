@@ -124,6 +124,8 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     /// Runs `argv` in a running container with its stdin, stdout and stderr attached.
     fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>) -> Call<'a, Attached>;
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
+    /// Changes the limits of a (running) container: memory (swap off), CPU, pids.
+    fn update<'a>(&'a self, name: &'a str, memory: u64, nano_cpus: Option<u64>, pids: u64) -> Call<'a, ()>;
     /// Waits (under the call timeout) for a started container to exit; its exit code.
     fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64>;
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()>;
@@ -357,6 +359,21 @@ impl EngineApi for BollardApi {
 
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(async move { self.call("start container", self.docker.start_container(name, None)).await })
+    }
+
+    fn update<'a>(&'a self, name: &'a str, memory: u64, nano_cpus: Option<u64>, pids: u64) -> Call<'a, ()> {
+        Box::pin(async move {
+            let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            let body = bollard::models::ContainerUpdateBody {
+                memory: Some(clamp(memory)),
+                memory_swap: Some(clamp(memory)),
+                // 0 lifts a quota the container was created with.
+                nano_cpus: Some(nano_cpus.map_or(0, clamp)),
+                pids_limit: Some(clamp(pids)),
+                ..Default::default()
+            };
+            self.call("update container", self.docker.update_container(name, body)).await
+        })
     }
 
     fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64> {
