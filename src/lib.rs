@@ -70,8 +70,8 @@ pub use stevedore_init::wire;
 pub use bollard;
 pub use container::{ContainerConfig, ContainerExecutor};
 pub use contract::{
-    Evidence, Executor, LaunchError, Level, Next, Outcome, OutputFile, Policy, Reason, ReclaimReport, Registry,
-    Request, ResourceLimits, Status, Usage,
+    Checkpoint, Evidence, Executor, Hooks, LaunchError, Level, Next, Outcome, OutputFile, Policy, Reason,
+    ReclaimReport, Registry, Request, ResourceLimits, Status, Usage,
 };
 pub use handlers::{HandlerContext, HandlerError, Handlers};
 pub use inprocess::InProcessExecutor;

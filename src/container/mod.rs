@@ -9,7 +9,7 @@ mod attempt;
 mod caches;
 mod cleanup;
 pub mod config;
-pub mod env;
+pub(crate) mod env;
 mod executor;
 mod finish;
 pub mod labels;
@@ -20,11 +20,11 @@ mod pool;
 mod prepare;
 mod reclaim;
 mod recover;
-pub mod spec;
-pub mod staging;
+pub(crate) mod spec;
+pub(crate) mod staging;
 #[cfg(test)]
 mod tests;
-pub mod tools;
+pub(crate) mod tools;
 
 pub use config::{CacheMount, ContainerConfig, Hardening, HostLoss, PullPolicy, SANDBOX_USER};
 pub use executor::ContainerExecutor;

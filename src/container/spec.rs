@@ -233,58 +233,8 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         }]);
         put(&mut enforcement, "gpu", format!("{n} device(s) requested"));
     }
-    if cfg.network == "none" {
-        put(&mut enforcement, "network", "none".into());
-    } else {
-        put(&mut skipped, "network", format!("network mode {:?} by configuration", cfg.network));
-    }
-    if cfg.hardening.read_only_rootfs {
-        put(&mut enforcement, "read_only_rootfs", "root filesystem read-only".into());
-    } else {
-        put(&mut skipped, "read_only_rootfs", "relaxed by configuration".into());
-    }
-    if cfg.hardening.drop_all_capabilities {
-        host.cap_drop = Some(vec!["ALL".into()]);
-        put(&mut enforcement, "capabilities", "all dropped".into());
-    } else {
-        put(&mut skipped, "capabilities", "relaxed by configuration".into());
-    }
-    if cfg.hardening.no_new_privileges {
-        host.security_opt = Some(vec!["no-new-privileges".into()]);
-        put(&mut enforcement, "no_new_privileges", "set".into());
-    } else {
-        put(&mut skipped, "no_new_privileges", "relaxed by configuration".into());
-    }
-    let (uid, _) = cfg.uid_gid();
-    if uid == 0 || cfg.user.starts_with("root") {
-        put(&mut skipped, "non_root", format!("user {:?} by configuration", cfg.user));
-    } else {
-        put(&mut enforcement, "non_root", format!("user {}", cfg.user));
-    }
-    if let Some(r) = &cfg.runtime {
-        put(&mut enforcement, "runtime", r.clone());
-    }
-    if input.engine_seccomp {
-        put(&mut enforcement, "seccomp", "the engine's default profile".into());
-    } else {
-        put(&mut skipped, "seccomp", "the engine reports no seccomp support".into());
-    }
-    let mut exposed = Vec::new();
-    if !cfg.ports.is_empty() {
-        let mut map = HashMap::new();
-        for (cport, hport) in &cfg.ports {
-            let k = format!("{cport}/tcp");
-            exposed.push(k.clone());
-            map.insert(
-                k,
-                Some(vec![PortBinding {
-                    host_ip: Some(input.publish_ip.to_owned()),
-                    host_port: Some(if *hport == 0 { String::new() } else { hport.to_string() }),
-                }]),
-            );
-        }
-        host.port_bindings = Some(map);
-    }
+    hardening(cfg, input.engine_seccomp, &mut host, &mut enforcement, &mut skipped);
+    let exposed = publish(cfg, input.publish_ip, &mut host);
 
     // PID 1's own environment: Docker merges the image's ENV in and no call removes a key,
     // so every variable a loader or libc reads is set to empty. The init is static and never
@@ -310,6 +260,78 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         ..Default::default()
     };
     Spec { body, enforcement, skipped }
+}
+
+/// Network, read-only root, capabilities, privileges, user, runtime, seccomp: each applied
+/// or skipped as configured, and said so.
+fn hardening(
+    cfg: &ContainerConfig,
+    engine_seccomp: bool,
+    host: &mut HostConfig,
+    enforcement: &mut BTreeMap<String, String>,
+    skipped: &mut BTreeMap<String, String>,
+) {
+    let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
+        m.insert(k.to_owned(), v);
+    };
+    if cfg.network == "none" {
+        put(enforcement, "network", "none".into());
+    } else {
+        put(skipped, "network", format!("network mode {:?} by configuration", cfg.network));
+    }
+    if cfg.hardening.read_only_rootfs {
+        put(enforcement, "read_only_rootfs", "root filesystem read-only".into());
+    } else {
+        put(skipped, "read_only_rootfs", "relaxed by configuration".into());
+    }
+    if cfg.hardening.drop_all_capabilities {
+        host.cap_drop = Some(vec!["ALL".into()]);
+        put(enforcement, "capabilities", "all dropped".into());
+    } else {
+        put(skipped, "capabilities", "relaxed by configuration".into());
+    }
+    if cfg.hardening.no_new_privileges {
+        host.security_opt = Some(vec!["no-new-privileges".into()]);
+        put(enforcement, "no_new_privileges", "set".into());
+    } else {
+        put(skipped, "no_new_privileges", "relaxed by configuration".into());
+    }
+    let (uid, _) = cfg.uid_gid();
+    if uid == 0 || cfg.user.starts_with("root") {
+        put(skipped, "non_root", format!("user {:?} by configuration", cfg.user));
+    } else {
+        put(enforcement, "non_root", format!("user {}", cfg.user));
+    }
+    if let Some(r) = &cfg.runtime {
+        put(enforcement, "runtime", r.clone());
+    }
+    if engine_seccomp {
+        put(enforcement, "seccomp", "the engine's default profile".into());
+    } else {
+        put(skipped, "seccomp", "the engine reports no seccomp support".into());
+    }
+}
+
+/// The published ports, on `publish_ip`; returns the exposed port keys.
+fn publish(cfg: &ContainerConfig, publish_ip: &str, host: &mut HostConfig) -> Vec<String> {
+    let mut exposed = Vec::new();
+    if !cfg.ports.is_empty() {
+        let mut map = HashMap::new();
+        for (cport, hport) in &cfg.ports {
+            let k = format!("{cport}/tcp");
+            exposed.push(k.clone());
+            map.insert(
+                k,
+                Some(vec![PortBinding {
+                    host_ip: Some(publish_ip.to_owned()),
+                    host_port: Some(if *hport == 0 { String::new() } else { hport.to_string() }),
+                }]),
+            );
+        }
+        host.port_bindings = Some(map);
+    }
+
+    exposed
 }
 
 /// The launch error for an engine refusal that says a published port is taken, naming the

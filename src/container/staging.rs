@@ -78,7 +78,6 @@ fn is(st: &FileStat, kind: SFlag) -> bool {
 #[derive(Debug)]
 pub struct InputDir {
     root: OwnedFd,
-    path: PathBuf,
 }
 
 impl InputDir {
@@ -87,7 +86,7 @@ impl InputDir {
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
         let root = openat(AT_FDCWD, path, flags, Mode::empty())
             .map_err(|e| StageError::Io { path: path.to_owned(), source: e.into() })?;
-        Ok(Self { root, path: path.to_owned() })
+        Ok(Self { root })
     }
 
     /// The apparent size and count of its regular files (symlinks not followed).
@@ -114,11 +113,6 @@ impl InputDir {
         s.dir(&mut b, &self.root, Path::new(""), 0)?;
         b.into_inner().and_then(|mut w| w.flush()).map_err(StageError::Write)?;
         Ok(s.report)
-    }
-
-    /// The path it was opened from.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

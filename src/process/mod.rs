@@ -6,7 +6,7 @@
 //! supervise through `link`, judge), `recover`, `reclaim`, and `executor` (the rung).
 
 mod attempt;
-pub mod cgroup;
+pub(crate) mod cgroup;
 pub mod config;
 pub mod dirs;
 mod executor;

@@ -2,7 +2,7 @@
 //! (reached through [`main_hook`]), and stevedore's own init, embedded as a static
 //! executable (`init_binary`; its code is the `stevedore-init` crate).
 
-pub mod handler;
+pub(crate) mod handler;
 pub mod init_binary;
 
 use crate::handlers::Handlers;
