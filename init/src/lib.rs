@@ -21,6 +21,8 @@
 
 pub mod cgroup;
 mod child;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 mod link;
 mod outdir;

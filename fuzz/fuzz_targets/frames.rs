@@ -1,0 +1,4 @@
+//! libFuzzer target: `stevedore_init::fuzzing::frames`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore_init::fuzzing::frames(data));

@@ -1,0 +1,268 @@
+//! Fuzz targets for the parsers of untrusted bytes, with their invariants.
+//!
+//! Each function takes arbitrary bytes, runs one parser on them and panics when one of
+//! its invariants breaks. The cargo-fuzz crate in `fuzz/` calls them under libFuzzer, and
+//! `tests/fuzz_corpus.rs` replays the committed corpora through them on stable, so every
+//! crash once found stays a regression test. Not part of the init's API.
+
+use crate::cgroup;
+use crate::report::{self, Report, ReportKind};
+use crate::wire::{
+    self, Decoder, Frame, FrameError, HEADER_LEN, HandlerHello, HandlerRecord, InitRecord, KEY_LEN, Kind,
+    MAX_RECORD_BYTES, MAX_REPORT_BYTES, OutputEnd, Scope, Started,
+};
+use serde::{Serialize, de::DeserializeOwned};
+use std::fmt::Debug;
+
+/// The key the `record` and `takeover` targets seal and answer with.
+pub const FUZZ_KEY: [u8; KEY_LEN] = [0xab; KEY_LEN];
+
+/// The scope the `report` target checks reports against.
+pub fn fuzz_scope() -> Scope {
+    Scope { job_id: "job".into(), attempt: 2 }
+}
+
+/// `wire::Decoder`, accepting every kind, fed `data[1..]` in pieces of `data[0] + 1` bytes.
+pub fn frames(data: &[u8]) {
+    let Some((&sel, stream)) = data.split_first() else { return };
+    let piece = usize::from(sel) + 1;
+
+    // The same stream decoded in one piece: the split must not change what comes out.
+    let whole = decode_all(&mut Decoder::new(|_| true), &[stream]);
+    let pieces: Vec<&[u8]> = stream.chunks(piece).collect();
+    let mut d = Decoder::new(|_| true);
+    let split = decode_all(&mut d, &pieces);
+    assert_eq!(whole, split, "splitting the stream into {piece}-byte pieces changed the frames");
+
+    let (frames, err) = split;
+    let mut at = 0;
+    for f in &frames {
+        assert!(f.body.len() <= f.kind.max_body(), "{:?} body of {} bytes is over its cap", f.kind, f.body.len());
+        let bytes = wire::encode(f.kind, &f.body);
+        assert_eq!(&stream[at..at + bytes.len()], &bytes[..], "a frame does not re-encode to its bytes");
+        at += bytes.len();
+    }
+    match err {
+        Some(e) => {
+            // The error is about the frame right after the last good one.
+            let kind = stream[at];
+            match &e {
+                FrameError::UnknownKind(b) => assert!(*b == kind && Kind::from_byte(kind).is_none()),
+                FrameError::TooLarge { kind: k, len } => {
+                    assert_eq!(*k as u8, kind);
+                    assert!(*len > k.max_body());
+                }
+                FrameError::Unexpected(k) => panic!("{k:?} refused by a decoder that accepts every kind"),
+            }
+            // Nothing after an error is trusted, and nothing is kept.
+            assert_eq!(d.pending(), 0, "a failed decoder still holds bytes");
+            d.feed(&wire::encode(Kind::Heartbeat, b""));
+            assert_eq!(d.next_frame(), Err(e.clone()), "a decoder answered after an error");
+            assert_eq!(d.next_frame(), Err(e), "a decoder answered after an error");
+            assert_eq!(d.pending(), 0);
+        }
+        None => {
+            // What is left is one incomplete frame.
+            let rest = &stream[at..];
+            assert_eq!(d.pending(), rest.len(), "pending() is not what is left");
+            if rest.len() >= HEADER_LEN {
+                let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+                assert!(rest.len() < HEADER_LEN + len, "a complete frame was left undecoded");
+            }
+        }
+    }
+}
+
+/// Feeds `pieces`, takes every frame after each; stops at the first error.
+fn decode_all(d: &mut Decoder, pieces: &[&[u8]]) -> (Vec<Frame>, Option<FrameError>) {
+    let mut frames = Vec::new();
+    let (mut fed, mut taken) = (0usize, 0usize);
+    for p in pieces {
+        d.feed(p);
+        fed += p.len();
+        loop {
+            assert!(
+                d.pending() <= fed - taken,
+                "pending() {} is over the {} bytes not yet taken",
+                d.pending(),
+                fed - taken
+            );
+            match d.next_frame() {
+                Ok(Some(f)) => {
+                    taken += HEADER_LEN + f.body.len();
+                    assert!(taken <= fed, "a frame of bytes never fed");
+                    frames.push(f);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    for _ in 0..2 {
+                        assert_eq!(d.next_frame(), Err(e.clone()), "a decoder answered after an error");
+                    }
+                    return (frames, Some(e));
+                }
+            }
+        }
+    }
+    (frames, None)
+}
+
+/// `wire::decode_start` on a Start frame's body.
+pub fn start(data: &[u8]) {
+    let Ok((start, payload)) = wire::decode_start(data) else { return };
+    assert_eq!(start.protocol, wire::PROTOCOL);
+    assert!(payload.len() <= wire::MAX_PAYLOAD_BYTES);
+    let frame = wire::encode_start(&start, &payload);
+    assert_eq!(frame[0], Kind::Start as u8);
+    let again = wire::decode_start(&frame[HEADER_LEN..]).expect("a re-encoded start decodes");
+    assert_eq!(again, (start, payload), "a start does not survive encode_start/decode_start");
+}
+
+/// `wire::open_sealed` with [`FUZZ_KEY`], then every claim type on the JSON (sealed or not).
+pub fn record(data: &[u8]) {
+    // Sealing round-trips, and a changed body no longer opens.
+    let sealed = wire::seal(&FUZZ_KEY, data);
+    assert_eq!(wire::open_sealed(&FUZZ_KEY, &sealed).ok(), Some(data), "seal/open_sealed does not round-trip");
+    let mut tampered = sealed.clone();
+    let i = usize::from(data.first().copied().unwrap_or(0)) % tampered.len();
+    tampered[i] ^= 0x01;
+    assert!(wire::open_sealed(&FUZZ_KEY, &tampered).is_err(), "a tampered record opened");
+
+    let json = match wire::open_sealed(&FUZZ_KEY, data) {
+        Ok(json) => {
+            assert_eq!(wire::seal(&FUZZ_KEY, json), data, "opened a body that is not the seal of its JSON");
+            json
+        }
+        // Still parse the bytes as a claim: a MAC that verifies is all the fuzzer cannot make.
+        Err(_) => data,
+    };
+    claim::<InitRecord>(json, MAX_RECORD_BYTES);
+    claim::<HandlerRecord>(json, MAX_RECORD_BYTES);
+    claim::<HandlerHello>(json, Kind::HandlerHello.max_body());
+    claim::<Started>(json, Kind::Started.max_body());
+    claim::<OutputEnd>(json, Kind::OutputEnd.max_body());
+}
+
+/// `parse_claim` never panics; what it accepts serialises and parses back to itself.
+fn claim<T: DeserializeOwned + Serialize + PartialEq + Debug>(json: &[u8], max: usize) {
+    let Ok(v) = wire::parse_claim::<T>(json, max) else { return };
+    let again = serde_json::to_vec(&v).expect("a claim always serialises");
+    let back: T = serde_json::from_slice(&again).expect("a re-serialised claim parses");
+    assert_eq!(back, v, "a claim does not survive serialise/parse");
+}
+
+/// A report as the init receives it (JSON, then `check`), and the report client's
+/// arguments (`data` as words).
+pub fn report(data: &[u8]) {
+    let scope = fuzz_scope();
+    if let Ok(r) = serde_json::from_slice::<Report>(data) {
+        let claimed = wire::parse_claim::<Report>(data, MAX_REPORT_BYTES).ok();
+        if let Ok(checked) = r.clone().check(&scope) {
+            assert_eq!((&checked.job_id, checked.attempt), (&None, None), "scope fields kept");
+            if checked.kind == ReportKind::Progress {
+                let p = checked.percent.expect("progress has a percent");
+                assert!((0.0..=100.0).contains(&p), "progress {p}");
+            }
+            let json = serde_json::to_vec(&checked).expect("a report always serialises");
+            if claimed.is_some() {
+                // What the init accepts, it can forward: the Forwarded wrapper fits a frame.
+                assert!(
+                    json.len() <= MAX_REPORT_BYTES,
+                    "an accepted {}-byte report re-serialises to {} bytes",
+                    data.len(),
+                    json.len()
+                );
+                let fwd = report::Forwarded { seq: u64::MAX, at_ms: u64::MAX, report: checked.clone() };
+                let body = serde_json::to_vec(&fwd).expect("a report always serialises");
+                assert!(body.len() <= Kind::Report.max_body(), "a forwarded report of {} bytes", body.len());
+            }
+            let back: Report = serde_json::from_slice(&json).expect("a re-serialised report parses");
+            assert_eq!(back.clone().check(&scope).as_ref(), Ok(&checked), "a report checks differently");
+        }
+    }
+
+    let text = String::from_utf8_lossy(data);
+    let args: Vec<String> = text.split([' ', '\n']).map(str::to_owned).collect();
+    if let Ok(r) = report::parse_args(&args) {
+        let _ = r.check(&scope);
+    }
+}
+
+/// The cgroup file parsers on `data` as (lossy) text.
+pub fn cgroup(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let s = text.as_ref();
+
+    let single = cgroup::parse_single(s);
+    if let Ok(n) = single {
+        assert_says(s.trim(), n);
+    }
+    match cgroup::parse_v2_limit(s) {
+        Ok(None) => assert_eq!(s.trim(), "max"),
+        Ok(Some(n)) => assert_eq!(single, Ok(n)),
+        Err(_) => assert!(single.is_err() && s.trim() != "max"),
+    }
+    match cgroup::parse_v1_limit(s) {
+        Ok(None) => assert!(single.as_ref().is_ok_and(|&n| n >= 1 << 62), "{single:?} taken as no limit"),
+        Ok(Some(n)) => {
+            assert!(n < 1 << 62, "v1 limit {n} is over 2^62");
+            assert_eq!(single, Ok(n));
+        }
+        Err(_) => assert!(single.is_err()),
+    }
+    for key in ["oom_kill", "usage_usec"] {
+        let got = cgroup::parse_keyed(s, key);
+        // The first line whose first word is the key says the value.
+        let line = s.lines().find(|l| l.split_whitespace().next() == Some(key));
+        match (got, line) {
+            (Ok(n), Some(line)) => {
+                let value = line.split_whitespace().nth(1).expect("a value was parsed");
+                assert_says(value, n);
+            }
+            (Ok(n), None) => panic!("{key} {n} found in a text without a {key} line"),
+            (Err(e), Some(line)) => {
+                let value = line.split_whitespace().nth(1).unwrap_or("");
+                assert!(value.parse::<u64>().is_err(), "{e} for the line {line:?}");
+            }
+            (Err(_), None) => {}
+        }
+    }
+}
+
+/// `text` is the decimal form of `n` (a leading `+` and leading zeros, which `u64`'s
+/// parser takes, allowed).
+fn assert_says(text: &str, n: u64) {
+    let digits = text.strip_prefix('+').unwrap_or(text);
+    assert!(!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()), "{text:?} parsed as {n}");
+    let digits = digits.trim_start_matches('0');
+    let digits = if digits.is_empty() { "0" } else { digits };
+    assert_eq!(digits, n.to_string(), "{text:?} parsed as {n}");
+}
+
+/// `wire::takeover_verify` on `data` as `[challenge length][challenge][answer]`, and
+/// `wire::parse_key` on `data` as text.
+pub fn takeover(data: &[u8]) {
+    let (n, rest) = match data.split_first() {
+        Some((&n, rest)) => (usize::from(n).min(rest.len()), rest),
+        None => (0, data),
+    };
+    let (challenge, answer) = rest.split_at(n);
+    let right = wire::takeover_answer(&FUZZ_KEY, challenge);
+    assert!(wire::takeover_verify(&FUZZ_KEY, challenge, &right), "the right answer is refused");
+    assert_eq!(
+        wire::takeover_verify(&FUZZ_KEY, challenge, answer),
+        answer == right,
+        "takeover_verify disagrees with takeover_answer"
+    );
+    let mut other = FUZZ_KEY;
+    other[0] ^= 1;
+    assert!(!wire::takeover_verify(&other, challenge, &right), "another key's answer is accepted");
+
+    let text = String::from_utf8_lossy(data);
+    if let Some(key) = wire::parse_key(&text) {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, text.to_ascii_lowercase(), "parse_key took {text:?}");
+    }
+    if wire::valid_link_id(&text) {
+        assert!(text.len() == 32 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+    }
+}
