@@ -31,9 +31,8 @@
 //!   (`target/release/stevedore`) packed as a `FROM scratch` worker image labelled with the
 //!   fingerprint of `handlers::builtin()`, under the tag and labels `stevedore run --handler`
 //!   uses (so an image that command already packed is reused).
-//! - **(e)** an attempt from a warm pool, without and with small inputs. The pool does not
-//!   exist in this build: [`warm_attempt`] is the one function to fill in; the interleaved
-//!   rounds, the throughput levels and the summary pick it up once it returns a time.
+//! - **(e)** an attempt from a warm pool ([`WARM_POOL`] parked containers), without and with
+//!   small inputs; the summary says how many were served warm (a miss runs cold).
 //! - **(f)** sustained throughput with 1, 2, 4 and 8 in flight: attempts per second of (a)
 //!   and (c) (and (e)), in ABBA order per level, and the ratio to (a).
 //! - **(g)** collecting outputs: a command writing 1 GiB in 1,000 files, and one writing

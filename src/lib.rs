@@ -18,6 +18,8 @@
 //! - [`image`]: packing a worker binary into a `FROM scratch` image without a registry.
 //! - [`profiles`]: named configurations of the container rung, from TOML.
 //! - [`cli`]: the `stevedore` command.
+//! - `fuzzing` (hidden): the invariants the fuzz targets in `fuzz/` check on the host's
+//!   parsers of untrusted bytes (the outputs tar, sizes and durations, profiles).
 //!
 //! `docs/` in the repository states the Outcome and its words, the labels and the link.
 //!
@@ -54,6 +56,8 @@ pub mod cli;
 pub mod container;
 pub mod contract;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handlers;
 pub(crate) mod hostdir;
 pub mod image;

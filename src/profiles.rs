@@ -203,7 +203,7 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     if let Some(n) = p.network {
         cfg.network = n;
     }
-    // A request cannot turn on what its profile does not allow (CONTRACT §5, profiles).
+    // A request cannot turn on what its profile does not allow (README.md, "A short tour": profiles).
     cfg.network_choices = Some(p.allow_networks.into_iter().collect());
     if let Some(u) = p.user {
         cfg.user = u;

@@ -140,6 +140,31 @@ async fn sigterm_cancels_cleans_up_and_exits_143() {
 }
 
 #[tokio::test]
+async fn sigint_cancels_cleans_up_and_exits_130() {
+    let Some((docker, image)) = support::setup().await else { return };
+    let w = support::worker("sigint");
+    let t = tempfile::tempdir().unwrap();
+    let child = start_sleeper(&image, &w, &t.path().join("o"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let v = json(&out.stdout);
+    assert_eq!(v["status"], "killed");
+    assert_eq!(v["reason"], "cancelled");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+#[test]
+fn usage_errors_exit_125_and_help_exits_0() {
+    let out = Command::new(BIN).args(["census", "--no-such-flag"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-such-flag"));
+    let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
+}
+
+#[tokio::test]
 async fn dead_man_switch_and_reclaim_after_a_crash() {
     let Some((docker, image)) = support::setup().await else { return };
     let w = support::worker("crash");

@@ -1,4 +1,4 @@
-//! Hardening defaults and limits of the container rung (CONTRACT §3), each checked from
+//! Hardening defaults and limits of the container rung (the enforcement items of docs/outcome.md), each checked from
 //! inside a real container, and the log and disk caps.
 
 mod support;

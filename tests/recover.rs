@@ -107,7 +107,8 @@ async fn an_attempt_that_ended_while_the_worker_was_away_is_collected() {
         assert!(t.elapsed() < Duration::from_secs(60), "the command never ended");
     }
     let got = Command::new(BIN).arg("recover").arg(&cp).output().unwrap();
-    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    // It exits as `run` would have: the command's own status.
+    assert_eq!(got.status.code(), Some(7), "{}", String::from_utf8_lossy(&got.stderr));
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!((o["status"].as_str(), o["exit_code"].as_i64()), (Some("handler_error"), Some(7)), "{o}");
     assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");
@@ -223,7 +224,8 @@ fn the_process_rung_collects_an_attempt_that_ended_while_the_worker_was_away() {
         std::thread::yield_now();
     }
     let got = Command::new(BIN).arg("recover").arg(&cp).output().unwrap();
-    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    // It exits as `run` would have: the command's own status.
+    assert_eq!(got.status.code(), Some(7), "{}", String::from_utf8_lossy(&got.stderr));
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!((o["status"].as_str(), o["exit_code"].as_i64()), (Some("handler_error"), Some(7)), "{o}");
     assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");

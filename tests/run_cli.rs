@@ -214,11 +214,11 @@ async fn the_flags_people_reach_for() {
     let o = run(&["--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--entrypoint", "echo", "--", "hello"]);
     assert_eq!(text(&o.stdout), "hello\n");
     // An image whose ENTRYPOINT needs no argv: stevedore's own worker image runs it alone
-    // (stevedore without arguments prints its usage and exits 2).
+    // (stevedore without arguments prints its usage and exits 125, a usage error).
     let image = support::worker_image(&support::engine().await.unwrap()).await;
     let out = out_dir(&t, "c");
     let o = run(&["--worker", &w, "--image", &image, "--output", &out]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("Usage"), "{}", text(&o.stderr));
     // Root only where a profile allows it.
     let out = out_dir(&t, "d");
@@ -337,32 +337,27 @@ async fn a_named_cache_outlives_attempts_and_only_its_command_removes_it() {
 }
 
 #[tokio::test]
-async fn the_outputs_of_a_timed_out_attempt_are_listed() {
+async fn the_outputs_of_timed_out_oom_killed_and_killed_attempts_are_listed() {
     let Some(_) = setup().await else { return };
     let t = tempfile::tempdir().unwrap();
-    let w = worker("cli-timeout-out");
-    let o = run(&[
-        "-q",
-        "--worker",
-        &w,
-        "--image",
-        BUSYBOX_IMAGE,
-        "--output",
-        &out_dir(&t, "a"),
-        "--outcome",
-        "-",
-        "--timeout",
-        "1s",
-        "--grace",
-        "1s",
-        "--",
-        "sh",
-        "-c",
-        "echo partial > /out/junit.xml; sleep 30",
-    ]);
-    assert_eq!(o.status.code(), Some(124));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!((v["status"].as_str(), v["outputs"][0]["name"].as_str()), (Some("timeout"), Some("junit.xml")), "{v}");
+    let w = worker("cli-stopped-out");
+    let cases: [(&str, &[&str], &str, i32); 3] = [
+        ("timeout", &["--timeout", "1s", "--grace", "1s"], "sleep 30", 124),
+        ("oom_killed", &["--memory", "32m"], "x=$(head -c 100000000 /dev/zero | tr '\\0' a)", 137),
+        ("killed", &[], "kill -9 $$", 137),
+    ];
+    for (i, (status, flags, then, exit)) in cases.into_iter().enumerate() {
+        let out = out_dir(&t, &format!("o{i}"));
+        let script = format!("echo partial > /out/junit.xml; {then}");
+        let mut args = vec!["-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(exit), "{status}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!((v["status"].as_str(), v["outputs"][0]["name"].as_str()), (Some(status), Some("junit.xml")), "{v}");
+        assert_eq!(std::fs::read_to_string(Path::new(&out).join("junit.xml")).unwrap(), "partial\n");
+    }
 }
 
 #[tokio::test]

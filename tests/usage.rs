@@ -1,4 +1,4 @@
-//! Usage and OOM as the kernel counted them (CONTRACT §1 Usage, §3 OOM), on the real engine.
+//! Usage and OOM as the kernel counted them (docs/outcome.md, "Usage sources" and "Reasons"), on the real engine.
 //!
 //! These tests measure CPU, memory and time, so they run one at a time (a lock) and compare
 //! with what the kernel or the process itself counted, never with nominal durations. Each

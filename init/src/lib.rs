@@ -18,6 +18,8 @@
 //! - `handler`: the handler runner's socket.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
+//! - `fuzzing` (hidden): the invariants the fuzz targets in `fuzz/` check on the init's
+//!   parsers (frames, the Start frame, records and claims, reports, cgroup files, takeovers).
 
 pub mod cgroup;
 mod child;

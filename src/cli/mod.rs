@@ -86,7 +86,15 @@ enum Command {
 
 /// Parses the command line and runs the command; `handlers` are the worker's built-ins.
 pub fn main(handlers: Handlers) -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 125 as `docker run`'s do, so that a shell or CI never takes them
+    // for the command's own status; help and version exit 0.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 125 } else { 0 });
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("STEVEDORE_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

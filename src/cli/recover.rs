@@ -1,5 +1,6 @@
 //! `stevedore recover FILE`: finishes an attempt whose `stevedore run --checkpoint FILE`
-//! died, from its checkpoint; prints its Outcome like `run` does.
+//! died, from its checkpoint; prints its Outcome on stdout and exits as `run` would have
+//! (the table in `docs/outcome.md`), so a CI step that recovers still fails when it failed.
 
 use super::common::{self, Global};
 use crate::contract::{Checkpoint, Executor, HookSet, RecoverError};
@@ -61,9 +62,13 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
     match result {
         Ok(o) => {
             println!("{}", o.to_json());
+            if !a.quiet {
+                let grace = std::time::Duration::from_millis(cp.grace_ms);
+                eprintln!("stevedore: {}", super::report::summary(&o, grace, &cp.output_dir));
+            }
             // The checkpoint holds the attempt's key; the attempt is over.
             let _ = std::fs::remove_file(&a.checkpoint);
-            0
+            super::report::exit_code(&o)
         }
         Err(e @ RecoverError::Gone(_)) => {
             let _ = std::fs::remove_file(&a.checkpoint);
