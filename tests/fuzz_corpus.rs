@@ -6,50 +6,22 @@
 //! The seed corpus is written by the ignored test `write_seed_corpus`:
 //! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus`.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
 use stevedore::fuzzing;
+use stevedore_init::fuzzing::Target;
 use tar::{Builder, EntryType, Header};
 
-type Target = fn(&[u8]);
-
-const TARGETS: &[(&str, Target)] =
+const TARGETS: &[Target] =
     &[("extract", fuzzing::extract), ("limits", fuzzing::limits), ("profiles", fuzzing::profiles)];
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
 }
 
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = entries.map(|e| e.expect("a corpus entry").path()).filter(|p| p.is_file()).collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn corpora_replay_without_breaking_an_invariant() {
-    let mut failed = Vec::new();
-    for &(name, target) in TARGETS {
-        let corpus = files(&fuzz_dir().join("corpus").join(name));
-        assert!(!corpus.is_empty(), "no seed corpus for {name}");
-        for file in corpus.iter().chain(&files(&fuzz_dir().join("artifacts").join(name))) {
-            let data = match std::fs::read(file) {
-                Ok(data) => data,
-                // A fuzzer running beside the tests replaces corpus files as it reduces them.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => panic!("{}: {e}", file.display()),
-            };
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| target(&data))) {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("(no message)");
-                failed.push(format!("{name}: {}: {why}", file.display()));
-            }
-        }
-    }
+    let failed = stevedore_init::fuzzing::replay(&fuzz_dir(), TARGETS);
     assert!(failed.is_empty(), "inputs that break an invariant:\n{}", failed.join("\n"));
 }
 

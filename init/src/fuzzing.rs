@@ -13,6 +13,49 @@ use crate::wire::{
 };
 use serde::{Serialize, de::DeserializeOwned};
 use std::fmt::Debug;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+/// A fuzz target: its name (the corpus dir's) and its function.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// Runs every file of `fuzz_dir/corpus/<name>/` and `fuzz_dir/artifacts/<name>/` through
+/// its target; returns one line per input that broke an invariant. A target without a
+/// corpus is one such line too.
+pub fn replay(fuzz_dir: &Path, targets: &[Target]) -> Vec<String> {
+    let mut failed = Vec::new();
+    for &(name, target) in targets {
+        let corpus = files(&fuzz_dir.join("corpus").join(name));
+        if corpus.is_empty() {
+            failed.push(format!("{name}: no corpus in {}", fuzz_dir.join("corpus").join(name).display()));
+        }
+        for file in corpus.iter().chain(&files(&fuzz_dir.join("artifacts").join(name))) {
+            let data = match std::fs::read(file) {
+                Ok(data) => data,
+                // A fuzzer running beside the tests replaces corpus files as it reduces them.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("{}: {e}", file.display()),
+            };
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| target(&data))) {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)");
+                failed.push(format!("{name}: {}: {why}", file.display()));
+            }
+        }
+    }
+    failed
+}
+
+/// The files of `dir`, sorted; none when it does not exist.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file()).collect();
+    files.sort();
+    files
+}
 
 /// The key the `record` and `takeover` targets seal and answer with.
 pub const FUZZ_KEY: [u8; KEY_LEN] = [0xab; KEY_LEN];
