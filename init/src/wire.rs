@@ -789,7 +789,8 @@ type HmacSha256 = Hmac<Sha256>;
 
 /// Decodes a hex key of [`KEY_LEN`] bytes.
 pub fn parse_key(hex: &str) -> Option<[u8; KEY_LEN]> {
-    if hex.len() != KEY_LEN * 2 {
+    // Hex digits only: `from_str_radix` alone also takes a sign ("+f" is 15).
+    if hex.len() != KEY_LEN * 2 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let mut key = [0u8; KEY_LEN];
@@ -987,6 +988,8 @@ mod tests {
         assert!(open_sealed(&key, b"short").is_err());
         assert!(parse_key("zz").is_none());
         assert!(parse_key(&"g0".repeat(KEY_LEN)).is_none());
+        // Found by the `takeover` fuzz target: a sign passed for a digit.
+        assert!(parse_key(&format!("+0{}", "ab".repeat(KEY_LEN - 1))).is_none());
     }
 
     #[test]
