@@ -60,6 +60,29 @@ pub fn default_base() -> PathBuf {
     }
 }
 
+/// Checks that `path`, the parent of a private directory, cannot be used by another user to
+/// swap that directory: a directory (not a symlink) of this user or of root, which no one
+/// else can write to unless it is sticky (as /tmp is). Changes nothing.
+pub fn check_parent(path: &Path) -> Result<(), HostDirError> {
+    let st = nix::sys::stat::lstat(path).map_err(|e| HostDirError::Io {
+        op: "inspect",
+        path: path.to_owned(),
+        source: e.into(),
+    })?;
+    let untrusted = |why: String| Err(HostDirError::Untrusted { path: path.to_owned(), why });
+    if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFDIR {
+        return untrusted("it is not a directory (a symlink?)".into());
+    }
+    let me = geteuid().as_raw();
+    if st.st_uid != me && st.st_uid != 0 {
+        return untrusted(format!("owned by uid {}, not by this user (uid {me}) or root", st.st_uid));
+    }
+    if st.st_mode & 0o022 != 0 && st.st_mode & nix::libc::S_ISVTX == 0 {
+        return untrusted(format!("others can write to it (mode {:o}) and it is not sticky", st.st_mode & 0o7777));
+    }
+    Ok(())
+}
+
 /// A directory owned by this user, mode 0700, held open.
 #[derive(Debug)]
 pub struct PrivateDir {
@@ -100,6 +123,15 @@ impl PrivateDir {
             return Err(HostDirError::Untrusted { path, why });
         }
         if st.st_mode & 0o077 != 0 {
+            // A shared directory (sticky, as /tmp is) is never ours to tighten, even as root:
+            // doing so would lock every other user out of it.
+            if st.st_mode & nix::libc::S_ISVTX != 0 {
+                let why = format!(
+                    "it is a shared directory (mode {:o}, sticky, as /tmp is): name a directory of its own inside it",
+                    st.st_mode & 0o7777
+                );
+                return Err(HostDirError::Untrusted { path, why });
+            }
             // Ours, so ours to tighten: a umask or an older version may have left it open.
             fchmod(fd.as_fd(), Mode::from_bits_truncate(0o700)).map_err(|e| HostDirError::Io {
                 op: "tighten the mode of",
@@ -240,6 +272,37 @@ mod tests {
         std::os::unix::fs::symlink(victim.join("keep"), t.path().join("real/f")).unwrap();
         assert!(base.files().unwrap().is_empty(), "a symlink is not listed as a file");
         assert_eq!(std::fs::read(victim.join("keep")).unwrap(), b"k");
+    }
+
+    #[test]
+    fn a_shared_sticky_dir_is_refused_and_left_as_it_is() {
+        // As /tmp is when stevedore runs as root: tightening it would lock everyone out.
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("shared");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = PrivateDir::open(&p).unwrap_err();
+        assert!(err.to_string().contains("shared directory"), "{err}");
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o7777, 0o1777);
+    }
+
+    #[test]
+    fn a_parent_is_checked_never_changed() {
+        let t = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        check_parent(&shared).unwrap();
+        assert_eq!(mode(&shared), 0o1777);
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(check_parent(&open), Err(HostDirError::Untrusted { .. })));
+        assert_eq!(mode(&open), 0o777);
+        symlink(&shared, t.path().join("link")).unwrap();
+        assert!(matches!(check_parent(&t.path().join("link")), Err(HostDirError::Untrusted { .. })));
+        check_parent(t.path()).unwrap();
     }
 
     #[test]

@@ -357,10 +357,13 @@ fn ensure_base(base: &Path) -> Result<(), ToolsError> {
         },
     };
     if let Some(parent) = base.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if !parent.exists() {
+        if parent.exists() {
+            // Not ours to change (it may be /tmp): only checked.
+            crate::hostdir::check_parent(parent).map_err(|e| untrusted(parent, e))?;
+        } else {
             fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+            crate::hostdir::PrivateDir::open(parent).map_err(|e| untrusted(parent, e))?;
         }
-        crate::hostdir::PrivateDir::open(parent).map_err(|e| untrusted(parent, e))?;
     }
     crate::hostdir::PrivateDir::open(base).map_err(|e| untrusted(base, e))?;
     Ok(())
@@ -1447,6 +1450,12 @@ mod tests {
         fs::set_permissions(&ours, fs::Permissions::from_mode(0o777)).unwrap();
         ToolsBundle::prepare(Path::new("/bin/sh"), &ours).unwrap();
         assert_eq!(mode(&ours), 0o700);
+        // A base in a shared dir (as a temp dir in /tmp is): the shared dir is left as it was.
+        let shared = t.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        ToolsBundle::prepare(Path::new("/bin/sh"), &shared.join("bundles")).unwrap();
+        assert_eq!(fs::metadata(&shared).unwrap().mode() & 0o7777, 0o1777);
         if nix::unistd::geteuid().is_root() {
             let theirs = t.path().join("theirs");
             fs::create_dir(&theirs).unwrap();

@@ -185,16 +185,24 @@ fn seal(dir: &Path) -> Result<(), DirError> {
 }
 
 /// Gives the owner write and search on every directory below `dir`, so it can be removed.
+///
+/// The command may still be swapping its dirs for symlinks: each one is pinned first
+/// (`O_PATH | O_NOFOLLOW | O_DIRECTORY`, which a symlink fails) and changed through that
+/// descriptor, so a chmod never lands on what a symlink points to (as root, that could be
+/// any directory of the host). `/proc/self/fd` because `fchmod` refuses an `O_PATH`
+/// descriptor, and a dir the command made 000 cannot be opened for reading by its owner.
 fn open_up(dir: &Path) {
-    let Ok(md) = fs::symlink_metadata(dir) else { return };
-    if !md.file_type().is_dir() {
-        return;
-    }
-    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
-    if let Ok(rd) = fs::read_dir(dir) {
+    use nix::fcntl::{OFlag, open};
+    use std::os::fd::AsRawFd;
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(pinned) = open(dir, flags, Mode::empty()) else { return };
+    let through = format!("/proc/self/fd/{}", pinned.as_raw_fd());
+    let _ = fs::set_permissions(&through, fs::Permissions::from_mode(0o700));
+    // Listed and descended through the pinned dir too, never through `dir` again.
+    if let Ok(rd) = fs::read_dir(&through) {
         for e in rd.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {
-                open_up(&e.path());
+                open_up(&Path::new(&through).join(e.file_name()));
             }
         }
     }
@@ -203,6 +211,25 @@ fn open_up(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removal_opens_up_locked_dirs_and_never_follows_a_symlink() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        fs::create_dir(&victim).unwrap();
+        fs::set_permissions(&victim, fs::Permissions::from_mode(0o751)).unwrap();
+        let d = AttemptDir::create(t.path(), "a1", None).unwrap();
+        fs::create_dir_all(d.output.join("x/y")).unwrap();
+        fs::write(d.output.join("x/y/f"), b"f").unwrap();
+        std::os::unix::fs::symlink(&victim, d.output.join("x/link")).unwrap();
+        std::os::unix::fs::symlink(&victim, d.tmp.join("link")).unwrap();
+        for locked in [d.output.join("x/y"), d.output.join("x"), d.output.clone()] {
+            fs::set_permissions(&locked, fs::Permissions::from_mode(0o000)).unwrap();
+        }
+        d.remove().unwrap();
+        assert!(!d.root.exists());
+        assert_eq!(fs::metadata(&victim).unwrap().mode() & 0o7777, 0o751, "a symlink's target was changed");
+    }
 
     #[test]
     fn a_base_dir_writable_by_others_or_not_a_dir_is_refused() {
