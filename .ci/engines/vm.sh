@@ -182,18 +182,17 @@ apt_install() {
 # qemu-system-common 7.2: take the qemu packages from bookworm-backports then, through a
 # temporary source list (nothing under /etc/apt is changed).
 apt_install_backports() {
-    local t rc=0 pkg args=()
+    local t rc=0
     t=$(mktemp -d)
     mkdir -p "$t/lists/partial" "$t/archives/partial"
     { cat /etc/apt/sources.list 2>/dev/null || true; echo "deb $MIRROR bookworm-backports main"; } >"$t/sources.list"
     local o=(-o "Dir::Etc::sourcelist=$t/sources.list" -o "Dir::State::lists=$t/lists"
         -o "Dir::Cache::archives=$t/archives")
-    for pkg in "$@"; do
-        case "$pkg" in qemu-*) args+=("$pkg/bookworm-backports") ;; *) args+=("$pkg") ;; esac
-    done
+    # The whole request from backports where it has a version (-t), not only the qemu-*
+    # packages named: their own dependencies (qemu-system-data, seabios) must follow them.
     apt-get "${o[@]}" update -qq >&2 &&
         DEBIAN_FRONTEND=noninteractive apt-get "${o[@]}" install -y -qq --no-install-recommends \
-            --no-remove "${args[@]}" >&2 || rc=$?
+            --no-remove -t bookworm-backports "$@" >&2 || rc=$?
     rm -rf "$t"
     return "$rc"
 }
