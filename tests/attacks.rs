@@ -86,6 +86,7 @@ async fn an_images_loader_variables_and_ld_so_preload_never_reach_the_init() {
         "GLIBC_TUNABLES=glibc.malloc.check=3\nLD_AUDIT=/evil.so\nLD_LIBRARY_PATH=/\nLD_PRELOAD=/evil.so\n"
     );
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -106,6 +107,7 @@ async fn the_command_cannot_reach_the_inits_key_link_or_stop_it() {
     assert_eq!(support::stdout_of(&o), "survived\n");
     assert!(o.evidence.init_diagnostics.iter().any(|d| d.contains("ignored signal 15")), "{:?}", o.evidence);
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -131,6 +133,7 @@ async fn a_sparse_terabyte_and_a_fifo_in_out_neither_stall_nor_hide_the_real_out
     assert_eq!(refused, [("a-sparse", "over_cap"), ("b-fifo", "fifo")]);
     assert!(o.usage.disk_written_bytes.unwrap() < 1 << 20, "a sparse file is not bytes written: {}", o.to_json());
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -154,6 +157,7 @@ async fn output_modes_and_counts_are_bounded() {
         assert_eq!(mode & 0o7022, 0, "{}: mode {mode:o} lets another user write or run as the owner", p.display());
     }
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -200,11 +204,9 @@ async fn a_capture_dir_another_user_placed_first_is_refused_and_left_alone() {
 
     // Captures of a normal run are private: 0600 files in 0700 dirs.
     let w = support::worker("logmode");
-    let o = run(
-        &rung_with(ContainerConfig::default().log_dir(&base)).await,
-        &cmd(&image, &w, &t.path().join("p"), "echo hi"),
-    )
-    .await;
+    let rung = rung_with(ContainerConfig::default().log_dir(&base)).await;
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("p"), "echo hi")).await;
+    rung.close().await;
     let path = o.evidence.logs.stdout.path.clone().unwrap();
     assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
     assert_eq!(std::fs::metadata(Path::new(&path).parent().unwrap()).unwrap().mode() & 0o777, 0o700);

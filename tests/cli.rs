@@ -173,6 +173,22 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     let mut child = start_sleeper(&image, &w, &t.path().join("o"));
     let (ids, _) = support::labelled(&docker, &w).await;
     assert_eq!(ids.len(), 1, "the attempt's container is running");
+    // The killed process's own init volume, found by its incarnation.
+    let incarnation = docker.inspect_container(&ids[0], None).await.unwrap().config.unwrap().labels.unwrap()
+        ["dev.stevedore.incarnation"]
+        .clone();
+    let tools_of = |inc: String| {
+        let docker = docker.clone();
+        async move {
+            let filters = HashMap::from([(
+                "label".to_owned(),
+                vec!["dev.stevedore.kind=tools".to_owned(), format!("dev.stevedore.incarnation={inc}")],
+            )]);
+            let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default().filters(&filters).build();
+            docker.list_volumes(Some(opts)).await.unwrap().volumes.unwrap_or_default().len()
+        }
+    };
+    assert_eq!(tools_of(incarnation.clone()).await, 1, "the run's init volume");
     child.kill().unwrap();
     child.wait().unwrap();
     // The init sees its stdin close and stops the command: the container exits by itself.
@@ -204,6 +220,7 @@ async fn dead_man_switch_and_reclaim_after_a_crash() {
     assert!(v["stale_images"].is_array(), "stale worker images are listed: {v}");
     assert!(v["volumes_removed"].as_u64().unwrap() >= 1, "{v}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    assert_eq!(tools_of(incarnation).await, 0, "the crashed process's init volume was reclaimed with its attempt");
     assert!(docker.inspect_container(&never_started, None).await.is_err(), "the never-started leftover was reclaimed");
     for keep in [&other, &unlabelled] {
         assert!(docker.inspect_container(keep, None).await.is_ok(), "{keep} must survive");

@@ -61,6 +61,7 @@ async fn ok_with_outputs_hashed_and_owned_by_the_caller() {
     assert_eq!(o.usage.disk_written_bytes, Some(o.outputs.iter().map(|f| f.size).sum()));
     assert!(o.usage.wall_time_ms.is_some());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing left in the engine");
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -90,6 +91,7 @@ async fn exit_codes_and_signals() {
     assert_eq!(o.status, Status::LaunchFailed, "{}", o.to_json());
     assert!(o.handler_error.contains("/no/such/program"), "{}", o.handler_error);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -114,6 +116,7 @@ async fn deadline_with_a_term_ignoring_command() {
     assert!(took < deadline + grace + Duration::from_secs(2) + Duration::from_secs(3), "took {took:?}");
     assert_eq!(o.signal, Some(9), "SIGKILLed after the grace");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -135,6 +138,7 @@ async fn cancellation() {
     assert_eq!(o.reason.map(|r| r.as_str()), Some("cancelled"));
     assert_eq!(o.signal, Some(15), "sleep died of the forwarded SIGTERM");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -168,6 +172,7 @@ async fn inputs_from_a_private_root_dir_stay_untouched() {
     assert_eq!(before, after, "inputs untouched");
     assert_eq!(std::fs::read(input.join("d/data.txt")).unwrap(), b"payload-123");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -190,6 +195,7 @@ async fn hostile_outputs_are_refused_and_named() {
     }
     assert!(refused.iter().any(|(n, w)| n.contains("\\xff") && w == "non_utf8_name"), "{refused:?}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -217,6 +223,7 @@ async fn bad_requests_create_nothing() {
     assert!(matches!(err, stevedore::LaunchError::ImageUnavailable { .. }), "{err}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing created for rejected requests");
     assert!(!t.path().join("o").exists());
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -235,6 +242,7 @@ async fn api_version_is_negotiated() {
     let expected = parse(&f.max_api_version).min(parse(&client));
     assert_eq!(parse(&f.api_version), expected, "the newest version both sides speak ({f:?}, client {client})");
     assert!(!f.engine_version.is_empty());
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -255,6 +263,7 @@ async fn an_empty_out_an_empty_dir_and_an_empty_file() {
     assert_eq!(o.outputs.len(), 1, "{}", o.to_json());
     assert_eq!((o.outputs[0].name.as_str(), o.outputs[0].size), ("empty", 0));
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -275,4 +284,5 @@ async fn a_command_cannot_forge_its_record() {
     assert_eq!(o.evidence.logs.stdout.bytes, 7, "the fake frame is stdout, nothing more");
     assert_eq!(o.outputs.len(), 1);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }

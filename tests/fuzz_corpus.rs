@@ -6,10 +6,9 @@
 //! The seed corpus is written by the ignored test `write_seed_corpus`:
 //! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus`.
 
-use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
 use stevedore::fuzzing;
-use stevedore_init::fuzzing::Target;
+use stevedore_init::fuzzing::{Seed, Target};
 use tar::{Builder, EntryType, Header};
 
 const TARGETS: &[Target] =
@@ -85,7 +84,7 @@ fn sparse(real: u64) -> Vec<u8> {
 
 /// The seed corpus: hostile and ordinary outputs tars, the sizes and durations people type,
 /// profiles files like the documented one.
-fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
+fn seeds() -> Vec<Seed> {
     use EntryType::*;
     let caps = |files: u8, bytes: u8, tar: Vec<u8>| [&[files, bytes][..], &tar].concat();
     let long = [b"d/".repeat(60), b"long.txt".to_vec()].concat();
@@ -194,19 +193,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
 #[test]
 #[ignore = "writes the seed corpus into fuzz/corpus"]
 fn write_seed_corpus() {
-    for (target, name, data) in seeds() {
-        let dir = fuzz_dir().join("corpus").join(target);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("seed_{name}")), data).unwrap();
-    }
+    stevedore_init::fuzzing::write_seeds(&fuzz_dir(), &seeds()).unwrap();
 }
 
 #[test]
 fn seeds_pass_their_targets() {
-    for (target, name, data) in seeds() {
-        let f = TARGETS.iter().find(|t| t.0 == target).unwrap().1;
-        if catch_unwind(|| f(&data)).is_err() {
-            panic!("seed {target}/{name} breaks an invariant");
-        }
-    }
+    let failed = stevedore_init::fuzzing::check_seeds(TARGETS, &seeds());
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

@@ -56,6 +56,7 @@ async fn outcomes_of_every_kind_of_handler() {
     assert!(o.handler_error.contains("no-such-handler"), "{}", o.handler_error);
 
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -75,6 +76,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
     assert!(err.is_permanent());
     let text = err.to_string();
     assert!(text.contains(LIAR_FINGERPRINT) && text.contains(&actual), "{text}");
+    rung_.close().await;
 
     // The label lies: the sandbox checks the binary's own handler set.
     let liar = support::pack_worker(&docker, LIAR, LIAR_FINGERPRINT.to_owned()).await;
@@ -82,6 +84,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
     let o = run(&rung_, &handler(&w, &t.path().join("b"), "true", "").fingerprint(LIAR_FINGERPRINT)).await;
     assert_eq!((o.status, o.permanent), (Status::LaunchFailed, true), "{}", o.to_json());
     assert!(o.handler_error.contains(LIAR_FINGERPRINT) && o.handler_error.contains(&actual), "{}", o.handler_error);
+    rung_.close().await;
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
@@ -106,6 +109,7 @@ async fn a_handler_that_ignores_sigterm_is_killed_after_the_grace() {
     // deadline + grace + the kill margin and engine calls, far below the handler's 60 s.
     assert!(took < deadline + grace + Duration::from_secs(8), "took {took:?}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -136,6 +140,7 @@ async fn cancelling_a_handler_attempt_is_killed_cancelled() {
     assert!(token.is_cancelled(), "the attempt ended before its container started: {}", o.to_json());
     assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 fn sha256_hex(data: &[u8]) -> String {

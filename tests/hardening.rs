@@ -3,6 +3,7 @@
 
 mod support;
 
+use stevedore::Executor as _;
 use support::{BIN, run, sh, stdout_of};
 
 use bollard::query_parameters::ListVolumesOptions;
@@ -79,6 +80,7 @@ async fn the_sandbox_is_read_only_offline_unprivileged_and_limited() {
     }
     assert_eq!(std::fs::read_to_string(input.join("f")).unwrap(), "x");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -108,6 +110,7 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
     let refused: u64 = events.strip_prefix("max ").and_then(|n| n.parse().ok()).expect("pids.events: max N");
     assert!(refused > 0, "the bomb never reached the limit: {events}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -158,6 +161,7 @@ async fn the_disk_limit_stops_writes_at_the_limit() {
     let o = run(&rung, &r).await;
     assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Ok, Some("disk_limit")), "{}", o.to_json());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 fn free_bytes(path: &Path) -> u64 {
@@ -185,11 +189,13 @@ async fn an_images_volumes_leave_nothing_behind() {
     support::remove_image(&docker, &tag).await;
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     assert_ne!(facts(&o)["data"], "0", "a declared VOLUME is not writable");
-    // Volumes made meanwhile by other tests carry a worker label; an anonymous one would not.
+    // Volumes made meanwhile by other tests' rungs carry stevedore's labels; an anonymous one
+    // would carry none.
     let unlabelled: Vec<_> = after
         .iter()
-        .filter(|(n, labels)| !before.contains(n) && !labels.contains_key("dev.stevedore.worker"))
+        .filter(|(n, labels)| !before.contains(n) && !labels.contains_key("dev.stevedore.managed"))
         .collect();
     assert!(unlabelled.is_empty(), "unlabelled volumes appeared: {unlabelled:?}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }

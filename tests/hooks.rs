@@ -119,6 +119,7 @@ async fn checkpoint_then_reports_in_order_then_outcome() {
     );
     assert!(!format!("{cp:?}").contains(&cp.link.key), "the key never shows in Debug");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -137,6 +138,7 @@ async fn a_failing_checkpoint_stops_the_attempt_before_its_command_and_leaks_not
     assert_eq!(hooks.events(), ["checkpoint docker"], "no outcome for an attempt that never ran");
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0, "the command never ran");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "container and input volume removed");
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -152,6 +154,7 @@ async fn a_failing_outcome_hook_keeps_the_outcome_and_its_outputs() {
     assert_eq!(std::fs::read_to_string(out.path().join("r")).unwrap(), "kept\n");
     assert_eq!(o.evidence.hook_failures, ["outcome: the database refused it"]);
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -171,6 +174,7 @@ async fn a_slow_report_hook_never_stalls_the_drain() {
     assert_eq!((seen.received, seen.delivered, seen.dropped_slow_hook), (3, 3, 0));
     let events = hooks.events();
     assert_eq!(events.last().map(String::as_str), Some("outcome ok"), "the outcome comes after every report");
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -185,6 +189,7 @@ async fn the_cancellation_poll_stops_the_attempt() {
     let o = run(&rung, &r).await;
     assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::Cancelled)), "{}", o.to_json());
     assert!(o.evidence.notes.iter().any(|n| n.contains("cancellation hook")), "{:?}", o.evidence.notes);
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -212,4 +217,5 @@ async fn a_handler_in_a_container_reports_through_its_context() {
             "report job 3 Some(75.0) Some(\"step\")"
         ]
     );
+    rung.close().await;
 }

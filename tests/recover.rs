@@ -148,6 +148,7 @@ async fn what_cannot_be_recovered_is_removed() {
             Some(bollard::query_parameters::RemoveContainerOptionsBuilder::default().force(true).build()),
         )
         .await;
+    rung.close().await;
 }
 
 /// `stevedore run --rung process` of `script` with a checkpoint and a host-loss grace,

@@ -361,6 +361,34 @@ async fn the_outputs_of_timed_out_oom_killed_and_killed_attempts_are_listed() {
 }
 
 #[tokio::test]
+async fn a_run_leaves_no_volume_behind_not_even_its_init() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-no-volume");
+    let o = run(&[
+        "-q",
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "a"),
+        "--outcome",
+        "-",
+        "--",
+        "true",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // "volume <name> (init sha256:<digest>)"
+    let init = v["evidence"]["init"].as_str().unwrap().to_owned();
+    let volume = init.strip_prefix("volume ").and_then(|r| r.split(' ').next()).unwrap();
+    let err = docker.inspect_volume(volume).await.expect_err("the init's volume outlived the run");
+    assert!(matches!(err, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }), "{err}");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+#[tokio::test]
 async fn twenty_runs_leave_no_host_path_and_no_image() {
     let Some((docker, _)) = setup().await else { return };
     let _g = ALONE.lock().await;

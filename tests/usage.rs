@@ -6,6 +6,7 @@
 
 mod support;
 
+use stevedore::Executor as _;
 use support::{run, stdout_of};
 
 use std::path::Path;
@@ -87,6 +88,7 @@ async fn oom_is_what_the_kernel_counted() {
     assert_eq!((o.status, o.exit_code, o.signal), (Status::Killed, None, Some(9)), "{}", o.to_json());
     assert_eq!(o.evidence.oom_kills, Some(0));
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -113,6 +115,7 @@ async fn peak_memory_is_the_containers_high_water_mark() {
     eprintln!("two concurrent 120 MiB allocations: peak {:.1} MiB", peak as f64 / MIB as f64);
     assert!(peak >= 240 * MIB, "peak {peak} < 240 MiB: not the container's high-water mark");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -134,6 +137,7 @@ async fn peak_memory_of_a_handler_in_the_worker_image() {
     assert!((200 * MIB..=264 * MIB).contains(&peak), "peak {peak} not within [200, 264] MiB");
     assert!(o.usage.cpu_time_ms.is_some() && o.usage.wall_time_ms.is_some());
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -190,6 +194,7 @@ async fn cpu_time_is_what_the_kernel_counted_and_cpus_halves_throughput() {
     assert!(cpu < 300, "sleeping used {cpu} ms of CPU");
     assert!(o.usage.wall_time_ms.unwrap() >= 2000);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -208,6 +213,7 @@ async fn disk_written_is_what_was_left_in_out() {
     assert!((30 * MIB..=34 * MIB).contains(&disk), "disk written {disk} not within [30, 34] MiB");
     assert_eq!(on_disk, 30 * MIB + 3);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }
 
 #[tokio::test]
@@ -247,4 +253,5 @@ async fn gigabytes_of_output_are_capped_and_counted_with_flat_memory() {
     assert!(peak < start + 32 * MIB, "host memory grew with the output: {start} → {peak}");
     assert_eq!(o.evidence.enforcement.get("log_driver").map(|s| s.starts_with("none")), Some(true));
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
 }

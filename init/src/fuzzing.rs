@@ -36,17 +36,47 @@ pub fn replay(fuzz_dir: &Path, targets: &[Target]) -> Vec<String> {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => panic!("{}: {e}", file.display()),
             };
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| target(&data))) {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("(no message)");
+            if let Some(why) = breaks(target, &data) {
                 failed.push(format!("{name}: {}: {why}", file.display()));
             }
         }
     }
     failed
+}
+
+/// A seed: its target, its name (the file is `seed_<name>`), its bytes.
+pub type Seed = (&'static str, &'static str, Vec<u8>);
+
+/// Writes `seeds` into `fuzz_dir/corpus/<target>/seed_<name>`.
+pub fn write_seeds(fuzz_dir: &Path, seeds: &[Seed]) -> std::io::Result<()> {
+    for (target, name, data) in seeds {
+        let dir = fuzz_dir.join("corpus").join(target);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(format!("seed_{name}")), data)?;
+    }
+    Ok(())
+}
+
+/// One line per seed that breaks its target's invariants (or names no target).
+pub fn check_seeds(targets: &[Target], seeds: &[Seed]) -> Vec<String> {
+    seeds
+        .iter()
+        .filter_map(|(target, name, data)| match targets.iter().find(|t| t.0 == *target) {
+            None => Some(format!("seed {target}/{name}: no such target")),
+            Some(&(_, f)) => breaks(f, data).map(|why| format!("seed {target}/{name}: {why}")),
+        })
+        .collect()
+}
+
+/// The panic message when `target` breaks an invariant on `data`.
+fn breaks(target: fn(&[u8]), data: &[u8]) -> Option<String> {
+    let panic = catch_unwind(AssertUnwindSafe(|| target(data))).err()?;
+    let why = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    Some(why.to_owned())
 }
 
 /// The files of `dir`, sorted; none when it does not exist.

@@ -6,9 +6,8 @@
 //! `cargo test -p stevedore-init --test fuzz_corpus -- --ignored write_seed_corpus`.
 
 use std::collections::BTreeMap;
-use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
-use stevedore_init::fuzzing::{self, Target};
+use stevedore_init::fuzzing::{self, Seed, Target};
 use stevedore_init::report::Report;
 use stevedore_init::wire::{self, InitRecord, Kind};
 
@@ -139,7 +138,7 @@ fn json(v: &impl serde::Serialize) -> Vec<u8> {
 
 /// The seed corpus: real messages from the init's own encoders, real cgroup files, the
 /// reports of the report tests.
-fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
+fn seeds() -> Vec<Seed> {
     let key = fuzzing::FUZZ_KEY;
     let start_frame = wire::encode_start(&start(), b"pay\nload");
     let report = |r: &Report| json(r);
@@ -260,19 +259,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
 #[test]
 #[ignore = "writes the seed corpus into fuzz/corpus"]
 fn write_seed_corpus() {
-    for (target, name, data) in seeds() {
-        let dir = fuzz_dir().join("corpus").join(target);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("seed_{name}")), data).unwrap();
-    }
+    stevedore_init::fuzzing::write_seeds(&fuzz_dir(), &seeds()).unwrap();
 }
 
 #[test]
 fn seeds_pass_their_targets() {
-    for (target, name, data) in seeds() {
-        let f = TARGETS.iter().find(|t| t.0 == target).unwrap().1;
-        if catch_unwind(|| f(&data)).is_err() {
-            panic!("seed {target}/{name} breaks an invariant");
-        }
-    }
+    let failed = stevedore_init::fuzzing::check_seeds(TARGETS, &seeds());
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

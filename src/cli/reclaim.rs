@@ -14,8 +14,8 @@ pub struct ReclaimArgs {
     /// except this binary's own); without it they are only listed
     #[arg(long)]
     images: bool,
-    /// Remove stale copies of stevedore's init in the engine (volumes of kind `tools` of
-    /// another init, or abandoned fills) that no container uses; this binary's own stays
+    /// Remove copies of stevedore's init that crashed processes left in the engine (volumes
+    /// of kind `tools` over an hour old that no container uses)
     #[arg(long)]
     tools: bool,
 }

@@ -79,7 +79,7 @@ async fn hand_over(
     image: &str,
 ) -> Result<(), LaunchError> {
     let api = &shared.engine.api;
-    let tools = shared.tools.lock().await.clone().ok_or_else(|| LaunchError::Staging {
+    let tools = shared.tools.lock().await.clone().map(|(t, _)| t).ok_or_else(|| LaunchError::Staging {
         what: "the cache's ownership".into(),
         source: "stevedore's init is not in the engine yet".into(),
     })?;

@@ -23,8 +23,8 @@ pub(crate) struct Shared {
     pub incarnation: String,
     in_flight: Mutex<HashSet<String>>,
     pub tracker: TaskTracker,
-    /// The published init volume, once found (and verified) by this process.
-    pub tools: tokio::sync::Mutex<Option<ToolsVolume>>,
+    /// This rung's tools volume once made, and when an attempt last took it.
+    pub tools: tokio::sync::Mutex<Option<(ToolsVolume, std::time::Instant)>>,
     /// The base of the capture dirs, opened once.
     logs: Mutex<Option<Arc<PrivateDir>>>,
     /// The warm pool, when configured.
@@ -65,6 +65,21 @@ impl Shared {
         let dir = Arc::new(dir);
         *slot = Some(dir.clone());
         Ok(dir)
+    }
+}
+
+/// Backstop for a rung dropped without `close()`: its tools volume is removed in the
+/// background when a runtime is there to do it (never a panic, never a wait).
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some((t, _)) = self.tools.get_mut().take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let api = self.engine.api.clone();
+            rt.spawn(async move {
+                let _ = api.remove_volume(&t.volume).await;
+            });
+        }
     }
 }
 
@@ -138,10 +153,10 @@ impl ContainerExecutor {
         &self.shared.incarnation
     }
 
-    /// Removes stale tools volumes of other inits (and abandoned fills) that no container
-    /// uses; this process's own init is kept.
+    /// Removes the tools volumes other processes left (older than an hour, of another
+    /// incarnation, mounted by no container); this rung's own is kept.
     pub async fn prune_tools(&self) -> Result<super::tools::Pruned, crate::engine::EngineError> {
-        super::tools::prune(&self.shared.engine, crate::sandbox::init_binary::sha256()).await
+        super::tools::prune(&self.shared.engine, &self.shared.incarnation).await
     }
 
     async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
@@ -220,6 +235,13 @@ impl Executor for ContainerExecutor {
             self.shared.tracker.wait().await;
             // A fill that was under way when the pool closed removes its own container.
             super::pool::drain(&self.shared).await;
+            // Nothing of this rung mounts its tools volume any more.
+            if let Some((t, _)) = self.shared.tools.lock().await.take()
+                && let Err(e) = self.shared.engine.api.remove_volume(&t.volume).await
+                && !e.is_not_found()
+            {
+                tracing::warn!(volume = %t.volume, error = %e, "removing the tools volume");
+            }
         })
     }
 

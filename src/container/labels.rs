@@ -143,7 +143,7 @@ pub fn reclaimable_by(labels: &HashMap<String, String>, worker: &str) -> bool {
         && Kind::RECLAIMED.iter().any(|k| k.as_str() == kind)
 }
 
-/// The labels of the shared tools objects for the init of `digest`.
+/// The labels of a tools object (a rung's init volume, its fill helper) for the init of `digest`.
 pub fn tools(digest: &str, role: &str) -> HashMap<String, String> {
     HashMap::from([
         (MANAGED.to_owned(), "true".to_owned()),

@@ -383,17 +383,22 @@ fn start_frame(
     }
 }
 
-/// This process's init in the engine: found (and verified once) or published.
+/// After this long unused, the rung checks that its tools volume is still there before it
+/// mounts it again (an operator's `reclaim` may have taken it for a crash's leftover; an
+/// engine would create it again, empty).
+const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// This rung's init in the engine: its own tools volume, made on first use.
 pub(crate) async fn tools_volume(shared: &Shared, image: &str) -> Result<ToolsVolume, LaunchError> {
     let mut slot = shared.tools.lock().await;
-    if let Some(t) = &*slot {
+    if let Some((t, used)) = &mut *slot
+        && (used.elapsed() < TOOLS_RECHECK_AFTER || tools::exists(&shared.engine, &t.volume).await?)
+    {
+        *used = std::time::Instant::now();
         return Ok(t.clone());
     }
-    let t = tools::ensure(&shared.engine, image).await?;
-    if !t.filled_here {
-        tools::verify(&shared.engine, image, &t).await?;
-    }
-    *slot = Some(t.clone());
+    let t = tools::create(&shared.engine, image, &shared.incarnation).await?;
+    *slot = Some((t.clone(), std::time::Instant::now()));
     Ok(t)
 }
 

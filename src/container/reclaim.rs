@@ -58,10 +58,13 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
         .await
         .map_err(|source| ReclaimError::List { what: "containers", source })?;
     let mut targets = Vec::new();
+    // The incarnations whose attempts are reclaimed: what they left of their tools goes too.
+    let mut gone: HashSet<String> = HashSet::new();
     for c in containers.into_iter().filter(|c| labels::reclaimable_by(&c.labels, worker)) {
         if mine(&c.labels) {
             report.kept_in_flight.push(c.id);
         } else {
+            gone.extend(c.labels.get(labels::INCARNATION).cloned());
             targets.push(c.id);
         }
     }
@@ -87,6 +90,14 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
         remove_each(targets, ObjectKind::Volume, |name| async move { api.remove_volume(&name).await }).await;
     report.volumes_removed = removed;
     report.failed.extend(failed);
+    // Their tools volumes, unless another of their containers still mounts one.
+    let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
+    match super::tools::remove_of(&shared.engine, &gone, &shared.incarnation).await {
+        Ok(names) => report.volumes_removed.extend(names),
+        Err(e) => {
+            report.failed.push(ReclaimFailure { kind: ObjectKind::Volume, id: "tools".into(), error: e.message() })
+        }
+    }
 
     // Captures of attempts that are not in flight: `sd-<worker>-<attempt id>.<stream>`.
     if let Ok(base) = shared.log_base()

@@ -40,7 +40,16 @@ pub(crate) async fn recover(
         worker = %cp.worker,
         container_id = tracing::field::Empty
     );
-    take_over(shared, cp, hooks, cancel).instrument(span).await
+    let result = take_over(shared.clone(), cp, hooks, cancel).instrument(span).await;
+    // The dead process's tools volume goes with its last attempt (the engine refuses while
+    // another of its containers mounts it). Not for a checkpoint refused as invalid: then
+    // nothing is touched.
+    if !matches!(result, Err(RecoverError::Invalid(_)))
+        && let Err(e) = super::tools::remove_of(&shared.engine, &[&cp.incarnation], &shared.incarnation).await
+    {
+        tracing::warn!(error = %e, "removing the recovered process's tools volume");
+    }
+    result
 }
 
 /// The request the attempt was, as far as judging it needs.

@@ -8,6 +8,7 @@ use crate::wire::{
     self, CgroupCounters, ChildrenRusage, FsSpace, HandlerChannel, InitRecord, Kind, OutScan, OutputEnd, StoppedBy,
     WaitStatus,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -134,7 +135,7 @@ fn request(s: &Setup) -> Request {
 async fn run(s: &Setup, req: &Request) -> Result<crate::Outcome, LaunchError> {
     let r = s.rung.run(req, CancellationToken::new()).await;
     s.rung.close().await;
-    assert!(s.fake.attempt_objects().is_empty(), "left behind: {:?}", s.fake.attempt_objects());
+    assert!(s.fake.objects().is_empty(), "left behind: {:?}", s.fake.objects());
     r
 }
 
@@ -265,7 +266,7 @@ async fn a_deadline_stops_the_command_through_the_link() {
     let o = rung.run(&req, CancellationToken::new()).await.unwrap();
     rung.close().await;
     assert_eq!((o.status, o.reason, o.signal), (Status::Timeout, Some(Reason::Deadline), Some(15)));
-    assert!(fake.attempt_objects().is_empty());
+    assert!(fake.objects().is_empty());
 }
 
 #[tokio::test]
@@ -286,7 +287,7 @@ async fn a_dropped_attempt_is_cleaned_up_by_the_backstop() {
     let r = tokio::time::timeout(Duration::from_millis(300), rung.run(&req, CancellationToken::new())).await;
     assert!(r.is_err(), "the attempt was still running");
     rung.close().await;
-    assert!(fake.attempt_objects().is_empty(), "left behind: {:?}", fake.attempt_objects());
+    assert!(fake.objects().is_empty(), "left behind: {:?}", fake.objects());
 }
 
 #[tokio::test]
@@ -308,7 +309,7 @@ async fn a_handler_runner_that_never_says_hello_is_a_launch_error_naming_main_ho
     rung.close().await;
     assert!(matches!(err, LaunchError::HandlerProtocol { .. }), "{err}");
     assert!(err.to_string().contains("main_hook"));
-    assert!(fake.attempt_objects().is_empty());
+    assert!(fake.objects().is_empty());
 }
 
 #[tokio::test]
@@ -321,72 +322,105 @@ async fn an_invalid_request_waits_for_nothing_and_creates_nothing() {
 }
 
 #[tokio::test]
-async fn workers_racing_to_publish_the_init_share_one_volume() {
+async fn each_rung_fills_its_own_init_volume_and_close_removes_it() {
     let fake = FakeApi::new(IMAGE);
     fake.script(init(honest(record(WaitStatus::Code(0)))));
     let dir = tempfile::tempdir().unwrap();
-    // Two processes' rungs on one engine, each publishing the init on its first attempt.
+    // Two processes' rungs on one engine: neither ever mounts the other's volume.
     let rungs: Vec<ContainerExecutor> = (0..2)
         .map(|i| {
             let cfg = ContainerConfig::default().log_dir(dir.path().join("logs")).incarnation(format!("p{i}"));
             ContainerExecutor::on(fake.engine(), cfg)
         })
         .collect();
-    let reqs: Vec<Request> = (0..2)
-        .map(|i| Request::command("j", ["true"], dir.path().join(format!("o{i}"))).worker("w1").image(IMAGE))
-        .collect();
-    let (a, b) = tokio::join!(
-        rungs[0].run(&reqs[0], CancellationToken::new()),
-        rungs[1].run(&reqs[1], CancellationToken::new())
-    );
+    let req = |i: usize, n: usize| {
+        Request::command("j", ["true"], dir.path().join(format!("o{i}-{n}"))).worker("w1").image(IMAGE)
+    };
+    let (r0, r1) = (req(0, 0), req(1, 0));
+    let (a, b) = tokio::join!(rungs[0].run(&r0, CancellationToken::new()), rungs[1].run(&r1, CancellationToken::new()));
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.evidence.init, b.evidence.init, "both use the published volume");
-    let tools: Vec<String> =
-        fake.calls().iter().filter(|c| c.starts_with("create volume stevedore-tools-")).cloned().collect();
-    assert!(!tools.is_empty());
-    for r in &rungs {
-        r.close().await;
-    }
-    let content_volumes = fake
-        .volume_names()
-        .into_iter()
-        .filter(|n| n.starts_with("stevedore-tools-") && n.matches('-').count() == 3)
-        .count();
-    assert_eq!(content_volumes, 1, "the loser's fill is removed");
+    assert_ne!(a.evidence.init, b.evidence.init, "one volume per rung");
+    // A second attempt reuses its rung's volume: no new fill.
+    let again = rungs[0].run(&req(0, 1), CancellationToken::new()).await.unwrap();
+    assert_eq!(again.evidence.init, a.evidence.init);
+    let fills = fake.calls().iter().filter(|c| c.starts_with("create volume stevedore-tools-")).count();
+    assert_eq!(fills, 2);
+    rungs[0].close().await;
+    let left = fake.volume_names();
+    assert_eq!(left.iter().filter(|n| n.starts_with("stevedore-tools-")).count(), 1, "{left:?}");
+    rungs[1].close().await;
+    assert!(fake.objects().is_empty(), "left behind: {:?}", fake.objects());
 }
 
 #[tokio::test]
-async fn stale_tools_are_pruned_and_the_current_and_used_ones_kept() {
+async fn a_rung_dropped_without_close_still_removes_its_init_volume() {
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(honest(record(WaitStatus::Code(0)))));
+    let dir = tempfile::tempdir().unwrap();
+    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let req = Request::command("j", ["true"], dir.path().join("o")).worker("w1").image(IMAGE);
+    rung.run(&req, CancellationToken::new()).await.unwrap();
+    assert_eq!(fake.volume_names().len(), 1, "the rung's init volume");
+    drop(rung);
+    // The backstop's removal is spawned; the fake answers it in one poll.
+    tokio::task::yield_now().await;
+    assert!(fake.objects().is_empty(), "left behind: {:?}", fake.objects());
+}
+
+#[tokio::test]
+async fn a_crashed_rungs_tools_go_with_its_reclaim_and_old_unused_ones_with_prune() {
     use crate::container::labels;
-    use crate::container::tools::{self, TOOLS_VOLUME};
+    use crate::container::tools::{self, TOOLS_CREATED};
+    use crate::engine::EngineApi;
     let fake = FakeApi::new(IMAGE);
     let engine = fake.engine();
-    let current = crate::sandbox::init_binary::sha256();
-    let mk = |name: &str, digest: &str, role: &str, target: Option<&str>| {
-        let mut l = labels::tools(digest, role);
-        if let Some(t) = target {
-            l.insert(TOOLS_VOLUME.into(), t.into());
-        }
+    let digest = crate::sandbox::init_binary::sha256();
+    let now_s = crate::contract::unix_ms_now() / 1000;
+    let mk = |name: &str, inc: &str, age_s: u64| {
+        let mut l = labels::tools(digest, "init");
+        l.insert(labels::INCARNATION.into(), inc.into());
+        l.insert(TOOLS_CREATED.into(), (now_s - age_s).to_string());
         bollard::models::VolumeCreateRequest { name: Some(name.into()), labels: Some(l), ..Default::default() }
     };
-    use crate::engine::EngineApi;
-    let old = "00".repeat(32);
     for req in [
-        mk("stevedore-tools-cur", current, "pointer", Some("stevedore-tools-cur-1")),
-        mk("stevedore-tools-cur-1", current, "content", Some("stevedore-tools-cur-1")),
-        mk("stevedore-tools-cur-abandoned", current, "content", Some("stevedore-tools-cur-abandoned")),
-        mk("stevedore-tools-old", &old, "pointer", Some("stevedore-tools-old-1")),
-        mk("stevedore-tools-old-1", &old, "content", Some("stevedore-tools-old-1")),
+        mk("stevedore-tools-crashed", "dead", 5),
+        mk("stevedore-tools-old", "gone-long-ago", 2 * 3600),
+        mk("stevedore-tools-old-used", "gone-long-ago-2", 2 * 3600),
+        mk("stevedore-tools-young", "alive-elsewhere", 5),
+        mk("stevedore-tools-mine", "me", 2 * 3600),
     ] {
         fake.create_volume(req).await.unwrap();
     }
-    // The old content is still mounted by a container: the engine refuses to remove it.
-    fake.fail_named("remove volume", "stevedore-tools-old-1", 409);
-    let pruned = tools::prune(&engine, current).await.unwrap();
-    let mut removed = pruned.volumes_removed.clone();
-    removed.sort();
-    assert_eq!(removed, ["stevedore-tools-cur-abandoned", "stevedore-tools-old"]);
-    assert_eq!(pruned.in_use, ["stevedore-tools-old-1"]);
-    let left = fake.volume_names();
-    assert!(left.contains(&"stevedore-tools-cur".to_owned()) && left.contains(&"stevedore-tools-cur-1".to_owned()));
+    // A container of the crashed process, and one that still mounts an old volume.
+    let body = |labels: HashMap<String, String>, volume: &str| bollard::models::ContainerCreateBody {
+        image: Some(IMAGE.into()),
+        labels: Some(labels),
+        host_config: Some(bollard::models::HostConfig {
+            mounts: Some(vec![crate::container::spec::volume_mount(volume, crate::wire::TOOLS_DIR, true)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let crashed = HashMap::from([
+        (labels::MANAGED.to_owned(), "true".to_owned()),
+        (labels::KIND.to_owned(), "attempt".to_owned()),
+        (labels::WORKER.to_owned(), "w9".to_owned()),
+        (labels::INCARNATION.to_owned(), "dead".to_owned()),
+        (labels::ATTEMPT_ID.to_owned(), "a1".to_owned()),
+    ]);
+    fake.create_container("sd-crashed", body(crashed, "stevedore-tools-crashed")).await.unwrap();
+    fake.create_container("user-thing", body(HashMap::new(), "stevedore-tools-old-used")).await.unwrap();
+
+    let rung = ContainerExecutor::on(
+        engine.clone(),
+        ContainerConfig::default().log_dir(tempfile::tempdir().unwrap().path().join("l")).incarnation("me"),
+    );
+    let report = rung.reclaim("w9").await.unwrap();
+    assert!(report.volumes_removed.contains(&"stevedore-tools-crashed".to_owned()), "{report:?}");
+    let pruned = tools::prune(&engine, "me").await.unwrap();
+    assert_eq!(pruned.volumes_removed, ["stevedore-tools-old"]);
+    assert_eq!(pruned.in_use, ["stevedore-tools-old-used"]);
+    let mut left = fake.volume_names();
+    left.sort();
+    assert_eq!(left, ["stevedore-tools-mine", "stevedore-tools-old-used", "stevedore-tools-young"]);
 }

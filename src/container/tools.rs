@@ -1,15 +1,17 @@
-//! stevedore's init in the engine: a volume of kind `tools` per init digest, filled through
-//! the archive API (so it works on any engine, remote ones included), published atomically,
-//! shared by every worker and attempt, mounted read-only at `/.stevedore/tools`.
+//! stevedore's init in the engine: a volume of kind `tools` of this rung's own, filled
+//! through the archive API (so it works on any engine, remote ones included), mounted
+//! read-only at `/.stevedore/tools` by its attempts and parked containers, and removed by
+//! `close()`.
 //!
-//! Publication: a worker fills a volume of its own (`stevedore-tools-<d>-<nonce>`), then
-//! creates the pointer volume `stevedore-tools-<d>` labelled with its content volume's name.
-//! Creating a volume that exists returns the existing one (Docker) or fails with a conflict
-//! (Podman); either way every worker ends up reading the same pointer, so the first
-//! complete fill wins and nobody ever mounts a half-filled volume. A fill abandoned by a
-//! crash is never pointed to; `prune` removes it with other stale tools volumes.
+//! One per rung, not one shared by every worker: a shared one outlives every process that
+//! used it, and removing it safely would need to know that no other process is about to
+//! mount it (an engine creates a missing named volume, empty, on mount). A rung fills its
+//! own in four engine calls, about what checking a shared one cost. What a crash leaves is
+//! labelled with its incarnation: `reclaim` removes the tools volumes of the incarnations
+//! whose attempts it reclaims, and `prune` those of other incarnations that no container
+//! uses and that are older than [`STALE_AFTER`].
 
-use super::labels::{self, TOOLS_DIGEST};
+use super::labels;
 use super::spec::volume_mount;
 use crate::contract::LaunchError;
 use crate::engine::{ByteStream, Engine, EngineError};
@@ -17,20 +19,21 @@ use crate::sandbox::init_binary;
 use crate::wire::{INIT_NAME, TOOLS_DIR};
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use bytes::Bytes;
-use futures_util::StreamExt;
 
-/// The label on the pointer volume naming the content volume.
-pub const TOOLS_VOLUME: &str = "dev.stevedore.tools.volume";
+/// The label with the tools volume's creation time (unix seconds): `prune`'s age.
+pub const TOOLS_CREATED: &str = "dev.stevedore.tools.created";
 
-/// The published tools volume for this process's init.
+/// A tools volume of another incarnation older than this, that no container uses, is taken
+/// for a crash's leftover by `prune`.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// This rung's tools volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolsVolume {
-    /// The content volume to mount.
+    /// The volume to mount.
     pub volume: String,
     /// The init's sha256.
     pub digest: String,
-    /// This process filled it (so it needs no verification).
-    pub filled_here: bool,
 }
 
 /// One name per CPU architecture: engines say `uname -m` (`x86_64`) or Go's `GOARCH` (`amd64`).
@@ -44,11 +47,6 @@ fn normal_arch(arch: &str) -> &str {
 
 fn short(digest: &str) -> &str {
     &digest[..16.min(digest.len())]
-}
-
-/// The pointer volume's name for `digest`.
-pub fn pointer_name(digest: &str) -> String {
-    format!("stevedore-tools-{}", short(digest))
 }
 
 /// The init as a tar: `stevedore-init`, root-owned, 0755.
@@ -66,7 +64,7 @@ fn init_tar(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// A never-started helper container mounting `volume` at [`TOOLS_DIR`], for the archive API.
-fn helper(image: &str, volume: &str, read_only: bool, digest: &str) -> ContainerCreateBody {
+fn helper(image: &str, volume: &str, digest: &str) -> ContainerCreateBody {
     ContainerCreateBody {
         image: Some(image.to_owned()),
         entrypoint: Some(vec!["/.stevedore-helper-never-started".into()]),
@@ -75,7 +73,7 @@ fn helper(image: &str, volume: &str, read_only: bool, digest: &str) -> Container
         network_disabled: Some(true),
         host_config: Some(HostConfig {
             network_mode: Some("none".into()),
-            mounts: Some(vec![volume_mount(volume, TOOLS_DIR, read_only)]),
+            mounts: Some(vec![volume_mount(volume, TOOLS_DIR, false)]),
             log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()
         }),
@@ -87,9 +85,9 @@ fn stream_of(bytes: Vec<u8>) -> ByteStream {
     Box::pin(futures_util::stream::once(async move { Ok(Bytes::from(bytes)) }))
 }
 
-/// Makes sure this process's init is in the engine and returns its volume. `image` is any
-/// local image (the attempt's): it only backs never-started helper containers.
-pub async fn ensure(engine: &Engine, image: &str) -> Result<ToolsVolume, LaunchError> {
+/// Puts this process's init into a new volume of its own, labelled with `incarnation`.
+/// `image` is any local image (the attempt's): it only backs a never-started helper.
+pub async fn create(engine: &Engine, image: &str, incarnation: &str) -> Result<ToolsVolume, LaunchError> {
     let Some(bytes) = init_binary::bytes() else {
         return Err(LaunchError::InitUnavailable {
             client: format!("{} (no init embedded)", init_binary::TARGET),
@@ -106,130 +104,58 @@ pub async fn ensure(engine: &Engine, image: &str) -> Result<ToolsVolume, LaunchE
         });
     }
     let digest = init_binary::sha256().to_owned();
-    let pointer = pointer_name(&digest);
+    let volume = format!("stevedore-tools-{}-{:08x}", short(&digest), rand::random::<u32>());
+    let mut l = labels::tools(&digest, "init");
+    l.insert(labels::INCARNATION.into(), incarnation.to_owned());
+    l.insert(TOOLS_CREATED.into(), (crate::contract::unix_ms_now() / 1000).to_string());
     let api = &engine.api;
-    if let Some(p) = api.inspect_volume(&pointer).await?
-        && let Some(target) = p.labels.get(TOOLS_VOLUME)
-        && api.inspect_volume(target).await?.is_some()
-    {
-        return Ok(ToolsVolume { volume: target.clone(), digest, filled_here: false });
-    }
-    // Fill a volume of our own, then try to publish it.
-    let nonce = format!("{:08x}", rand::random::<u32>());
-    let content = format!("{pointer}-{nonce}");
-    let mut content_labels = labels::tools(&digest, "content");
-    content_labels.insert(TOOLS_VOLUME.into(), content.clone());
     api.create_volume(VolumeCreateRequest {
-        name: Some(content.clone()),
+        name: Some(volume.clone()),
         driver: Some("local".into()),
-        labels: Some(content_labels),
+        labels: Some(l),
         ..Default::default()
     })
     .await?;
-    let filled = fill(engine, image, &content, &digest, bytes).await;
-    if let Err(e) = filled {
-        let _ = api.remove_volume(&content).await;
+    if let Err(e) = fill(engine, image, &volume, &digest, bytes).await {
+        let _ = api.remove_volume(&volume).await;
         return Err(e);
     }
-    let mut pointer_labels = labels::tools(&digest, "pointer");
-    pointer_labels.insert(TOOLS_VOLUME.into(), content.clone());
-    let req = VolumeCreateRequest {
-        name: Some(pointer.clone()),
-        driver: Some("local".into()),
-        labels: Some(pointer_labels),
-        ..Default::default()
-    };
-    let published = match api.create_volume(req).await {
-        Ok(v) => v.labels.get(TOOLS_VOLUME).cloned(),
-        // Podman refuses to create a volume that exists: read who won.
-        Err(e) if e.is_conflict() => {
-            api.inspect_volume(&pointer).await?.and_then(|v| v.labels.get(TOOLS_VOLUME).cloned())
-        }
-        Err(e) => {
-            let _ = api.remove_volume(&content).await;
-            return Err(e.into());
-        }
-    };
-    match published {
-        Some(winner) if winner == content => Ok(ToolsVolume { volume: content, digest, filled_here: true }),
-        Some(winner) => {
-            let _ = api.remove_volume(&content).await;
-            Ok(ToolsVolume { volume: winner, digest, filled_here: false })
-        }
-        None => {
-            let _ = api.remove_volume(&content).await;
-            Err(LaunchError::Staging {
-                what: format!("publishing the init: pointer volume {pointer} names no content volume"),
-                source: "unlabelled pointer".into(),
-            })
+    Ok(ToolsVolume { volume, digest })
+}
+
+/// Whether `volume` still exists (a rung idle for a while checks before it mounts it again:
+/// an engine would otherwise create it empty).
+pub async fn exists(engine: &Engine, volume: &str) -> Result<bool, EngineError> {
+    Ok(engine.api.inspect_volume(volume).await?.is_some())
+}
+
+/// Removes the tools volumes labelled with one of `incarnations` (never `own`); one a
+/// container still mounts is left (the engine refuses). Returns the names removed.
+pub async fn remove_of(engine: &Engine, incarnations: &[&str], own: &str) -> Result<Vec<String>, EngineError> {
+    let api = &engine.api;
+    let mut removed = Vec::new();
+    for v in api.list_volumes(labels::tools_filter()).await? {
+        let inc = v.labels.get(labels::INCARNATION).map(String::as_str);
+        if inc.is_some_and(|i| i != own && incarnations.contains(&i)) {
+            match api.remove_volume(&v.name).await {
+                Ok(()) => removed.push(v.name),
+                Err(e) if e.is_conflict() || e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
         }
     }
+    Ok(removed)
 }
 
 async fn fill(engine: &Engine, image: &str, volume: &str, digest: &str, bytes: &[u8]) -> Result<(), LaunchError> {
     let api = &engine.api;
     let name = format!("{volume}-fill");
-    api.create_container(&name, helper(image, volume, false, digest)).await?;
+    api.create_container(&name, helper(image, volume, digest)).await?;
     let uploaded = api.upload(&name, TOOLS_DIR, stream_of(init_tar(bytes)), engine.timeout() * 2).await;
     let removed = api.remove_container(&name).await;
     uploaded?;
     removed?;
     Ok(())
-}
-
-/// Reads the init back from `tools` and checks its digest: a volume someone changed, or a
-/// fill that went wrong, is refused (and unpublished, so the next attempt fills afresh).
-pub async fn verify(engine: &Engine, image: &str, tools: &ToolsVolume) -> Result<(), LaunchError> {
-    let api = &engine.api;
-    let name = format!("{}-check-{:08x}", tools.volume, rand::random::<u32>());
-    api.create_container(&name, helper(image, &tools.volume, true, &tools.digest)).await?;
-    let path = format!("{TOOLS_DIR}/{INIT_NAME}");
-    let mut stream = api.download(&name, &path);
-    let mut tar_bytes = Vec::new();
-    let read = async {
-        while let Some(chunk) = stream.next().await {
-            tar_bytes.extend_from_slice(&chunk?);
-            if tar_bytes.len() > 64 << 20 {
-                return Err(std::io::Error::other("more than 64 MiB"));
-            }
-        }
-        Ok(())
-    };
-    let read = tokio::time::timeout(engine.timeout(), read).await;
-    let _ = api.remove_container(&name).await;
-    let problem = match read {
-        Err(_) => Some("reading it back timed out".to_owned()),
-        Ok(Err(e)) => Some(format!("reading it back failed: {e}")),
-        Ok(Ok(())) => match digest_in_tar(&tar_bytes) {
-            Some(d) if d == tools.digest => None,
-            Some(d) => Some(format!("it holds an init of digest {d}")),
-            None => Some("it holds no init".to_owned()),
-        },
-    };
-    match problem {
-        None => Ok(()),
-        Some(why) => {
-            let _ = api.remove_volume(&pointer_name(&tools.digest)).await;
-            Err(LaunchError::Staging {
-                what: format!("tools volume {} failed verification: {why}", tools.volume),
-                source: why.into(),
-            })
-        }
-    }
-}
-
-fn digest_in_tar(tar_bytes: &[u8]) -> Option<String> {
-    use sha2::{Digest, Sha256};
-    let mut archive = tar::Archive::new(tar_bytes);
-    for entry in archive.entries().ok()? {
-        let mut entry = entry.ok()?;
-        if entry.header().entry_type() == tar::EntryType::Regular {
-            let mut hasher = Sha256::new();
-            std::io::copy(&mut entry, &mut hasher).ok()?;
-            return Some(format!("{:x}", hasher.finalize()));
-        }
-    }
-    None
 }
 
 /// What `prune` removed.
@@ -241,31 +167,25 @@ pub struct Pruned {
     pub in_use: Vec<String>,
 }
 
-/// Removes tools volumes that are stale (of another init than `keep_digest`, or abandoned
-/// fills of any) and unused (the engine refuses to remove a volume a container mounts).
-pub async fn prune(engine: &Engine, keep_digest: &str) -> Result<Pruned, EngineError> {
+/// Removes the tools volumes of other incarnations than `own` that are older than
+/// [`STALE_AFTER`] (or carry no age) and that no container uses (the engine refuses to
+/// remove a mounted volume).
+pub async fn prune(engine: &Engine, own: &str) -> Result<Pruned, EngineError> {
     let api = &engine.api;
-    let all = api.list_volumes(labels::tools_filter()).await?;
-    let pointed: Vec<String> = all
-        .iter()
-        .filter(|v| v.labels.get(labels::ROLE).map(String::as_str) == Some("pointer"))
-        .filter_map(|v| v.labels.get(TOOLS_VOLUME).cloned())
-        .collect();
+    let now_s = crate::contract::unix_ms_now() / 1000;
     let mut out = Pruned::default();
-    // Pointers first, so no worker picks up a content volume about to go.
-    let mut order: Vec<_> = all.iter().collect();
-    order.sort_by_key(|v| v.labels.get(labels::ROLE).map(String::as_str) != Some("pointer"));
-    for v in order {
-        let digest = v.labels.get(TOOLS_DIGEST).map(String::as_str).unwrap_or("");
-        let current = digest == keep_digest;
-        let role = v.labels.get(labels::ROLE).map(String::as_str).unwrap_or("");
-        let stale = !current || (role == "content" && !pointed.contains(&v.name));
-        if !stale {
+    for v in api.list_volumes(labels::tools_filter()).await? {
+        if v.labels.get(labels::INCARNATION).map(String::as_str) == Some(own) {
+            continue;
+        }
+        let created = v.labels.get(TOOLS_CREATED).and_then(|c| c.parse::<u64>().ok()).unwrap_or(0);
+        if now_s.saturating_sub(created) < STALE_AFTER.as_secs() {
             continue;
         }
         match api.remove_volume(&v.name).await {
             Ok(()) => out.volumes_removed.push(v.name.clone()),
             Err(e) if e.is_conflict() => out.in_use.push(v.name.clone()),
+            Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
@@ -289,8 +209,6 @@ mod tests {
             })
             .collect();
         assert_eq!(entries, [(INIT_NAME.to_owned(), 0o755, 0)]);
-        assert_eq!(digest_in_tar(&tar).unwrap().len(), 64);
-        assert_eq!(pointer_name(&"ab".repeat(32)), "stevedore-tools-abababababababab");
         assert_eq!(normal_arch("amd64"), normal_arch("x86_64"));
         assert_eq!(normal_arch("arm64"), "aarch64");
     }

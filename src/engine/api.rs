@@ -7,10 +7,9 @@ use crate::contract::BoxFuture;
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, ContainerStateStatusEnum, VolumeCreateRequest};
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
-    KillContainerOptionsBuilder, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
-    RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, UploadToContainerOptionsBuilder,
-    WaitContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder,
+    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
@@ -133,8 +132,6 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     /// Uploads a tar into `path` of a (created, not necessarily started) container, under
     /// `timeout` instead of the per-call one (a large upload takes longer).
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, tar: ByteStream, timeout: Duration) -> Call<'a, ()>;
-    /// Downloads `path` of a container as a tar.
-    fn download<'a>(&'a self, name: &'a str, path: &'a str) -> ByteStream;
 }
 
 /// The real engine, through bollard.
@@ -430,10 +427,5 @@ impl EngineApi for BollardApi {
             let body = bollard::body_try_stream(tar);
             timed("upload archive", timeout, self.docker.upload_to_container(name, Some(opts), body)).await
         })
-    }
-
-    fn download<'a>(&'a self, name: &'a str, path: &'a str) -> ByteStream {
-        let opts = DownloadFromContainerOptionsBuilder::default().path(path).build();
-        Box::pin(self.docker.download_from_container(name, Some(opts)).map(|r| r.map_err(io::Error::other)))
     }
 }

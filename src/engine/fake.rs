@@ -46,9 +46,7 @@ struct State {
     /// op → how many more calls of it succeed before one fails (then the failure is removed).
     fail: HashMap<&'static str, (usize, u16)>,
     /// (op, object) → the status every such call fails with.
-    fail_named: HashMap<(&'static str, String), u16>,
     /// What was uploaded into each volume (the tar, as sent).
-    volume_tars: HashMap<String, Vec<u8>>,
     /// Per container: the stdin to hand to the script at start, and the output sender.
     pending: HashMap<String, (DuplexStream, mpsc::UnboundedSender<std::io::Result<Chunk>>)>,
 }
@@ -104,11 +102,6 @@ impl FakeApi {
         self.state.lock().unwrap().fail.insert(op, (after, status));
     }
 
-    /// Makes every call `op` on the object `name` fail with `status`.
-    pub fn fail_named(&self, op: &'static str, name: &str, status: u16) {
-        self.state.lock().unwrap().fail_named.insert((op, name.to_owned()), status);
-    }
-
     /// The volumes that exist.
     pub fn volume_names(&self) -> Vec<String> {
         self.state.lock().unwrap().volumes.keys().cloned().collect()
@@ -119,16 +112,10 @@ impl FakeApi {
         self.state.lock().unwrap().calls.clone()
     }
 
-    /// Objects that exist and are not the shared tools.
-    pub fn attempt_objects(&self) -> Vec<String> {
+    /// The containers and volumes that exist (after `close()`: what leaked).
+    pub fn objects(&self) -> Vec<String> {
         let s = self.state.lock().unwrap();
-        let not_tools = |l: &HashMap<String, String>| l.get("dev.stevedore.kind").map(String::as_str) != Some("tools");
-        s.containers
-            .iter()
-            .filter(|(_, c)| not_tools(&c.labels))
-            .map(|(n, _)| n.clone())
-            .chain(s.volumes.iter().filter(|(_, v)| not_tools(&v.labels)).map(|(n, _)| n.clone()))
-            .collect()
+        s.containers.keys().chain(s.volumes.keys()).cloned().collect()
     }
 
     /// Sets a container's state as the engine would report it after its end.
@@ -154,9 +141,6 @@ impl FakeApi {
     fn enter(&self, op: &'static str, what: &str) -> Result<(), EngineError> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("{op} {what}"));
-        if let Some(status) = s.fail_named.get(&(op, what.to_owned())).copied() {
-            return Err(EngineError::Refused { op, status, message: format!("injected failure of {op} {what}") });
-        }
         if let Some((after, status)) = s.fail.get(op).copied() {
             if after == 0 {
                 s.fail.remove(op);
@@ -211,7 +195,16 @@ impl EngineApi for FakeApi {
     fn remove_volume<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(async move {
             self.enter("remove volume", name)?;
-            self.state.lock().unwrap().volumes.remove(name);
+            let mut s = self.state.lock().unwrap();
+            // As the engine: a volume a container mounts is not removed.
+            if s.containers.values().any(|c| c.mounts.iter().any(|(v, _)| v == name)) {
+                return Err(EngineError::Refused {
+                    op: "remove volume",
+                    status: 409,
+                    message: "volume is in use".into(),
+                });
+            }
+            s.volumes.remove(name);
             Ok(())
         })
     }
@@ -256,6 +249,8 @@ impl EngineApi for FakeApi {
     fn remove_container<'a>(&'a self, name: &'a str) -> Call<'a, Removal> {
         Box::pin(async move {
             self.enter("remove container", name)?;
+            // By name or by the id `list_containers` gives, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             let mut s = self.state.lock().unwrap();
             s.pending.remove(name);
             Ok(if s.containers.remove(name).is_some() { Removal::Removed } else { Removal::ByOthers })
@@ -335,35 +330,16 @@ impl EngineApi for FakeApi {
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, mut tar: ByteStream, _timeout: Duration) -> Call<'a, ()> {
         Box::pin(async move {
             self.enter("upload archive", &format!("{name} {path}"))?;
-            let mut bytes = Vec::new();
+            // Read whole, as the engine does; the fake keeps nothing of it.
             while let Some(chunk) = tar.next().await {
-                let chunk = chunk.map_err(|e| EngineError::Refused {
+                chunk.map_err(|e| EngineError::Refused {
                     op: "upload archive",
                     status: 500,
                     message: e.to_string(),
                 })?;
-                bytes.extend_from_slice(&chunk);
-            }
-            let mut s = self.state.lock().unwrap();
-            let volume =
-                s.containers.get(name).and_then(|c| c.mounts.iter().find(|(_, t)| t == path)).map(|(v, _)| v.clone());
-            if let Some(v) = volume {
-                s.volume_tars.insert(v, bytes);
             }
             Ok(())
         })
-    }
-
-    fn download<'a>(&'a self, name: &'a str, path: &'a str) -> ByteStream {
-        // What was uploaded into the volume mounted where `path` is.
-        let s = self.state.lock().unwrap();
-        let tar = s
-            .containers
-            .get(name)
-            .and_then(|c| c.mounts.iter().find(|(_, t)| path.starts_with(t.as_str())))
-            .and_then(|(v, _)| s.volume_tars.get(v).cloned())
-            .unwrap_or_default();
-        Box::pin(futures_util::stream::once(async move { Ok(Bytes::from(tar)) }))
     }
 }
 
