@@ -15,11 +15,11 @@
 //! - [`sandbox`]: the sandbox side: the handler runner ([`sandbox::main_hook`]) and the
 //!   embedded static init (the `stevedore-init` crate).
 //! - [`outputs`]: extracting and hashing outputs, walking an output dir.
+//! - `stevedore_parse` (crate `parse/`): the host's parsers of untrusted bytes (the outputs
+//!   tar, sizes and durations, profiles files, ids), pure and fuzzed; re-exported where used.
 //! - [`image`]: packing a worker binary into a `FROM scratch` image without a registry.
 //! - [`profiles`]: named configurations of the container rung, from TOML.
 //! - [`cli`]: the `stevedore` command.
-//! - `fuzzing` (hidden): the invariants the fuzz targets in `fuzz/` check on the host's
-//!   parsers of untrusted bytes (the outputs tar, sizes and durations, profiles).
 //!
 //! `docs/` in the repository states the Outcome and its words, the labels and the link.
 //!
@@ -56,8 +56,6 @@ pub mod cli;
 pub mod container;
 pub mod contract;
 pub mod engine;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod handlers;
 pub(crate) mod hostdir;
 pub mod image;

@@ -11,7 +11,8 @@ use std::process::{Command, Output, Stdio};
 use support::{BIN, BUSYBOX_IMAGE, setup, worker};
 use tokio::sync::Mutex;
 
-/// The tests that count images or host paths run alone among this file's tests.
+/// The tests that count images or host paths, and those that may pack an image (`--handler`,
+/// the worker image), run alone among this file's tests: a count must see only its own runs.
 static ALONE: Mutex<()> = Mutex::const_new(());
 
 fn run(args: &[&str]) -> Output {
@@ -146,6 +147,7 @@ async fn the_outcome_file_is_written_when_the_attempt_ran_and_never_left_stale()
 #[tokio::test]
 async fn the_exit_status_follows_the_table() {
     let Some(_) = setup().await else { return };
+    let _g = ALONE.lock().await;
     let t = tempfile::tempdir().unwrap();
     let w = worker("cli-exit");
     let mut n = 0;
@@ -188,6 +190,7 @@ async fn the_exit_status_follows_the_table() {
 #[tokio::test]
 async fn the_flags_people_reach_for() {
     let Some(_) = setup().await else { return };
+    let _g = ALONE.lock().await;
     let t = tempfile::tempdir().unwrap();
     let w = worker("cli-flags");
     let env_file = t.path().join("env");

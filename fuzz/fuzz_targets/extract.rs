@@ -1,4 +1,4 @@
-//! libFuzzer target: `stevedore::fuzzing::extract` (needs `--features host`).
+//! libFuzzer target: `stevedore_parse::fuzzing::extract`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore::fuzzing::extract(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore_parse::fuzzing::extract(data));

@@ -1,4 +1,4 @@
-//! libFuzzer target: `stevedore::fuzzing::limits` (needs `--features host`).
+//! libFuzzer target: `stevedore_parse::fuzzing::limits`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore::fuzzing::limits(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore_parse::fuzzing::limits(data));

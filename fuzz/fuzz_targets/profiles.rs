@@ -1,4 +1,4 @@
-//! libFuzzer target: `stevedore::fuzzing::profiles` (needs `--features host`).
+//! libFuzzer target: `stevedore_parse::fuzzing::profiles`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore::fuzzing::profiles(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| stevedore_parse::fuzzing::profiles(data));

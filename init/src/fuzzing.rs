@@ -2,7 +2,7 @@
 //!
 //! Each function takes arbitrary bytes, runs one parser on them and panics when one of
 //! its invariants breaks. The cargo-fuzz crate in `fuzz/` calls them under libFuzzer, and
-//! `tests/fuzz_corpus.rs` replays the committed corpora through them on stable, so every
+//! `init/tests/fuzz_corpus.rs` replays the committed corpora through them on stable, so every
 //! crash once found stays a regression test. Not part of the init's API.
 
 use crate::cgroup;

@@ -7,18 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// When to pull an image that is not present.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PullPolicy {
-    /// Never pull; a missing image is a permanent launch error.
-    Never,
-    /// Pull only when the image is missing (the default).
-    #[default]
-    IfMissing,
-    /// Always pull before the attempt.
-    Always,
-}
+pub use stevedore_parse::profiles::PullPolicy;
 
 /// A named cache: a volume of kind `cache` that outlives attempts (dependency caches), mounted
 /// read-write at `path`. Its volume's name is scoped by the request's app and org ids, so jobs
@@ -43,28 +32,7 @@ impl CacheMount {
 
     /// Checks the name and the path.
     pub fn check(&self) -> Result<(), String> {
-        let n = &self.name;
-        let name_ok = (1..=64).contains(&n.len())
-            && n.as_bytes()[0].is_ascii_alphanumeric()
-            && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'));
-        if !name_ok {
-            return Err(format!(
-                "cache name {n:?}: 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
-            ));
-        }
-        let p = std::path::Path::new(&self.path);
-        let ours = ["/in", "/out", "/tmp", "/.stevedore"];
-        if !self.path.starts_with('/')
-            || p == std::path::Path::new("/")
-            || p.components().any(|c| matches!(c, std::path::Component::ParentDir))
-            || ours.iter().any(|o| p.starts_with(o))
-        {
-            return Err(format!(
-                "cache path {:?}: give an absolute path outside /in, /out, /tmp and /.stevedore",
-                self.path
-            ));
-        }
-        Ok(())
+        stevedore_parse::ids::check_cache(&self.name, &self.path)
     }
 }
 

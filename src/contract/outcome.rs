@@ -228,27 +228,7 @@ impl<'de> Deserialize<'de> for Source {
     }
 }
 
-/// One regular file found in the output dir.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputFile {
-    /// Path relative to the output dir, `/`-separated.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// `sha256:<64 lowercase hex>`.
-    pub hash: String,
-    /// A MIME type; `application/octet-stream` when unknown.
-    pub content_type: String,
-}
-
-/// An output entry that was not followed or hashed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefusedEntry {
-    /// The entry's path relative to the output dir, escaped when not UTF-8.
-    pub name: String,
-    /// Why: `symlink`, `fifo`, `socket`, `device`, `non_utf8_name`, `unreadable`, `over_cap`, ...
-    pub why: String,
-}
+pub use stevedore_parse::outputs::{OutputFile, RefusedEntry};
 
 /// What was captured of one output stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

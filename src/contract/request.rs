@@ -190,21 +190,7 @@ fn plain_label(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
 }
 
-/// Whether `s` is a valid worker ID: 1-128 characters of `[A-Za-z0-9_.-]` starting with a
-/// letter or digit (it becomes a label value and a host directory name, so never `.`/`..`).
-pub fn valid_worker_id(s: &str) -> bool {
-    s.len() <= 128
-        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
-
-/// Whether `s` is a valid job ID: 1-256 characters of `[A-Za-z0-9_.:@+=-]` starting with a
-/// letter or digit (it becomes a label value).
-pub fn valid_job_id(s: &str) -> bool {
-    s.len() <= 256
-        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'@' | b'+' | b'=' | b'-'))
-}
+pub use stevedore_parse::ids::{valid_job_id, valid_worker_id};
 
 impl Request {
     /// A request to run the handler `name`.

@@ -1,7 +1,6 @@
 //! Listing an output dir without following any symlink.
 
 use super::Caps;
-use super::content_type::{SNIFF_LEN, content_type};
 use super::hash::hash_reader;
 use crate::contract::{OutputFile, RefusedEntry};
 use crate::wire::escape_name;
@@ -14,6 +13,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::path::Path;
+use stevedore_parse::outputs::{SNIFF_LEN, content_type};
 
 /// At most this many refused entries are kept, so a hostile tree cannot blow memory.
 const MAX_REFUSED: usize = 1000;

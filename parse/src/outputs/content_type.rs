@@ -1,7 +1,7 @@
 //! Choosing a MIME type for an output file.
 
 /// How many leading bytes [`content_type`] needs to recognise a format by its magic bytes.
-pub(crate) const SNIFF_LEN: usize = 8 * 1024;
+pub const SNIFF_LEN: usize = 8 * 1024;
 
 const UNKNOWN: &str = "application/octet-stream";
 

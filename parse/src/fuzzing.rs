@@ -2,18 +2,18 @@
 //!
 //! Each function takes arbitrary bytes, runs one parser on them and panics when one of its
 //! invariants breaks. The cargo-fuzz crate in `fuzz/` calls them under libFuzzer, and
-//! `tests/fuzz_corpus.rs` replays the committed corpora through them on stable. The init's
-//! parsers (frames, records, reports, cgroup files) have theirs in
+//! `parse/tests/fuzz_corpus.rs` replays the committed corpora through them on stable. The
+//! init's parsers (frames, records, reports, cgroup files) have theirs in
 //! `stevedore_init::fuzzing`. Not part of the API.
 
-use crate::contract::limits::{parse_cpus, parse_duration, parse_size};
+use crate::limits::{parse_cpus, parse_duration, parse_size};
 use crate::outputs::{Caps, ExtractReport, extract_into};
 use crate::profiles::ProfileError;
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::Mode;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,10 +51,51 @@ impl Drop for Scratch {
 ///
 /// Invariants: nothing is created outside the destination; only regular files (one link
 /// each) and directories are created, none writable by group or other; the files listed
-/// are exactly the regular files on disk, with their real sizes and hashes; the caps hold.
+/// are exactly the regular files on disk, with their real sizes and hashes; the caps hold;
+/// once over a cap, nothing more is read (bytes appended to the stream are neither read nor
+/// change what is extracted).
 pub fn extract(data: &[u8]) {
     let [files, bytes, tar @ ..] = data else { return };
     let caps = Caps { max_files: usize::from(files % 8) + 1, max_total_bytes: u64::from(*bytes) * 256 };
+    let (report, read) = extract_checked(tar, &caps);
+    if report.limit_hit {
+        // The same stream with a valid entry after it: over the cap, it must never be read.
+        let longer = [tar, &after_the_cap()].concat();
+        let (again, read_again) = extract_checked(&longer, &caps);
+        assert_eq!(read_again, read, "reading went on past the cap");
+        assert_eq!(again, report, "bytes after the cap changed what was extracted");
+    }
+}
+
+/// A tar entry (a regular file, then the end of the archive) to append after a stream.
+fn after_the_cap() -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.set_path("zz-after-the-cap").expect("a short name");
+    h.set_size(3);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, &b"new"[..]).expect("appending to a Vec");
+    b.into_inner().expect("finishing a Vec")
+}
+
+/// A reader that counts what was taken from it.
+struct Counting<'a> {
+    inner: &'a [u8],
+    taken: usize,
+}
+
+impl Read for Counting<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.taken += n;
+        Ok(n)
+    }
+}
+
+/// Extracts `tar` into a fresh destination beside a canary and checks what is on disk
+/// against the report; returns the report and how many bytes were read.
+fn extract_checked(tar: &[u8], caps: &Caps) -> (ExtractReport, usize) {
     let scratch = Scratch::new();
     let dest = scratch.0.join("out");
     std::fs::create_dir(&dest).expect("creating the destination");
@@ -63,7 +104,8 @@ pub fn extract(data: &[u8]) {
         .expect("opening the destination");
 
     let mut report = ExtractReport::default();
-    let result = extract_into(tar, &fd, &caps, &mut report);
+    let mut reader = Counting { inner: tar, taken: 0 };
+    let result = extract_into(&mut reader, &fd, caps, &mut report);
 
     // Nothing beside the destination changed.
     let mut beside: Vec<String> = std::fs::read_dir(&scratch.0)
@@ -97,6 +139,7 @@ pub fn extract(data: &[u8]) {
     assert!(report.files.len() <= caps.max_files, "{} files over a cap of {}", report.files.len(), caps.max_files);
     assert!(total <= caps.max_total_bytes, "{total} bytes over a cap of {}", caps.max_total_bytes);
     assert!(report.refused.len() <= 1000, "{} refused entries kept", report.refused.len());
+    (report, reader.taken)
 }
 
 /// Every regular file below `dir` with its size and hash; panics on anything else than a
@@ -167,8 +210,9 @@ fn whole_with_unit<'a>(s: &'a str, units: &[(&str, u64)]) -> Option<(&'a str, u6
 /// `profiles::parse` on `data` as a profiles file, the profile named on its first line
 /// (`# name`).
 ///
-/// Invariants: no panic; the same text gives the same answer; an error names the file, or
-/// the profile for a bad value.
+/// Invariants: the same text gives the same answer; an error names the file, or the
+/// profile for a bad value; a profile that parses survives a round trip (rendered as TOML
+/// in its plainest form, it parses back to the same profile).
 pub fn profiles(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let name = text.lines().next().and_then(|l| l.strip_prefix("# ")).unwrap_or("dev");
@@ -176,12 +220,21 @@ pub fn profiles(data: &[u8]) {
     let first = crate::profiles::parse(&text, path, name);
     let again = crate::profiles::parse(&text, path, name);
     assert_eq!(format!("{first:?}"), format!("{again:?}"), "the same profiles parse differently");
-    if let Err(e) = first {
-        let msg = e.to_string();
-        let named = match &e {
-            ProfileError::Value { profile, .. } => msg.contains(&format!("{profile:?}")),
-            _ => msg.contains("/fuzz/profiles.toml"),
-        };
-        assert!(named, "an error that does not say where: {msg}");
+    match first {
+        Ok(p) => {
+            let rendered = p.to_toml(name);
+            match crate::profiles::parse(&rendered, path, name) {
+                Ok(back) => assert!(back == p, "{p:?} came back as {back:?} through\n{rendered}"),
+                Err(e) => panic!("{p:?} rendered as\n{rendered}\ndoes not parse: {e}"),
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            let named = match &e {
+                ProfileError::Value { profile, .. } => msg.contains(&format!("{profile:?}")),
+                _ => msg.contains("/fuzz/profiles.toml"),
+            };
+            assert!(named, "an error that does not say where: {msg}");
+        }
     }
 }

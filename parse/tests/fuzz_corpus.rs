@@ -4,18 +4,18 @@
 //! replayed by `init/tests/fuzz_corpus.rs`.
 //!
 //! The seed corpus is written by the ignored test `write_seed_corpus`:
-//! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus`.
+//! `cargo test -p stevedore-parse --test fuzz_corpus -- --ignored write_seed_corpus`.
 
 use std::path::{Path, PathBuf};
-use stevedore::fuzzing;
 use stevedore_init::fuzzing::{Seed, Target};
+use stevedore_parse::fuzzing;
 use tar::{Builder, EntryType, Header};
 
 const TARGETS: &[Target] =
     &[("extract", fuzzing::extract), ("limits", fuzzing::limits), ("profiles", fuzzing::profiles)];
 
 fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fuzz")
 }
 
 #[test]

@@ -8,10 +8,8 @@
 //! created, modes lose group and other write, and everything belongs to the caller. Caps on
 //! entries, files and bytes stop the reading: past them nothing more is consumed.
 
-use super::Caps;
 use super::content_type::{SNIFF_LEN, content_type};
-use crate::contract::{OutputFile, RefusedEntry};
-use crate::wire::escape_name;
+use super::{Caps, OutputFile, RefusedEntry};
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::{Mode, fchmod, mkdirat};
@@ -21,6 +19,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use stevedore_init::wire::escape_name;
 use tar::EntryType;
 
 /// At most this many refused entries are kept, so a hostile archive cannot blow memory.
@@ -217,6 +216,11 @@ impl Extractor<'_> {
             Err(fail)
         };
         let (size, hash, head) = match copied {
+            // The stream ended inside the file: what came is not the file the entry named.
+            Ok((size, ..)) if size < entry.size() => {
+                let why = format!("the stream ended {size} bytes into a file of {}", entry.size());
+                return fail(self, Fail::Stream(io::Error::new(io::ErrorKind::UnexpectedEof, why)));
+            }
             Ok(h) => h,
             Err(f) => return fail(self, f),
         };
@@ -407,6 +411,24 @@ mod tests {
             self.read += n;
             Ok(n)
         }
+    }
+
+    #[test]
+    fn a_stream_that_ends_inside_a_file_lists_only_the_files_before_it() {
+        let mut b = tar::Builder::new(Vec::new());
+        file(&mut b, "a", b"whole");
+        file(&mut b, "b", &[7; 1000]);
+        let full = b.into_inner().unwrap();
+        // Cut 300 bytes into b's content: a clean end of stream, not an error.
+        let cut = &full[..512 + 512 + 512 + 300];
+        let dest = tempfile::tempdir().unwrap();
+        let fd = openat(AT_FDCWD, dest.path(), dir_flags(), Mode::empty()).unwrap();
+        let mut r = ExtractReport::default();
+        let err = extract_into(cut, &fd, &Caps::default(), &mut r).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+        assert!(err.to_string().contains("300 bytes into a file of 1000"), "{err}");
+        assert_eq!(r.files.iter().map(|f| (f.name.as_str(), f.size)).collect::<Vec<_>>(), [("a", 5)]);
+        assert!(!dest.path().join("b").exists(), "the short file is not left as if whole");
     }
 
     #[test]

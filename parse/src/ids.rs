@@ -1,0 +1,42 @@
+//! Names that become label values, volume names and host directory names: worker and job
+//! IDs, named caches and where they are mounted.
+
+/// Whether `s` is a valid worker ID: 1-128 characters of `[A-Za-z0-9_.-]` starting with a
+/// letter or digit (it becomes a label value and a host directory name, so never `.`/`..`).
+pub fn valid_worker_id(s: &str) -> bool {
+    s.len() <= 128
+        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Whether `s` is a valid job ID: 1-256 characters of `[A-Za-z0-9_.:@+=-]` starting with a
+/// letter or digit (it becomes a label value).
+pub fn valid_job_id(s: &str) -> bool {
+    s.len() <= 256
+        && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'@' | b'+' | b'=' | b'-'))
+}
+
+/// Checks a named cache: its name (1-64 of `[a-z0-9_.-]`, starting with a letter or digit:
+/// it becomes part of a volume name) and its mount path (absolute, not `/`, no `..`, outside
+/// stevedore's own `/in`, `/out`, `/tmp` and `/.stevedore`).
+pub fn check_cache(name: &str, path: &str) -> Result<(), String> {
+    let name_ok = (1..=64).contains(&name.len())
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'));
+    if !name_ok {
+        return Err(format!(
+            "cache name {name:?}: 1-64 characters of a-z, 0-9, '_', '.', '-', starting with a letter or digit"
+        ));
+    }
+    let p = std::path::Path::new(path);
+    let ours = ["/in", "/out", "/tmp", "/.stevedore"];
+    if !path.starts_with('/')
+        || p == std::path::Path::new("/")
+        || p.components().any(|c| matches!(c, std::path::Component::ParentDir))
+        || ours.iter().any(|o| p.starts_with(o))
+    {
+        return Err(format!("cache path {path:?}: give an absolute path outside /in, /out, /tmp and /.stevedore"));
+    }
+    Ok(())
+}
