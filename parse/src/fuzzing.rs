@@ -80,9 +80,9 @@ fn after_the_cap() -> Vec<u8> {
 }
 
 /// A reader that counts what was taken from it.
-struct Counting<'a> {
-    inner: &'a [u8],
-    taken: usize,
+pub(crate) struct Counting<'a> {
+    pub inner: &'a [u8],
+    pub taken: usize,
 }
 
 impl Read for Counting<'_> {

@@ -384,11 +384,11 @@ mod tests {
         file(&mut b, "b", &[2; 10]);
         file(&mut b, "c", &[3; 5]);
         let bytes = b.into_inner().unwrap();
-        let mut reader = CountingReader { inner: bytes.as_slice(), read: 0 };
+        let mut reader = crate::fuzzing::Counting { inner: bytes.as_slice(), taken: 0 };
         let r = extract_tar(&mut reader, dest.path(), &Caps { max_files: 10, max_total_bytes: 15 }).unwrap();
         assert_eq!((r.bytes, r.files.len(), r.limit_hit), (10, 1, true));
         assert_eq!(why(&r, "b"), Some("over_cap"));
-        assert!(reader.read < bytes.len(), "reading stopped at the cap");
+        assert!(reader.taken < bytes.len(), "reading stopped at the cap");
         assert!(!dest.path().join("b").exists());
 
         let dest = tempfile::tempdir().unwrap();
@@ -398,19 +398,6 @@ mod tests {
         }
         let r = extract(b, dest.path(), Caps { max_files: 5, max_total_bytes: 100 });
         assert!(r.limit_hit, "entries are capped too, files or not");
-    }
-
-    struct CountingReader<'a> {
-        inner: &'a [u8],
-        read: usize,
-    }
-
-    impl Read for CountingReader<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let n = self.inner.read(buf)?;
-            self.read += n;
-            Ok(n)
-        }
     }
 
     #[test]
