@@ -10,7 +10,8 @@
 use crate::container::{CacheMount, ContainerConfig, PoolConfig};
 use crate::contract::{ResourceLimits, limits::key};
 use std::path::{Path, PathBuf};
-pub use stevedore_parse::profiles::{Limits, Pool, Profile, ProfileError};
+use stevedore_parse::profiles::Limits;
+pub use stevedore_parse::profiles::ProfileError;
 
 /// The default profiles file.
 pub fn default_path() -> PathBuf {
