@@ -44,6 +44,26 @@ pub fn replay(fuzz_dir: &Path, targets: &[Target]) -> Vec<String> {
     failed
 }
 
+/// One line per target of `targets` that `fuzz_dir` does not fuzz: a `[[bin]]` named for it
+/// in `Cargo.toml` and `fuzz_targets/<name>.rs` calling `<module>::<name>(` (`module` is
+/// the path of the `fuzzing` module, e.g. `stevedore_init::fuzzing`). So what the fuzzer
+/// runs and what `cargo test` replays cannot drift apart.
+pub fn unfuzzed(fuzz_dir: &Path, module: &str, targets: &[Target]) -> Vec<String> {
+    let manifest = std::fs::read_to_string(fuzz_dir.join("Cargo.toml")).unwrap_or_default();
+    let mut missing = Vec::new();
+    for (name, _) in targets {
+        if !manifest.contains(&format!("name = \"{name}\"")) {
+            missing.push(format!("{name}: no [[bin]] in {}", fuzz_dir.join("Cargo.toml").display()));
+        }
+        let source = fuzz_dir.join("fuzz_targets").join(format!("{name}.rs"));
+        let calls = std::fs::read_to_string(&source).is_ok_and(|text| text.contains(&format!("{module}::{name}(")));
+        if !calls {
+            missing.push(format!("{name}: {} does not call {module}::{name}", source.display()));
+        }
+    }
+    missing
+}
+
 /// A seed: its target, its name (the file is `seed_<name>`), its bytes.
 pub type Seed = (&'static str, &'static str, Vec<u8>);
 

@@ -19,6 +19,12 @@ fn fuzz_dir() -> PathBuf {
 }
 
 #[test]
+fn every_target_is_a_fuzz_binary_calling_it() {
+    let missing = stevedore_init::fuzzing::unfuzzed(&fuzz_dir(), "stevedore_parse::fuzzing", TARGETS);
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
 fn corpora_replay_without_breaking_an_invariant() {
     let failed = stevedore_init::fuzzing::replay(&fuzz_dir(), TARGETS);
     assert!(failed.is_empty(), "inputs that break an invariant:\n{}", failed.join("\n"));
