@@ -45,15 +45,20 @@ pub fn replay(fuzz_dir: &Path, targets: &[Target]) -> Vec<String> {
 }
 
 /// One line per target of `targets` that `fuzz_dir` does not fuzz: a `[[bin]]` named for it
-/// in `Cargo.toml` and `fuzz_targets/<name>.rs` calling `<module>::<name>(` (`module` is
-/// the path of the `fuzzing` module, e.g. `stevedore_init::fuzzing`). So what the fuzzer
-/// runs and what `cargo test` replays cannot drift apart.
+/// in `Cargo.toml` whose `path` is `fuzz_targets/<name>.rs`, a file calling
+/// `<module>::<name>(` (`module` is the path of the `fuzzing` module, e.g.
+/// `stevedore_init::fuzzing`). So what the fuzzer runs and what `cargo test` replays cannot
+/// drift apart.
 pub fn unfuzzed(fuzz_dir: &Path, module: &str, targets: &[Target]) -> Vec<String> {
     let manifest = std::fs::read_to_string(fuzz_dir.join("Cargo.toml")).unwrap_or_default();
+    let bins = bins(&manifest);
     let mut missing = Vec::new();
     for (name, _) in targets {
-        if !manifest.contains(&format!("name = \"{name}\"")) {
-            missing.push(format!("{name}: no [[bin]] in {}", fuzz_dir.join("Cargo.toml").display()));
+        let path = format!("fuzz_targets/{name}.rs");
+        match bins.iter().find(|(n, _)| n == name) {
+            None => missing.push(format!("{name}: no [[bin]] in {}", fuzz_dir.join("Cargo.toml").display())),
+            Some((_, p)) if *p != path => missing.push(format!("{name}: its [[bin]] runs {p:?}, not {path:?}")),
+            Some(_) => {}
         }
         let source = fuzz_dir.join("fuzz_targets").join(format!("{name}.rs"));
         let calls = std::fs::read_to_string(&source).is_ok_and(|text| text.contains(&format!("{module}::{name}(")));
@@ -62,6 +67,24 @@ pub fn unfuzzed(fuzz_dir: &Path, module: &str, targets: &[Target]) -> Vec<String
         }
     }
     missing
+}
+
+/// The `(name, path)` of every `[[bin]]` table of a cargo-fuzz manifest, as cargo-fuzz
+/// writes them (one `key = "value"` a line).
+fn bins(manifest: &str) -> Vec<(String, String)> {
+    let value = |table: &str, key: &str| {
+        table.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().trim_matches('"').to_owned())
+        })
+    };
+    manifest
+        .split("[[bin]]")
+        .skip(1)
+        // A table ends where the next one starts.
+        .map(|t| t.split("\n[").next().unwrap_or(t))
+        .filter_map(|t| Some((value(t, "name")?, value(t, "path").unwrap_or_default())))
+        .collect()
 }
 
 /// A seed: its target, its name (the file is `seed_<name>`), its bytes.
@@ -357,5 +380,34 @@ pub fn takeover(data: &[u8]) {
     }
     if wire::valid_link_id(&text) {
         assert!(text.len() == 32 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bin_is_its_name_and_path() {
+        let manifest = "[package]\nname = \"fuzz\"\n\n[[bin]]\nname = \"extract\"\npath = \"fuzz_targets/limits.rs\"\n\
+                        test = false\n\n[[bin]]\nname = \"limits\"\npath = \"fuzz_targets/limits.rs\"\n\n\
+                        [profile.release]\ndebug = 1\n";
+        assert_eq!(
+            bins(manifest),
+            [
+                ("extract".to_owned(), "fuzz_targets/limits.rs".to_owned()),
+                ("limits".to_owned(), "fuzz_targets/limits.rs".to_owned())
+            ]
+        );
+        let dir = std::env::temp_dir().join(format!("stevedore-unfuzzed-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("fuzz_targets")).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
+        for name in ["extract", "limits"] {
+            std::fs::write(dir.join(format!("fuzz_targets/{name}.rs")), format!("m::{name}(data)")).unwrap();
+        }
+        let targets: [Target; 2] = [("extract", |_| {}), ("limits", |_| {})];
+        let missing = unfuzzed(&dir, "m", &targets);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(missing, ["extract: its [[bin]] runs \"fuzz_targets/limits.rs\", not \"fuzz_targets/extract.rs\""]);
     }
 }

@@ -7,7 +7,7 @@
 //! `stevedore_init::fuzzing`. Not part of the API.
 
 use crate::limits::{parse_cpus, parse_duration, parse_size};
-use crate::outputs::{Caps, ExtractReport, extract_into};
+use crate::outputs::{Caps, ExtractReport, MAX_REFUSED, extract_bounded};
 use crate::profiles::ProfileError;
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::Mode;
@@ -47,21 +47,28 @@ impl Drop for Scratch {
 }
 
 /// `outputs::extract_into` on `data[2..]` as the outputs tar, with caps of at most
-/// `data[0] % 8 + 1` files and `data[1] * 256` bytes.
+/// `data[0] % 8 + 1` files and `data[1] * 256` bytes, keeping at most `data[0] / 8 - 1`
+/// refused entries (the parser's own 1000 when `data[0] < 8`), which puts the entry cap
+/// (twice the files plus the refused) within reach of a short input.
 ///
 /// Invariants: nothing is created outside the destination; only regular files (one link
 /// each) and directories are created, none writable by group or other; the files listed
-/// are exactly the regular files on disk, with their real sizes and hashes; the caps hold;
-/// once over a cap, nothing more is read (bytes appended to the stream are neither read nor
-/// change what is extracted).
+/// are exactly the regular files on disk, with their real sizes and hashes, sorted by name
+/// however the stream ended; the caps hold; once over a cap (files, bytes or entries),
+/// nothing more is read (bytes appended to the stream are neither read nor change what is
+/// extracted).
 pub fn extract(data: &[u8]) {
-    let [files, bytes, tar @ ..] = data else { return };
-    let caps = Caps { max_files: usize::from(files % 8) + 1, max_total_bytes: u64::from(*bytes) * 256 };
-    let (report, read) = extract_checked(tar, &caps);
+    let [sel, bytes, tar @ ..] = data else { return };
+    let caps = Caps { max_files: usize::from(sel % 8) + 1, max_total_bytes: u64::from(*bytes) * 256 };
+    let max_refused = match sel / 8 {
+        0 => MAX_REFUSED,
+        n => usize::from(n) - 1,
+    };
+    let (report, read) = extract_checked(tar, &caps, max_refused);
     if report.limit_hit {
         // The same stream with a valid entry after it: over the cap, it must never be read.
         let longer = [tar, &after_the_cap()].concat();
-        let (again, read_again) = extract_checked(&longer, &caps);
+        let (again, read_again) = extract_checked(&longer, &caps, max_refused);
         assert_eq!(read_again, read, "reading went on past the cap");
         assert_eq!(again, report, "bytes after the cap changed what was extracted");
     }
@@ -95,7 +102,7 @@ impl Read for Counting<'_> {
 
 /// Extracts `tar` into a fresh destination beside a canary and checks what is on disk
 /// against the report; returns the report and how many bytes were read.
-fn extract_checked(tar: &[u8], caps: &Caps) -> (ExtractReport, usize) {
+fn extract_checked(tar: &[u8], caps: &Caps, max_refused: usize) -> (ExtractReport, usize) {
     let scratch = Scratch::new();
     let dest = scratch.0.join("out");
     std::fs::create_dir(&dest).expect("creating the destination");
@@ -105,7 +112,7 @@ fn extract_checked(tar: &[u8], caps: &Caps) -> (ExtractReport, usize) {
 
     let mut report = ExtractReport::default();
     let mut reader = Counting { inner: tar, taken: 0 };
-    let result = extract_into(&mut reader, &fd, caps, &mut report);
+    let result = extract_bounded(&mut reader, &fd, caps, max_refused, &mut report);
 
     // Nothing beside the destination changed.
     let mut beside: Vec<String> = std::fs::read_dir(&scratch.0)
@@ -123,6 +130,11 @@ fn extract_checked(tar: &[u8], caps: &Caps) -> (ExtractReport, usize) {
     walk(&dest, "", &mut on_disk);
     let listed: BTreeMap<&str, _> = report.files.iter().map(|f| (f.name.as_str(), f)).collect();
     assert_eq!(listed.len(), report.files.len(), "a file listed twice");
+    assert!(
+        report.files.is_sorted_by(|a, b| a.name < b.name),
+        "the files are not sorted by name (stream error: {:?})",
+        result.as_ref().err()
+    );
     assert_eq!(
         on_disk.keys().map(String::as_str).collect::<Vec<_>>(),
         listed.keys().copied().collect::<Vec<_>>(),
@@ -138,7 +150,7 @@ fn extract_checked(tar: &[u8], caps: &Caps) -> (ExtractReport, usize) {
     assert_eq!(report.bytes, total, "the bytes reported are not the bytes written");
     assert!(report.files.len() <= caps.max_files, "{} files over a cap of {}", report.files.len(), caps.max_files);
     assert!(total <= caps.max_total_bytes, "{total} bytes over a cap of {}", caps.max_total_bytes);
-    assert!(report.refused.len() <= 1000, "{} refused entries kept", report.refused.len());
+    assert!(report.refused.len() <= max_refused, "{} refused entries kept over {max_refused}", report.refused.len());
     (report, reader.taken)
 }
 

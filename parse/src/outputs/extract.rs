@@ -23,7 +23,7 @@ use stevedore_init::wire::escape_name;
 use tar::EntryType;
 
 /// At most this many refused entries are kept, so a hostile archive cannot blow memory.
-const MAX_REFUSED: usize = 1000;
+pub(crate) const MAX_REFUSED: usize = 1000;
 
 /// What extracting the outputs tar did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,55 +55,26 @@ pub fn extract_tar(r: impl Read, dest: &Path, caps: &Caps) -> io::Result<Extract
 /// [`extract_tar`] into a directory already open (resolved once, never by path again),
 /// filling `report` as it goes so a caller keeps what was extracted before an error.
 pub fn extract_into(r: impl Read, dest: &OwnedFd, caps: &Caps, report: &mut ExtractReport) -> io::Result<()> {
+    extract_bounded(r, dest, caps, MAX_REFUSED, report)
+}
+
+/// [`extract_into`] keeping at most `max_refused` refused entries and reading at most
+/// `2 * caps.max_files + max_refused` entries. The fuzz target lowers `max_refused` so that
+/// the entry cap is within reach of a short input.
+pub(crate) fn extract_bounded(
+    r: impl Read,
+    dest: &OwnedFd,
+    caps: &Caps,
+    max_refused: usize,
+    report: &mut ExtractReport,
+) -> io::Result<()> {
     let root = dest.try_clone()?;
-    let max_entries = caps.max_files.saturating_mul(2).saturating_add(MAX_REFUSED);
-    let mut x = Extractor { root, caps: *caps, report, entries: 0 };
-    let mut archive = tar::Archive::new(r);
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        x.entries += 1;
-        if x.entries > max_entries {
-            x.report.limit_hit = true;
-            break;
-        }
-        let raw = entry.path_bytes().into_owned();
-        let Ok(rel) = relative(&raw) else {
-            x.refuse(&raw, "unsafe_path".into());
-            continue;
-        };
-        let Some((name, dirs)) = rel.split_last() else { continue };
-        let shown = rel.join(&b'/');
-        if rel.iter().any(|c| std::str::from_utf8(c).is_err()) {
-            x.refuse(&shown, "non_utf8_name".into());
-            continue;
-        }
-        let kind = entry.header().entry_type();
-        let result = match kind {
-            EntryType::Regular | EntryType::Continuous => x.file(&mut entry, dirs, name, &shown),
-            EntryType::Directory => x.dir(dirs, name).map(|()| None),
-            EntryType::Symlink => Err(Fail::skip("symlink")),
-            EntryType::Link => Err(Fail::skip("hardlink")),
-            EntryType::Fifo => Err(Fail::skip("fifo")),
-            EntryType::Char | EntryType::Block => Err(Fail::skip("device")),
-            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
-                continue;
-            }
-            _ => Err(Fail::skip("unsupported")),
-        };
-        match result {
-            Ok(Some(file)) => x.report.files.push(file),
-            Ok(None) => {}
-            Err(Fail::Skip(why)) => x.refuse(&shown, why),
-            Err(Fail::OverCap) => {
-                x.refuse(&shown, "over_cap".into());
-                x.report.limit_hit = true;
-                break;
-            }
-            Err(Fail::Stream(e)) => return Err(e),
-        }
-    }
+    let max_entries = caps.max_files.saturating_mul(2).saturating_add(max_refused);
+    let mut x = Extractor { root, caps: *caps, max_refused, report, entries: 0 };
+    let read = x.read(r, max_entries);
+    // Sorted however the stream ended: a stream cut mid-file still lists what came before.
     x.report.files.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(())
+    read
 }
 
 fn dir_flags() -> OFlag {
@@ -143,13 +114,63 @@ fn relative(raw: &[u8]) -> Result<Vec<&[u8]>, ()> {
 struct Extractor<'a> {
     root: OwnedFd,
     caps: Caps,
+    max_refused: usize,
     report: &'a mut ExtractReport,
     entries: usize,
 }
 
 impl Extractor<'_> {
+    /// Reads entries until the end, a cap, or a stream error.
+    fn read(&mut self, r: impl Read, max_entries: usize) -> io::Result<()> {
+        let mut archive = tar::Archive::new(r);
+        for entry in archive.entries()? {
+            let mut entry = entry?;
+            self.entries += 1;
+            if self.entries > max_entries {
+                self.report.limit_hit = true;
+                break;
+            }
+            let raw = entry.path_bytes().into_owned();
+            let Ok(rel) = relative(&raw) else {
+                self.refuse(&raw, "unsafe_path".into());
+                continue;
+            };
+            let Some((name, dirs)) = rel.split_last() else { continue };
+            let shown = rel.join(&b'/');
+            if rel.iter().any(|c| std::str::from_utf8(c).is_err()) {
+                self.refuse(&shown, "non_utf8_name".into());
+                continue;
+            }
+            let kind = entry.header().entry_type();
+            let result = match kind {
+                EntryType::Regular | EntryType::Continuous => self.file(&mut entry, dirs, name, &shown),
+                EntryType::Directory => self.dir(dirs, name).map(|()| None),
+                EntryType::Symlink => Err(Fail::skip("symlink")),
+                EntryType::Link => Err(Fail::skip("hardlink")),
+                EntryType::Fifo => Err(Fail::skip("fifo")),
+                EntryType::Char | EntryType::Block => Err(Fail::skip("device")),
+                EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
+                    continue;
+                }
+                _ => Err(Fail::skip("unsupported")),
+            };
+            match result {
+                Ok(Some(file)) => self.report.files.push(file),
+                Ok(None) => {}
+                Err(Fail::Skip(why)) => self.refuse(&shown, why),
+                Err(Fail::OverCap) => {
+                    self.refuse(&shown, "over_cap".into());
+                    self.report.limit_hit = true;
+                    break;
+                }
+                Err(Fail::Stream(e)) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn refuse(&mut self, name: &[u8], why: String) {
-        if self.report.refused.len() < MAX_REFUSED {
+        if self.report.refused.len() < self.max_refused {
             self.report.refused.push(RefusedEntry { name: escape_name(name), why });
         }
     }
@@ -403,18 +424,20 @@ mod tests {
     #[test]
     fn a_stream_that_ends_inside_a_file_lists_only_the_files_before_it() {
         let mut b = tar::Builder::new(Vec::new());
+        file(&mut b, "z", b"first");
         file(&mut b, "a", b"whole");
         file(&mut b, "b", &[7; 1000]);
         let full = b.into_inner().unwrap();
         // Cut 300 bytes into b's content: a clean end of stream, not an error.
-        let cut = &full[..512 + 512 + 512 + 300];
+        let cut = &full[..4 * 512 + 512 + 300];
         let dest = tempfile::tempdir().unwrap();
         let fd = openat(AT_FDCWD, dest.path(), dir_flags(), Mode::empty()).unwrap();
         let mut r = ExtractReport::default();
         let err = extract_into(cut, &fd, &Caps::default(), &mut r).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
         assert!(err.to_string().contains("300 bytes into a file of 1000"), "{err}");
-        assert_eq!(r.files.iter().map(|f| (f.name.as_str(), f.size)).collect::<Vec<_>>(), [("a", 5)]);
+        // Sorted by name, as on a clean end.
+        assert_eq!(r.files.iter().map(|f| (f.name.as_str(), f.size)).collect::<Vec<_>>(), [("a", 5), ("z", 5)]);
         assert!(!dest.path().join("b").exists(), "the short file is not left as if whole");
     }
 

@@ -6,6 +6,7 @@ mod extract;
 
 pub use content_type::{SNIFF_LEN, content_type};
 pub use extract::{ExtractReport, extract_into, extract_tar};
+pub(crate) use extract::{MAX_REFUSED, extract_bounded};
 
 use serde::{Deserialize, Serialize};
 
