@@ -292,3 +292,48 @@ async fn a_handler_image_without_main_hook_is_refused_naming_it() {
     rung.close().await;
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
+
+/// An image that plants its own `/.stevedore/tools/stevedore-init` (which, run as PID 1, would
+/// get the attempt's key and forge the record), on a rung whose tools volume another process's
+/// `reclaim --tools` takes between two attempts: the engine makes the volume again when the
+/// next container mounts it, but empty, never filled from the image, and labelled as the
+/// rung's; that attempt cannot start, the next gets a new volume, and `close` leaves nothing.
+#[tokio::test]
+async fn an_image_cannot_fill_a_taken_tools_volume_with_its_own_init() {
+    let Some((docker, busybox)) = setup().await else { return };
+    let dockerfile =
+        format!("FROM {busybox}\nCOPY init /.stevedore/tools/stevedore-init\nLABEL {}=true\n", support::TEST_LABEL);
+    let planted = b"#!/bin/sh\necho the planted init ran >&2\nexit 0\n";
+    let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("init", 0o755, planted)]);
+    let image = format!("stevedore-test/planted-init:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(&docker, &image, context).await.expect("building the image");
+    let rung = rung_with(ContainerConfig::default()).await;
+    let w = support::worker("planted-init");
+    let t = tempfile::tempdir().unwrap();
+
+    let first = run(&rung, &cmd(&image, &w, &t.path().join("o1"), "echo real")).await;
+    assert_eq!(first.status, Status::Ok, "{}", first.to_json());
+    let init = first.evidence.init.clone().unwrap();
+    let volume = init.strip_prefix("volume ").and_then(|v| v.split(' ').next()).unwrap().to_owned();
+    docker.remove_volume(&volume, None::<bollard::query_parameters::RemoveVolumeOptions>).await.unwrap();
+
+    let second = rung.run(&cmd(&image, &w, &t.path().join("o2"), "echo real"), CancellationToken::new()).await;
+    let err = second.map(|o| o.to_json()).expect_err("a container whose init is not stevedore's must not start");
+    assert!(stevedore::contract::error_chain(&err).contains("no such file"), "{err:?}");
+    let remade = docker.inspect_volume(&volume).await.unwrap().labels;
+    assert_eq!(remade.get("dev.stevedore.kind").map(String::as_str), Some("tools"), "{remade:?}");
+    assert_eq!(remade.get("dev.stevedore.incarnation").map(String::as_str), Some(rung.incarnation()));
+
+    let third = run(&rung, &cmd(&image, &w, &t.path().join("o3"), "echo real")).await;
+    assert_eq!((third.status, support::stdout_of(&third).as_str()), (Status::Ok, "real\n"), "{}", third.to_json());
+    assert_ne!(third.evidence.init, Some(init), "a new tools volume");
+    rung.close().await;
+    support::remove_image(&docker, &image).await;
+    let filter = format!("dev.stevedore.incarnation={}", rung.incarnation());
+    let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
+        .filters(&std::collections::HashMap::from([("label", vec![filter.as_str()])]))
+        .build();
+    let left = docker.list_volumes(Some(opts)).await.unwrap().volumes.unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {:?}", left.iter().map(|v| &v.name).collect::<Vec<_>>());
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}

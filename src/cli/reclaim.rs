@@ -15,7 +15,8 @@ pub struct ReclaimArgs {
     #[arg(long)]
     images: bool,
     /// Remove copies of stevedore's init that crashed processes left in the engine (volumes
-    /// of kind `tools` over an hour old that no container uses)
+    /// of kind `tools` of other processes, over an hour old, that no container uses; a live
+    /// but idle rung whose volume is taken makes a new one)
     #[arg(long)]
     tools: bool,
 }

@@ -62,7 +62,8 @@ async fn attempt(
     };
     tracing::Span::current().record("container_id", running.ledger.container_id.as_str());
     let ended = running.supervise(&shared, req, &cancel).await;
-    let (outcome, silent) = conclude(&shared, req, &mut running, ended, cleanup).await;
+    let background = shared.config.background_cleanup;
+    let (outcome, silent) = conclude(&shared, req, &mut running, ended, cleanup, background).await;
     if let Some(detail) = silent {
         return Err(LaunchError::HandlerProtocol { image: plan.image_ref.clone(), detail });
     }
@@ -78,6 +79,7 @@ pub(crate) async fn conclude(
     running: &mut Running,
     ended: Ended,
     cleanup: Cleanup,
+    background: bool,
 ) -> (Outcome, Option<String>) {
     // Without a verified record the engine's own state is the only witness left.
     let state = if ended.record.as_ref().is_some_and(Result::is_ok) {
@@ -92,7 +94,7 @@ pub(crate) async fn conclude(
             }
         }
     };
-    let removed = if shared.config.background_cleanup && ended.record.as_ref().is_some_and(Result::is_ok) {
+    let removed = if background && ended.record.as_ref().is_some_and(Result::is_ok) {
         // With a verified record nothing the removal finds changes the outcome: it runs on
         // the rung's tracked tasks (`close` waits for them) while the outcome is returned.
         shared.tracker.spawn(async move {

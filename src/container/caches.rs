@@ -79,7 +79,7 @@ async fn hand_over(
     image: &str,
 ) -> Result<(), LaunchError> {
     let api = &shared.engine.api;
-    let tools = shared.tools.lock().await.clone().map(|(t, _)| t).ok_or_else(|| LaunchError::Staging {
+    let tools = shared.tools.lock().await.current.clone().map(|(t, _)| t).ok_or_else(|| LaunchError::Staging {
         what: "the cache's ownership".into(),
         source: "stevedore's init is not in the engine yet".into(),
     })?;
@@ -97,7 +97,7 @@ async fn hand_over(
             cap_drop: Some(vec!["ALL".into()]),
             cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
             mounts: Some(vec![
-                super::spec::volume_mount(&tools.volume, TOOLS_DIR, true),
+                super::spec::tools_mount(&tools, Some(&shared.incarnation)),
                 super::spec::volume_mount(volume, "/cache", false),
             ]),
             log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),

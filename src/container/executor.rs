@@ -2,7 +2,6 @@
 //! admission, then the attempt's phases (`attempt`).
 
 use super::config::ContainerConfig;
-use super::tools::ToolsVolume;
 use crate::contract::{
     BoxFuture, Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError,
     Request,
@@ -23,8 +22,8 @@ pub(crate) struct Shared {
     pub incarnation: String,
     in_flight: Mutex<HashSet<String>>,
     pub tracker: TaskTracker,
-    /// This rung's tools volume once made, and when an attempt last took it.
-    pub tools: tokio::sync::Mutex<Option<(ToolsVolume, std::time::Instant)>>,
+    /// This rung's tools volume once made, and the names it made.
+    pub tools: tokio::sync::Mutex<super::tools::Slot>,
     /// The base of the capture dirs, opened once.
     logs: Mutex<Option<Arc<PrivateDir>>>,
     /// The warm pool, when configured.
@@ -40,7 +39,7 @@ impl Shared {
             incarnation,
             in_flight: Mutex::default(),
             tracker: TaskTracker::new(),
-            tools: tokio::sync::Mutex::new(None),
+            tools: tokio::sync::Mutex::default(),
             logs: Mutex::new(None),
             pool,
         }
@@ -68,16 +67,27 @@ impl Shared {
     }
 }
 
-/// Backstop for a rung dropped without `close()`: its tools volume is removed in the
+impl Shared {
+    /// After a launch failed: check the tools volume before the next mount (another process's
+    /// `prune` may have taken it, and the failed container then found an empty one).
+    pub async fn tools_suspect(&self) {
+        if let Some((_, checked)) = &mut self.tools.lock().await.current {
+            *checked = None;
+        }
+    }
+}
+
+/// Backstop for a rung dropped without `close()`: its tools volumes are removed in the
 /// background when a runtime is there to do it (never a panic, never a wait).
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some((t, _)) = self.tools.get_mut().take()
+        let made = std::mem::take(&mut self.tools.get_mut().made);
+        if !made.is_empty()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
-            let api = self.engine.api.clone();
+            let engine = self.engine.clone();
             rt.spawn(async move {
-                let _ = api.remove_volume(&t.volume).await;
+                let _ = super::tools::remove_made(&engine, &made).await;
             });
         }
     }
@@ -154,7 +164,9 @@ impl ContainerExecutor {
     }
 
     /// Removes the tools volumes other processes left (older than an hour, of another
-    /// incarnation, mounted by no container); this rung's own is kept.
+    /// incarnation, mounted by no container); this rung's own is kept. An idle live rung of
+    /// another process cannot be told from a crashed one: it makes a new volume when its own
+    /// is gone.
     pub async fn prune_tools(&self) -> Result<super::tools::Pruned, crate::engine::EngineError> {
         super::tools::prune(&self.shared.engine, &self.shared.incarnation).await
     }
@@ -235,12 +247,10 @@ impl Executor for ContainerExecutor {
             self.shared.tracker.wait().await;
             // A fill that was under way when the pool closed removes its own container.
             super::pool::drain(&self.shared).await;
-            // Nothing of this rung mounts its tools volume any more.
-            if let Some((t, _)) = self.shared.tools.lock().await.take()
-                && let Err(e) = self.shared.engine.api.remove_volume(&t.volume).await
-                && !e.is_not_found()
-            {
-                tracing::warn!(volume = %t.volume, error = %e, "removing the tools volume");
+            // Nothing of this rung mounts its tools volumes any more.
+            let slot = std::mem::take(&mut *self.shared.tools.lock().await);
+            if let Err(e) = super::tools::remove_made(&self.shared.engine, &slot.made).await {
+                tracing::warn!(volumes = ?slot.made, error = %e, "removing the tools volumes");
             }
         })
     }

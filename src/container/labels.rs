@@ -237,7 +237,7 @@ mod tests {
         assert!(!reclaimable_by(&m, "w2"));
         let cache = l.for_kind(Kind::Cache, "cache");
         assert!(!reclaimable_by(&cache, "w1"), "a worker's reclaim never removes a cache");
-        assert!(!reclaimable_by(&tools("abc", "init"), "w1"), "nor the shared tools");
+        assert!(!reclaimable_by(&tools("abc", "init"), "w1"), "nor a rung's tools");
         let ahead = AttemptLabels { job: None, ..l };
         assert!(!ahead.for_role("attempt").contains_key(JOB));
     }

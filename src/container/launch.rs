@@ -129,7 +129,7 @@ async fn provision(
     let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
         config: cfg,
         image: &plan.image_ref,
-        tools_volume: &tools.volume,
+        tools: &tools,
         labels: plan.labels.clone(),
         input_volume: staging.as_ref().map(|(v, ..)| v.as_str()),
         applied: &plan.applied,
@@ -226,6 +226,7 @@ async fn begin(
     let started = Instant::now();
     if !running && let Err(err) = shared.engine.api.start(&plan.name).await {
         reader.abort();
+        shared.tools_suspect().await;
         return Err(spec::port_taken(cfg, err));
     }
     let mut ports = BTreeMap::new();
@@ -383,23 +384,46 @@ fn start_frame(
     }
 }
 
-/// After this long unused, the rung checks that its tools volume is still there before it
-/// mounts it again (an operator's `reclaim` may have taken it for a crash's leftover; an
-/// engine would create it again, empty).
+/// After this long, the rung checks that its tools volume is still its own before it mounts
+/// it again (another process's `reclaim --tools` may have taken it for a crash's leftover);
+/// after a failed launch it checks at once.
 const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// This rung's init in the engine: its own tools volume, made on first use.
-pub(crate) async fn tools_volume(shared: &Shared, image: &str) -> Result<ToolsVolume, LaunchError> {
-    let mut slot = shared.tools.lock().await;
-    if let Some((t, used)) = &mut *slot
-        && (used.elapsed() < TOOLS_RECHECK_AFTER || tools::exists(&shared.engine, &t.volume).await?)
+/// This rung's init in the engine: its own tools volume, made on first use and made anew
+/// when it is no longer its own.
+pub(crate) async fn tools_volume(shared: &Arc<Shared>, image: &str) -> Result<ToolsVolume, LaunchError> {
+    if let Some((t, Some(checked))) = &shared.tools.lock().await.current
+        && checked.elapsed() < TOOLS_RECHECK_AFTER
     {
-        *used = std::time::Instant::now();
         return Ok(t.clone());
     }
-    let t = tools::create(&shared.engine, image, &shared.incarnation).await?;
-    *slot = Some((t.clone(), std::time::Instant::now()));
-    Ok(t)
+    // On the rung's tracked tasks, so an attempt dropped meanwhile (a caller's timeout)
+    // leaves the volume made and recorded for `close`, never half made and unknown.
+    let s = shared.clone();
+    let image = image.to_owned();
+    shared
+        .tracker
+        .spawn(async move {
+            let mut slot = s.tools.lock().await;
+            let now = std::time::Instant::now();
+            if let Some((t, checked)) = &mut slot.current {
+                let fresh = checked.is_some_and(|c| c.elapsed() < TOOLS_RECHECK_AFTER);
+                if fresh || tools::is_ours(&s.engine, &t.volume, &s.incarnation).await? {
+                    *checked = Some(now);
+                    return Ok(t.clone());
+                }
+                // Gone, or made again empty by a mount: its name stays in `made` for `close`.
+                tracing::warn!(volume = %t.volume, "the rung's tools volume was taken; making a new one");
+                let _ = s.engine.api.remove_volume(&t.volume).await;
+                slot.current = None;
+            }
+            let t = tools::create(&s.engine, &image, &s.incarnation).await?;
+            slot.made.push(t.volume.clone());
+            slot.current = Some((t.clone(), Some(now)));
+            Ok::<_, LaunchError>(t)
+        })
+        .await
+        .map_err(|e| LaunchError::Staging { what: "the init's tools volume".into(), source: Box::new(e) })?
 }
 
 /// Uploads the caller's input dir into `volume` through a created, never-started helper

@@ -275,7 +275,7 @@ async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
         let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
             config: cfg,
             image: &t.image,
-            tools_volume: &tools.volume,
+            tools: &tools,
             labels: l.for_kind(Kind::Pool, "container"),
             input_volume: Some(&input_volume),
             applied: &t.applied,
@@ -304,6 +304,7 @@ async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
     }
     .await;
     if made.is_err() {
+        shared.tools_suspect().await;
         remove(shared, &left.containers, &left.volumes).await;
         shared.in_flight().remove(&attempt_id);
     }

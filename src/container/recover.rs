@@ -212,7 +212,9 @@ async fn conclude_recovered(
     let hooks = req.hooks.clone();
     let mut quiet = req.clone();
     quiet.hooks = None;
-    let (mut outcome, silent) = conclude(shared, &quiet, running, ended, cleanup).await;
+    // Removed before returning, whatever `background_cleanup` says: the dead process's tools
+    // volume is removed next, and the engine refuses while this container still mounts it.
+    let (mut outcome, silent) = conclude(shared, &quiet, running, ended, cleanup, false).await;
     outcome.evidence.recovered = Some(how.to_owned());
     if let Some(h) = hooks {
         h.deliver_outcome(&mut outcome).await;

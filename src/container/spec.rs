@@ -1,12 +1,14 @@
 //! From a request and the configuration to the engine's container spec (pure).
 
 use super::config::ContainerConfig;
+use super::labels;
+use super::tools::ToolsVolume;
 use crate::contract::{LaunchError, NarrowedLimit, ResourceLimits, limits::key};
 use crate::engine::EngineError;
 use crate::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountTmpfsOptions, MountType,
-    PortBinding, ResourcesUlimits,
+    MountVolumeOptions, PortBinding, ResourcesUlimits,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -63,7 +65,7 @@ pub struct SpecInput<'a> {
     /// The image reference.
     pub image: &'a str,
     /// The volume holding stevedore's init (mounted read-only at [`TOOLS_DIR`]).
-    pub tools_volume: &'a str,
+    pub tools: &'a ToolsVolume,
     /// Labels.
     pub labels: HashMap<String, String>,
     /// The input volume (read-only at `/in`), when the request has inputs.
@@ -104,6 +106,23 @@ pub(crate) fn volume_mount(source: &str, target: &str, read_only: bool) -> Mount
     }
 }
 
+/// The read-only mount of the tools volume at [`TOOLS_DIR`]. Should the volume be gone when
+/// the container is created (another process's `reclaim --tools` took it), the engine creates
+/// one of that name again: then empty (`NoCopy`: never filled from what the image holds at
+/// that path, which would run as PID 1 and hold the attempt's key) and labelled as this
+/// incarnation's tools, but without [`super::tools::TOOLS_CREATED`], so the rung never takes
+/// it for its own and `close`, `reclaim` and `prune` remove it.
+pub(crate) fn tools_mount(tools: &ToolsVolume, incarnation: Option<&str>) -> Mount {
+    let mut l = labels::tools(&tools.digest, "created-by-a-mount");
+    if let Some(i) = incarnation {
+        l.insert(labels::INCARNATION.to_owned(), i.to_owned());
+    }
+    Mount {
+        volume_options: Some(MountVolumeOptions { no_copy: Some(true), labels: Some(l), ..Default::default() }),
+        ..volume_mount(&tools.volume, TOOLS_DIR, true)
+    }
+}
+
 fn tmpfs_mount(target: &str, size: u64, mode: i64, read_only: bool) -> Mount {
     Mount {
         typ: Some(MountType::TMPFS),
@@ -137,7 +156,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         m.insert(k.to_owned(), v);
     };
 
-    let mut mounts = vec![volume_mount(input.tools_volume, TOOLS_DIR, true)];
+    let mut mounts = vec![tools_mount(input.tools, input.labels.get(labels::INCARNATION).map(String::as_str))];
     if let Some(v) = input.input_volume {
         mounts.push(volume_mount(v, IN_DIR, true));
         put(&mut enforcement, "inputs_read_only", format!("volume {v} mounted read-only at {IN_DIR}"));
@@ -366,8 +385,11 @@ mod tests {
         SpecInput {
             config: cfg,
             image: "img:1",
-            tools_volume: "stevedore-tools-abc",
-            labels: HashMap::from([("dev.stevedore.managed".into(), "true".into())]),
+            tools: Box::leak(Box::new(ToolsVolume { volume: "stevedore-tools-abc".into(), digest: "d1".into() })),
+            labels: HashMap::from([
+                ("dev.stevedore.managed".into(), "true".into()),
+                (labels::INCARNATION.into(), "inc".into()),
+            ]),
             input_volume,
             applied,
             image_volumes: leak(&["/data", "/out"]),
@@ -435,6 +457,15 @@ mod tests {
         assert_eq!(find("/out").typ, Some(MountType::TMPFS));
         assert_eq!(find(TOOLS_DIR).read_only, Some(true));
         assert_eq!(find(TOOLS_DIR).typ, Some(MountType::VOLUME), "nothing of the host is mounted");
+        // A tools volume taken meanwhile comes back empty and labelled, never filled from the image.
+        let o = find(TOOLS_DIR).volume_options.as_ref().unwrap();
+        assert_eq!(o.no_copy, Some(true));
+        let l = o.labels.as_ref().unwrap();
+        assert_eq!(
+            (l[labels::KIND].as_str(), l[labels::MANAGED].as_str(), l[labels::INCARNATION].as_str()),
+            ("tools", "true", "inc")
+        );
+        assert!(!l.contains_key(super::super::tools::TOOLS_CREATED), "never taken for the rung's own");
         assert!(mounts.iter().all(|m| m.typ != Some(MountType::BIND)));
         assert_eq!(find("/data").read_only, Some(true), "image VOLUME masked read-only");
         assert_eq!(mounts.iter().filter(|m| m.target.as_deref() == Some("/out")).count(), 1);

@@ -353,6 +353,60 @@ async fn each_rung_fills_its_own_init_volume_and_close_removes_it() {
 }
 
 #[tokio::test]
+async fn a_tools_volume_another_process_took_is_made_anew_and_close_leaves_nothing() {
+    use crate::engine::EngineApi;
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(honest(record(WaitStatus::Code(0)))));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ContainerConfig::default().log_dir(dir.path().join("logs")).incarnation("me");
+    let rung = ContainerExecutor::on(fake.engine(), cfg);
+    let req = |n: usize| Request::command("j", ["true"], dir.path().join(format!("o{n}"))).worker("w1").image(IMAGE);
+    let first = rung.run(&req(0), CancellationToken::new()).await.unwrap();
+    assert_eq!(first.status, Status::Ok);
+    let taken = fake.volume_names();
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    // Another process's `reclaim --tools` takes it between two attempts, well within the
+    // minute the rung trusts it unchecked.
+    fake.remove_volume(&taken[0]).await.unwrap();
+
+    // The next container makes the name again, empty: never filled from the image, labelled
+    // as this incarnation's. Its start fails; it never ran, so this is a launch error.
+    let err = rung.run(&req(1), CancellationToken::new()).await.unwrap_err();
+    assert!(err.to_string().contains("no such file"), "{err}");
+    let remade = fake.volume_names();
+    assert_eq!(remade, taken, "made again by the mount");
+    // The failure sends the rung to check: the attempt after it makes a new volume.
+    let third = rung.run(&req(2), CancellationToken::new()).await.unwrap();
+    assert_eq!(third.status, Status::Ok);
+    assert_ne!(third.evidence.init, first.evidence.init, "a new tools volume");
+    assert!(!fake.volume_names().contains(&taken[0]), "the empty one is removed once nothing mounts it");
+    rung.close().await;
+    assert!(fake.objects().is_empty(), "left behind: {:?}", fake.objects());
+}
+
+#[tokio::test]
+async fn a_first_attempt_dropped_while_its_init_volume_is_made_leaves_it_to_close() {
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(honest(record(WaitStatus::Code(0)))));
+    let dir = tempfile::tempdir().unwrap();
+    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let req = Request::command("j", ["true"], dir.path().join("o")).worker("w1").image(IMAGE);
+    // The caller gives up while the init is being uploaded into the new volume (the first
+    // attempt of a rung): the volume is made on a tracked task, which runs on.
+    fake.hold_uploads();
+    let mut attempt = Box::pin(rung.run(&req, CancellationToken::new()));
+    for _ in 0..10 {
+        assert!(futures_util::poll!(attempt.as_mut()).is_pending());
+        tokio::task::yield_now().await;
+    }
+    assert!(fake.calls().iter().any(|c| c.starts_with("upload archive stevedore-tools-")), "{:?}", fake.calls());
+    drop(attempt);
+    fake.release_uploads();
+    rung.close().await;
+    assert!(fake.objects().is_empty(), "left behind: {:?}", fake.objects());
+}
+
+#[tokio::test]
 async fn a_rung_dropped_without_close_still_removes_its_init_volume() {
     let fake = FakeApi::new(IMAGE);
     fake.script(init(honest(record(WaitStatus::Code(0)))));

@@ -7,9 +7,12 @@
 //! used it, and removing it safely would need to know that no other process is about to
 //! mount it (an engine creates a missing named volume, empty, on mount). A rung fills its
 //! own in four engine calls, about what checking a shared one cost. What a crash leaves is
-//! labelled with its incarnation: `reclaim` removes the tools volumes of the incarnations
-//! whose attempts it reclaims, and `prune` those of other incarnations that no container
-//! uses and that are older than [`STALE_AFTER`].
+//! labelled with its incarnation: `reclaim` removes the tools volumes (and fill helpers) of
+//! the incarnations whose attempts it reclaims, and `prune` those of other incarnations that
+//! no container uses and that are older than [`STALE_AFTER`]. `prune` cannot tell an idle
+//! live rung from a crashed one, so a rung checks [`is_ours`] before it trusts its volume
+//! again, and its mounts (`spec::tools_mount`) make a taken volume come back empty, never
+//! filled from the image.
 
 use super::labels;
 use super::spec::volume_mount;
@@ -63,13 +66,16 @@ fn init_tar(bytes: &[u8]) -> Vec<u8> {
     tar.into_inner().expect("writing to memory")
 }
 
-/// A never-started helper container mounting `volume` at [`TOOLS_DIR`], for the archive API.
-fn helper(image: &str, volume: &str, digest: &str) -> ContainerCreateBody {
+/// A never-started helper container mounting `volume` at [`TOOLS_DIR`], for the archive API;
+/// labelled with `incarnation` like the volume, so what a failed removal leaves goes with it.
+fn helper(image: &str, volume: &str, digest: &str, incarnation: &str) -> ContainerCreateBody {
+    let mut l = labels::tools(digest, "helper");
+    l.insert(labels::INCARNATION.into(), incarnation.to_owned());
     ContainerCreateBody {
         image: Some(image.to_owned()),
         entrypoint: Some(vec!["/.stevedore-helper-never-started".into()]),
         cmd: Some(vec![]),
-        labels: Some(labels::tools(digest, "helper")),
+        labels: Some(l),
         network_disabled: Some(true),
         host_config: Some(HostConfig {
             network_mode: Some("none".into()),
@@ -116,27 +122,37 @@ pub async fn create(engine: &Engine, image: &str, incarnation: &str) -> Result<T
         ..Default::default()
     })
     .await?;
-    if let Err(e) = fill(engine, image, &volume, &digest, bytes).await {
+    if let Err(e) = fill(engine, image, &volume, &digest, incarnation, bytes).await {
         let _ = api.remove_volume(&volume).await;
         return Err(e);
     }
     Ok(ToolsVolume { volume, digest })
 }
 
-/// Whether `volume` still exists (a rung idle for a while checks before it mounts it again:
-/// an engine would otherwise create it empty).
-pub async fn exists(engine: &Engine, volume: &str) -> Result<bool, EngineError> {
-    Ok(engine.api.inspect_volume(volume).await?.is_some())
+/// Whether `volume` is still the one [`create`] made for `incarnation` (a rung checks before it
+/// mounts it again after a while or after a failed launch: another process's `prune` may have
+/// taken it, and a mount then made an empty one of that name, which lacks [`TOOLS_CREATED`]).
+pub async fn is_ours(engine: &Engine, volume: &str, incarnation: &str) -> Result<bool, EngineError> {
+    Ok(engine.api.inspect_volume(volume).await?.is_some_and(|v| {
+        v.labels.get(labels::INCARNATION).map(String::as_str) == Some(incarnation)
+            && v.labels.contains_key(TOOLS_CREATED)
+    }))
 }
 
-/// Removes the tools volumes labelled with one of `incarnations` (never `own`); one a
-/// container still mounts is left (the engine refuses). Returns the names removed.
-pub async fn remove_of(engine: &Engine, incarnations: &[&str], own: &str) -> Result<Vec<String>, EngineError> {
+/// Removes the tools objects labelled with an incarnation that `which` picks: fill helpers a
+/// failed removal left, then volumes; a volume a container still mounts is left (the engine
+/// refuses). Returns the volumes removed.
+async fn remove_where(engine: &Engine, which: impl Fn(&str) -> bool) -> Result<Vec<String>, EngineError> {
     let api = &engine.api;
+    let picked = |l: &std::collections::HashMap<String, String>| l.get(labels::INCARNATION).is_some_and(|i| which(i));
+    for c in api.list_containers(labels::tools_filter()).await? {
+        if picked(&c.labels) {
+            api.remove_container(&c.id).await?;
+        }
+    }
     let mut removed = Vec::new();
     for v in api.list_volumes(labels::tools_filter()).await? {
-        let inc = v.labels.get(labels::INCARNATION).map(String::as_str);
-        if inc.is_some_and(|i| i != own && incarnations.contains(&i)) {
+        if picked(&v.labels) {
             match api.remove_volume(&v.name).await {
                 Ok(()) => removed.push(v.name),
                 Err(e) if e.is_conflict() || e.is_not_found() => {}
@@ -147,10 +163,51 @@ pub async fn remove_of(engine: &Engine, incarnations: &[&str], own: &str) -> Res
     Ok(removed)
 }
 
-async fn fill(engine: &Engine, image: &str, volume: &str, digest: &str, bytes: &[u8]) -> Result<(), LaunchError> {
+/// Removes the tools objects of `incarnations` (never `own`'s): what crashed processes left.
+pub async fn remove_of(engine: &Engine, incarnations: &[&str], own: &str) -> Result<Vec<String>, EngineError> {
+    remove_where(engine, |i| i != own && incarnations.contains(&i)).await
+}
+
+/// Removes the volumes named `made` (a rung's, at `close`: the one it made and any a mount
+/// made again under that name) and the fill helpers a failed removal left beside them.
+/// Returns the first error; the rest are still tried.
+pub async fn remove_made(engine: &Engine, made: &[String]) -> Result<(), EngineError> {
+    let api = &engine.api;
+    let mut first = None;
+    for name in made {
+        let helper = api.remove_container(&format!("{name}-fill")).await.map(|_| ());
+        let volume = match api.remove_volume(name).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other,
+        };
+        if let Err(e) = helper.and(volume) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// A rung's tools volume, and the names it made.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    /// The volume attempts mount, and when it was last known to be this rung's (`None`: check
+    /// before the next mount).
+    pub current: Option<(ToolsVolume, Option<std::time::Instant>)>,
+    /// Every volume name this rung made: what `close` removes.
+    pub made: Vec<String>,
+}
+
+async fn fill(
+    engine: &Engine,
+    image: &str,
+    volume: &str,
+    digest: &str,
+    incarnation: &str,
+    bytes: &[u8],
+) -> Result<(), LaunchError> {
     let api = &engine.api;
     let name = format!("{volume}-fill");
-    api.create_container(&name, helper(image, volume, digest)).await?;
+    api.create_container(&name, helper(image, volume, digest, incarnation)).await?;
     let uploaded = api.upload(&name, TOOLS_DIR, stream_of(init_tar(bytes)), engine.timeout() * 2).await;
     let removed = api.remove_container(&name).await;
     uploaded?;

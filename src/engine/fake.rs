@@ -42,6 +42,8 @@ struct State {
     images: HashMap<String, ImageFacts>,
     containers: BTreeMap<String, FakeContainer>,
     volumes: BTreeMap<String, Listed>,
+    /// Volumes something was uploaded into (an empty one holds no init to start).
+    filled: std::collections::HashSet<String>,
     calls: Vec<String>,
     /// op → how many more calls of it succeed before one fails (then the failure is removed).
     fail: HashMap<&'static str, (usize, u16)>,
@@ -56,6 +58,8 @@ pub(crate) struct FakeApi {
     state: Mutex<State>,
     script: Mutex<Option<Script>>,
     me: Mutex<Option<std::sync::Weak<FakeApi>>>,
+    /// While set, uploads wait until it is closed (an upload the engine is slow to take).
+    upload_gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
 }
 
 impl std::fmt::Debug for FakeApi {
@@ -67,7 +71,12 @@ impl std::fmt::Debug for FakeApi {
 impl FakeApi {
     /// A fake with `image` present.
     pub fn new(image: &str) -> Arc<Self> {
-        let api = Arc::new(Self { state: Mutex::default(), script: Mutex::new(None), me: Mutex::new(None) });
+        let api = Arc::new(Self {
+            state: Mutex::default(),
+            script: Mutex::new(None),
+            me: Mutex::new(None),
+            upload_gate: Mutex::new(None),
+        });
         *api.me.lock().unwrap() = Some(Arc::downgrade(&api));
         api.state.lock().unwrap().images.insert(
             image.to_owned(),
@@ -90,6 +99,18 @@ impl FakeApi {
             ..EngineFacts::default()
         };
         Engine::with_api(self.clone(), facts, Duration::from_secs(5))
+    }
+
+    /// Makes uploads wait until [`Self::release_uploads`].
+    pub fn hold_uploads(&self) {
+        *self.upload_gate.lock().unwrap() = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    /// Lets held and later uploads through.
+    pub fn release_uploads(&self) {
+        if let Some(g) = self.upload_gate.lock().unwrap().take() {
+            g.close();
+        }
     }
 
     /// Sets the init's behaviour for containers started from now on.
@@ -205,6 +226,7 @@ impl EngineApi for FakeApi {
                 });
             }
             s.volumes.remove(name);
+            s.filled.remove(name);
             Ok(())
         })
     }
@@ -233,14 +255,19 @@ impl EngineApi for FakeApi {
                 return Err(Self::not_found("create container", &image));
             }
             let labels = body.labels.clone().unwrap_or_default();
-            let mounts = body
-                .host_config
-                .as_ref()
-                .and_then(|h| h.mounts.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|m| Some((m.source?, m.target?)))
-                .collect();
+            let all = body.host_config.as_ref().and_then(|h| h.mounts.clone()).unwrap_or_default();
+            // As the engine: a named volume that does not exist is created, empty, with the
+            // labels of the mount's volume options.
+            for m in &all {
+                if m.typ == Some(bollard::models::MountType::VOLUME)
+                    && let Some(v) = &m.source
+                    && !s.volumes.contains_key(v)
+                {
+                    let labels = m.volume_options.as_ref().and_then(|o| o.labels.clone()).unwrap_or_default();
+                    s.volumes.insert(v.clone(), Listed { id: v.clone(), name: v.clone(), labels });
+                }
+            }
+            let mounts = all.into_iter().filter_map(|m| Some((m.source?, m.target?))).collect();
             s.containers.insert(name.to_owned(), FakeContainer { labels, mounts, ..FakeContainer::default() });
             Ok(format!("id-{name}"))
         })
@@ -303,6 +330,15 @@ impl EngineApi for FakeApi {
             self.enter("start container", name)?;
             let (stdin, out) = {
                 let mut s = self.state.lock().unwrap();
+                let c = s.containers.get(name).ok_or_else(|| Self::not_found("start container", name))?;
+                let tools = c.mounts.iter().find(|(_, at)| at == crate::wire::TOOLS_DIR).map(|(v, _)| v.clone());
+                if tools.is_some_and(|v| !s.filled.contains(&v)) {
+                    return Err(EngineError::Refused {
+                        op: "start container",
+                        status: 400,
+                        message: "exec: \"/.stevedore/tools/stevedore-init\": no such file or directory".into(),
+                    });
+                }
                 let c = s.containers.get_mut(name).ok_or_else(|| Self::not_found("start container", name))?;
                 c.started = true;
                 s.pending.remove(name).ok_or_else(|| Self::not_found("start container", name))?
@@ -330,6 +366,18 @@ impl EngineApi for FakeApi {
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, mut tar: ByteStream, _timeout: Duration) -> Call<'a, ()> {
         Box::pin(async move {
             self.enter("upload archive", &format!("{name} {path}"))?;
+            let gate = self.upload_gate.lock().unwrap().clone();
+            if let Some(g) = gate {
+                // Closed on release: the wait ends then.
+                let _ = g.acquire().await;
+            }
+            {
+                let mut s = self.state.lock().unwrap();
+                let into = s.containers.get(name).and_then(|c| c.mounts.iter().find(|(_, at)| at == path)).cloned();
+                if let Some((volume, _)) = into {
+                    s.filled.insert(volume);
+                }
+            }
             // Read whole, as the engine does; the fake keeps nothing of it.
             while let Some(chunk) = tar.next().await {
                 chunk.map_err(|e| EngineError::Refused {
