@@ -106,7 +106,18 @@ async fn an_attempt_that_ended_while_the_worker_was_away_is_collected() {
     while exec(&docker, &id, "! kill -0 $(cat /tmp/pid) 2>/dev/null").await != 0 {
         assert!(t.elapsed() < Duration::from_secs(60), "the command never ended");
     }
-    let got = Command::new(BIN).arg("recover").arg(&cp).output().unwrap();
+    // Recovered with background cleanup on: the dead process's tools volume still goes,
+    // after the container that mounts it.
+    let config = dir.path().join("profiles.toml");
+    std::fs::write(&config, "[profiles.bg]\nbackground_cleanup = true\n").unwrap();
+    let dead = Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap().incarnation;
+    let got = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .args(["--profile", "bg", "recover"])
+        .arg(&cp)
+        .output()
+        .unwrap();
     // It exits as `run` would have: the command's own status.
     assert_eq!(got.status.code(), Some(7), "{}", String::from_utf8_lossy(&got.stderr));
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
@@ -114,6 +125,12 @@ async fn an_attempt_that_ended_while_the_worker_was_away_is_collected() {
     assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");
     assert_eq!(std::fs::read_to_string(out.join("m")).unwrap(), "made\n");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
+    let filter = format!("dev.stevedore.incarnation={dead}");
+    let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
+        .filters(&std::collections::HashMap::from([("label", vec![filter.as_str()])]))
+        .build();
+    let left = docker.list_volumes(Some(opts)).await.unwrap().volumes.unwrap_or_default();
+    assert!(left.is_empty(), "the dead process's tools: {:?}", left.iter().map(|v| &v.name).collect::<Vec<_>>());
 }
 
 #[tokio::test]
