@@ -386,7 +386,10 @@ fn start_frame(
 
 /// After this long, the rung checks that its tools volume is still its own before it mounts
 /// it again (another process's `reclaim --tools` may have taken it for a crash's leftover);
-/// after a failed launch it checks at once.
+/// after a failed launch it checks at once. An engine that ignores `NoCopy` would fill a
+/// volume made again on mount from the image, whose files would then run as PID 1: there
+/// the rung checks before every mount, which leaves only the moment between the check and
+/// the create.
 const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// This rung's init in the engine: its own tools volume, made on first use and made anew
@@ -394,6 +397,7 @@ const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(
 pub(crate) async fn tools_volume(shared: &Arc<Shared>, image: &str) -> Result<ToolsVolume, LaunchError> {
     if let Some((t, Some(checked))) = &shared.tools.lock().await.current
         && checked.elapsed() < TOOLS_RECHECK_AFTER
+        && shared.engine.facts().honours_nocopy()
     {
         return Ok(t.clone());
     }
@@ -407,7 +411,8 @@ pub(crate) async fn tools_volume(shared: &Arc<Shared>, image: &str) -> Result<To
             let mut slot = s.tools.lock().await;
             let now = std::time::Instant::now();
             if let Some((t, checked)) = &mut slot.current {
-                let fresh = checked.is_some_and(|c| c.elapsed() < TOOLS_RECHECK_AFTER);
+                let fresh =
+                    checked.is_some_and(|c| c.elapsed() < TOOLS_RECHECK_AFTER) && s.engine.facts().honours_nocopy();
                 if fresh || tools::is_ours(&s.engine, &t.volume, &s.incarnation).await? {
                     *checked = Some(now);
                     return Ok(t.clone());

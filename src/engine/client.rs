@@ -49,6 +49,12 @@ impl EngineFacts {
         self.product.to_ascii_lowercase().contains("podman")
     }
 
+    /// Whether a volume mount's `NoCopy` is honoured: an empty named volume made on mount is
+    /// then never filled from the image. Podman 4's Docker API ignores it (seen with 4.3.1).
+    pub fn honours_nocopy(&self) -> bool {
+        !self.is_podman()
+    }
+
     /// Whether the engine applies a seccomp profile.
     pub fn seccomp(&self) -> bool {
         self.security_options.iter().any(|o| o.contains("seccomp"))
