@@ -1,6 +1,8 @@
 //! Runs the real, static `stevedore-init` outside a container (not PID 1, so it signals the
 //! command's process group instead of the whole namespace), speaking the link to it as the
-//! host does.
+//! host does; and, by hand, inside one to capture real link bytes for the fuzz corpora.
+
+mod support;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -704,4 +706,147 @@ fn without_a_takeover_the_init_gives_up_after_the_grace() {
     assert!(init.child.wait().unwrap().success());
     assert!(t.elapsed() >= Duration::from_millis(300));
     assert!(t.elapsed() < Duration::from_secs(15));
+}
+
+/// Real bytes for the fuzz corpora (README, "Fuzzing"): the init as PID 1 of a container on
+/// the engine under test (`DOCKER_HOST` as the other tests read it), fed a Start sealed with
+/// the fuzz targets' key, running a command that writes both streams, sends reports, leaves
+/// output files and copies its cgroup's counter files into `/out`. Writes what crossed the
+/// link as `real_container_<cgroup version>_…` seeds of `frames`, `record`, `extract` and
+/// `cgroup`. By hand, once per engine: `cargo test --test init -- --ignored capture_real`.
+#[test]
+#[ignore = "writes real captures into fuzz/corpus; needs the engine"]
+fn capture_real_link_bytes_for_the_fuzz_corpora() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(docker) = rt.block_on(support::engine()) else { return };
+    let image = rt.block_on(support::busybox_image(&docker));
+    let cli = |args: &[&str]| {
+        let out = Command::new("docker").args(args).output().unwrap();
+        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    /// Removes the capture's container however the test ends.
+    struct Removed(String);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = Command::new("docker").args(["rm", "-f", &self.0]).output();
+        }
+    }
+    let name = Removed(format!("stevedore-capture-{:x}", rand_u128()));
+    let test_label = format!("{}=true", support::TEST_LABEL);
+    cli(&[
+        "create",
+        "-i",
+        "--name",
+        &name.0,
+        "--label",
+        &test_label,
+        "--network",
+        "none",
+        "-u",
+        "65534:65534",
+        "--memory",
+        "64m",
+        "--memory-swap",
+        "64m",
+        "--tmpfs",
+        "/out:mode=1777",
+        "--entrypoint",
+        "/stevedore-init",
+        &image,
+    ]);
+    cli(&["cp", &init_path().display().to_string(), &format!("{}:/stevedore-init", name.0)]);
+
+    let script = r#"set -e
+echo "hello from the command"; echo "warning: on stderr" >&2
+/stevedore-init report progress 40 half way; /stevedore-init report note "a note"
+/stevedore-init report data '{"tests":12,"failed":0}'
+mkdir -p /out/cgroup /out/reports
+echo '<testsuite tests="12" failures="0"/>' > /out/reports/junit.xml
+head -c 300 /dev/urandom > /out/data.bin
+c=/sys/fs/cgroup
+if [ -f $c/cgroup.controllers ]; then v=v2; else v=v1; fi
+echo $v > /out/cgroup/version
+for f in memory/memory.max_usage_in_bytes memory/memory.limit_in_bytes memory/memory.oom_control \
+    memory/memory.failcnt cpuacct/cpuacct.usage memory.peak memory.max memory.events cpu.stat; do
+  if [ -f $c/$f ]; then cat $c/$f > /out/cgroup/${f#*/}; fi
+done"#;
+    let key: String = stevedore_init::fuzzing::FUZZ_KEY.iter().map(|b| format!("{b:02x}")).collect();
+    let start = Start {
+        key,
+        env: vec![("PATH".into(), "/bin".into())],
+        outputs: OutputSpec { dir: "/out".into(), max_files: 100, max_bytes: 1 << 20 },
+        cgroup_dir: Some("/sys/fs/cgroup".into()),
+        ..spec(&["/bin/sh", "-c", script], Path::new("/out"))
+    };
+
+    let mut child = Command::new("docker")
+        .args(["start", "-a", "-i", &name.0])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&wire::encode_start(&start, b"")).unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (mut link, mut record, mut tar, mut ended) = (Vec::new(), None, Vec::new(), false);
+    let mut decoder = Decoder::new(|_| true);
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = stdout.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        link.extend_from_slice(&buf[..n]);
+        decoder.feed(&buf[..n]);
+        while let Some(f) = decoder.next_frame().expect("only the init writes the link") {
+            match f.kind {
+                Kind::Record => record = Some(f.body),
+                Kind::Output => tar.extend_from_slice(&f.body),
+                Kind::OutputEnd => {
+                    ended = true;
+                    stdin.write_all(&wire::encode(Kind::Ack, b"")).unwrap();
+                }
+                _ => {}
+            }
+        }
+    }
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(status.success() && ended, "the init ended with {status} before the outputs' end: {stderr}");
+    let record = record.expect("a record");
+    let json = wire::open_sealed(&stevedore_init::fuzzing::FUZZ_KEY, &record).expect("sealed with the fuzz key");
+    let rec = wire::parse_claim::<InitRecord>(json, 1 << 20).unwrap();
+    assert_eq!(rec.wait, WaitStatus::Code(0), "{rec:?}");
+
+    let mut cgroup = Vec::new();
+    let mut version = String::new();
+    for e in tar::Archive::new(&tar[..]).entries().unwrap() {
+        let mut e = e.unwrap();
+        let path = e.path().unwrap().display().to_string();
+        if let Some(file) = path.strip_prefix("cgroup/").filter(|f| !f.is_empty()) {
+            let mut bytes = Vec::new();
+            e.read_to_end(&mut bytes).unwrap();
+            if file == "version" {
+                version = String::from_utf8(bytes).unwrap().trim().to_owned();
+            } else {
+                cgroup.push((file.to_owned(), bytes));
+            }
+        }
+    }
+    assert!(matches!(version.as_str(), "v1" | "v2"), "{version:?}");
+    assert!(cgroup.len() >= 4, "the cgroup files copied: {:?}", cgroup.iter().map(|c| &c.0).collect::<Vec<_>>());
+
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    let write = |target: &str, name: &str, bytes: &[u8]| {
+        std::fs::write(corpus.join(target).join(format!("real_container_{version}_{name}")), bytes).unwrap();
+    };
+    // frames: [piece size - 1][stream]; extract: [file cap % 8 + 1][byte cap / 256][tar].
+    write("frames", "init_to_host", &[&[255u8][..], &link].concat());
+    write("record", "sealed_record", &record);
+    write("extract", "init_outputs_tar", &[&[7u8, 255][..], &tar].concat());
+    for (file, bytes) in &cgroup {
+        write("cgroup", file, bytes);
+    }
 }

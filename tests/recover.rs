@@ -111,13 +111,8 @@ async fn an_attempt_that_ended_while_the_worker_was_away_is_collected() {
     let config = dir.path().join("profiles.toml");
     std::fs::write(&config, "[profiles.bg]\nbackground_cleanup = true\n").unwrap();
     let dead = Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap().incarnation;
-    let got = Command::new(BIN)
-        .arg("--config")
-        .arg(&config)
-        .args(["--profile", "bg", "recover"])
-        .arg(&cp)
-        .output()
-        .unwrap();
+    let got =
+        Command::new(BIN).arg("--config").arg(&config).args(["--profile", "bg", "recover"]).arg(&cp).output().unwrap();
     // It exits as `run` would have: the command's own status.
     assert_eq!(got.status.code(), Some(7), "{}", String::from_utf8_lossy(&got.stderr));
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
