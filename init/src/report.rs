@@ -86,8 +86,9 @@ impl Report {
         Self { kind: ReportKind::Data, value: Some(value), ..Self::heartbeat() }
     }
 
-    /// Checks the fields each kind needs and has, and the scope. The scope fields are
-    /// removed: the link already says which attempt a report belongs to.
+    /// Checks the fields each kind needs and has, the scope, and the size as forwarded
+    /// (at most [`MAX_REPORT_BYTES`]). The scope fields are removed: the link already says
+    /// which attempt a report belongs to.
     pub fn check(mut self, scope: &Scope) -> Result<Self, String> {
         if let Some(j) = &self.job_id
             && *j != scope.job_id
@@ -113,6 +114,13 @@ impl Report {
         }
         if self.text.as_ref().is_some_and(|t| t.chars().any(|c| c.is_control() && c != '\t')) {
             return Err("text with control characters".into());
+        }
+        // The cap holds for the report as the init forwards it, not only as it was sent: a
+        // number's shortest spelling can be longer than the sender's (`9E15` is
+        // `9000000000000000.0`), and a Report frame over its cap cannot be sent at all.
+        let len = serde_json::to_vec(&self).expect("a report always serialises").len();
+        if len > MAX_REPORT_BYTES {
+            return Err(format!("{len} bytes as forwarded, over the {MAX_REPORT_BYTES}-byte limit"));
         }
         Ok(self)
     }
@@ -401,6 +409,33 @@ mod tests {
         let first: Report = serde_json::from_slice(sent).unwrap();
         let again: Report = serde_json::from_slice(&serde_json::to_vec(&first).unwrap()).unwrap();
         assert_eq!(again, first);
+    }
+
+    #[test]
+    fn a_report_that_grows_when_the_init_rewrites_it_is_refused_not_forwarded() {
+        // Found by the `report` fuzz target: `9E15` is 4 bytes as sent and 18
+        // (`9000000000000000.0`) as the init re-serialises it, so a report under the cap
+        // became a Report frame over its cap, and the init (PID 1) panicked encoding it.
+        let mut sent = br#"{"kind":"data","value":["#.to_vec();
+        while sent.len() < MAX_REPORT_BYTES - 10 {
+            sent.extend_from_slice(b"9E15,");
+        }
+        sent.extend_from_slice(b"1]}");
+        assert!(sent.len() <= MAX_REPORT_BYTES);
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        (&theirs).write_all(&wire::encode(Kind::Report, &sent)).unwrap();
+        (&theirs).write_all(&wire::encode(Kind::Report, br#"{"kind":"heartbeat"}"#)).unwrap();
+        drop(theirs);
+        let mut inbox = Inbox::new(ours.into(), scope(), Instant::now());
+        let mut frames = Vec::new();
+        // What the init's link does with each forwarded body.
+        inbox.read(&mut |body| frames.push(wire::encode(Kind::Report, body)));
+        assert_eq!(frames.len(), 1, "only the heartbeat is forwarded");
+        let counts = inbox.counts();
+        assert_eq!((counts.forwarded, counts.refused), (1, 1));
+        assert!(counts.refusals[0].contains("bytes"), "{:?}", counts.refusals);
+        let grown: Report = serde_json::from_slice(&sent).unwrap();
+        assert!(grown.check(&scope()).unwrap_err().contains(&MAX_REPORT_BYTES.to_string()));
     }
 
     #[test]
