@@ -523,6 +523,30 @@ fn a_flood_of_reports_is_capped_and_does_not_delay_the_record() {
 }
 
 #[test]
+fn a_report_that_grows_when_forwarded_is_refused_and_the_init_lives() {
+    // Under 4 KiB as written, about 15 KiB as the init re-serialises it (`9E15` is
+    // `9000000000000000.0`): the init, PID 1, panicked encoding its frame before (found
+    // by the `report` fuzz target).
+    let mut body = String::from(r#"{"kind":"data","value":["#);
+    while body.len() < 4086 {
+        body.push_str("9E15,");
+    }
+    body.push_str("1]}");
+    let header: String =
+        [0x16u8].into_iter().chain((body.len() as u32).to_be_bytes()).map(|b| format!("\\{b:03o}")).collect();
+    let script =
+        format!(r#"printf '{header}{body}' >&3; printf '\026\000\000\000\024{{"kind":"heartbeat"}}' >&3; echo sent"#);
+    let f = launch(|o| reporting(&script, o), b"").finish();
+    assert_eq!(f.record.wait, WaitStatus::Code(0), "{}", f.stderr);
+    assert_eq!(f.stdout, "sent\n");
+    let c = &f.record.reports;
+    assert_eq!((c.forwarded, c.refused), (1, 1), "{c:?}");
+    assert!(c.refusals[0].contains("as forwarded"), "{:?}", c.refusals);
+    assert_eq!(f.reports.len(), 1);
+    assert_eq!(f.reports[0].report.kind, stevedore_init::report::ReportKind::Heartbeat);
+}
+
+#[test]
 fn rlimits_are_applied_and_the_command_has_its_own_session() {
     let f = launch(
         |o| Start {
