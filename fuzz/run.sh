@@ -15,6 +15,8 @@ seconds=${2:-3600}
 case "$target" in
     # An outputs tar needs room for several 512-byte blocks.
     extract) max_len=16384 ;;
+    # Past the 4 KiB a report may have, so the cap itself is fuzzed.
+    report) max_len=8192 ;;
     *) max_len=4096 ;;
 esac
 mkdir -p "corpus/$target" "artifacts/$target"
