@@ -338,11 +338,7 @@ async fn an_image_cannot_fill_a_taken_tools_volume_with_its_own_init() {
     assert_ne!(third.evidence.init, Some(init), "a new tools volume");
     rung.close().await;
     support::remove_image(&docker, &image).await;
-    let filter = format!("dev.stevedore.incarnation={}", rung.incarnation());
-    let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
-        .filters(&std::collections::HashMap::from([("label", vec![filter.as_str()])]))
-        .build();
-    let left = docker.list_volumes(Some(opts)).await.unwrap().volumes.unwrap_or_default();
-    assert!(left.is_empty(), "left behind: {:?}", left.iter().map(|v| &v.name).collect::<Vec<_>>());
+    let left = support::volumes_of_incarnation(&docker, rung.incarnation()).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }

@@ -120,12 +120,8 @@ async fn an_attempt_that_ended_while_the_worker_was_away_is_collected() {
     assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");
     assert_eq!(std::fs::read_to_string(out.join("m")).unwrap(), "made\n");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
-    let filter = format!("dev.stevedore.incarnation={dead}");
-    let opts = bollard::query_parameters::ListVolumesOptionsBuilder::default()
-        .filters(&std::collections::HashMap::from([("label", vec![filter.as_str()])]))
-        .build();
-    let left = docker.list_volumes(Some(opts)).await.unwrap().volumes.unwrap_or_default();
-    assert!(left.is_empty(), "the dead process's tools: {:?}", left.iter().map(|v| &v.name).collect::<Vec<_>>());
+    let left = volumes_of_incarnation(&docker, &dead).await;
+    assert!(left.is_empty(), "the dead process's tools: {left:?}");
 }
 
 #[tokio::test]

@@ -417,15 +417,15 @@ mod tests {
                 ("limits".to_owned(), "fuzz_targets/limits.rs".to_owned())
             ]
         );
-        let dir = std::env::temp_dir().join(format!("stevedore-unfuzzed-{}", std::process::id()));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         std::fs::create_dir_all(dir.join("fuzz_targets")).unwrap();
         std::fs::write(dir.join("Cargo.toml"), manifest).unwrap();
         for name in ["extract", "limits"] {
             std::fs::write(dir.join(format!("fuzz_targets/{name}.rs")), format!("m::{name}(data)")).unwrap();
         }
         let targets: [Target; 2] = [("extract", |_| {}), ("limits", |_| {})];
-        let missing = unfuzzed(&dir, "m", &targets);
-        std::fs::remove_dir_all(&dir).unwrap();
+        let missing = unfuzzed(dir, "m", &targets);
         assert_eq!(missing, ["extract: its [[bin]] runs \"fuzz_targets/limits.rs\", not \"fuzz_targets/extract.rs\""]);
     }
 }

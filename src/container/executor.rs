@@ -65,9 +65,7 @@ impl Shared {
         *slot = Some(dir.clone());
         Ok(dir)
     }
-}
 
-impl Shared {
     /// After a launch failed: check the tools volume before the next mount (another process's
     /// `prune` may have taken it, and the failed container then found an empty one).
     pub async fn tools_suspect(&self) {

@@ -395,11 +395,8 @@ const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(
 /// This rung's init in the engine: its own tools volume, made on first use and made anew
 /// when it is no longer its own.
 pub(crate) async fn tools_volume(shared: &Arc<Shared>, image: &str) -> Result<ToolsVolume, LaunchError> {
-    if let Some((t, Some(checked))) = &shared.tools.lock().await.current
-        && checked.elapsed() < TOOLS_RECHECK_AFTER
-        && shared.engine.facts().honours_nocopy()
-    {
-        return Ok(t.clone());
+    if let Some(t) = trusted(&*shared.tools.lock().await, &shared.engine) {
+        return Ok(t);
     }
     // On the rung's tracked tasks, so an attempt dropped meanwhile (a caller's timeout)
     // leaves the volume made and recorded for `close`, never half made and unknown.
@@ -409,11 +406,13 @@ pub(crate) async fn tools_volume(shared: &Arc<Shared>, image: &str) -> Result<To
         .tracker
         .spawn(async move {
             let mut slot = s.tools.lock().await;
+            // Another attempt may have checked or made it while this one waited for the lock.
+            if let Some(t) = trusted(&slot, &s.engine) {
+                return Ok(t);
+            }
             let now = std::time::Instant::now();
             if let Some((t, checked)) = &mut slot.current {
-                let fresh =
-                    checked.is_some_and(|c| c.elapsed() < TOOLS_RECHECK_AFTER) && s.engine.facts().honours_nocopy();
-                if fresh || tools::is_ours(&s.engine, &t.volume, &s.incarnation).await? {
+                if tools::is_ours(&s.engine, &t.volume, &s.incarnation).await? {
                     *checked = Some(now);
                     return Ok(t.clone());
                 }
@@ -429,6 +428,14 @@ pub(crate) async fn tools_volume(shared: &Arc<Shared>, image: &str) -> Result<To
         })
         .await
         .map_err(|e| LaunchError::Staging { what: "the init's tools volume".into(), source: Box::new(e) })?
+}
+
+/// The rung's tools volume when it was known to be its own less than [`TOOLS_RECHECK_AFTER`]
+/// ago and the engine honours `NoCopy`: mounted without a check.
+fn trusted(slot: &tools::Slot, engine: &crate::engine::Engine) -> Option<ToolsVolume> {
+    let (t, checked) = slot.current.as_ref()?;
+    let fresh = checked.is_some_and(|c| c.elapsed() < TOOLS_RECHECK_AFTER);
+    (fresh && engine.facts().honours_nocopy()).then(|| t.clone())
 }
 
 /// Uploads the caller's input dir into `volume` through a created, never-started helper

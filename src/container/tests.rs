@@ -355,11 +355,7 @@ async fn each_rung_fills_its_own_init_volume_and_close_removes_it() {
 #[tokio::test]
 async fn a_tools_volume_another_process_took_is_made_anew_and_close_leaves_nothing() {
     use crate::engine::EngineApi;
-    let fake = FakeApi::new(IMAGE);
-    fake.script(init(honest(record(WaitStatus::Code(0)))));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = ContainerConfig::default().log_dir(dir.path().join("logs")).incarnation("me");
-    let rung = ContainerExecutor::on(fake.engine(), cfg);
+    let Setup { fake, rung, dir } = setup(honest(record(WaitStatus::Code(0))));
     let req = |n: usize| Request::command("j", ["true"], dir.path().join(format!("o{n}"))).worker("w1").image(IMAGE);
     let first = rung.run(&req(0), CancellationToken::new()).await.unwrap();
     assert_eq!(first.status, Status::Ok);
@@ -386,11 +382,8 @@ async fn a_tools_volume_another_process_took_is_made_anew_and_close_leaves_nothi
 
 #[tokio::test]
 async fn a_first_attempt_dropped_while_its_init_volume_is_made_leaves_it_to_close() {
-    let fake = FakeApi::new(IMAGE);
-    fake.script(init(honest(record(WaitStatus::Code(0)))));
-    let dir = tempfile::tempdir().unwrap();
-    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
-    let req = Request::command("j", ["true"], dir.path().join("o")).worker("w1").image(IMAGE);
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    let (fake, rung, req) = (&s.fake, &s.rung, request(&s));
     // The caller gives up while the init is being uploaded into the new volume (the first
     // attempt of a rung): the volume is made on a tracked task, which runs on.
     fake.hold_uploads();

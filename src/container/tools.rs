@@ -175,7 +175,7 @@ pub async fn remove_made(engine: &Engine, made: &[String]) -> Result<(), EngineE
     let api = &engine.api;
     let mut first = None;
     for name in made {
-        let helper = api.remove_container(&format!("{name}-fill")).await.map(|_| ());
+        let helper = api.remove_container(&fill_helper(name)).await.map(|_| ());
         let volume = match api.remove_volume(name).await {
             Err(e) if e.is_not_found() => Ok(()),
             other => other,
@@ -197,6 +197,11 @@ pub(crate) struct Slot {
     pub made: Vec<String>,
 }
 
+/// The name of the helper container that fills `volume`.
+fn fill_helper(volume: &str) -> String {
+    format!("{volume}-fill")
+}
+
 async fn fill(
     engine: &Engine,
     image: &str,
@@ -206,7 +211,7 @@ async fn fill(
     bytes: &[u8],
 ) -> Result<(), LaunchError> {
     let api = &engine.api;
-    let name = format!("{volume}-fill");
+    let name = fill_helper(volume);
     api.create_container(&name, helper(image, volume, digest, incarnation)).await?;
     let uploaded = api.upload(&name, TOOLS_DIR, stream_of(init_tar(bytes)), engine.timeout() * 2).await;
     let removed = api.remove_container(&name).await;

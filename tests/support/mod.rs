@@ -195,6 +195,18 @@ pub async fn labelled(docker: &Docker, worker: &str) -> (Vec<String>, Vec<String
     )
 }
 
+/// The volumes (names) labelled with the process incarnation `incarnation`: what is left of a
+/// rung's tools volumes.
+pub async fn volumes_of_incarnation(docker: &Docker, incarnation: &str) -> Vec<String> {
+    let label = format!("{}={incarnation}", stevedore::container::labels::INCARNATION);
+    let filters = HashMap::from([("label", vec![label.as_str()])]);
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build()))
+        .await
+        .expect("list volumes");
+    volumes.volumes.unwrap_or_default().into_iter().map(|v| v.name).collect()
+}
+
 /// The `stevedore` binary of this build: the command, and the worker binary of test images.
 pub const BIN: &str = env!("CARGO_BIN_EXE_stevedore");
 

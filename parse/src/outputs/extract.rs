@@ -69,9 +69,8 @@ pub(crate) fn extract_bounded(
     report: &mut ExtractReport,
 ) -> io::Result<()> {
     let root = dest.try_clone()?;
-    let max_entries = caps.max_files.saturating_mul(2).saturating_add(max_refused);
     let mut x = Extractor { root, caps: *caps, max_refused, report, entries: 0 };
-    let read = x.read(r, max_entries);
+    let read = x.read(r);
     // Sorted however the stream ended: a stream cut mid-file still lists what came before.
     x.report.files.sort_by(|a, b| a.name.cmp(&b.name));
     read
@@ -121,7 +120,8 @@ struct Extractor<'a> {
 
 impl Extractor<'_> {
     /// Reads entries until the end, a cap, or a stream error.
-    fn read(&mut self, r: impl Read, max_entries: usize) -> io::Result<()> {
+    fn read(&mut self, r: impl Read) -> io::Result<()> {
+        let max_entries = self.caps.max_files.saturating_mul(2).saturating_add(self.max_refused);
         let mut archive = tar::Archive::new(r);
         for entry in archive.entries()? {
             let mut entry = entry?;
