@@ -342,3 +342,281 @@ async fn an_image_cannot_fill_a_taken_tools_volume_with_its_own_init() {
     assert!(left.is_empty(), "left behind: {left:?}");
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
+
+// ---------------------------------------------------------------------------------------
+// Second round: mounts laid over stevedore's own, a neighbour on the process rung, stray
+// descriptors, the takeover, engine addresses, what stevedore prints, sparse files.
+// ---------------------------------------------------------------------------------------
+
+/// A tar of a build context: files, and symlinks as symlinks (`COPY root/ /` keeps them).
+fn context(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o755);
+        tar.append_data(&mut h, path, *data).unwrap();
+    }
+    for (path, target) in links {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        h.set_mode(0o777);
+        tar.append_link(&mut h, path, target).unwrap();
+    }
+    tar.into_inner().unwrap()
+}
+
+/// An image of busybox whose root has `links` (path in the image → target) and, at
+/// `/.stevedore/tools/stevedore-init`, an init of its own that leaves a mark if it ever runs.
+async fn redirecting_image(docker: &bollard::Docker, links: &[(&str, &str)]) -> String {
+    let busybox = support::busybox_image(docker).await;
+    let planted = b"#!/bin/sh\ntouch /out/PLANTED-INIT-RAN /tmp/PLANTED-INIT-RAN 2>/dev/null\nexit 0\n";
+    let rooted: Vec<(String, &str)> = links.iter().map(|(p, t)| (format!("root{p}"), *t)).collect();
+    let rooted: Vec<(&str, &str)> = rooted.iter().map(|(p, t)| (p.as_str(), *t)).collect();
+    let dockerfile = format!(
+        "FROM {busybox}\nCOPY init /.stevedore/tools/stevedore-init\nCOPY root/ /\nLABEL {}=true\n",
+        support::TEST_LABEL
+    );
+    let ctx = context(&[("Dockerfile", dockerfile.as_bytes()), ("init", planted), ("root/.keep", b"")], &rooted);
+    let tag = format!("stevedore-test/redirect:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(docker, &tag, ctx).await.expect("building the redirecting image");
+    tag
+}
+
+/// Runs `script` in an image whose `link` is a symlink to `target`, with `cache` mounted
+/// there (or, without one, the image alone moving stevedore's own mount); the attempt must
+/// be refused before anything of it runs, naming the path and where it points.
+async fn refused_for(link: &str, target: &str, cache: Option<&str>, with_inputs: bool) {
+    let Some((docker, _)) = setup().await else { return };
+    let image = redirecting_image(&docker, &[(link, target)]).await;
+    let mut cfg = ContainerConfig::default();
+    if let Some(c) = cache {
+        cfg.caches.push(stevedore::container::CacheMount::parse(&format!("redirect:{c}")).unwrap());
+    }
+    let rung = rung_with(cfg).await;
+    let w = support::worker("redirect");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::write(input.join("f"), b"input").unwrap();
+    let mut req = cmd(&image, &w, &t.path().join("o"), "echo the command ran > /out/ran")
+        .scope(Some(format!("redirect-{:08x}", rand::random::<u32>())), None);
+    if with_inputs {
+        req = req.input_dir(&input);
+    }
+    let o = run(&rung, &req).await;
+    rung.close().await;
+    support::remove_image(&docker, &image).await;
+    assert_eq!(
+        (o.status, o.reason, o.permanent),
+        (Status::LaunchFailed, Some(Reason::MountRedirected), true),
+        "{}",
+        o.to_json()
+    );
+    assert!(o.handler_error.contains(link) && o.handler_error.contains(target), "{}", o.handler_error);
+    assert!(o.outputs.is_empty() && !t.path().join("o/ran").exists(), "nothing of the attempt ran");
+    assert!(!t.path().join("o/PLANTED-INIT-RAN").exists(), "the image's own init ran");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING, "the probe and everything else are gone");
+    let left = support::volumes_of_incarnation(&docker, rung.incarnation()).await;
+    assert!(left.is_empty(), "{left:?}");
+    if cache.is_some() {
+        // The cache volume was made (its scope is this test's own): it goes with the test.
+        let _ = Command::new(BIN).args(["cache", "rm", "redirect", "--app"]).arg(req.app_id.unwrap()).output();
+    }
+}
+
+#[tokio::test]
+async fn a_cache_laid_over_the_tools_is_refused_and_the_planted_init_never_runs() {
+    refused_for("/var/cache/app/pip", "/.stevedore/tools", Some("/var/cache/app/pip"), false).await;
+}
+
+#[tokio::test]
+async fn a_cache_laid_over_out_is_refused() {
+    refused_for("/var/cache/out", "/out", Some("/var/cache/out"), false).await;
+}
+
+#[tokio::test]
+async fn a_cache_laid_over_in_is_refused() {
+    refused_for("/var/cache/in", "/in", Some("/var/cache/in"), true).await;
+}
+
+#[tokio::test]
+async fn a_cache_laid_over_tmp_is_refused() {
+    refused_for("/var/cache/tmp", "/tmp", Some("/var/cache/tmp"), false).await;
+}
+
+#[tokio::test]
+async fn an_image_whose_out_is_a_symlink_is_refused() {
+    refused_for("/out", "/var/elsewhere", None, false).await;
+}
+
+#[tokio::test]
+async fn an_image_whose_in_is_a_symlink_is_refused() {
+    refused_for("/in", "/var/elsewhere", None, true).await;
+}
+
+#[tokio::test]
+async fn an_image_whose_tmp_is_a_symlink_is_refused() {
+    refused_for("/tmp", "/var/elsewhere", None, false).await;
+}
+
+#[tokio::test]
+async fn an_image_whose_stevedore_dir_is_a_symlink_is_refused() {
+    refused_for("/.stevedore", "/var/elsewhere", None, false).await;
+}
+
+/// The same refusal through the command: the exit status of a launch that failed (126),
+/// the path and its target on the one line.
+#[tokio::test]
+async fn the_command_says_which_path_was_redirected() {
+    let Some((docker, _)) = setup().await else { return };
+    let image = redirecting_image(&docker, &[("/out", "/srv")]).await;
+    let t = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--image", &image, "--output"])
+        .arg(t.path().join("o"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    support::remove_image(&docker, &image).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "{stderr}");
+    assert!(
+        stderr.contains("launch_failed (mount_redirected)") && stderr.contains("/out a symlink to /srv"),
+        "{stderr}"
+    );
+}
+
+/// Whatever the worker inherited, the command starts with exactly 0, 1, 2 and the report
+/// socket: in a container, as on the process rung (`tests/init.rs` pins the init itself).
+#[tokio::test]
+async fn a_containers_command_starts_with_exactly_its_stdio_and_the_report_socket() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let w = support::worker("fds");
+    let t = tempfile::tempdir().unwrap();
+    let o =
+        run(&rung, &Request::command("j", ["ls", "/proc/self/fd"], t.path().join("o")).worker(&w).image(&image)).await;
+    rung.close().await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let mut fds: Vec<u32> = support::stdout_of(&o).split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    fds.sort_unstable();
+    // `ls` holds one more: the directory it lists.
+    assert_eq!(&fds[..fds.len() - 1], [0, 1, 2, 3], "{fds:?}");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// An engine address dressed as loopback is refused before anything is dialled, and a
+/// password in one is never printed.
+#[test]
+fn engine_addresses_are_parsed_once_and_never_print_a_password() {
+    for tricky in
+        ["tcp://192.0.2.7:2375?@127.0.0.1", "tcp://192.0.2.7:2375#@127.0.0.1", "tcp://192.0.2.7:2375\\@127.0.0.1"]
+    {
+        let out = Command::new(BIN).args(["census", "--host", tricky]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{tricky}: {stderr}");
+        assert!(stderr.contains("not allowed in an engine address"), "{tricky}: {stderr}");
+    }
+    for secret in
+        ["tcp://admin:hunter2@127.0.0.1:1", "https://admin:hunter2@127.0.0.1:1", "ssh://root:hunter2@127.0.0.1"]
+    {
+        for args in [
+            vec!["census", "--host", secret],
+            vec!["run", "--host", secret, "--image", "x", "--output", "/nonexistent/o", "--", "true"],
+        ] {
+            let out = Command::new(BIN).args(&args).env("DOCKER_HOST", secret).output().unwrap();
+            let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(!all.contains("hunter2"), "{args:?}: {all}");
+            assert_ne!(out.status.code(), Some(0), "{args:?}");
+        }
+    }
+}
+
+/// Text from an image or a handler never reaches the terminal as control characters: an
+/// ENTRYPOINT named with ESC and BEL (which would retitle the window and forge a line), a
+/// handler's error that starts a new line of stevedore's own.
+#[tokio::test]
+async fn what_stevedore_prints_escapes_what_the_sandbox_wrote() {
+    let Some((docker, busybox)) = setup().await else { return };
+    let dockerfile = format!(
+        "FROM {busybox}\nENTRYPOINT [\"/bin/\\u001b]0;pwned\\u0007\\u001b[2Jstevedore: ok\"]\nLABEL {}=true\n",
+        support::TEST_LABEL
+    );
+    let tag = format!("stevedore-test/esc:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(
+        &docker,
+        &tag,
+        support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]),
+    )
+    .await
+    .unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN).args(["run", "--image", &tag, "--output"]).arg(t.path().join("o")).output().unwrap();
+    support::remove_image(&docker, &tag).await;
+    let stderr = out.stderr.clone();
+    assert_eq!(out.status.code(), Some(127), "{}", String::from_utf8_lossy(&stderr));
+    assert!(
+        !stderr.iter().any(|b| *b == 0x1b || *b == 0x07),
+        "raw control bytes: {:?}",
+        String::from_utf8_lossy(&stderr)
+    );
+    assert!(String::from_utf8_lossy(&stderr).contains("\\u{1b}]0;pwned\\u{7}"), "{}", String::from_utf8_lossy(&stderr));
+
+    let out = Command::new(BIN)
+        .args(["run", "--handler", "fail", "--payload", "boom\u{1b}[2J\nstevedore: ok in 1 ms", "--output"])
+        .arg(t.path().join("h"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let ours: Vec<&str> = stderr.lines().filter(|l| l.starts_with("stevedore: ")).collect();
+    assert_eq!(ours.len(), 1, "one line of stevedore's own, not a forged second: {stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+}
+
+/// A sparse file larger than `/out` can hold is refused from its size, whatever the caps;
+/// the real outputs come back, quickly, and nothing waits on the gigabytes it claims.
+#[tokio::test]
+async fn a_sparse_file_larger_than_out_is_refused_from_its_size_and_the_rest_is_kept() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let w = support::worker("sparse8g");
+    let t = tempfile::tempdir().unwrap();
+    let script = "truncate -s 8589934592 /out/a-sparse; echo 42 > /out/result.txt";
+    let req =
+        cmd(&image, &w, &t.path().join("o"), script).timeout(Duration::from_secs(10)).grace(Duration::from_secs(1));
+    let o = run(&rung, &req).await;
+    rung.close().await;
+    assert_eq!((o.status, o.reason), (Status::Ok, Some(Reason::OutputLimit)), "{}", o.to_json());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["result.txt"]);
+    let refused: Vec<(&str, &str)> =
+        o.evidence.refused_outputs.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+    assert_eq!(refused, [("a-sparse", "over_cap")]);
+    let c = o.evidence.collection.clone().expect("the collection is stated");
+    assert!(!c.cut && c.deadline_ms >= 30_000, "{c:?}");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// A sparse input counts by its size and is named with what it costs where the sandbox
+/// runs: the engine's archive upload writes its holes as zeros (seen from inside).
+#[tokio::test]
+async fn a_sparse_input_is_named_with_what_it_costs_the_engine() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let w = support::worker("sparsein");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::File::create(input.join("holes")).unwrap().set_len(16 << 20).unwrap();
+    let req = cmd(&image, &w, &t.path().join("o"), "du -k /in/holes | cut -f1").input_dir(&input);
+    let o = run(&rung, &req).await;
+    rung.close().await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let kib: u64 = support::stdout_of(&o).trim().parse().unwrap();
+    assert!(kib >= 16 << 10, "the engine holds {kib} KiB of a 16 MiB file with no data");
+    let staged = o.evidence.inputs.clone().unwrap();
+    assert_eq!(staged.bytes, 16 << 20, "counted by its size");
+    assert_eq!(staged.sparse.len(), 1, "{staged:?}");
+    assert_eq!((staged.sparse[0].name.as_str(), staged.sparse[0].apparent_bytes), ("holes", 16 << 20));
+    assert!(staged.sparse[0].allocated_bytes < 1 << 20);
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}

@@ -48,13 +48,21 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         handshake_ms: 5000,
         heartbeat_timeout_ms: 0,
         host_loss_grace_ms: 0,
-        outputs: OutputSpec { dir: out.display().to_string(), max_files: 100, max_bytes: 1 << 20 },
+        outputs: OutputSpec {
+            dir: out.display().to_string(),
+            max_files: 100,
+            max_bytes: 1 << 20,
+            collect_min_ms: 0,
+            collect_bytes_per_s: 0,
+        },
         scope: Scope { job_id: "job-1".into(), attempt: 1 },
         link_id: None,
         takeover_uid: None,
+        takeover_fd: None,
         rlimits: Vec::new(),
         cgroup_dir: None,
         measure: Vec::new(),
+        mounts: Vec::new(),
     }
 }
 
@@ -109,7 +117,6 @@ fn launch_raw(out: TempDir, bytes: &[u8]) -> Init {
                 | Kind::OutputEnd
                 | Kind::Diag
                 | Kind::Report
-                | Kind::Challenge
         )
     };
     Init {
@@ -564,6 +571,50 @@ fn rlimits_are_applied_and_the_command_has_its_own_session() {
     assert_eq!(lines[2], lines[3], "the command leads its own session");
 }
 
+/// Whatever the init inherited (a worker's stray descriptor: here a file only root could
+/// open, left without close-on-exec), the command starts with exactly its stdio and the
+/// report socket.
+#[test]
+fn the_command_starts_with_exactly_its_stdio_and_the_report_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"root only").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let opened = std::fs::File::open(&secret).unwrap();
+    // Far from the descriptors the command has (3 is its report socket), and inheritable
+    // (F_DUPFD leaves close-on-exec off): open in this process until it exits.
+    let n = nix::fcntl::fcntl(&opened, nix::fcntl::FcntlArg::F_DUPFD(57)).unwrap();
+    let f = sh(&format!("cat /proc/self/fd/{n} 2>/dev/null && echo leaked; ls /proc/self/fd | sort -n | tr '\\n' ' '"));
+    assert!(Path::new(&format!("/proc/self/fd/{n}")).exists(), "the test really had it open");
+    assert!(!f.stdout.contains("leaked"), "fd {n} reached the command: {}", f.stdout);
+    let fds: Vec<u32> = f.stdout.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert!(!fds.is_empty(), "stdout {:?}, stderr {:?}", f.stdout, f.stderr);
+    // `ls` itself holds one more, the directory it lists.
+    assert_eq!(&fds[..fds.len() - 1], [0, 1, 2, 3], "{}", f.stdout);
+}
+
+/// Checked from inside too (the only check where an engine has no archive API): a mount
+/// destination with a symlink on the way is refused before the command starts.
+#[test]
+fn a_mount_destination_through_a_symlink_is_refused_before_the_command_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+    let marker = dir.path().join("ran");
+    let mounts = vec![dir.path().display().to_string(), dir.path().join("link/out").display().to_string()];
+    let script = format!("touch {}", marker.display());
+    let f = launch(|o| Start { mounts, ..spec(&["/bin/sh", "-c", &script], o) }, b"").finish();
+    match &f.record.wait {
+        WaitStatus::SpawnFailed(s) => {
+            assert_eq!(s.kind, SpawnFailureKind::MountRedirected);
+            assert!(s.message.contains("link is a symlink to"), "{}", s.message);
+        }
+        other => panic!("the command ran: {other:?}"),
+    }
+    assert!(!marker.exists(), "nothing of the command ran");
+}
+
 #[test]
 fn stragglers_that_left_the_group_are_killed_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -590,20 +641,19 @@ fn connect(link_id: &str) -> std::os::unix::net::UnixStream {
     std::os::unix::net::UnixStream::connect_addr(&addr).unwrap()
 }
 
-/// Reads the challenge on `sock` and answers it with `key`.
-fn answer(sock: &mut std::os::unix::net::UnixStream, key: &str) {
-    let mut challenge = [0u8; 5 + 32];
-    sock.read_exact(&mut challenge).unwrap();
-    assert_eq!(challenge[0], Kind::Challenge as u8);
-    let answer = wire::takeover_answer(&wire::parse_key(key).unwrap(), &challenge[5..]);
-    sock.write_all(&wire::encode(Kind::Takeover, &answer)).unwrap();
+/// Proves `key` for `link_id` on `sock`, as a host does: its first frame, before the init
+/// says anything.
+fn prove(sock: &mut std::os::unix::net::UnixStream, key: &str, link_id: &str) {
+    let nonce: [u8; wire::NONCE_LEN] = rand_u128().to_ne_bytes().repeat(2).try_into().unwrap();
+    let proof = wire::takeover_proof(&wire::parse_key(key).unwrap(), link_id, &nonce, 0);
+    sock.write_all(&wire::encode(Kind::Takeover, &proof)).unwrap();
 }
 
 impl Init {
     /// Moves the test's end of the link to a takeover socket that proved `KEY`.
     fn take_over(&mut self, link_id: &str) {
         let mut sock = connect(link_id);
-        answer(&mut sock, KEY);
+        prove(&mut sock, KEY, link_id);
         self.stdin = Some(Box::new(sock.try_clone().unwrap()));
         self.stdout = Box::new(sock);
         self.decoder = Decoder::new(|k| !matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack));
@@ -688,34 +738,77 @@ fn a_takeover_without_the_key_is_refused_and_the_attempt_goes_on() {
     let mut init = launch(|o| gated(&gate, "echo done", o, &id, 30_000), b"");
     init.stdout_until("ready");
     let mut thief = connect(&id);
-    let mut challenge = [0u8; 37];
-    thief.read_exact(&mut challenge).unwrap();
-    thief.write_all(&wire::encode(Kind::Takeover, &[0u8; 32])).unwrap();
+    prove(&mut thief, &"22".repeat(32), &id);
     let mut rest = Vec::new();
     thief.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty(), "a wrong answer gets nothing and the connection is closed");
+    let mut d = Decoder::new(|k| k == Kind::Diag);
+    d.feed(&rest);
+    let said = d.next_frame().unwrap().expect("the refusal is said on that connection");
+    assert!(String::from_utf8_lossy(&said.body).starts_with(wire::TAKEOVER_REFUSED), "{said:?}");
+    assert_eq!(d.next_frame().unwrap(), None, "and nothing else: the connection is closed");
     std::fs::write(&gate, b"").unwrap();
     let f = init.finish();
     assert_eq!((f.record.wait.clone(), f.record.takeovers), (WaitStatus::Code(0), 0));
     assert!(f.stdout.contains("done"), "the rightful host kept the link");
 }
 
+/// What a command in the sandbox can do against the takeover socket: fill the init's listen
+/// backlog and candidate slots with connections that never prove anything, as fast as it
+/// can. The host's proof comes with its connection, so the takeover still succeeds; and a
+/// proof the thief replays after seeing one used is refused.
 #[test]
-fn takeovers_from_another_uid_are_refused_when_one_is_named() {
+fn a_flood_of_silent_connections_cannot_keep_the_host_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
     let id = LINK_ID();
-    let mut init = launch(
-        |o| Start { takeover_uid: Some(54321), ..gated(Path::new("/nonexistent-gate"), "true", o, &id, 30_000) },
-        b"",
-    );
+    let mut init = launch(|o| gated(&gate, "echo after", o, &id, 60_000), b"");
     init.stdout_until("ready");
+    init.drop_old_link();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let made = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let flooders: Vec<_> = (0..4)
+        .map(|_| {
+            let (id, stop, made) = (id.clone(), stop.clone(), made.clone());
+            std::thread::spawn(move || {
+                use std::os::linux::net::SocketAddrExt;
+                let addr = std::os::unix::net::SocketAddr::from_abstract_name(wire::takeover_socket_name(&id)).unwrap();
+                let mut held = std::collections::VecDeque::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(s) = std::os::unix::net::UnixStream::connect_addr(&addr) {
+                        made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        held.push_back(s);
+                        if held.len() > 100 {
+                            held.pop_front();
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    // The host comes back while the flood is on: past the init's candidate slots already.
+    while made.load(std::sync::atomic::Ordering::Relaxed) < 500 {
+        std::thread::yield_now();
+    }
     let mut sock = connect(&id);
-    let mut buf = Vec::new();
-    sock.read_to_end(&mut buf).unwrap();
-    assert!(buf.is_empty(), "no challenge for a peer of another uid");
-    init.send(Kind::Stop);
+    prove(&mut sock, KEY, &id);
+    init.stdin = Some(Box::new(sock.try_clone().unwrap()));
+    init.stdout = Box::new(sock);
+    init.decoder = Decoder::new(|k| !matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack));
+    let started = loop {
+        let f = init.next().expect("the init takes the proven connection despite the flood");
+        if f.kind == Kind::Started {
+            break serde_json::from_slice::<Started>(&f.body).unwrap();
+        }
+    };
+    assert!(started.resumed);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    std::fs::write(&gate, b"").unwrap();
     let f = init.finish();
-    assert_eq!(f.record.takeovers, 0);
-    assert!(f.init_stderr.contains("uid"), "{}", f.init_stderr);
+    assert_eq!((f.record.wait.clone(), f.record.takeovers), (WaitStatus::Code(0), 1));
+    assert!(f.stdout.contains("after"));
 }
 
 #[test]
@@ -798,7 +891,7 @@ done"#;
     let start = Start {
         key,
         env: vec![("PATH".into(), "/bin".into())],
-        outputs: OutputSpec { dir: "/out".into(), max_files: 100, max_bytes: 1 << 20 },
+        outputs: OutputSpec { dir: "/out".into(), ..spec(&[], Path::new("/out")).outputs },
         cgroup_dir: Some("/sys/fs/cgroup".into()),
         ..spec(&["/bin/sh", "-c", script], Path::new("/out"))
     };

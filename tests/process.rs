@@ -5,6 +5,7 @@
 mod support;
 
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -140,7 +141,9 @@ async fn the_command_runs_as_another_uid_with_only_its_environment_and_read_only
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     let lines: Vec<String> = stdout_of(&o).lines().map(str::to_owned).collect();
     if root() {
-        assert_eq!(&lines[..2], ["65534", "65534"]);
+        let range = stevedore::process::DEFAULT_UIDS;
+        let (uid, gid): (u32, u32) = (lines[0].parse().unwrap(), lines[1].parse().unwrap());
+        assert!(range.contains(uid) && uid == gid, "a uid and gid of the attempt's own: {uid}:{gid}");
         assert_eq!(lines[2], "no-worker-env", "the worker's /proc is not the command's to read");
         assert_eq!(lines[3], "input-read-only");
         assert!(o.evidence.enforcement.contains_key("uid"), "{:?}", o.evidence.enforcement);
@@ -264,6 +267,9 @@ async fn hooks_and_reports_on_the_process_rung() {
         *hooks.0.lock().unwrap(),
         ["checkpoint process true", "report 1 Some(25.0)", "report 2 Some(75.0)", "outcome ok"]
     );
+    // The forwarding of reports ended with the attempt: nothing waited for it to time out
+    // (it once held every attempt with hooks, `stevedore run --rung process` too, 30 s).
+    assert!(o.evidence.hook_failures.is_empty(), "{:?}", o.evidence.hook_failures);
     // A handler reports through its context, over the same socket.
     let out = tempfile::tempdir().unwrap();
     let hooks = Arc::new(Recorder::default());
@@ -319,4 +325,213 @@ async fn reclaim_stops_what_a_killed_worker_left_and_removes_its_dir() {
     assert_eq!(report.paths_removed.len(), 1, "{report:?}");
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the command {pid} was stopped");
     nothing_left(&r, &w);
+}
+
+/// The dir of the one attempt of `w` in flight.
+fn dir_of(r: &ProcessExecutor, w: &str) -> std::path::PathBuf {
+    let mut dirs: Vec<_> = std::fs::read_dir(r.attempts_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{w}-")))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.remove(0)
+}
+
+/// Two attempts side by side (as root): each runs as a uid of its own, and neither can
+/// signal the other, ptrace it, read its environment (a secret), its descriptors or its
+/// memory map, nor write into its outputs (which the other's Outcome would hash as its own).
+#[tokio::test]
+async fn attempts_side_by_side_cannot_reach_each_other() {
+    if !root() {
+        eprintln!("SKIP: one uid without root: the rung then runs one attempt at a time");
+        return;
+    }
+    let r = rung(Delegation::None);
+    let wb = worker("proc-victim");
+    let out_b = tempfile::tempdir().unwrap();
+    let mut b = sh(&wb, &out_b.path().join("o"), "echo $$ $(id -u); exec sleep 120").env("SECRET", "b-secret-value");
+    let mut watch = support::watch([&mut b]);
+    let cancel_b = CancellationToken::new();
+    let b_run = tokio::spawn({
+        let (r, b, cancel) = (r.clone(), b.clone(), cancel_b.clone());
+        async move { r.run(&b, cancel).await }
+    });
+    let said = watch.next_stdout().await.expect("b says its pid");
+    let (b_pid, b_uid) = said.trim().split_once(' ').unwrap();
+    let b_out = dir_of(&r, &wb).join("out");
+    let wa = worker("proc-neighbour");
+    let out_a = tempfile::tempdir().unwrap();
+    let script = format!(
+        "id -u; \
+         cat /proc/{b_pid}/environ >/dev/null 2>&1 && echo environ-read || echo environ-denied; \
+         cat /proc/{b_pid}/maps >/dev/null 2>&1 && echo maps-read || echo maps-denied; \
+         ls /proc/{b_pid}/fd >/dev/null 2>&1 && echo fds-read || echo fds-denied; \
+         kill -0 {b_pid} 2>/dev/null && echo signal-reaches || echo signal-denied; \
+         echo forged > {}/forged 2>/dev/null && echo wrote || echo write-denied",
+        b_out.display()
+    );
+    let a = run(&r, &sh(&wa, out_a.path(), &script)).await;
+    cancel_b.cancel();
+    let b = b_run.await.unwrap().expect("b ran");
+    assert_eq!(a.status, Status::Ok, "{}", a.to_json());
+    let lines: Vec<String> = stdout_of(&a).lines().map(str::to_owned).collect();
+    assert_ne!(lines[0], b_uid, "two attempts in flight never share a uid");
+    assert_eq!(&lines[1..], ["environ-denied", "maps-denied", "fds-denied", "signal-denied", "write-denied"]);
+    assert_eq!((b.status, b.reason), (Status::Killed, Some(Reason::Cancelled)), "{}", b.to_json());
+    assert!(b.outputs.is_empty(), "the neighbour wrote b's outputs: {:?}", b.outputs);
+    assert!(b.evidence.enforcement["between_attempts"].contains("no other attempt has uid"), "{:?}", b.evidence);
+    nothing_left(&r, &wa);
+    nothing_left(&r, &wb);
+}
+
+/// A descriptor the worker holds without close-on-exec (here a file only root can read)
+/// never reaches the command.
+#[tokio::test]
+async fn a_descriptor_the_worker_leaks_never_reaches_the_command() {
+    let r = rung(Delegation::None);
+    let w = worker("proc-fds");
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"root only").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let opened = std::fs::File::open(&secret).unwrap();
+    // Inheritable (F_DUPFD leaves close-on-exec off), open in this process until it exits.
+    let n = nix::fcntl::fcntl(&opened, nix::fcntl::FcntlArg::F_DUPFD(57)).unwrap();
+    let script = format!("cat /proc/self/fd/{n} 2>/dev/null && echo leaked; ls /proc/self/fd | sort -n | tr '\\n' ' '");
+    let o = run(&r, &sh(&w, &dir.path().join("o"), &script)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let out = stdout_of(&o);
+    assert!(!out.contains("leaked"), "fd {n} reached the command: {out}");
+    let fds: Vec<u32> = out.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(&fds[..fds.len() - 1], [0, 1, 2, 3], "{out}");
+    nothing_left(&r, &w);
+}
+
+/// The takeover socket is in a dir of the worker's own: another uid (here `nobody`, and the
+/// command's own) cannot even reach it, so it cannot charge the attempt for refusing it.
+#[tokio::test]
+async fn no_other_uid_can_reach_the_takeover_socket() {
+    if !root() {
+        eprintln!("SKIP: needs root to connect as another uid");
+        return;
+    }
+    let r = rung(Delegation::None);
+    let w = worker("proc-ctl");
+    let out = tempfile::tempdir().unwrap();
+    let mut req = sh(
+        &w,
+        &out.path().join("o"),
+        "echo ready; [ -e \"$STEVEDORE_OUT/../ctl/t.sock\" ] && echo seen; exec sleep 120",
+    );
+    let mut watch = support::watch([&mut req]);
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let (r, req, cancel) = (r.clone(), req.clone(), cancel.clone());
+        async move { r.run(&req, cancel).await }
+    });
+    watch.until("ready").await;
+    let ctl = dir_of(&r, &w).join("ctl");
+    let md = std::fs::metadata(&ctl).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o777), (0, 0o700), "only the worker may enter");
+    let sock = ctl.join("t.sock");
+    assert!(std::fs::symlink_metadata(&sock).is_ok(), "the socket is there");
+    let probe = format!(
+        "import socket\ns=socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({:?})\n    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)\n",
+        sock.display().to_string()
+    );
+    let got = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &probe])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("/usr/bin/python3 is on this machine kind");
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        "PermissionError",
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    cancel.cancel();
+    let o = running.await.unwrap().expect("it ran");
+    assert!(!stdout_of(&o).contains("seen"), "the command cannot see it either");
+    nothing_left(&r, &w);
+}
+
+/// What an attempt leaves of its uid in the host's shared dirs (a file in /tmp, a POSIX
+/// shared-memory file) is swept when it ends: the next attempt that gets the uid finds nothing.
+#[tokio::test]
+async fn what_an_attempt_leaves_in_the_shared_dirs_is_swept() {
+    if !root() {
+        eprintln!("SKIP: without root there is no dedicated uid to sweep");
+        return;
+    }
+    let r = rung(Delegation::None);
+    let w = worker("proc-sweep");
+    let out = tempfile::tempdir().unwrap();
+    let token = format!("stevedore-test-sweep-{:08x}", rand::random::<u32>());
+    let script = format!("mkdir /tmp/{token}; echo x > /tmp/{token}/f; echo y > /dev/shm/{token}; id -u");
+    let o = run(&r, &sh(&w, &out.path().join("o"), &script)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert!(o.evidence.notes.iter().all(|n| !n.contains("still holds")), "{:?}", o.evidence.notes);
+    for left in [format!("/tmp/{token}"), format!("/dev/shm/{token}")] {
+        assert!(!Path::new(&left).exists(), "{left} is left behind");
+    }
+    nothing_left(&r, &w);
+}
+
+/// One fixed uid (as `run_as` names it): attempts take turns, a second one in flight is
+/// refused, saying how to run them side by side; with sharing allowed they run at once, the
+/// evidence says they are not isolated from each other, and the rung's level is `none`.
+#[tokio::test]
+async fn one_fixed_uid_takes_turns_unless_sharing_is_allowed() {
+    if !root() {
+        eprintln!("SKIP: needs root to run as a fixed uid");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let cfg = |share: bool| {
+        ProcessConfig::default()
+            .cgroup(Delegation::None)
+            .worker_exe(BIN)
+            .base_dir(base.path())
+            .run_as(65534, 65534)
+            .share_uid(share)
+    };
+    let r = ProcessExecutor::new(cfg(false)).unwrap();
+    assert_eq!(r.level(), Level::Process);
+    let w = worker("proc-turns");
+    let out = tempfile::tempdir().unwrap();
+    let mut first = sh(&w, &out.path().join("a"), "echo ready; exec sleep 120");
+    let mut watch = support::watch([&mut first]);
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let (r, first, cancel) = (r.clone(), first.clone(), cancel.clone());
+        async move { r.run(&first, cancel).await }
+    });
+    watch.until("ready").await;
+    let err = r.run(&sh(&w, &out.path().join("b"), "true"), CancellationToken::new()).await.unwrap_err();
+    assert!(matches!(err, stevedore::LaunchError::AdmissionRefused(_)), "{err}");
+    assert!(err.to_string().contains("share_uid"), "{err}");
+    cancel.cancel();
+    running.await.unwrap().unwrap();
+    let o = run(&r, &sh(&w, &out.path().join("c"), "id -u")).await;
+    assert_eq!(stdout_of(&o).trim(), "65534", "its turn came");
+    assert!(o.evidence.enforcement["between_attempts"].contains("one attempt at a time"), "{:?}", o.evidence);
+    nothing_left(&r, &w);
+
+    let shared = ProcessExecutor::new(cfg(true)).unwrap();
+    assert_eq!(shared.level(), Level::None, "not counted as isolating attempts");
+    let (d, e) =
+        (sh(&w, &out.path().join("d"), "sleep 0.2; echo a"), sh(&w, &out.path().join("e"), "sleep 0.2; echo b"));
+    let (a, b) = tokio::join!(shared.run(&d, CancellationToken::new()), shared.run(&e, CancellationToken::new()));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.status, b.status), (Status::Ok, Status::Ok));
+    assert!(
+        a.evidence.skipped["between_attempts"].contains("can signal, ptrace and read each other"),
+        "{:?}",
+        a.evidence
+    );
+    nothing_left(&shared, &w);
 }

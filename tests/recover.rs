@@ -82,6 +82,7 @@ async fn a_worker_killed_mid_attempt_is_recovered_while_the_command_runs() {
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!(o["status"], "ok", "{o}");
     assert!(o["evidence"]["recovered"].as_str().unwrap().contains("while the command was running"), "{o}");
+    assert!(o["evidence"].get("hook_failures").is_none(), "nothing was left waiting for its time out: {o}");
     assert_eq!(o["outputs"][0]["name"], "r");
     assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "result\n");
     let stdout = std::fs::read_to_string(o["evidence"]["logs"]["stdout"]["path"].as_str().unwrap()).unwrap();
@@ -137,8 +138,11 @@ async fn what_cannot_be_recovered_is_removed() {
     let mut forged = checkpoint.clone();
     forged.link.key = "00".repeat(32);
     let rung = rung().await;
-    let err = rung.recover(&forged, None, Default::default()).await.expect_err("a wrong key cannot take over");
-    assert!(matches!(err, stevedore::contract::RecoverError::Takeover(_)), "{err:?}");
+    // The attempt still ends with an Outcome, which says why it could not be taken over.
+    let o = rung.recover(&forged, None, Default::default()).await.expect("an outcome, not a silent loss");
+    assert_eq!((o.status, o.reason), (stevedore::Status::Killed, Some(stevedore::Reason::InitLost)), "{}", o.to_json());
+    let why = o.evidence.recovered.clone().unwrap();
+    assert!(why.contains("the takeover failed") && why.contains("not of this attempt's key"), "{why}");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "the unrecoverable attempt was removed");
     let err = rung.recover(&checkpoint, None, Default::default()).await.expect_err("nothing left");
     assert!(matches!(err, stevedore::contract::RecoverError::Gone(_)), "{err:?}");
@@ -239,4 +243,130 @@ fn the_process_rung_collects_an_attempt_that_ended_while_the_worker_was_away() {
     assert_eq!((o["status"].as_str(), o["exit_code"].as_i64()), (Some("handler_error"), Some(7)), "{o}");
     assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");
     assert_eq!(std::fs::read_to_string(out.join("m")).unwrap(), "made\n");
+}
+
+/// A static program that fills the init's takeover socket with connections that never say
+/// anything, as fast as it can, holding 200 of them at a time.
+const FLOOD_C: &str = r#"
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+int main(void) {
+    char id[64] = {0}, line[512];
+    FILE *f = fopen("/proc/net/unix", "r");
+    if (!f) return 2;
+    while (fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "@stevedore-takeover-");
+        if (p) { sscanf(p + 20, "%32s", id); break; }
+    }
+    fclose(f);
+    if (!id[0]) return 3;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "stevedore-takeover-%s", id);
+    socklen_t len = offsetof(struct sockaddr_un, sun_path) + 1 + n;
+    int held[200] = {0};
+    unsigned long i = 0;
+    fprintf(stderr, "flooding %s\n", id);
+    for (;;) {
+        int s = socket(AF_UNIX, SOCK_STREAM, 0);
+        if (s < 0) continue;
+        if (connect(s, (struct sockaddr *)&a, len) != 0) { close(s); continue; }
+        if (held[i % 200]) close(held[i % 200]);
+        held[i % 200] = s;
+        i++;
+    }
+}
+"#;
+
+/// Busybox with the flooder at /flood.
+async fn flood_image(docker: &bollard::Docker) -> String {
+    let busybox = busybox_image(docker).await;
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(t.path().join("flood.c"), FLOOD_C).unwrap();
+    let bin = t.path().join("flood");
+    let gcc =
+        Command::new("gcc").args(["-static", "-O2", "-o"]).arg(&bin).arg(t.path().join("flood.c")).output().unwrap();
+    assert!(gcc.status.success(), "{}", String::from_utf8_lossy(&gcc.stderr));
+    let dockerfile = format!("FROM {busybox}\nCOPY flood /flood\nLABEL {TEST_LABEL}=true\n");
+    let ctx = tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("flood", 0o755, &std::fs::read(&bin).unwrap())]);
+    let tag = format!("stevedore-test/flood:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(docker, &tag, ctx).await.unwrap();
+    tag
+}
+
+/// The command floods the takeover socket while the worker is dead and while a restarted
+/// one takes the attempt over; the takeover still succeeds and the attempt ends with its
+/// outputs. `profile`: none (the relay runs as root, a uid the command lacks, and the init
+/// takes no other), or one that runs the command as root too (no uid tells them apart: the
+/// host's proof arriving with its connection is all there is, as on Kubernetes).
+async fn recovered_despite_a_flood(as_root: bool) {
+    let Some((docker, _)) = setup().await else { return };
+    let image = flood_image(&docker).await;
+    let w = worker(if as_root { "recover-flood-root" } else { "recover-flood" });
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    let config = dir.path().join("profiles.toml");
+    std::fs::write(&config, "[profiles.root]\nallow_root = true\n").unwrap();
+    let mut run = Command::new(BIN);
+    if as_root {
+        run.arg("--config").arg(&config).args(["--profile", "root"]);
+    }
+    let script = r#"/flood & sleep 1; echo ready >&2;
+                    while [ ! -e /tmp/gate ]; do "$STEVEDORE_INIT" report heartbeat; sleep 0.2; done;
+                    echo result > /out/r"#;
+    let mut child = run
+        .args(["run", "--worker", &w, "--image", &image, "--host-loss-grace", "120s", "--checkpoint"])
+        .arg(&cp)
+        .arg("--output")
+        .arg(&out)
+        .args(if as_root { vec!["--user", "0:0"] } else { vec![] })
+        .args(["--", "sh", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    while !lines.next().expect("ready").unwrap().contains("ready") {}
+    kill9(child);
+    let id = container_of(&cp);
+    let mut recover = Command::new(BIN);
+    if as_root {
+        recover.arg("--config").arg(&config).args(["--profile", "root"]);
+    }
+    let mut recover = recover.arg("recover").arg(&cp).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(recover.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("report heartbeat") => break,
+            Some(_) => continue,
+            None => panic!("stevedore recover ended before the takeover"),
+        }
+    }
+    assert_eq!(exec(&docker, &id, "touch /tmp/gate").await, 0);
+    let drain = std::thread::spawn(move || lines.count());
+    let got = recover.wait_with_output().unwrap();
+    drain.join().unwrap();
+    support::remove_image(&docker, &image).await;
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert!(got.status.success(), "{o}");
+    assert_eq!(o["status"], "ok", "{o}");
+    assert!(o["evidence"]["recovered"].as_str().unwrap().contains("while the command was running"), "{o}");
+    assert!(o["evidence"].get("hook_failures").is_none(), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "result\n");
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+#[tokio::test]
+async fn a_flood_from_inside_cannot_keep_the_restarted_worker_out() {
+    recovered_despite_a_flood(false).await;
+}
+
+#[tokio::test]
+async fn a_flood_cannot_keep_the_worker_out_even_when_the_command_runs_as_root() {
+    recovered_despite_a_flood(true).await;
 }

@@ -39,9 +39,36 @@ fn classify(e: &std::io::Error) -> SpawnFailureKind {
     }
 }
 
+/// The first component of `dest` (absolute) that is a symlink, and where it points: a mount
+/// the engine made there landed at the target instead.
+pub(crate) fn redirected(dest: &str) -> Option<(String, String)> {
+    let mut at = std::path::PathBuf::from("/");
+    for c in std::path::Path::new(dest).components().skip(1) {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&at).map(|t| t.display().to_string()).unwrap_or_else(|_| "?".into());
+                return Some((at.display().to_string(), target));
+            }
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
 /// Starts the command `start` describes.
 pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     let other = |message: String| SpawnFailure { kind: SpawnFailureKind::Other, message };
+    if let Some((path, target)) = start.mounts.iter().find_map(|m| redirected(m)) {
+        return Err(SpawnFailure {
+            kind: SpawnFailureKind::MountRedirected,
+            message: format!(
+                "{path} is a symlink to {target} in the image: the mount there went elsewhere, so nothing of this \
+                 sandbox can be trusted"
+            ),
+        });
+    }
     let Some((prog, rest)) = start.argv.split_first() else {
         return Err(other("cannot execute an empty argv".into()));
     };
@@ -112,7 +139,7 @@ pub(crate) mod raw {
                   start its session, set its rlimits, put its report socket on fd 3 and set its \
                   OOM score before it runs (the closure does not allocate and makes only \
                   async-signal-safe calls: sigaction, sigprocmask, setsid, setrlimit, dup2, \
-                  fcntl, prctl, open, write, close); borrowing an inherited fd by number"
+                  fcntl, close_range, prctl, open, write, close); borrowing an inherited fd by number"
     )]
 
     use crate::wire::{REPORT_FD, Rlimit, RlimitResource};
@@ -154,6 +181,51 @@ pub(crate) mod raw {
         // inherited descriptor by number, so it outlives the borrow.
         let fd = unsafe { BorrowedFd::borrow_raw(n) };
         fcntl(fd, FcntlArg::F_GETFD).ok().map(|_| fd)
+    }
+
+    /// Marks every descriptor from `first` on close-on-exec, so nothing the init inherited
+    /// (or holds) reaches the command. Async-signal-safe: also used between fork and exec.
+    pub(crate) fn cloexec_from(first: i32) {
+        use nix::libc;
+        let first = libc::c_uint::try_from(first).unwrap_or(0);
+        // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
+        let done = unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+        if done == 0 {
+            return;
+        }
+        // Kernels before 5.11: every descriptor up to the soft limit, one by one.
+        let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes into the struct given.
+        let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+            rl.rlim_cur.min(1 << 20) as libc::c_int
+        } else {
+            1 << 16
+        };
+        for fd in first as libc::c_int..limit {
+            // SAFETY: F_SETFD on a closed descriptor only fails with EBADF.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
+
+    /// The listening unix socket the host passed as descriptor `fd` (the process rung's
+    /// takeover socket), checked to be one.
+    pub(crate) fn take_listener(fd: i32) -> Result<OwnedFd, String> {
+        use nix::sys::socket::{AddressFamily, SockaddrLike, UnixAddr, getsockname, getsockopt, sockopt};
+        use std::os::fd::FromRawFd;
+        if fd < 3 {
+            return Err(format!("descriptor {fd} cannot be the takeover socket"));
+        }
+        let borrowed = inherited_fd(fd).ok_or_else(|| format!("no descriptor {fd} was inherited"))?;
+        let listening = getsockopt(&borrowed, sockopt::AcceptConn).map_err(|e| format!("descriptor {fd}: {e}"))?;
+        let unix = getsockname::<UnixAddr>(borrowed.as_raw_fd()).is_ok_and(|a| a.family() == Some(AddressFamily::Unix));
+        if !listening || !unix {
+            return Err(format!("descriptor {fd} is not a listening unix socket"));
+        }
+        // SAFETY: the descriptor is open, ours by inheritance, and owned by nothing else in
+        // this process (the host passed it for this use alone).
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        fcntl(&owned, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(|e| format!("descriptor {fd}: {e}"))?;
+        Ok(owned)
     }
 
     /// Takes ownership of a descriptor `accept4` just returned.
@@ -213,6 +285,9 @@ pub(crate) mod raw {
                     // inheritable.
                     nix::errno::Errno::result(nix::libc::dup2(report.as_raw_fd(), REPORT_FD))?;
                 }
+                // Exactly 0, 1, 2 and the report socket reach the command, whatever the init
+                // was given (std's own error pipe is close-on-exec already).
+                cloexec_from(REPORT_FD + 1);
                 if let (Some(value), Some(tx)) = (&value, &tx) {
                     // Inherited non-dumpability makes /proc/self/* root-owned until exec, and
                     // the command is not root; exec makes it dumpable again anyway, and no

@@ -372,24 +372,27 @@ fn assert_says(text: &str, n: u64) {
     assert_eq!(digits, n.to_string(), "{text:?} parsed as {n}");
 }
 
-/// `wire::takeover_verify` on `data` as `[challenge length][challenge][answer]`, and
+/// `wire::takeover_open` on `data` as `[link id byte][nonce byte][resume byte][body]`
+/// (the first three pick the link, the nonce and the resume point of the right proof), and
 /// `wire::parse_key` on `data` as text.
 pub fn takeover(data: &[u8]) {
-    let (n, rest) = match data.split_first() {
-        Some((&n, rest)) => (usize::from(n).min(rest.len()), rest),
-        None => (0, data),
-    };
-    let (challenge, answer) = rest.split_at(n);
-    let right = wire::takeover_answer(&FUZZ_KEY, challenge);
-    assert!(wire::takeover_verify(&FUZZ_KEY, challenge, &right), "the right answer is refused");
-    assert_eq!(
-        wire::takeover_verify(&FUZZ_KEY, challenge, answer),
-        answer == right,
-        "takeover_verify disagrees with takeover_answer"
-    );
+    let (head, body) = data.split_at(data.len().min(3));
+    let pick = |i: usize| head.get(i).copied().unwrap_or(0);
+    let link_id: String = std::iter::repeat_n(char::from(b'a' + pick(0) % 6), 32).collect();
+    let nonce = [pick(1); wire::NONCE_LEN];
+    let resume = u64::from(pick(2)) << 24;
+    let right = wire::takeover_proof(&FUZZ_KEY, &link_id, &nonce, resume);
+    assert_eq!(wire::takeover_open(&FUZZ_KEY, &link_id, &right), Some((nonce, resume)), "the right proof is refused");
+    // What opens is exactly a proof made with the key: its own nonce and resume point.
+    match wire::takeover_open(&FUZZ_KEY, &link_id, body) {
+        Some((n, r)) => assert_eq!(body, wire::takeover_proof(&FUZZ_KEY, &link_id, &n, r), "opened a forgery"),
+        None => assert_ne!(body, right.as_slice(), "the right proof is refused"),
+    }
     let mut other = FUZZ_KEY;
     other[0] ^= 1;
-    assert!(!wire::takeover_verify(&other, challenge, &right), "another key's answer is accepted");
+    assert_eq!(wire::takeover_open(&other, &link_id, &right), None, "another key's proof is accepted");
+    let other_link: String = std::iter::repeat_n(char::from(b'a' + (pick(0) % 6 + 1) % 6), 32).collect();
+    assert_eq!(wire::takeover_open(&FUZZ_KEY, &other_link, &right), None, "another link's proof is accepted");
 
     let text = String::from_utf8_lossy(data);
     if let Some(key) = wire::parse_key(&text) {

@@ -13,17 +13,21 @@ use nix::poll::{PollFd, PollFlags};
 use nix::sys::socket::{
     AddressFamily, Backlog, SockFlag, SockType, UnixAddr, accept4, bind, getsockopt, listen, socket, sockopt,
 };
-use std::io::{self, Read};
+use std::collections::VecDeque;
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Above this many bytes queued for the host, the command's pipes are not read (the command
 /// then blocks on its own writes, as with any slow reader).
 pub(crate) const HIGH_WATER: usize = 1 << 20;
-/// How long a takeover candidate has to answer the challenge.
-const ANSWER_WITHIN: Duration = Duration::from_secs(5);
-/// Candidates answered at once; more wait in the listen backlog.
-const MAX_CANDIDATES: usize = 4;
+/// How long a connection on the takeover socket has to prove the key (a real host's proof
+/// arrives with its connection).
+const PROVE_WITHIN: Duration = Duration::from_secs(2);
+/// Connections without a proof kept at once; past it, the oldest is evicted.
+const MAX_CANDIDATES: usize = 64;
+/// Connections accepted in one pass, so a flood cannot keep the init from its other work.
+const MAX_ACCEPTS_AT_ONCE: usize = 256;
 
 pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) {
     if let Ok(bits) = fcntl(fd, FcntlArg::F_GETFL) {
@@ -196,109 +200,188 @@ impl Link {
     }
 }
 
-/// One connection on the takeover socket that has yet to answer its challenge.
+/// One connection on the takeover socket whose proof has not arrived (yet).
 #[derive(Debug)]
 struct Candidate {
     fd: OwnedFd,
     /// The peer's pid, as the kernel says (in the init's pid namespace).
     pid: Option<i32>,
-    challenge: [u8; wire::MAC_LEN],
     decoder: Decoder,
-    answer_by: Instant,
+    prove_by: Instant,
+}
+
+/// A connection that proved the attempt key.
+#[derive(Debug)]
+pub(crate) struct Won {
+    pub socket: OwnedFd,
+    /// The peer's pid (the relay, spared when everything else is killed).
+    pub pid: Option<i32>,
+    /// How many of the init's frames the new host already has.
+    pub resume: u64,
 }
 
 /// The takeover socket and the candidates on it.
+///
+/// A host proves the attempt key in its first frame, written right after it connects
+/// (`wire::takeover_proof`), so a real host's proof is normally readable the moment its
+/// connection is accepted. Connections are accepted as they come, the backlog drained every
+/// time, and those without a proof wait in a bounded set from which the oldest is evicted:
+/// a flood of silent connections from inside the sandbox costs the sandbox its own CPU and
+/// can make a host retry (the relay does, until its deadline), but cannot hold a slot the
+/// host needs.
 #[derive(Debug)]
 pub(crate) struct Takeover {
     listener: OwnedFd,
+    link_id: String,
     only_uid: Option<u32>,
-    candidates: Vec<Candidate>,
-    urandom: std::fs::File,
-    /// Candidates that failed, for the record's diagnostics.
+    candidates: VecDeque<Candidate>,
+    /// Nonces of takeovers that succeeded: a proof works once.
+    used: Vec<[u8; wire::NONCE_LEN]>,
+    /// Candidates that failed, for the record's diagnostics (the first few), and how many.
     pub refused: Vec<String>,
+    pub refused_count: u64,
 }
 
 impl Takeover {
-    /// Binds the abstract socket named for `link_id`. Done before the command starts, so
-    /// nothing of the sandbox can hold the name first.
-    pub fn bind(link_id: &str, only_uid: Option<u32>) -> Result<Self, String> {
+    /// Binds the abstract socket named for `link_id`, or takes the listening socket the init
+    /// inherited as `inherited`. Done before the command starts, so nothing of the sandbox can
+    /// hold the name first.
+    pub fn bind(link_id: &str, only_uid: Option<u32>, inherited: Option<i32>) -> Result<Self, String> {
         if !wire::valid_link_id(link_id) {
             return Err(format!("invalid link id {link_id:?}"));
         }
-        let urandom = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
-        let listener =
-            socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
+        let listener = match inherited {
+            Some(fd) => crate::child::raw::take_listener(fd)?,
+            None => {
+                let listener = socket(
+                    AddressFamily::Unix,
+                    SockType::Stream,
+                    SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+                    None,
+                )
                 .map_err(|e| format!("socket: {e}"))?;
-        let addr = UnixAddr::new_abstract(wire::takeover_socket_name(link_id).as_bytes())
-            .map_err(|e| format!("address: {e}"))?;
-        bind(std::os::fd::AsRawFd::as_raw_fd(&listener), &addr).map_err(|e| format!("bind: {e}"))?;
-        listen(&listener, Backlog::new(8).expect("8 is a valid backlog")).map_err(|e| format!("listen: {e}"))?;
-        Ok(Self { listener, only_uid, candidates: Vec::new(), urandom, refused: Vec::new() })
+                let addr = UnixAddr::new_abstract(wire::takeover_socket_name(link_id).as_bytes())
+                    .map_err(|e| format!("address: {e}"))?;
+                bind(std::os::fd::AsRawFd::as_raw_fd(&listener), &addr).map_err(|e| format!("bind: {e}"))?;
+                listen(&listener, Backlog::new(64).expect("64 is a valid backlog"))
+                    .map_err(|e| format!("listen: {e}"))?;
+                listener
+            }
+        };
+        set_nonblocking(listener.as_fd(), true);
+        Ok(Self {
+            listener,
+            link_id: link_id.to_owned(),
+            only_uid,
+            candidates: VecDeque::new(),
+            used: Vec::new(),
+            refused: Vec::new(),
+            refused_count: 0,
+        })
     }
 
-    /// The fds to poll, in the order [`Takeover::ready`] expects.
+    /// The fds to poll, in the order [`Takeover::ready`] expects: the listener, then each
+    /// candidate.
     pub fn poll_fds(&self) -> Vec<PollFd<'_>> {
         let mut fds = Vec::with_capacity(1 + self.candidates.len());
-        let listen_events = if self.candidates.len() < MAX_CANDIDATES { PollFlags::POLLIN } else { PollFlags::empty() };
-        fds.push(PollFd::new(self.listener.as_fd(), listen_events));
+        fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
         for c in &self.candidates {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
         }
         fds
     }
 
-    /// The earliest answer deadline.
+    /// The earliest proof deadline.
     pub fn next_timer(&self) -> Option<Instant> {
-        self.candidates.iter().map(|c| c.answer_by).min()
+        self.candidates.iter().map(|c| c.prove_by).min()
     }
 
     fn refuse(&mut self, why: String) {
+        self.refused_count += 1;
         if self.refused.len() < 8 {
             self.refused.push(why);
         }
     }
 
-    /// Accepts, challenges and checks; returns a socket whose peer proved `key`, and the
-    /// peer's pid.
-    pub fn ready(&mut self, key: &[u8; KEY_LEN], revents: &[Option<PollFlags>]) -> Option<(OwnedFd, Option<i32>)> {
-        let now = Instant::now();
-        let mut won = None;
-        let mut keep = Vec::with_capacity(self.candidates.len());
-        for (i, mut c) in std::mem::take(&mut self.candidates).into_iter().enumerate() {
-            let ready = revents.get(i + 1).copied().flatten().is_some_and(|r| !r.is_empty());
-            if won.is_none() && ready {
-                match answer_of(&mut c) {
-                    Ok(Some(answer)) if wire::takeover_verify(key, &c.challenge, &answer) => {
-                        won = Some((c.fd, c.pid));
-                        continue;
-                    }
-                    Ok(Some(_)) => self.refuse("a takeover answered the challenge wrongly".into()),
-                    Ok(None) if now < c.answer_by => keep.push(c),
-                    Ok(None) => self.refuse("a takeover did not answer in time".into()),
-                    Err(e) => self.refuse(format!("a takeover connection failed: {e}")),
-                }
-            } else if now < c.answer_by {
-                keep.push(c);
-            } else {
-                self.refuse("a takeover did not answer in time".into());
+    /// Reads what `c` sent; a verified proof wins.
+    fn check(&mut self, key: &[u8; KEY_LEN], c: &mut Candidate) -> Result<Option<u64>, String> {
+        let mut buf = [0u8; 128];
+        loop {
+            match nix::unistd::read(&c.fd, &mut buf) {
+                Ok(0) => return Err("closed before proving the key".into()),
+                Ok(n) => c.decoder.feed(&buf[..n]),
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => break,
+                Err(e) => return Err(e.to_string()),
+            }
+            if c.decoder.pending() >= HEADER_LEN + wire::TAKEOVER_LEN {
+                break;
             }
         }
-        self.candidates = keep;
-        if revents.first().copied().flatten().is_some_and(|r| r.contains(PollFlags::POLLIN)) {
-            self.accept();
+        let refused = |c: &Candidate, why: &str| {
+            // Said on that connection, so the host stops trying (an evicted one is only closed,
+            // and the host tries again). Nobody else reads it.
+            let text = format!("{}{why}", wire::TAKEOVER_REFUSED);
+            let _ = nix::unistd::write(&c.fd, &wire::encode(Kind::Diag, text.as_bytes()));
+            Err(format!("a takeover was refused: {why}"))
+        };
+        match c.decoder.next_frame() {
+            Ok(Some(f)) => match wire::takeover_open(key, &self.link_id, &f.body) {
+                Some((nonce, _)) if self.used.contains(&nonce) => refused(c, "its proof was used before"),
+                Some((nonce, resume)) => {
+                    self.used.push(nonce);
+                    Ok(Some(resume))
+                }
+                None => refused(c, "its proof is not of this attempt's key"),
+            },
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Accepts what waits, checks every candidate that has something to read, drops those
+    /// past their time; returns a connection whose peer proved `key`. `revents` are the
+    /// results of polling [`Takeover::poll_fds`] (an empty slice: look at everything now).
+    pub fn ready(&mut self, key: &[u8; KEY_LEN], revents: &[Option<PollFlags>]) -> Option<Won> {
+        let now = Instant::now();
+        let everything = revents.is_empty();
+        let mut kept = VecDeque::with_capacity(self.candidates.len());
+        let mut won = None;
+        for (i, mut c) in std::mem::take(&mut self.candidates).into_iter().enumerate() {
+            let readable = everything || revents.get(i + 1).copied().flatten().is_some_and(|r| !r.is_empty());
+            if won.is_some() || !readable {
+                if now < c.prove_by {
+                    kept.push_back(c);
+                } else {
+                    self.refuse("a takeover did not prove the key in time".into());
+                }
+                continue;
+            }
+            match self.check(key, &mut c) {
+                Ok(Some(resume)) => won = Some(Won { socket: c.fd, pid: c.pid, resume }),
+                Ok(None) if now < c.prove_by => kept.push_back(c),
+                Ok(None) => self.refuse("a takeover did not prove the key in time".into()),
+                Err(e) => self.refuse(e),
+            }
+        }
+        self.candidates = kept;
+        if won.is_none() && (everything || revents.first().copied().flatten().is_some_and(|r| !r.is_empty())) {
+            won = self.accept(key);
         }
         won
     }
 
-    fn accept(&mut self) {
-        while self.candidates.len() < MAX_CANDIDATES {
+    /// Drains the backlog: each new connection is checked at once (a real host's proof is
+    /// already there), kept as a candidate otherwise, evicting the oldest past the cap.
+    fn accept(&mut self, key: &[u8; KEY_LEN]) -> Option<Won> {
+        for _ in 0..MAX_ACCEPTS_AT_ONCE {
             let raw = match accept4(
                 std::os::fd::AsRawFd::as_raw_fd(&self.listener),
                 SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
             ) {
                 Ok(fd) => fd,
                 Err(Errno::EINTR | Errno::ECONNABORTED) => continue,
-                Err(_) => return,
+                Err(_) => return None,
             };
             let fd = crate::child::raw::own_accepted(raw);
             let cred = getsockopt(&fd, sockopt::PeerCredentials).ok();
@@ -316,44 +399,24 @@ impl Takeover {
                 }
             }
             let pid = cred.map(|c| c.pid()).filter(|p| *p > 0);
-            let mut challenge = [0u8; wire::MAC_LEN];
-            if self.urandom.read_exact(&mut challenge).is_err() {
-                self.refuse("no randomness for a challenge".into());
-                continue;
-            }
-            // A fresh socket's buffer always takes 37 bytes.
-            if nix::unistd::write(&fd, &wire::encode(Kind::Challenge, &challenge)).is_err() {
-                continue;
-            }
-            self.candidates.push(Candidate {
+            let mut c = Candidate {
                 fd,
                 pid,
-                challenge,
                 decoder: Decoder::new(|k| k == Kind::Takeover),
-                answer_by: Instant::now() + ANSWER_WITHIN,
-            });
+                prove_by: Instant::now() + PROVE_WITHIN,
+            };
+            match self.check(key, &mut c) {
+                Ok(Some(resume)) => return Some(Won { socket: c.fd, pid: c.pid, resume }),
+                Ok(None) => {
+                    if self.candidates.len() >= MAX_CANDIDATES {
+                        self.candidates.pop_front();
+                        self.refuse("a silent takeover connection was evicted".into());
+                    }
+                    self.candidates.push_back(c);
+                }
+                Err(e) => self.refuse(e),
+            }
         }
-    }
-}
-
-/// Reads a candidate's answer, if it is complete.
-fn answer_of(c: &mut Candidate) -> Result<Option<Vec<u8>>, String> {
-    let mut buf = [0u8; 64];
-    loop {
-        match nix::unistd::read(&c.fd, &mut buf) {
-            Ok(0) => return Err("closed before answering".into()),
-            Ok(n) => c.decoder.feed(&buf[..n]),
-            Err(Errno::EINTR) => {}
-            Err(Errno::EAGAIN) => break,
-            Err(e) => return Err(e.to_string()),
-        }
-        if c.decoder.pending() > 64 {
-            break;
-        }
-    }
-    match c.decoder.next_frame() {
-        Ok(Some(f)) => Ok(Some(f.body)),
-        Ok(None) => Ok(None),
-        Err(e) => Err(e.to_string()),
+        None
     }
 }

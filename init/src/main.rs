@@ -1,5 +1,5 @@
 //! The `stevedore-init` binary: PID 1 of every attempt's container (no arguments), the
-//! takeover relay (`relay <link-id>`), and the report client (`report ...`).
+//! takeover relay (`relay <link-id> [within-ms]`), and the report client (`report ...`).
 
 fn main() {
     let args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
@@ -11,7 +11,9 @@ fn main() {
     };
     let code = match args.first().map(String::as_str) {
         None => stevedore_init::main(),
-        Some("relay") if args.len() == 2 => stevedore_init::relay_main(&args[1]),
+        Some("relay") if (2..=3).contains(&args.len()) => {
+            stevedore_init::relay_main(&args[1], args.get(2).map(String::as_str))
+        }
         Some("report") => stevedore_init::report::cli_main(&args[1..]),
         // Run by the host, as root, in a throwaway container: hands a new cache volume's
         // root to the sandbox user (the engine makes it root's, and the archive API cannot

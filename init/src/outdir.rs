@@ -20,6 +20,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::time::Instant;
 
 /// At most this many refused entries are named.
 pub const MAX_REFUSED: usize = 1000;
@@ -77,7 +78,28 @@ struct Child {
 /// Walks `spec.dir` and writes the tar of what fits the caps to `w`. Returns the end
 /// record: what was sent, what was refused, and the totals of everything seen.
 pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
-    let mut s = Sender { spec, end: OutputEnd::default(), visited: 0 };
+    let started = Instant::now();
+    // The record's `out_fs` figures (total, and what is not available), so the host works
+    // the same deadline out.
+    let space = nix::sys::statvfs::statvfs(Path::new(&spec.dir)).ok();
+    let fs_total = space.as_ref().map(|st| st.blocks().saturating_mul(st.fragment_size()));
+    let used = space
+        .as_ref()
+        .map_or(0, |st| st.blocks().saturating_sub(st.blocks_available()).saturating_mul(st.fragment_size()));
+    let budget = fs_total.map_or(spec.max_bytes, |t| spec.max_bytes.min(t));
+    let deadline = spec.deadline(used.min(budget));
+    let mut s = Sender {
+        spec,
+        budget,
+        deadline: deadline.map(|d| started + d),
+        rate: spec.collect_bytes_per_s,
+        end: OutputEnd {
+            budget_bytes: budget,
+            deadline_ms: deadline.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            ..OutputEnd::default()
+        },
+        visited: 0,
+    };
     let mut tar = tar::Builder::new(w);
     match Dir::open(Path::new(&spec.dir), dir_flags(), Mode::empty()) {
         Ok(root) => s.dir(&mut tar, root, b"", 0),
@@ -92,12 +114,18 @@ pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
 
 /// What `dir` holds, walked like the outputs (nothing followed, nothing read).
 pub fn measure(dir: &str) -> crate::wire::OutScan {
-    let spec = OutputSpec { dir: dir.to_owned(), max_files: 0, max_bytes: 0 };
+    let spec =
+        OutputSpec { dir: dir.to_owned(), max_files: 0, max_bytes: 0, collect_min_ms: 0, collect_bytes_per_s: 0 };
     send(&spec, io::sink()).seen
 }
 
 struct Sender<'a> {
     spec: &'a OutputSpec,
+    /// Bytes that may be sent: the caps', or what the filesystem holds if less.
+    budget: u64,
+    deadline: Option<Instant>,
+    /// The slowest rate the deadline allows for (bytes per second).
+    rate: u64,
     end: OutputEnd,
     visited: u64,
 }
@@ -236,9 +264,17 @@ impl Sender<'_> {
             Kind::Dir | Kind::Unknown => return self.refuse(path, "unreadable: not a regular file"),
         }
         let size = u64::try_from(st.st_size).unwrap_or(0);
-        let room = self.spec.max_bytes.saturating_sub(self.end.bytes);
+        let room = self.budget.saturating_sub(self.end.bytes);
         if self.end.files >= self.spec.max_files || size > room {
             return self.over_cap(path);
+        }
+        if let Some(by) = self.deadline {
+            // What is left of the time must carry the whole file at the slowest rate allowed.
+            let needs = std::time::Duration::from_millis(size.saturating_mul(1000) / self.rate.max(1));
+            if Instant::now() + needs >= by {
+                self.end.deadline_hit = true;
+                return self.refuse(path, "collection_deadline");
+            }
         }
         let mode = if st.st_mode & 0o100 != 0 { 0o755 } else { 0o644 };
         let mtime = u64::try_from(st.st_mtime).unwrap_or(0);
@@ -304,7 +340,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn spec(dir: &Path, max_files: u64, max_bytes: u64) -> OutputSpec {
-        OutputSpec { dir: dir.display().to_string(), max_files, max_bytes }
+        OutputSpec { dir: dir.display().to_string(), max_files, max_bytes, collect_min_ms: 0, collect_bytes_per_s: 0 }
     }
 
     fn entries(tar: &[u8]) -> Vec<(String, u64, u32)> {
@@ -358,6 +394,61 @@ mod tests {
         assert_eq!(entries(&tar), vec![("result.txt".into(), 15, 0o644)]);
         assert_eq!(end.seen.apparent_bytes, (1 << 40) + 15);
         assert!(end.seen.written_bytes < 1 << 20, "a sparse file counts what it holds: {}", end.seen.written_bytes);
+    }
+
+    /// A file larger than the output filesystem can hold must be sparse: it is refused from
+    /// its size, however high the caps, and the rest is sent.
+    #[test]
+    fn a_sparse_file_larger_than_the_filesystem_is_refused_whatever_the_caps() {
+        let t = tempfile::tempdir().unwrap();
+        let st = nix::sys::statvfs::statvfs(t.path()).unwrap();
+        let fs_bytes = st.blocks() * st.fragment_size();
+        fs::File::create(t.path().join("a-sparse")).unwrap().set_len(fs_bytes + (1 << 30)).unwrap();
+        fs::write(t.path().join("b.txt"), b"kept").unwrap();
+        let mut tar = Vec::new();
+        let end = send(&spec(t.path(), 100, u64::MAX / 2), &mut tar);
+        assert_eq!(end.budget_bytes, fs_bytes);
+        assert_eq!(end.refused, vec![Refused { name: "a-sparse".into(), why: "over_cap".into() }]);
+        assert_eq!(entries(&tar), vec![("b.txt".into(), 4, 0o644)]);
+    }
+
+    /// A transport slower than the collection allows for: 256 KiB/s, against the 1 MiB/s
+    /// the deadline is worked out with.
+    struct Slow(Vec<u8>);
+
+    impl Write for Slow {
+        fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+            let n = data.len().min(4096);
+            std::thread::sleep(std::time::Duration::from_micros(n as u64 * 1_000_000 / (256 << 10)));
+            self.0.extend_from_slice(&data[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Past the deadline no file is read; what was sent stays, the rest is named.
+    #[test]
+    fn the_deadline_refuses_what_cannot_go_in_time_and_keeps_what_went() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("a-small"), b"small").unwrap();
+        fs::write(t.path().join("b-big"), vec![7u8; 256 << 10]).unwrap();
+        fs::write(t.path().join("c-big"), vec![8u8; 256 << 10]).unwrap();
+        fs::write(t.path().join("d-small"), b"also small").unwrap();
+        // The budget (1 MiB) bounds what the deadline is worked out from: at most 1 s more.
+        let s = OutputSpec { collect_min_ms: 1, collect_bytes_per_s: 1 << 20, ..spec(t.path(), 100, 1 << 20) };
+        let mut slow = Slow(Vec::new());
+        let end = send(&s, &mut slow);
+        assert!(end.deadline_ms.is_some_and(|d| d <= 1001), "{:?}", end.deadline_ms);
+        let names: Vec<String> = entries(&slow.0).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["a-small", "b-big"], "what went before the deadline is whole");
+        let refused: Vec<(&str, &str)> = end.refused.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+        assert_eq!(refused, [("c-big", "collection_deadline"), ("d-small", "collection_deadline")]);
+        assert!(end.deadline_hit && !end.over_cap);
+        let mut tar = Vec::new();
+        let end = send(&OutputSpec { collect_min_ms: 60_000, ..s }, &mut tar);
+        assert_eq!((end.files, end.deadline_hit), (4, false), "with time enough everything goes");
     }
 
     #[test]

@@ -42,6 +42,9 @@ const AFTER_END_DRAIN: u64 = 16 << 20;
 
 /// Runs the init; returns the process exit code.
 pub fn main() -> i32 {
+    // Whatever the host inherited to this process (a worker's stray descriptors) goes no
+    // further than the init: nothing from 3 on survives the command's exec.
+    child::raw::cloexec_from(3);
     let link = match Link::on_stdio() {
         Ok(l) => l,
         Err(e) => {
@@ -298,7 +301,7 @@ impl Init {
         }
         let start = self.start.clone().expect("await_start set it");
         if let Some(id) = &start.link_id {
-            match Takeover::bind(id, start.takeover_uid) {
+            match Takeover::bind(id, start.takeover_uid, start.takeover_fd) {
                 Ok(t) => self.takeover = Some(t),
                 Err(e) => self.diag(&format!("no takeover for this attempt: {e}")),
             }
@@ -528,20 +531,29 @@ impl Init {
         self.link.push(Kind::Started, &serde_json::to_vec(&started).expect("serialises"));
     }
 
-    /// Checks the takeover candidates; on a winner, moves the link to it.
+    /// Checks the takeover candidates; on a winner, moves the link to it. Empty `revents`:
+    /// look at everything now.
     fn try_takeover(&mut self, revents: &[Option<PollFlags>], ended: bool) -> bool {
         let Some(t) = &mut self.takeover else { return false };
         let won = t.ready(&self.key, revents);
-        for why in std::mem::take(&mut t.refused) {
-            self.diag(&why);
+        let refused = std::mem::take(&mut t.refused);
+        let count = std::mem::take(&mut t.refused_count);
+        for why in &refused {
+            self.diag(why);
         }
-        let Some((socket, peer)) = won else { return false };
-        if let Err(e) = self.link.take_over(socket) {
+        if count > refused.len() as u64 {
+            self.diag(&format!("{} more takeover connections refused", count - refused.len() as u64));
+        }
+        let Some(won) = won else { return false };
+        if let Err(e) = self.link.take_over(won.socket) {
             self.diag(&format!("a takeover could not be completed: {e}"));
             return false;
         }
         self.takeovers += 1;
-        self.relay = peer.map(Pid::from_raw);
+        self.relay = won.pid.map(Pid::from_raw);
+        if won.resume > 0 {
+            self.diag(&format!("the new host has {} frames already; what this init kept is sent again", won.resume));
+        }
         self.host_lost = false;
         self.abandon_at = None;
         self.push_started(ended);
@@ -681,6 +693,11 @@ impl Init {
 
     /// After the command: stragglers, streams, reports, counters; returns the record.
     fn finish(&mut self, start: &Start, mut ended: Ended) -> InitRecord {
+        // A relay that has connected and proved the key is the new host, not a straggler:
+        // found before everything else is killed, so it is spared.
+        if self.takeover.is_some() && self.relay.is_none() {
+            self.try_takeover(&[], true);
+        }
         let stragglers_killed = self.reap_stragglers(ended.pgid);
         // Every writer is gone (or, outside a pid namespace, escaped the group): take what
         // is in the pipes without waiting for more.

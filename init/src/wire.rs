@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -125,8 +125,8 @@ pub enum Kind {
     Stop = 0x03,
     /// host → init: the record and outputs arrived; the init may exit.
     Ack = 0x04,
-    /// host → init, on a takeover connection: the answer to the init's [`Kind::Challenge`]
-    /// ([`takeover_answer`]).
+    /// host → init, first on a takeover connection: the proof of the attempt key
+    /// ([`takeover_proof`]), sent before the init says anything.
     Takeover = 0x05,
     /// init → host: the command started ([`Started`]).
     Started = 0x10,
@@ -144,8 +144,6 @@ pub enum Kind {
     Report = 0x16,
     /// init → host: a diagnostic of the init itself, as text.
     Diag = 0x17,
-    /// init → host, first on a takeover connection: random bytes the host must answer.
-    Challenge = 0x18,
     /// handler → init: the runner speaks the protocol ([`HandlerHello`]).
     HandlerHello = 0x20,
     /// init → handler: what to run ([`HandlerRequest`]).
@@ -173,7 +171,6 @@ impl Kind {
             0x15 => Kind::OutputEnd,
             0x16 => Kind::Report,
             0x17 => Kind::Diag,
-            0x18 => Kind::Challenge,
             0x20 => Kind::HandlerHello,
             0x21 => Kind::HandlerRequest,
             0x22 => Kind::HandlerPayload,
@@ -191,7 +188,7 @@ impl Kind {
             Kind::Stdout | Kind::Stderr | Kind::Output => MAX_CHUNK,
             Kind::Record => MAC_LEN + 2 * MAX_RECORD_BYTES,
             Kind::OutputEnd => 1 << 20,
-            Kind::Takeover | Kind::Challenge => MAC_LEN,
+            Kind::Takeover => TAKEOVER_LEN,
             Kind::Report => MAX_REPORT_BYTES + 256,
             Kind::Diag => 16 << 10,
             Kind::HandlerRequest => 1 << 20,
@@ -362,9 +359,14 @@ pub struct Start {
     /// Names the init's takeover socket (the abstract unix socket
     /// `stevedore-takeover-<link_id>`, see [`takeover_socket_name`]); `None`: no takeover.
     pub link_id: Option<String>,
-    /// When set, only connections from this uid may try a takeover (the process rung,
-    /// whose abstract socket namespace is the host's).
+    /// When set, only connections from this uid may try a takeover (the process rung's
+    /// worker; a container rung's relay run as a uid the command does not have).
     pub takeover_uid: Option<u32>,
+    /// A listening unix socket the init inherited as this descriptor, to take over on instead
+    /// of binding the abstract one (the process rung: a socket in a directory only the
+    /// worker may enter).
+    #[serde(default)]
+    pub takeover_fd: Option<i32>,
     /// Resource limits applied to the command with `setrlimit`.
     pub rlimits: Vec<Rlimit>,
     /// The cgroup whose counters the record carries (the container's own root inside a
@@ -372,6 +374,10 @@ pub struct Start {
     pub cgroup_dir: Option<String>,
     /// Directories whose size the record reports once the command ended (caches).
     pub measure: Vec<String>,
+    /// Where the rung mounted something: each must be a real directory at every component
+    /// (no symlink), or the command is not started (`SpawnFailureKind::MountRedirected`).
+    #[serde(default)]
+    pub mounts: Vec<String>,
 }
 
 /// The attempt a link belongs to.
@@ -423,20 +429,50 @@ pub fn valid_link_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// The answer to a takeover challenge: the HMAC of the challenge under the attempt key.
-pub fn takeover_answer(key: &[u8; KEY_LEN], challenge: &[u8]) -> [u8; MAC_LEN] {
+/// How the init begins the `Diag` it sends on a takeover connection it refuses (a wrong or
+/// used proof): the host then stops trying.
+pub const TAKEOVER_REFUSED: &str = "takeover refused: ";
+
+/// The bytes of a takeover's nonce.
+pub const NONCE_LEN: usize = 32;
+/// A [`Kind::Takeover`] body: the host's nonce, how many of the init's frames the host
+/// already has (`u64`, big-endian; 0 from a host that starts afresh), the MAC of both.
+pub const TAKEOVER_LEN: usize = NONCE_LEN + 8 + MAC_LEN;
+
+fn takeover_mac(key: &[u8; KEY_LEN], link_id: &str, nonce: &[u8], resume: u64) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(key).expect("any key length works");
-    mac.update(b"stevedore-takeover\0");
-    mac.update(challenge);
-    mac.finalize().into_bytes().into()
+    mac.update(b"stevedore-takeover-4\0");
+    mac.update(link_id.as_bytes());
+    mac.update(b"\0");
+    mac.update(nonce);
+    mac.update(&resume.to_be_bytes());
+    mac
 }
 
-/// Checks a takeover answer in constant time.
-pub fn takeover_verify(key: &[u8; KEY_LEN], challenge: &[u8], answer: &[u8]) -> bool {
-    let mut mac = HmacSha256::new_from_slice(key).expect("any key length works");
-    mac.update(b"stevedore-takeover\0");
-    mac.update(challenge);
-    mac.verify_slice(answer).is_ok()
+/// The body of a [`Kind::Takeover`] frame: proves the attempt key for `link_id`, with a
+/// fresh `nonce` of the host's, and says how many of the init's frames the host has.
+///
+/// The host speaks first, in one write: no challenge has to travel to the host and back,
+/// so nothing in the sandbox can hold a connection slot while the real host's answer is
+/// on its way (see `docs/link.md`, "Taking over an attempt").
+pub fn takeover_proof(key: &[u8; KEY_LEN], link_id: &str, nonce: &[u8; NONCE_LEN], resume: u64) -> Vec<u8> {
+    let mac = takeover_mac(key, link_id, nonce, resume).finalize().into_bytes();
+    let mut body = Vec::with_capacity(TAKEOVER_LEN);
+    body.extend_from_slice(nonce);
+    body.extend_from_slice(&resume.to_be_bytes());
+    body.extend_from_slice(&mac);
+    body
+}
+
+/// Checks a [`Kind::Takeover`] body in constant time; the nonce and the frames the host has.
+pub fn takeover_open(key: &[u8; KEY_LEN], link_id: &str, body: &[u8]) -> Option<([u8; NONCE_LEN], u64)> {
+    if body.len() != TAKEOVER_LEN {
+        return None;
+    }
+    let nonce: [u8; NONCE_LEN] = body[..NONCE_LEN].try_into().ok()?;
+    let resume = u64::from_be_bytes(body[NONCE_LEN..NONCE_LEN + 8].try_into().ok()?);
+    takeover_mac(key, link_id, &nonce, resume).verify_slice(&body[NONCE_LEN + 8..]).ok()?;
+    Some((nonce, resume))
 }
 
 /// Which outputs the init sends back, and how many.
@@ -447,8 +483,31 @@ pub struct OutputSpec {
     pub dir: String,
     /// The most regular files sent.
     pub max_files: u64,
-    /// The most bytes of file content sent.
+    /// The most bytes of file content sent. The init lowers it to what the output dir's
+    /// filesystem can hold: a file larger than that must be sparse, and is refused from its
+    /// size before a byte of it is read.
     pub max_bytes: u64,
+    /// Sending the outputs takes at most this long, plus a second per
+    /// [`OutputSpec::collect_bytes_per_s`] bytes the dir holds ([`OutputSpec::deadline`]);
+    /// 0: no deadline. A file that cannot go within what is left is refused
+    /// (`collection_deadline`), and so is every file after the deadline.
+    #[serde(default)]
+    pub collect_min_ms: u64,
+    /// See [`OutputSpec::collect_min_ms`].
+    #[serde(default)]
+    pub collect_bytes_per_s: u64,
+}
+
+impl OutputSpec {
+    /// How long sending `held` bytes may take (what the output dir's filesystem holds, at most
+    /// the byte budget); `None`: no limit. The host works the same figure out from the
+    /// record's `out_fs`, to know when to stop waiting.
+    pub fn deadline(&self, held: u64) -> Option<std::time::Duration> {
+        (self.collect_min_ms > 0).then(|| {
+            let extra_ms = held.saturating_mul(1000) / self.collect_bytes_per_s.max(1);
+            std::time::Duration::from_millis(self.collect_min_ms.saturating_add(extra_ms))
+        })
+    }
 }
 
 /// The Start frame's body: the JSON's length, the JSON, the payload.
@@ -592,6 +651,9 @@ pub enum SpawnFailureKind {
     NotFound,
     /// It exists but cannot be executed.
     NotExecutable,
+    /// A mount destination has a symlink in one of its components: the engine followed it
+    /// and put a mount elsewhere than where stevedore asked.
+    MountRedirected,
     /// Anything else.
     Other,
 }
@@ -783,6 +845,15 @@ pub struct OutputEnd {
     pub error: Option<String>,
     /// Everything seen in the output dir, sent or not.
     pub seen: OutScan,
+    /// The byte budget the init applied (the caps', or less: what the filesystem holds).
+    #[serde(default)]
+    pub budget_bytes: u64,
+    /// The collection's deadline, ms, when it had one; and whether it ran out.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// Files were left out because the deadline ran out.
+    #[serde(default)]
+    pub deadline_hit: bool,
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -872,6 +943,30 @@ pub fn cap_text(s: &str, max: usize) -> String {
     s[..end].to_owned()
 }
 
+/// `text` as one line a terminal shows as it is: every control character (newlines and tabs
+/// included) and every bidirectional formatting character escaped (`\n`, `\r`, `\t`, else
+/// `\u{..}`). Text from a sandbox (an image's names, a handler's error) goes through it
+/// before stevedore prints it as a line of its own, so it can neither move the cursor, retitle
+/// a window, nor begin a line that looks like stevedore's.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || is_bidi(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The characters that reorder what a terminal shows.
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{061c}')
+}
+
 /// A path relative to the output dir as text: UTF-8 as is, other bytes as `\xNN`.
 pub fn escape_name(name: &[u8]) -> String {
     let mut out = String::with_capacity(name.len());
@@ -909,10 +1004,18 @@ mod tests {
             handshake_ms: 1000,
             heartbeat_timeout_ms: 0,
             host_loss_grace_ms: 0,
-            outputs: OutputSpec { dir: "/out".into(), max_files: 10, max_bytes: 100 },
+            outputs: OutputSpec {
+                dir: "/out".into(),
+                max_files: 10,
+                max_bytes: 100,
+                collect_min_ms: 0,
+                collect_bytes_per_s: 0,
+            },
             scope: Scope { job_id: "j".into(), attempt: 1 },
             link_id: Some("0".repeat(32)),
             takeover_uid: None,
+            takeover_fd: None,
+            mounts: Vec::new(),
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),
@@ -1006,11 +1109,16 @@ mod tests {
     fn takeover_answers_need_the_key() {
         let key = parse_key(&"ab".repeat(KEY_LEN)).unwrap();
         let other = parse_key(&"cd".repeat(KEY_LEN)).unwrap();
-        let a = takeover_answer(&key, b"challenge");
-        assert!(takeover_verify(&key, b"challenge", &a));
-        assert!(!takeover_verify(&key, b"challengf", &a));
-        assert!(!takeover_verify(&other, b"challenge", &a));
-        assert!(!takeover_verify(&key, b"challenge", &a[..31]));
+        let id = "0123456789abcdef0123456789abcdef";
+        let p = takeover_proof(&key, id, &[7; NONCE_LEN], 42);
+        assert_eq!(p.len(), TAKEOVER_LEN);
+        assert_eq!(takeover_open(&key, id, &p), Some(([7; NONCE_LEN], 42)));
+        assert_eq!(takeover_open(&other, id, &p), None, "another key");
+        assert_eq!(takeover_open(&key, "f123456789abcdef0123456789abcdef", &p), None, "another link");
+        assert_eq!(takeover_open(&key, id, &p[..TAKEOVER_LEN - 1]), None, "short");
+        let mut moved = p.clone();
+        moved[NONCE_LEN + 7] ^= 1;
+        assert_eq!(takeover_open(&key, id, &moved), None, "the resume point is covered by the MAC");
         assert!(valid_link_id(&"0f".repeat(16)));
         for bad in ["", "0F".repeat(16).as_str(), "0".repeat(31).as_str(), "../x"] {
             assert!(!valid_link_id(bad), "{bad}");

@@ -49,14 +49,33 @@ fn start() -> wire::Start {
         handshake_ms: 5_000,
         heartbeat_timeout_ms: 30_000,
         host_loss_grace_ms: 60_000,
-        outputs: wire::OutputSpec { dir: "/out".into(), max_files: 1000, max_bytes: 1 << 30 },
+        outputs: wire::OutputSpec {
+            dir: "/out".into(),
+            max_files: 1000,
+            max_bytes: 1 << 30,
+            collect_min_ms: 30_000,
+            collect_bytes_per_s: 32 << 20,
+        },
         scope: wire::Scope { job_id: "job-1".into(), attempt: 1 },
         link_id: Some("0f".repeat(16)),
         takeover_uid: Some(1000),
+        takeover_fd: Some(3),
         rlimits: vec![wire::Rlimit { resource: wire::RlimitResource::Nofile, soft: 1024, hard: 4096 }],
         cgroup_dir: Some("/sys/fs/cgroup".into()),
         measure: vec!["/cache/cargo".into()],
+        mounts: vec!["/.stevedore/tools".into(), "/in".into(), "/out".into(), "/tmp".into()],
     }
+}
+
+/// The right proof for the `takeover` target's picks (see `fuzzing::takeover`).
+fn proof(link: u8, nonce: u8, resume: u8) -> Vec<u8> {
+    let link_id: String = std::iter::repeat_n(char::from(b'a' + link % 6), 32).collect();
+    wire::takeover_proof(
+        &stevedore_init::fuzzing::FUZZ_KEY,
+        &link_id,
+        &[nonce; wire::NONCE_LEN],
+        u64::from(resume) << 24,
+    )
 }
 
 fn handler_start() -> wire::Start {
@@ -169,8 +188,8 @@ fn seeds() -> Vec<Seed> {
     handler.extend(wire::encode(Kind::HandlerRequest, &json(handler_start().handler.as_ref().unwrap())));
     handler.extend(wire::encode(Kind::HandlerPayload, b"\x89PNG"));
     handler.extend(wire::encode(Kind::HandlerRecord, &json(&handler_record())));
-    let mut takeover = wire::encode(Kind::Challenge, &[7; 32]);
-    takeover.extend(wire::encode(Kind::Takeover, &wire::takeover_answer(&key, &[7; 32])));
+    let link_id = "0f".repeat(16);
+    let mut takeover = wire::encode(Kind::Takeover, &wire::takeover_proof(&key, &link_id, &[7; 32], 0));
     takeover.extend(wire::encode(Kind::Diag, b"init: host back"));
     let with = |sel: u8, bytes: &[u8]| [&[sel][..], bytes].concat();
 
@@ -215,6 +234,9 @@ fn seeds() -> Vec<Seed> {
                 over_cap: true,
                 error: None,
                 seen: wire::OutScan { files: 3, apparent_bytes: 1 << 40, written_bytes: 10, truncated: false },
+                budget_bytes: 512 << 20,
+                deadline_ms: Some(30_016),
+                deadline_hit: false,
             }),
         ),
         ("record", "bad_mac", wire::seal(&[0; 32], &json(&init_record()))),
@@ -248,10 +270,12 @@ fn seeds() -> Vec<Seed> {
         ),
         ("cgroup", "garbage", b"garbage\n".to_vec()),
         ("cgroup", "negative", b"-1\n".to_vec()),
-        // takeover: [challenge length][challenge][answer]
-        ("takeover", "right", [&[32u8][..], &[7; 32], &wire::takeover_answer(&key, &[7; 32])].concat()),
-        ("takeover", "wrong", [&[32u8][..], &[7; 32], &wire::takeover_answer(&[0; 32], &[7; 32])].concat()),
-        ("takeover", "short", [&[3u8][..], b"abc", &wire::takeover_answer(&key, b"abc")[..31]].concat()),
+        // takeover: [link id byte][nonce byte][resume byte][proof]
+        ("takeover", "right", [&[0u8, 7, 0][..], &proof(0, 7, 0)].concat()),
+        ("takeover", "right_resumed", [&[3u8, 9, 2][..], &proof(3, 9, 2)].concat()),
+        ("takeover", "wrong_link", [&[1u8, 7, 0][..], &proof(0, 7, 0)].concat()),
+        ("takeover", "wrong_resume", [&[0u8, 7, 1][..], &proof(0, 7, 0)].concat()),
+        ("takeover", "short", [&[0u8, 7, 0][..], &proof(0, 7, 0)[..wire::TAKEOVER_LEN - 1]].concat()),
         ("takeover", "key_hex", "ab".repeat(32).into_bytes()),
         ("takeover", "link_id", "0f".repeat(16).into_bytes()),
     ];

@@ -53,7 +53,7 @@ pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
                     0
                 }
                 Err(e) => {
-                    eprintln!("stevedore: listing caches failed: {e}");
+                    super::say::say(format!("listing caches failed: {e}"));
                     1
                 }
             }
@@ -63,11 +63,11 @@ pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
             match docker.inspect_volume(&volume).await {
                 Ok(v) if labels::is_cache(&v.labels, &name, app.as_deref(), org.as_deref()) => {}
                 Ok(_) => {
-                    eprintln!("stevedore: volume {volume} is not cache {name:?} of that scope; left alone");
+                    super::say::say(format!("volume {volume} is not cache {name:?} of that scope; left alone"));
                     return 1;
                 }
                 Err(e) => {
-                    eprintln!("stevedore: no cache {name:?} in that scope ({volume}): {e}");
+                    super::say::say(format!("no cache {name:?} in that scope ({volume}): {e}"));
                     return 1;
                 }
             }
@@ -77,7 +77,7 @@ pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
                     0
                 }
                 Err(e) => {
-                    eprintln!("stevedore: removing {volume} failed (is an attempt using it?): {e}");
+                    super::say::say(format!("removing {volume} failed (is an attempt using it?): {e}"));
                     1
                 }
             }

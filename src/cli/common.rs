@@ -101,15 +101,15 @@ pub async fn rung(
     adjust: impl FnOnce(&mut ContainerConfig) -> Result<(), String>,
 ) -> Result<ContainerExecutor, u8> {
     let mut cfg = config(g).map_err(|e| {
-        eprintln!("stevedore: {e}");
+        super::say::say(e);
         failure
     })?;
     adjust(&mut cfg).and_then(|()| check(&cfg)).map_err(|e| {
-        eprintln!("stevedore: {e}");
+        super::say::say(e);
         failure
     })?;
     connect(cfg).await.map_err(|e| {
-        eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+        super::say::say(crate::contract::error_chain(&e));
         failure
     })
 }
@@ -166,7 +166,7 @@ impl crate::contract::Hooks for CliHooks {
         Box::pin(async move {
             if !self.quiet {
                 for (port, addr) in &info.ports {
-                    eprintln!("stevedore: port {port} published at {addr}");
+                    super::say::say(format!("port {port} published at {addr}"));
                 }
             }
             Ok(())
@@ -180,7 +180,7 @@ impl crate::contract::Hooks for CliHooks {
     ) -> crate::contract::HookResult<'a> {
         Box::pin(async move {
             if !self.quiet {
-                eprintln!("stevedore: report {}", report_line(r));
+                super::say::say(format!("report {}", report_line(r)));
             }
             Ok(())
         })

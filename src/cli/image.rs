@@ -62,7 +62,7 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
                     0
                 }
                 Err(e) => {
-                    eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+                    super::say::say(crate::contract::error_chain(&e));
                     1
                 }
             }
@@ -72,7 +72,7 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             let rootfs = match write_rootfs(&exe, &dir, crate::image::pack::DEFAULT_USER) {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+                    super::say::say(crate::contract::error_chain(&e));
                     return 1;
                 }
             };
@@ -80,7 +80,7 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             let args = fingerprint.as_ref().map(|fp| format!("--build-arg FINGERPRINT={fp}\n")).unwrap_or_default();
             let args_file = dir.with_extension("args");
             if let Err(e) = std::fs::write(&args_file, args) {
-                eprintln!("stevedore: cannot write {}: {e}", args_file.display());
+                super::say::say(format!("cannot write {}: {e}", args_file.display()));
                 return 1;
             }
             let line = serde_json::json!({

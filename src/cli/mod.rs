@@ -8,6 +8,7 @@ mod reclaim;
 mod recover;
 mod report;
 mod run;
+mod say;
 mod smoke;
 
 use crate::handlers::Handlers;
@@ -100,7 +101,7 @@ pub fn main(handlers: Handlers) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("stevedore: cannot start the runtime: {e}");
+            say::say(format!("cannot start the runtime: {e}"));
             return ExitCode::from(1);
         }
     };

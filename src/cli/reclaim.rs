@@ -47,7 +47,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 }
             }
             Err(e) => {
-                eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+                super::say::say(crate::contract::error_chain(&e));
                 return 1;
             }
         }
@@ -59,7 +59,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 v.insert("tools_volumes_in_use".into(), serde_json::json!(p.in_use));
             }
             Err(e) => {
-                eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+                super::say::say(crate::contract::error_chain(&e));
                 return 1;
             }
         }
@@ -77,7 +77,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
             v.insert("stale_images".into(), serde_json::json!(stale));
         }
         Err(e) if a.images => {
-            eprintln!("stevedore: {}", crate::contract::error_chain(&e));
+            super::say::say(crate::contract::error_chain(&e));
             return 1;
         }
         // Listing is a courtesy when only a worker was asked for.

@@ -22,7 +22,7 @@ pub struct RecoverArgs {
 /// Runs `stevedore recover`.
 pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
     let fail = |m: String| {
-        eprintln!("stevedore: {m}");
+        super::say::say(m);
         125
     };
     let json = match std::fs::read(&a.checkpoint) {
@@ -64,7 +64,7 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
             println!("{}", o.to_json());
             if !a.quiet {
                 let grace = std::time::Duration::from_millis(cp.grace_ms);
-                eprintln!("stevedore: {}", super::report::summary(&o, grace, &cp.output_dir));
+                super::say::say(super::report::summary(&o, grace, &cp.output_dir));
             }
             // The checkpoint holds the attempt's key; the attempt is over.
             let _ = std::fs::remove_file(&a.checkpoint);

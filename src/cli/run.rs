@@ -154,7 +154,7 @@ pub struct RunArgs {
 
 /// A refusal: nothing was created (exit 125, as `docker run`).
 fn fail(msg: impl std::fmt::Display) -> u8 {
-    eprintln!("stevedore: {msg}");
+    super::say::say(msg);
     125
 }
 
@@ -482,10 +482,10 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             } else if let Some(path) = &a.outcome
                 && let Err(e) = write_outcome(path, &json)
             {
-                eprintln!("stevedore: cannot write the outcome to {}: {e}", path.display());
+                super::say::say(format!("cannot write the outcome to {}: {e}", path.display()));
             }
             if !a.quiet {
-                eprintln!("stevedore: {}", human::summary(&o, req.policy.grace(), &a.output));
+                super::say::say(human::summary(&o, req.policy.grace(), &a.output));
             }
             if a.exit_zero { 0 } else { human::exit_code(&o) }
         }

@@ -43,6 +43,12 @@ async fn attempt(
     cancel: CancellationToken,
 ) -> Result<Outcome, LaunchError> {
     let mut plan = prepare(&shared, req, applied).await?;
+    let dests = plan.mounts.clone();
+    let probe = format!("{}-probe", plan.name);
+    let image_id = if plan.image.id.is_empty() { plan.image_ref.clone() } else { plan.image.id.clone() };
+    if let Some(r) = super::mounts::check(&shared, &image_id, probe, plan.probe_labels.clone(), &dests).await? {
+        return Ok(redirected(&shared, req, &plan, &r));
+    }
     let warm = super::pool::claim(&shared, &plan);
     if let super::pool::Claim::Hit(p) = &warm {
         // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
@@ -138,4 +144,36 @@ fn tail_of(path: &str) -> String {
     let mut buf = Vec::new();
     let _ = f.take(512).read_to_end(&mut buf);
     String::from_utf8_lossy(&buf).trim().to_owned()
+}
+
+/// The Outcome of an attempt refused because the image would move one of its mounts: it
+/// never ran (`launch_failed`, `mount_redirected`, permanent: the image is what it is).
+fn redirected(shared: &Shared, req: &Request, plan: &super::prepare::Plan, r: &super::mounts::Redirect) -> Outcome {
+    use crate::contract::{Evidence, Facts, Judgement, LaunchFailure, Source};
+    let facts = shared.engine.facts();
+    let mut j = Judgement {
+        facts: Facts { launch_failed: Some(LaunchFailure::MountRedirected), ..Facts::default() },
+        error_text: r.explain(&plan.image_ref),
+        permanent: true,
+        evidence: Evidence {
+            executor: shared.config.name.clone(),
+            level: Some(shared.config.level()),
+            incarnation: shared.incarnation.clone(),
+            started_at_unix_ms: Some(plan.started_ms),
+            finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
+            image: Some(plan.image_ref.clone()),
+            image_id: Some(plan.image.id.clone()),
+            engine_version: Some(facts.engine_version.clone()),
+            api_version: Some(facts.api_version.clone()),
+            ..Evidence::default()
+        },
+        ..Judgement::default()
+    };
+    for figure in [&mut j.usage.sources.wall_time_ms, &mut j.usage.sources.cpu_time_ms] {
+        *figure = Some(Source::unavailable("nothing ran"));
+    }
+    j.usage.sources.peak_memory_bytes = Some(Source::unavailable("nothing ran"));
+    let o = judge(req, j);
+    tracing::info!(path = %r.path, target = %r.target, "refused: a mount destination is a symlink in the image");
+    o
 }

@@ -98,7 +98,7 @@ async fn hand_over(
             cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
             mounts: Some(vec![
                 super::spec::tools_mount(&tools, Some(&shared.incarnation)),
-                super::spec::volume_mount(volume, "/cache", false),
+                super::spec::cache_mount(volume, "/cache"),
             ]),
             log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()

@@ -1,7 +1,7 @@
 //! Configuration of the container rung, with documented defaults and a builder.
 
 use crate::contract::{ResourceLimits, limits::key};
-pub use crate::link::HostLoss;
+pub use crate::link::{Collection, HostLoss};
 use crate::outputs::Caps;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -99,6 +99,8 @@ pub struct ContainerConfig {
     pub log_dir: Option<PathBuf>,
     /// Caps on outputs.
     pub output_caps: Caps,
+    /// How long the outputs may take to come back (default: 30 s, plus a second per 32 MiB).
+    pub collection: Collection,
     /// Pull policy (default `if_missing`; without a registry any pull fails fast).
     pub pull: PullPolicy,
     /// Hardening items.
@@ -179,6 +181,7 @@ impl Default for ContainerConfig {
             log_cap_bytes: 4 << 20,
             log_dir: None,
             output_caps: Caps::default(),
+            collection: Collection::default(),
             pull: PullPolicy::IfMissing,
             hardening: Hardening::default(),
             engine_timeout: Duration::from_secs(30),

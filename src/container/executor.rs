@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     logs: Mutex<Option<Arc<PrivateDir>>>,
     /// The warm pool, when configured.
     pub pool: Option<super::pool::Pool>,
+    /// What is known of images' paths where the attempts mount something (`mounts`).
+    pub mounts: Mutex<super::mounts::Seen>,
 }
 
 impl Shared {
@@ -42,6 +44,7 @@ impl Shared {
             tools: tokio::sync::Mutex::default(),
             logs: Mutex::new(None),
             pool,
+            mounts: Mutex::default(),
         }
     }
 
@@ -108,7 +111,11 @@ impl ContainerExecutor {
         let engine = Engine::connect(&config.connection, config.engine_timeout).await.map_err(|source| {
             let endpoint = match crate::engine::endpoint::resolve(&config.connection, |k| std::env::var(k).ok()) {
                 Ok(e) => e.url,
-                Err(_) => config.connection.host.clone().unwrap_or_else(|| "DOCKER_HOST".into()),
+                Err(_) => config
+                    .connection
+                    .host
+                    .as_deref()
+                    .map_or_else(|| "DOCKER_HOST".into(), crate::engine::endpoint::redact),
             };
             LaunchError::EngineUnreachable { endpoint, source }
         })?;

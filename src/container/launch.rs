@@ -17,7 +17,7 @@ use crate::link::reports::{self, ReportRoute};
 use crate::link::session::{self, Inbound, OutputsSink, ReaderSetup, Sender};
 use crate::link::supervise::{Ended, HardStop, Linked, Rules, supervise};
 use crate::link::{CappedLog, LiveSink};
-use crate::wire::{self, HandlerRequest, IN_DIR, KEY_LEN, OUT_DIR, OutputSpec, Start};
+use crate::wire::{self, HandlerRequest, IN_DIR, KEY_LEN, OUT_DIR, Start};
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use futures_util::StreamExt;
 use std::collections::{BTreeMap, HashMap};
@@ -39,7 +39,13 @@ impl Running {
     /// Supervises the attempt to its end (`link::supervise`), SIGKILLing the container
     /// through the engine if its init does not finish in time.
     pub async fn supervise(&mut self, shared: &Shared, req: &Request, cancel: &CancellationToken) -> Ended {
-        let rules = Rules { kill_margin: shared.config.kill_margin, call_timeout: shared.engine.timeout() };
+        let cfg = &shared.config;
+        let rules = Rules {
+            kill_margin: cfg.kill_margin,
+            call_timeout: shared.engine.timeout(),
+            collection: cfg.collection,
+            max_output_bytes: cfg.output_caps.max_total_bytes,
+        };
         let stop = EngineKill { shared, id: &self.ledger.container_id };
         supervise(&mut self.link, req, rules, cancel, &stop).await
     }
@@ -149,7 +155,7 @@ async fn provision(
         // The create runs on; its result is awaited even when the upload failed.
         let created_id = created(container).await;
         let report = report?;
-        inputs = Some(InputsStaged { skipped: report.skipped, ..staged });
+        inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
         let container_id = created_id?;
         let attached = shared.engine.api.attach(&plan.name).await?;
         return Ok(Provisioned {
@@ -212,6 +218,7 @@ async fn begin(
             caps: cfg.output_caps,
         },
         reports: ReportRoute::new(scope(req), report_tx),
+        stop: Default::default(),
     };
     let (events_tx, events) = mpsc::unbounded_channel();
     let inbound = attached.output.map(|c| {
@@ -220,7 +227,8 @@ async fn begin(
             Chunk::Stderr(b) => Inbound::InitStderr(b),
         })
     });
-    let reader = shared.tracker.spawn(session::read(inbound, setup, events_tx));
+    let stop = setup.stop.clone();
+    let reader = session::ReaderTask::spawn(&shared.tracker, session::read(inbound, setup, events_tx));
     let sender = Sender::new(attached.input);
 
     let started = Instant::now();
@@ -296,7 +304,7 @@ async fn begin(
         tracing::warn!(error = %e, "could not send the start to the init");
     }
     let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
-    let link = Linked { started, sender, events, reader, heartbeat };
+    let link = Linked { started, sender, stop, events, reader, heartbeat };
     Ok(Running { ledger, link, reports: report_task })
 }
 
@@ -370,17 +378,16 @@ fn start_frame(
         handshake_ms: cfg.handshake_timeout.as_millis() as u64,
         heartbeat_timeout_ms: cfg.host_loss.heartbeat_timeout.map_or(0, |t| t.as_millis() as u64),
         host_loss_grace_ms: cfg.host_loss.grace.as_millis() as u64,
-        outputs: OutputSpec {
-            dir: OUT_DIR.to_owned(),
-            max_files: cfg.output_caps.max_files as u64,
-            max_bytes: cfg.output_caps.max_total_bytes,
-        },
+        outputs: cfg.collection.spec(OUT_DIR.to_owned(), cfg.output_caps),
         scope: scope(req),
         link_id: Some(link_id.to_owned()),
-        takeover_uid: None,
+        // The host's relay runs as root (`recover`), a uid the command never has.
+        takeover_uid: (cfg.uid_gid().0 != 0).then_some(0),
+        takeover_fd: None,
         rlimits: Vec::new(),
         cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
         measure: caches.iter().map(|(_, _, path)| path.clone()).collect(),
+        mounts: plan.mounts.clone(),
     }
 }
 

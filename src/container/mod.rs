@@ -15,6 +15,7 @@ mod finish;
 pub mod labels;
 mod launch;
 mod ledger;
+mod mounts;
 pub(crate) mod pipe;
 mod pool;
 mod prepare;

@@ -185,7 +185,7 @@ pub(crate) async fn ready(
     let mut inputs = None;
     if let Some((dir, staged)) = plan.inputs.take() {
         let report = super::launch::upload_inputs(shared, &p.helper, dir, staged.bytes).await?;
-        inputs = Some(InputsStaged { skipped: report.skipped, ..staged });
+        inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
         enforcement
             .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}", p.input_volume));
     }
@@ -246,11 +246,17 @@ async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
     let pc = config(shared).expect("a pool");
     let cfg = &shared.config;
     let image = super::prepare::resolve_image(shared, &t.image).await?;
-    let tools = super::launch::tools_volume(shared, &t.image).await?;
     let attempt_id: String = (0..6).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
     let name = format!("sd-{}-{attempt_id}", &pc.worker[..pc.worker.len().min(40)]);
     let owner = Owner { worker: &pc.worker, incarnation: &shared.incarnation, executor: &cfg.name };
     let l = AttemptLabels { owner, attempt_id: &attempt_id, job: None, app: None, org: None, extra: &cfg.labels };
+    // Nothing is parked on an image that would move its mounts.
+    let dests = super::mounts::destinations(true, &[], &spec::masked_volumes(&image.volumes, &[]));
+    let probe = format!("{name}-probe");
+    if let Some(r) = super::mounts::check(shared, &image.id, probe, l.for_kind(Kind::Pool, "probe"), &dests).await? {
+        return Err(LaunchError::NotAllowed(r.explain(&t.image)));
+    }
+    let tools = super::launch::tools_volume(shared, &t.image).await?;
     shared.in_flight().insert(attempt_id.clone());
     let mut left = Leftovers::default();
     let made = async {

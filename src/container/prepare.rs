@@ -31,6 +31,9 @@ pub(crate) struct Plan {
     pub labels: HashMap<String, String>,
     pub input_labels: HashMap<String, String>,
     pub stage_labels: HashMap<String, String>,
+    pub probe_labels: HashMap<String, String>,
+    /// Where the attempt mounts something (`mounts`).
+    pub mounts: Vec<String>,
     pub started_ms: u64,
 }
 
@@ -62,10 +65,13 @@ pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) ->
             if bytes > cfg.max_input_bytes {
                 return Err(LaunchError::InputTooLarge { bytes, limit: cfg.max_input_bytes });
             }
-            Some((input, InputsStaged { files, bytes, limit_bytes: cfg.max_input_bytes, skipped: Vec::new() }))
+            Some((input, InputsStaged { files, bytes, limit_bytes: cfg.max_input_bytes, ..InputsStaged::default() }))
         }
     };
     let output_dir = req.open_output_dir()?;
+    let caches: Vec<&str> = cfg.caches.iter().map(|c| c.path.as_str()).collect();
+    let mounts =
+        super::mounts::destinations(inputs.is_some(), &caches, &super::spec::masked_volumes(&image.volumes, &caches));
     let env = layer_env(req, &image, cfg);
     let attempt_id = random_hex(6);
     let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
@@ -82,6 +88,8 @@ pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) ->
         labels: l.for_role("container"),
         input_labels: l.for_role("in"),
         stage_labels: l.for_role("stage"),
+        probe_labels: l.for_role("probe"),
+        mounts,
         attempt_id,
         name,
         cwd: req

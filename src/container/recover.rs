@@ -13,19 +13,18 @@ use super::ledger::Ledger;
 use crate::contract::{Checkpoint, HookSet, Outcome, RecoverError, Request, Target, valid_worker_id};
 use crate::engine::Chunk;
 use crate::link::reports::{self, ReportRoute};
-use crate::link::session::{self, Event, Inbound, OutputsSink, ReaderSetup, Sender};
+use crate::link::session::{self, Inbound, OutputsSink, ReaderSetup, Sender};
 use crate::link::{CappedLog, LiveSink};
 use crate::outputs::Caps;
 use crate::wire::{self, INIT_NAME, TOOLS_DIR};
 use futures_util::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-/// How long the init has to send its challenge, and then to accept the answer.
-const TAKEOVER_WITHIN: Duration = Duration::from_secs(15);
+/// How long a takeover may take, tries included.
+const TAKEOVER_WITHIN: Duration = Duration::from_secs(30);
 
 pub(crate) async fn recover(
     shared: Arc<Shared>,
@@ -122,33 +121,7 @@ async fn take_over(
         Ok(d) => d,
         Err(e) => return fail(cleanup, RecoverError::OutputDir(e)).await,
     };
-    let relay = vec![format!("{TOOLS_DIR}/{INIT_NAME}"), "relay".to_owned(), cp.link.id.clone()];
-    let attached = match api.exec(id, relay).await {
-        Ok(a) => a,
-        Err(e) => return fail(cleanup, RecoverError::Engine(e)).await,
-    };
-    let sender = Sender::new(attached.input);
-    let inbound = attached.output.map(|c| {
-        c.map(|c| match c {
-            Chunk::Stdout(b) => Inbound::Link(b),
-            Chunk::Stderr(b) => Inbound::InitStderr(b),
-        })
-    });
-    let inbound = match session::answer_challenge(inbound, &sender, &key, TAKEOVER_WITHIN).await {
-        Ok(s) => s,
-        Err(e) => return fail(cleanup, RecoverError::Takeover(e)).await,
-    };
     let cfg = &shared.config;
-    let captures = shared.log_base().and_then(|b| b.subdir(&cp.worker)).ok().and_then(|dir| {
-        let [out, err] = ledger.captures.as_ref()?;
-        Some((
-            CappedLog::append(&dir, out, cfg.log_cap_bytes).ok()?,
-            CappedLog::append(&dir, err, cfg.log_cap_bytes).ok()?,
-        ))
-    });
-    let Some((stdout, stderr)) = captures else {
-        return fail(cleanup, RecoverError::Invalid("its capture files cannot be continued".into())).await;
-    };
     let (report_tx, report_task) = match &req.hooks {
         Some(h) => {
             let (tx, task) = reports::forward(h.clone(), req.attempt_ref());
@@ -157,37 +130,51 @@ async fn take_over(
         None => (None, None),
     };
     let caps = Caps { max_files: ledger.max_files as usize, max_total_bytes: ledger.max_total_bytes };
-    let setup = ReaderSetup {
-        key,
-        stdout,
-        stderr,
-        live: LiveSink::new(None),
-        outputs: OutputsSink { dest, caps },
-        reports: ReportRoute::new(scope(&req), report_tx),
+    let setup = || {
+        let dir = shared.log_base().and_then(|b| b.subdir(&cp.worker)).map_err(|e| e.to_string())?;
+        let [out, err] = ledger.captures.as_ref().ok_or("its capture files are not named")?;
+        Ok(ReaderSetup {
+            key,
+            stdout: CappedLog::append(&dir, out, cfg.log_cap_bytes).map_err(|e| e.to_string())?,
+            stderr: CappedLog::append(&dir, err, cfg.log_cap_bytes).map_err(|e| e.to_string())?,
+            live: LiveSink::new(None),
+            outputs: OutputsSink { dest: dest.try_clone().map_err(|e| e.to_string())?, caps },
+            reports: ReportRoute::new(scope(&req), report_tx.clone()),
+            stop: Default::default(),
+        })
     };
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let reader = shared.tracker.spawn(session::read(inbound, setup, events_tx));
-    // The init says it accepted the answer by sending `Started` again.
-    let resumed = tokio::time::timeout(TAKEOVER_WITHIN, async {
-        loop {
-            match events.recv().await {
-                Some(Event::Started(s)) if s.resumed => return Some(s),
-                Some(Event::Closed) | None => return None,
-                Some(_) => {}
-            }
+    // The relay runs as root when the command does not: the init then takes a takeover only
+    // from uid 0, which nothing in the sandbox has.
+    let relay_user = (cfg.uid_gid().0 != 0).then_some("0:0");
+    let open = |left: Duration| {
+        let argv = vec![
+            format!("{TOOLS_DIR}/{INIT_NAME}"),
+            "relay".to_owned(),
+            cp.link.id.clone(),
+            left.as_millis().to_string(),
+        ];
+        async move {
+            let attached = api.exec(id, argv, relay_user).await.map_err(|e| crate::contract::error_chain(&e))?;
+            let inbound = attached.output.map(|c| {
+                c.map(|c| match c {
+                    Chunk::Stdout(b) => Inbound::Link(b),
+                    Chunk::Stderr(b) => Inbound::InitStderr(b),
+                })
+            });
+            Ok::<session::Transport, String>((Box::pin(inbound), Sender::new(attached.input)))
         }
-    })
-    .await
-    .ok()
-    .flatten();
-    let Some(resumed) = resumed else {
-        reader.abort();
-        return fail(cleanup, RecoverError::Takeover("the init did not accept the answer".into())).await;
+    };
+    let taken = session::take_over(open, setup, &key, &cp.link.id, &shared.tracker, TAKEOVER_WITHIN).await;
+    // The reader's route holds the only sender now: the forwarding ends with the reader.
+    drop(report_tx);
+    let session::TakenOver { sender, stop, events, reader, resumed } = match taken {
+        Ok(t) => t,
+        Err(e) => return Ok(unrecovered(&shared, &req, ledger, cleanup, e).await),
     };
     let away_ms = crate::contract::unix_ms_now().saturating_sub(ledger.started_ms);
     let started = Instant::now().checked_sub(Duration::from_millis(away_ms)).unwrap_or_else(Instant::now);
     let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
-    let link = crate::link::supervise::Linked { started, sender, events, reader, heartbeat };
+    let link = crate::link::supervise::Linked { started, sender, stop, events, reader, heartbeat };
     let mut running = Running { ledger, link, reports: report_task };
     let ended = running.supervise(&shared, &req, &cancel).await;
     let (mut outcome, _silent) = conclude_recovered(&shared, &req, &mut running, ended, cleanup, resumed.ended).await;
@@ -220,4 +207,44 @@ async fn conclude_recovered(
         h.deliver_outcome(&mut outcome).await;
     }
     (outcome, silent)
+}
+
+/// An attempt that could not be taken over: its container is stopped and removed, and the
+/// Outcome says why (only what the host saw counts: there is no record).
+async fn unrecovered(shared: &Arc<Shared>, req: &Request, ledger: Ledger, cleanup: Cleanup, why: String) -> Outcome {
+    let state = shared.engine.api.inspect_container(&ledger.name).await.ok();
+    cleanup.run().await;
+    let mut o = crate::contract::judge(
+        req,
+        crate::contract::Judgement {
+            facts: crate::contract::Facts {
+                record: crate::contract::Record::Missing,
+                exit: match state
+                    .as_ref()
+                    .and_then(|s| s.exit_code)
+                    .filter(|_| state.as_ref().is_some_and(|s| !s.running))
+                {
+                    Some(c) if c > 128 => crate::contract::Exit::Signal((c - 128) as i32),
+                    _ => crate::contract::Exit::Unknown,
+                },
+                ..Default::default()
+            },
+            error_text: format!("the takeover failed: {why}"),
+            ..Default::default()
+        },
+    );
+    o.evidence.executor = shared.config.name.clone();
+    o.evidence.level = Some(shared.config.level());
+    o.evidence.incarnation = shared.incarnation.clone();
+    o.evidence.container_id = Some(ledger.container_id.clone());
+    o.evidence.image = Some(ledger.image_ref.clone());
+    o.evidence.image_id = Some(ledger.image_id.clone());
+    o.evidence.recovered = Some(format!("the takeover failed: {why}; the container was stopped and removed"));
+    o.usage.sources.wall_time_ms = Some(crate::contract::Source::unavailable("the takeover failed"));
+    o.usage.sources.cpu_time_ms = Some(crate::contract::Source::unavailable("the takeover failed"));
+    o.usage.sources.peak_memory_bytes = Some(crate::contract::Source::unavailable("the takeover failed"));
+    if let Some(h) = &req.hooks {
+        h.deliver_outcome(&mut o).await;
+    }
+    o
 }

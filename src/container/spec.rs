@@ -123,6 +123,15 @@ pub(crate) fn tools_mount(tools: &ToolsVolume, incarnation: Option<&str>) -> Mou
     }
 }
 
+/// A named cache's mount, read-write. `NoCopy`: an engine never fills a cache volume from
+/// what the image holds at that path (a cache is the attempts' own, never the image's).
+pub(crate) fn cache_mount(volume: &str, path: &str) -> Mount {
+    Mount {
+        volume_options: Some(MountVolumeOptions { no_copy: Some(true), ..Default::default() }),
+        ..volume_mount(volume, path, false)
+    }
+}
+
 fn tmpfs_mount(target: &str, size: u64, mode: i64, read_only: bool) -> Mount {
     Mount {
         typ: Some(MountType::TMPFS),
@@ -140,6 +149,14 @@ fn tmpfs_mount(target: &str, size: u64, mode: i64, read_only: bool) -> Mount {
 fn covered(path: &str, ours: &[&str]) -> bool {
     let p = path.trim_end_matches('/');
     ours.contains(&p)
+}
+
+/// The image's declared `VOLUME`s that a read-only tmpfs masks: those that are not one of
+/// stevedore's own mounts or a cache's.
+pub(crate) fn masked_volumes(image_volumes: &[String], cache_paths: &[&str]) -> Vec<String> {
+    let ours: Vec<&str> =
+        [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"].into_iter().chain(cache_paths.iter().copied()).collect();
+    image_volumes.iter().filter(|v| !covered(v, &ours)).cloned().collect()
 }
 
 fn clamp(n: u64) -> i64 {
@@ -166,7 +183,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
     mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
     for (name, volume, path) in input.caches {
-        mounts.push(volume_mount(volume, path, false));
+        mounts.push(cache_mount(volume, path));
         put(
             &mut enforcement,
             &format!("cache.{name}"),
@@ -174,13 +191,9 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         );
     }
     let cache_paths: Vec<&str> = input.caches.iter().map(|(_, _, p)| p.as_str()).collect();
-    let ours: Vec<&str> = [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"].into_iter().chain(cache_paths).collect();
-    let mut masked = Vec::new();
-    for v in input.image_volumes {
-        if !covered(v, &ours) {
-            mounts.push(tmpfs_mount(v, 1 << 20, 0o755, true));
-            masked.push(v.clone());
-        }
+    let masked = masked_volumes(input.image_volumes, &cache_paths);
+    for v in &masked {
+        mounts.push(tmpfs_mount(v, 1 << 20, 0o755, true));
     }
     if !masked.is_empty() {
         put(

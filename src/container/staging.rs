@@ -32,6 +32,8 @@ pub struct StageReport {
     pub bytes: u64,
     /// Entries skipped (FIFOs, sockets, devices), by relative path.
     pub skipped: Vec<String>,
+    /// Files with holes (their blocks hold less than their size): staged in full.
+    pub sparse: Vec<crate::contract::SparseInput>,
 }
 
 /// Why the input dir could not be staged.
@@ -271,6 +273,14 @@ impl Stager<'_> {
         self.report.entries += 1;
         self.report.files += 1;
         self.report.bytes += size;
+        let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        if allocated < size && self.report.sparse.len() < MAX_SKIPPED {
+            self.report.sparse.push(crate::contract::SparseInput {
+                name: path.display().to_string(),
+                apparent_bytes: size,
+                allocated_bytes: allocated,
+            });
+        }
         Ok(())
     }
 }

@@ -64,6 +64,9 @@ struct Behaviour {
     exit: Option<(i64, bool)>,
     /// Remove the container behind stevedore's back before ending.
     vanish: bool,
+    /// Send only this many bytes of the outputs tar, then say nothing more (a transport that
+    /// stalls).
+    stall_after: Option<usize>,
 }
 
 fn init(b: Behaviour) -> Script {
@@ -88,8 +91,13 @@ fn init(b: Behaviour) -> Script {
             send(&out, Kind::Record, &wire::seal(&key, &serde_json::to_vec(&rec).unwrap()));
             let files: Vec<(&str, &[u8])> = b.files.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
             let tar = tar_of(&files);
-            for chunk in tar.chunks(wire::MAX_CHUNK) {
+            let sent = b.stall_after.map_or(tar.len(), |n| n.min(tar.len()));
+            for chunk in tar[..sent].chunks(wire::MAX_CHUNK) {
                 send(&out, Kind::Output, chunk);
+            }
+            if sent < tar.len() {
+                await_ack(&mut stdin).await;
+                return;
             }
             let end = OutputEnd {
                 files: files.len() as u64,
@@ -110,6 +118,7 @@ fn honest(rec: InitRecord) -> Behaviour {
         files: vec![("result.txt".into(), b"42\n".to_vec())],
         exit: None,
         vanish: false,
+        stall_after: None,
     }
 }
 
@@ -151,7 +160,23 @@ async fn a_clean_attempt_creates_one_container_and_removes_it() {
     let calls = s.fake.calls();
     assert!(!calls.iter().any(|c| c.starts_with("inspect container")), "no inspect with a record: {calls:?}");
     assert!(!calls.iter().any(|c| c.starts_with("kill")), "no kill after the record: {calls:?}");
-    assert_eq!(calls.iter().filter(|c| c.starts_with("create container sd-")).count(), 1);
+    let created: Vec<&String> = calls.iter().filter(|c| c.starts_with("create container sd-")).collect();
+    assert_eq!(created.len(), 2, "the attempt's container, and the probe of its mounts: {created:?}");
+    assert_eq!(created.iter().filter(|c| c.ends_with("-probe")).count(), 1);
+}
+
+/// An image's paths are looked at once: the second attempt of the same image makes no probe.
+#[tokio::test]
+async fn the_mounts_of_an_image_are_probed_once() {
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    for out in ["o1", "o2"] {
+        let req = Request::command("job-1", ["true"], s.dir.path().join(out)).worker("w1").image(IMAGE);
+        assert_eq!(s.rung.run(&req, CancellationToken::new()).await.unwrap().status, Status::Ok);
+    }
+    s.rung.close().await;
+    assert!(s.fake.objects().is_empty(), "left behind: {:?}", s.fake.objects());
+    let probes = s.fake.calls().iter().filter(|c| c.starts_with("create container") && c.ends_with("-probe")).count();
+    assert_eq!(probes, 1);
 }
 
 #[tokio::test]
@@ -470,4 +495,34 @@ async fn a_crashed_rungs_tools_go_with_its_reclaim_and_old_unused_ones_with_prun
     let mut left = fake.volume_names();
     left.sort();
     assert_eq!(left, ["stevedore-tools-mine", "stevedore-tools-old-used", "stevedore-tools-young"]);
+}
+
+/// A collection that stalls is stopped at its deadline (here the least there is: the host's
+/// margin of 5 s past a 1 ms one): the files that came whole are kept and hashed, the one it
+/// stopped in is named, and the Outcome says the deadline cut it.
+#[tokio::test]
+async fn a_stalled_collection_keeps_what_came_whole_at_its_deadline() {
+    let mut b = honest(record(WaitStatus::Code(0)));
+    b.files = vec![("a-first.txt".into(), b"whole".to_vec()), ("b-second.bin".into(), vec![7; 100_000])];
+    // The first file's header and data (512 + 512), the second's header and a little of it.
+    b.stall_after = Some(1024 + 512 + 4096);
+    let fake = FakeApi::new(IMAGE);
+    fake.script(init(b));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ContainerConfig::default().log_dir(dir.path().join("logs"));
+    cfg.collection = crate::link::Collection { min: Duration::from_millis(1), bytes_per_s: u64::MAX };
+    let rung = ContainerExecutor::on(fake.engine(), cfg);
+    let req = Request::command("job-1", ["true"], dir.path().join("out")).worker("w1").image(IMAGE);
+    let o = rung.run(&req, CancellationToken::new()).await.unwrap();
+    rung.close().await;
+    assert!(fake.objects().is_empty(), "left behind: {:?}", fake.objects());
+    assert_eq!((o.status, o.reason), (Status::Ok, Some(Reason::OutputLimit)), "{}", o.to_json());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a-first.txt"]);
+    assert_eq!(std::fs::read(dir.path().join("out/a-first.txt")).unwrap(), b"whole");
+    assert!(!dir.path().join("out/b-second.bin").exists());
+    let refused: Vec<(&str, &str)> =
+        o.evidence.refused_outputs.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+    assert_eq!(refused, [("b-second.bin", "collection_deadline")]);
+    let c = o.evidence.collection.clone().unwrap();
+    assert!(c.cut && c.deadline_ms <= 2, "{c:?}");
 }

@@ -56,6 +56,7 @@ pub fn judge(req: &Request, j: Judgement) -> Outcome {
                     | LaunchFailure::NotFound
                     | LaunchFailure::NotExecutable
                     | LaunchFailure::BadRequest
+                    | LaunchFailure::MountRedirected
             )
         );
     o.usage = j.usage;

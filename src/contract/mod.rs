@@ -25,8 +25,8 @@ pub use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub use outcome::{
-    CacheUse, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome, OutputFile,
-    RefusedEntry, ReportsSeen, Source, Sources, Usage, unix_ms_now,
+    CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome,
+    OutputFile, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage, unix_ms_now,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

@@ -366,9 +366,27 @@ pub struct Evidence {
     /// outcome stands regardless.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hook_failures: Vec<String>,
+    /// How the outputs came back: within what time, how long it took, whether the time
+    /// ran out (then what went before is kept and the rest is named in `refused_outputs` as
+    /// `collection_deadline`). Absent when the init sent no record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collection: Option<CollectionSeen>,
     /// Other facts worth a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+}
+
+/// The collection of the outputs, timed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CollectionSeen {
+    /// Its deadline: at least `Collection::min`, plus a second per `bytes_per_s` bytes the
+    /// output dir held.
+    pub deadline_ms: u64,
+    /// How long it took.
+    pub elapsed_ms: u64,
+    /// The deadline ran out: files were left out.
+    pub cut: bool,
 }
 
 /// One named cache, as an attempt used it.
@@ -422,6 +440,22 @@ pub struct InputsStaged {
     /// Entries not staged (FIFOs, sockets, devices), by relative path.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// Files with holes. They count by apparent size against the limit, and are staged in
+    /// full: each costs its apparent size where the sandbox runs (the engine's archive
+    /// upload, like the process rung's copy, writes the holes as zeros).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sparse: Vec<SparseInput>,
+}
+
+/// An input file with holes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SparseInput {
+    /// Its path relative to the input dir.
+    pub name: String,
+    /// Its size: what it costs where the sandbox runs.
+    pub apparent_bytes: u64,
+    /// What it holds on the caller's disk.
+    pub allocated_bytes: u64,
 }
 
 #[cfg(test)]

@@ -85,6 +85,10 @@ pub enum Reason {
     /// A record arrived but failed verification (MAC, size, shape): it was ignored and the
     /// status comes from what the host saw.
     RecordInvalid,
+    /// A mount destination has a symlink in one of its components in the image: the engine
+    /// would follow it and put the mount elsewhere (over stevedore's own, or out of a limit's
+    /// reach), so the attempt is not run.
+    MountRedirected,
 }
 
 impl Reason {
@@ -107,6 +111,7 @@ impl Reason {
             Reason::BadRequest => "bad_request",
             Reason::InitLost => "init_lost",
             Reason::RecordInvalid => "record_invalid",
+            Reason::MountRedirected => "mount_redirected",
         }
     }
 
@@ -128,6 +133,7 @@ impl Reason {
         Reason::BadRequest,
         Reason::InitLost,
         Reason::RecordInvalid,
+        Reason::MountRedirected,
     ];
 }
 
@@ -162,6 +168,8 @@ pub enum LaunchFailure {
     NotExecutable,
     /// The handler runner could not read its request.
     BadRequest,
+    /// A mount destination is a symlink in the image (see [`Reason::MountRedirected`]).
+    MountRedirected,
     /// Anything else.
     Other,
 }
@@ -174,6 +182,7 @@ impl LaunchFailure {
             LaunchFailure::NotFound => Some(Reason::CommandNotFound),
             LaunchFailure::NotExecutable => Some(Reason::CommandNotExecutable),
             LaunchFailure::BadRequest => Some(Reason::BadRequest),
+            LaunchFailure::MountRedirected => Some(Reason::MountRedirected),
             LaunchFailure::Other => None,
         }
     }

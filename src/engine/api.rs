@@ -74,6 +74,37 @@ pub(crate) struct ContainerState {
     pub labels: HashMap<String, String>,
 }
 
+/// What a path in a container's filesystem is, as the archive API says (the last component
+/// not followed; the ones before it resolved).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PathKind {
+    Dir,
+    File,
+    /// A symlink, and where it points as the engine resolves it.
+    Symlink(String),
+    /// Something else (a device, a FIFO, a socket).
+    Other,
+    Missing,
+}
+
+impl PathKind {
+    /// From the archive API's stat: a Go `os.FileMode` and the link target.
+    fn of(mode: u32, link_target: String) -> Self {
+        const DIR: u32 = 1 << 31;
+        const SYMLINK: u32 = 1 << 27;
+        const SPECIAL: u32 = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19);
+        if mode & SYMLINK != 0 {
+            PathKind::Symlink(if link_target.is_empty() { "?".into() } else { link_target })
+        } else if mode & DIR != 0 {
+            PathKind::Dir
+        } else if mode & SPECIAL != 0 {
+            PathKind::Other
+        } else {
+            PathKind::File
+        }
+    }
+}
+
 /// A container as a listing shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Listed {
@@ -120,8 +151,9 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     fn remove_container<'a>(&'a self, name: &'a str) -> Call<'a, Removal>;
     fn list_containers(&self, filters: HashMap<String, Vec<String>>) -> Call<'_, Vec<Listed>>;
     fn attach<'a>(&'a self, name: &'a str) -> Call<'a, Attached>;
-    /// Runs `argv` in a running container with its stdin, stdout and stderr attached.
-    fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>) -> Call<'a, Attached>;
+    /// Runs `argv` in a running container with its stdin, stdout and stderr attached, as
+    /// `user` (`uid:gid`; `None`: the container's).
+    fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>, user: Option<&'a str>) -> Call<'a, Attached>;
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
     /// Changes the limits of a (running) container: memory (swap off), CPU, pids.
     fn update<'a>(&'a self, name: &'a str, memory: u64, nano_cpus: Option<u64>, pids: u64) -> Call<'a, ()>;
@@ -129,6 +161,8 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64>;
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()>;
     fn inspect_container<'a>(&'a self, name: &'a str) -> Call<'a, ContainerState>;
+    /// What `path` is in a (created, not necessarily started) container's filesystem.
+    fn stat_path<'a>(&'a self, name: &'a str, path: &'a str) -> Call<'a, PathKind>;
     /// Uploads a tar into `path` of a (created, not necessarily started) container, under
     /// `timeout` instead of the per-call one (a large upload takes longer).
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, tar: ByteStream, timeout: Duration) -> Call<'a, ()>;
@@ -329,9 +363,10 @@ impl EngineApi for BollardApi {
         })
     }
 
-    fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>) -> Call<'a, Attached> {
+    fn exec<'a>(&'a self, name: &'a str, argv: Vec<String>, user: Option<&'a str>) -> Call<'a, Attached> {
         Box::pin(async move {
             let create = bollard::exec::CreateExecOptions::<String> {
+                user: user.map(str::to_owned),
                 attach_stdin: Some(true),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
@@ -418,6 +453,17 @@ impl EngineApi for BollardApi {
                 ports,
                 labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
             })
+        })
+    }
+
+    fn stat_path<'a>(&'a self, name: &'a str, path: &'a str) -> Call<'a, PathKind> {
+        Box::pin(async move {
+            let opts = bollard::query_parameters::ContainerArchiveInfoOptionsBuilder::default().path(path).build();
+            match self.call("stat path", self.docker.get_container_archive_info(name, Some(opts))).await {
+                Ok(st) => Ok(PathKind::of(st.file_mode, st.link_target)),
+                Err(e) if e.is_not_found() => Ok(PathKind::Missing),
+                Err(e) => Err(e),
+            }
         })
     }
 

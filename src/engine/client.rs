@@ -113,8 +113,9 @@ impl Engine {
     pub async fn connect(connection: &Connection, timeout: Duration) -> Result<Self, EngineError> {
         let endpoint = super::endpoint::resolve(connection, |k| std::env::var(k).ok())?;
         let secs = timeout.as_secs().max(1);
-        let url = endpoint.url.clone();
-        let connect_err = |source| EngineError::Connect { endpoint: url.clone(), source: Box::new(source) };
+        let url = endpoint.dial.clone();
+        let shown = endpoint.url.clone();
+        let connect_err = |source| EngineError::Connect { endpoint: shown.clone(), source: Box::new(source) };
         let version = bollard::API_DEFAULT_VERSION;
         let docker = match endpoint.transport {
             Transport::Unix => Docker::connect_with_unix(url.trim_start_matches("unix://"), secs, version),
@@ -187,8 +188,13 @@ impl Engine {
     /// An engine behind another implementation of the calls (tests use a fake).
     #[cfg(test)]
     pub(crate) fn with_api(api: Arc<dyn EngineApi>, facts: EngineFacts, timeout: Duration) -> Self {
-        let endpoint =
-            Endpoint { url: "unix:///fake.sock".into(), transport: Transport::Unix, host: None, cert_path: None };
+        let endpoint = Endpoint {
+            url: "unix:///fake.sock".into(),
+            transport: Transport::Unix,
+            host: None,
+            cert_path: None,
+            dial: "unix:///fake.sock".into(),
+        };
         Self { api, endpoint, facts, docker: None, timeout }
     }
 

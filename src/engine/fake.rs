@@ -251,7 +251,7 @@ impl EngineApi for FakeApi {
                 });
             }
             let image = body.image.clone().unwrap_or_default();
-            if !s.images.contains_key(&image) {
+            if !s.images.contains_key(&image) && !s.images.values().any(|i| i.id == image) {
                 return Err(Self::not_found("create container", &image));
             }
             let labels = body.labels.clone().unwrap_or_default();
@@ -318,7 +318,7 @@ impl EngineApi for FakeApi {
         })
     }
 
-    fn exec<'a>(&'a self, name: &'a str, _argv: Vec<String>) -> Call<'a, Attached> {
+    fn exec<'a>(&'a self, name: &'a str, _argv: Vec<String>, _user: Option<&'a str>) -> Call<'a, Attached> {
         Box::pin(async move {
             self.enter("create exec", name)?;
             Err(EngineError::Refused { op: "create exec", status: 501, message: "the fake engine has no exec".into() })
@@ -360,6 +360,16 @@ impl EngineApi for FakeApi {
             let s = self.state.lock().unwrap();
             let c = s.containers.get(name).ok_or_else(|| Self::not_found("inspect container", name))?;
             Ok(ContainerState { exit_code: c.exit_code, oom_killed: c.oom_killed, ..ContainerState::default() })
+        })
+    }
+
+    fn stat_path<'a>(&'a self, name: &'a str, path: &'a str) -> Call<'a, super::api::PathKind> {
+        Box::pin(async move {
+            self.enter("stat path", &format!("{name} {path}"))?;
+            let s = self.state.lock().unwrap();
+            s.containers.get(name).ok_or_else(|| Self::not_found("stat path", name))?;
+            // The fake's images hold nothing: every path is made by the engine at start.
+            Ok(super::api::PathKind::Missing)
         })
     }
 

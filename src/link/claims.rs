@@ -56,6 +56,7 @@ pub(crate) fn apply(
             c.facts.launch_failed = Some(match f.kind {
                 SpawnFailureKind::NotFound => LaunchFailure::NotFound,
                 SpawnFailureKind::NotExecutable => LaunchFailure::NotExecutable,
+                SpawnFailureKind::MountRedirected => LaunchFailure::MountRedirected,
                 SpawnFailureKind::Other => LaunchFailure::Other,
             });
             c.error_text = crate::wire::cap_text(&f.message, crate::wire::MAX_ERROR_TEXT);

@@ -54,7 +54,17 @@ pub(crate) fn judgement(
         ev.notes.push(format!("the init did not finish within the grace; {}", frame.hard_stop));
     }
     if ended.collection_timed_out {
-        ev.notes.push("collecting the outputs took too long and was stopped".into());
+        ev.notes.push(
+            "collecting the outputs took longer than its deadline and was stopped; what came whole is kept".into(),
+        );
+    }
+    if let Some((deadline, elapsed)) = ended.collection {
+        let init_cut = got.outputs.as_ref().and_then(|o| o.end.as_ref()).is_some_and(|e| e.deadline_hit);
+        ev.collection = Some(crate::contract::CollectionSeen {
+            deadline_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+            elapsed_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            cut: init_cut || ended.collection_timed_out,
+        });
     }
     if ended.cancelled_by_hook {
         ev.notes.push("the engine's cancellation hook asked for the stop".into());
@@ -128,10 +138,10 @@ fn outputs(ended: &Ended, j: &mut Judgement, ev: &mut Evidence) {
         ev.notes.push(format!("outputs: {e}"));
     }
     j.outputs = out.report.files.clone();
-    let mut limit = out.report.limit_hit;
+    let mut limit = out.report.limit_hit || ended.collection_timed_out;
     match &out.end {
         Some(end) => {
-            limit |= end.over_cap || end.seen.truncated;
+            limit |= end.over_cap || end.seen.truncated || end.deadline_hit;
             for r in &end.refused {
                 if !ev.refused_outputs.iter().any(|e| e.name == r.name) {
                     ev.refused_outputs.push(RefusedEntry { name: r.name.clone(), why: r.why.clone() });

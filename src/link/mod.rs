@@ -11,4 +11,4 @@ pub(crate) mod supervise;
 
 pub(crate) use capture::{CappedLog, LiveSink};
 pub use capture::{LiveChunk, LiveOutput, Stream};
-pub use supervise::HostLoss;
+pub use supervise::{Collection, HostLoss};

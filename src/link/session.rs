@@ -10,7 +10,7 @@ use super::capture::{CappedLog, LiveSink, Stream, Tail};
 use super::reports::ReportRoute;
 use crate::contract::LogCapture;
 use crate::outputs::{Caps, ExtractReport, extract_into};
-use crate::wire::{self, Decoder, HEADER_LEN, InitRecord, KEY_LEN, Kind, MAC_LEN, OutputEnd, Started};
+use crate::wire::{self, Decoder, InitRecord, KEY_LEN, Kind, OutputEnd, Started};
 use bytes::Bytes;
 use futures_util::{Stream as FutStream, StreamExt};
 use std::io;
@@ -79,6 +79,42 @@ impl Sender {
     }
 }
 
+/// The link's reader, on the rung's tracked tasks. Aborted when dropped: an attempt dropped
+/// anywhere (before its container started, during supervision) never leaves a reader waiting
+/// on a transport that may never end, which would keep `close` waiting for ever. Awaiting it
+/// to its end first makes the abort a no-op.
+#[derive(Debug)]
+pub(crate) struct ReaderTask(tokio::task::JoinHandle<Received>);
+
+impl ReaderTask {
+    /// Runs `reader` on `tracker`.
+    pub fn spawn(
+        tracker: &tokio_util::task::TaskTracker,
+        reader: impl std::future::Future<Output = Received> + Send + 'static,
+    ) -> Self {
+        Self(tracker.spawn(reader))
+    }
+
+    /// Stops it now.
+    pub fn abort(&self) {
+        self.0.abort();
+    }
+}
+
+impl std::future::Future for ReaderTask {
+    type Output = Result<Received, tokio::task::JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl Drop for ReaderTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Where the outputs go.
 #[derive(Debug)]
 pub(crate) struct OutputsSink {
@@ -96,6 +132,9 @@ pub(crate) struct ReaderSetup {
     pub live: LiveSink,
     pub outputs: OutputsSink,
     pub reports: ReportRoute,
+    /// Cancelled when the collection's time ran out: the reader stops reading, keeps every
+    /// output it received whole, and ends.
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 /// What the attempt hears from the reader as it happens.
@@ -183,7 +222,7 @@ pub(crate) async fn read(
     setup: ReaderSetup,
     events: mpsc::UnboundedSender<Event>,
 ) -> Received {
-    let ReaderSetup { key, mut stdout, mut stderr, mut live, outputs, mut reports } = setup;
+    let ReaderSetup { key, mut stdout, mut stderr, mut live, outputs, mut reports, stop } = setup;
     let accept = |k: Kind| {
         matches!(
             k,
@@ -203,7 +242,19 @@ pub(crate) async fn read(
     let mut outputs = Some(outputs);
     let mut extraction: Option<Extraction> = None;
     let mut record_seen = false;
-    'read: while let Some(item) = inbound.next().await {
+    let mut cut = None;
+    'read: loop {
+        let item = tokio::select! {
+            biased;
+            () = stop.cancelled() => {
+                cut = Some("collection_deadline: the collection's time ran out");
+                break;
+            }
+            item = inbound.next() => match item {
+                Some(item) => item,
+                None => break,
+            },
+        };
         let bytes = match item {
             Ok(Inbound::Link(b)) => b,
             Ok(Inbound::InitStderr(b)) => {
@@ -279,7 +330,7 @@ pub(crate) async fn read(
         }
     }
     if let Some(x) = extraction.take() {
-        got.outputs = Some(x.finish(None, Some("the link ended inside the outputs tar")).await);
+        got.outputs = Some(x.finish(None, Some(cut.unwrap_or("the link ended inside the outputs tar"))).await);
     }
     got.stdout = stdout.capture();
     got.stderr = stderr.capture();
@@ -290,42 +341,94 @@ pub(crate) async fn read(
     got
 }
 
-/// On a fresh transport to the init's takeover socket: reads the init's challenge, sends the
-/// answer (which proves the attempt key), and returns the transport positioned after the
-/// challenge. Whether the init accepted shows as its `Started` frame (`resumed`).
-pub(crate) async fn answer_challenge<S>(
-    mut inbound: S,
-    sender: &Sender,
+/// A transport to an init's takeover socket: what it delivers, and a sender on it.
+pub(crate) type Transport = (Pin<Box<dyn FutStream<Item = io::Result<Inbound>> + Send>>, Sender);
+
+/// A link taken over: the reader runs on the new transport.
+#[derive(Debug)]
+pub(crate) struct TakenOver {
+    pub sender: Sender,
+    /// The reader's stop (see [`ReaderSetup::stop`]).
+    pub stop: tokio_util::sync::CancellationToken,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub reader: ReaderTask,
+    /// The init's `Started` (`resumed`, and whether the command had already ended).
+    pub resumed: Started,
+}
+
+/// Takes an attempt's link over (`docs/link.md`, "Taking over an attempt"): opens a
+/// transport with `open` (the relay through the engine's exec, or a direct connection),
+/// proves the attempt key in the first frame, and waits for the init's `Started` again. A
+/// transport that ends unanswered (the relay gave up, or was killed as the command ended)
+/// is opened again until `within` has passed; each try starts a reader on a fresh `setup`.
+pub(crate) async fn take_over<F, Fut>(
+    mut open: F,
+    mut setup: impl FnMut() -> Result<ReaderSetup, String>,
     key: &[u8; KEY_LEN],
+    link_id: &str,
+    tracker: &tokio_util::task::TaskTracker,
     within: Duration,
-) -> Result<impl FutStream<Item = io::Result<Inbound>> + Send + Unpin + 'static, String>
+) -> Result<TakenOver, String>
 where
-    S: FutStream<Item = io::Result<Inbound>> + Send + Unpin + 'static,
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<Transport, String>>,
 {
-    let mut buf = Vec::new();
-    let mut stderr = Tail::new(2048);
-    let read = async {
-        while buf.len() < HEADER_LEN + MAC_LEN {
-            match inbound.next().await {
-                Some(Ok(Inbound::Link(b))) => buf.extend_from_slice(&b),
-                Some(Ok(Inbound::InitStderr(b))) => stderr.push(&b),
-                Some(Err(e)) => return Err(format!("the transport failed: {e}")),
-                None => return Err("the transport ended before the init's challenge".to_owned()),
+    let until = tokio::time::Instant::now() + within;
+    let mut why = String::from("no try was made");
+    let mut tries = 0u32;
+    while tokio::time::Instant::now() < until {
+        tries += 1;
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let (inbound, sender) = match tokio::time::timeout(left, open(left)).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                why = e;
+                tokio::time::sleep(Duration::from_millis(100).min(left)).await;
+                continue;
+            }
+            Err(_) => break,
+        };
+        let nonce: [u8; wire::NONCE_LEN] = rand::random();
+        if let Err(e) = sender.frame(Kind::Takeover, &wire::takeover_proof(key, link_id, &nonce, 0)).await {
+            why = format!("sending the proof: {e}");
+            continue;
+        }
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let setup = setup()?;
+        let stop = setup.stop.clone();
+        let reader = ReaderTask::spawn(tracker, read(inbound, setup, events_tx));
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let answer = tokio::time::timeout(left, async {
+            loop {
+                match events.recv().await {
+                    Some(Event::Started(s)) if s.resumed => return Some(s),
+                    Some(Event::Closed) | None => return None,
+                    Some(_) => {}
+                }
+            }
+        })
+        .await;
+        match answer {
+            Ok(Some(resumed)) => return Ok(TakenOver { sender, stop, events, reader, resumed }),
+            Ok(None) => {
+                let got = reader.await.unwrap_or_default();
+                if let Some(no) = got.diag.iter().find(|d| d.starts_with(wire::TAKEOVER_REFUSED)) {
+                    // The init said no on this very connection: trying again cannot help.
+                    return Err(no.clone());
+                }
+                let said = got.init_stderr;
+                why = if said.trim().is_empty() {
+                    "the transport ended before the init took it".into()
+                } else {
+                    said.trim().to_owned()
+                };
+            }
+            Err(_) => {
+                reader.abort();
+                why = "the init did not take the proof in time".into();
+                break;
             }
         }
-        Ok(())
-    };
-    let read = tokio::time::timeout(within, read).await.unwrap_or_else(|_| Err("no challenge in time".into()));
-    if let Err(e) = read {
-        let said = stderr.text();
-        return Err(if said.is_empty() { e } else { format!("{e} ({})", said.trim()) });
     }
-    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-    if buf[0] != Kind::Challenge as u8 || len != MAC_LEN {
-        return Err("the first frame is not the init's challenge".into());
-    }
-    let answer = wire::takeover_answer(key, &buf[HEADER_LEN..HEADER_LEN + MAC_LEN]);
-    sender.frame(Kind::Takeover, &answer).await.map_err(|e| format!("sending the answer: {e}"))?;
-    let rest = Bytes::copy_from_slice(&buf[HEADER_LEN + MAC_LEN..]);
-    Ok(futures_util::stream::iter([Ok(Inbound::Link(rest))]).chain(inbound))
+    Err(format!("{why} ({tries} tries in {}s)", within.as_secs()))
 }

@@ -35,6 +35,39 @@ impl Default for HostLoss {
     }
 }
 
+/// How long the outputs may take to come back once the command ended: at least `min`, plus
+/// a second per `bytes_per_s` bytes the output dir holds (what its filesystem says, at most
+/// the byte cap). The init stops sending at that deadline, keeping what it sent whole and
+/// naming the rest (`collection_deadline`); the host waits a margin longer, then stops
+/// reading, keeping every file it received whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Collection {
+    /// The least time the collection gets.
+    pub min: Duration,
+    /// The slowest transport it allows for.
+    pub bytes_per_s: u64,
+}
+
+impl Default for Collection {
+    fn default() -> Self {
+        Self { min: Duration::from_secs(30), bytes_per_s: 32 << 20 }
+    }
+}
+
+impl Collection {
+    /// The init's side of it, for the Start frame.
+    pub(crate) fn spec(&self, dir: String, caps: crate::outputs::Caps) -> crate::wire::OutputSpec {
+        crate::wire::OutputSpec {
+            dir,
+            max_files: caps.max_files as u64,
+            max_bytes: caps.max_total_bytes,
+            collect_min_ms: u64::try_from(self.min.as_millis()).unwrap_or(u64::MAX).max(1),
+            collect_bytes_per_s: self.bytes_per_s.max(1),
+        }
+    }
+}
+
 /// What the host saw of the attempt's end.
 #[derive(Debug, Default)]
 pub(crate) struct Ended {
@@ -46,6 +79,8 @@ pub(crate) struct Ended {
     pub record: Option<Result<Box<InitRecord>, String>>,
     /// The outputs tar did not end within its time.
     pub collection_timed_out: bool,
+    /// The collection's deadline as the host worked it out, and how long it took.
+    pub collection: Option<(Duration, Duration)>,
     /// From start to the record (or the link's end), by the host's clock.
     pub host_wall: Duration,
     pub received: Received,
@@ -55,16 +90,20 @@ pub(crate) struct Ended {
     pub poll_failures: Vec<String>,
 }
 
-/// Bytes per second the outputs may be as slow as before collection gives up.
-const SLOWEST_COLLECTION: u64 = 8 << 20;
+/// Past the init's own deadline, how long the host still reads (a fifth more, at least 5 s).
+fn collection_margin(deadline: Duration) -> Duration {
+    (deadline / 5).max(Duration::from_secs(5))
+}
 
 /// An attempt's link, once its init runs.
 #[derive(Debug)]
 pub(crate) struct Linked {
     pub started: std::time::Instant,
     pub sender: Sender,
+    /// Stops the reader when the collection's time runs out.
+    pub stop: tokio_util::sync::CancellationToken,
     pub events: mpsc::UnboundedReceiver<Event>,
-    pub reader: tokio::task::JoinHandle<Received>,
+    pub reader: super::session::ReaderTask,
     pub heartbeat: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -87,8 +126,12 @@ pub(crate) trait HardStop: Sync {
 pub(crate) struct Rules {
     /// Past grace, how long the init gets before the rung stops everything itself.
     pub kill_margin: Duration,
-    /// The rung's per-call timeout (collection and the reader's end are bounded by it).
+    /// The rung's per-call timeout (the reader's end is bounded by it).
     pub call_timeout: Duration,
+    /// How long the outputs may take.
+    pub collection: Collection,
+    /// The byte cap of the outputs.
+    pub max_output_bytes: u64,
 }
 
 /// Waits for the init's record and outputs while enforcing the request's deadline, the
@@ -110,6 +153,7 @@ pub(crate) async fn supervise(
     let mut ended = Ended::default();
     let mut kill_at: Option<Instant> = None;
     let mut collect_by: Option<Instant> = None;
+    let mut collecting: Option<(Instant, Duration)> = None;
     let mut closed = false;
     loop {
         let stopping = kill_at.is_some();
@@ -118,8 +162,15 @@ pub(crate) async fn supervise(
             ev = r.events.recv() => match ev {
                 Some(Event::Record(rec)) => {
                     ended.host_wall = r.started.elapsed();
-                    let used = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref()).map_or(0, |f| f.total_bytes.saturating_sub(f.free_bytes));
-                    collect_by = Some(Instant::now() + rules.call_timeout + Duration::from_secs(used / SLOWEST_COLLECTION));
+                    // The init's own deadline, worked out from the same figures it used (a
+                    // record that lies about them moves it at most to the byte cap's).
+                    let fs = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref());
+                    let budget = fs.map_or(rules.max_output_bytes, |f| rules.max_output_bytes.min(f.total_bytes));
+                    let used = fs.map_or(budget, |f| f.total_bytes.saturating_sub(f.free_bytes)).min(budget);
+                    let spec = rules.collection.spec(String::new(), crate::outputs::Caps { max_files: 0, max_total_bytes: budget });
+                    let deadline = spec.deadline(used).unwrap_or(rules.collection.min);
+                    collecting = Some((Instant::now(), deadline));
+                    collect_by = Some(Instant::now() + deadline + collection_margin(deadline));
                     ended.record = Some(rec);
                     kill_at = None;
                 }
@@ -187,8 +238,12 @@ pub(crate) async fn supervise(
     if !closed {
         let _ = r.sender.frame(Kind::Ack, b"").await;
     }
+    if let Some((since, deadline)) = collecting {
+        ended.collection = Some((deadline, since.elapsed()));
+    }
     if ended.collection_timed_out {
-        r.reader.abort();
+        // The reader keeps every output it received whole, and ends.
+        r.stop.cancel();
     }
     ended.received = match tokio::time::timeout(rules.call_timeout, &mut r.reader).await {
         Ok(Ok(got)) => got,

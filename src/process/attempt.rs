@@ -18,7 +18,7 @@ use crate::link::reports::{self, ReportRoute};
 use crate::link::session::{self, Inbound, OutputsSink, ReaderSetup, Sender};
 use crate::link::supervise::{Ended, HardStop, Linked, Rules, supervise};
 use crate::link::{CappedLog, LiveSink};
-use crate::wire::{self, HANDLER_MARKER, HandlerRequest, KEY_LEN, OutputSpec, RlimitResource, Start, env as wire_env};
+use crate::wire::{self, HANDLER_MARKER, HandlerRequest, KEY_LEN, RlimitResource, Start, env as wire_env};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -55,6 +55,9 @@ pub(crate) struct Ledger {
     pub captures: [String; 2],
     pub max_files: u64,
     pub max_total_bytes: u64,
+    /// The uid the command runs as (its lease is taken over with the attempt).
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 /// The limits after defaults and ceilings.
@@ -93,15 +96,31 @@ fn enforcement(
     applied: &Applied,
     cg: &Result<Option<Cgroup>, String>,
     inputs_sealed: Option<bool>,
+    identity: Option<(u32, u32)>,
 ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let cfg = &shared.config;
     let mut on = BTreeMap::new();
     let mut off = BTreeMap::new();
-    match cfg.run_as {
-        Some((u, g)) if u != shared.euid => {
+    match identity {
+        Some((u, g)) if cfg.uids.is_some() => {
+            on.insert(
+                "uid".into(),
+                format!("uid {u} gid {g} of the attempt's own, not the worker's uid {}", shared.euid),
+            );
+            on.insert(
+                "between_attempts".into(),
+                format!(
+                    "no other attempt has uid {u} while anything of it is left (range {}): none can signal, ptrace or \
+                     read the other's /proc entries or files; its processes, its files in /tmp, /var/tmp and /dev/shm \
+                     and its IPC objects are swept when it ends",
+                    cfg.uids.map(|r| r.to_string()).unwrap_or_default()
+                ),
+            );
+        }
+        Some((u, g)) => {
             on.insert("uid".into(), format!("uid {u} gid {g}, not the worker's uid {}", shared.euid));
         }
-        _ => {
+        None => {
             off.insert(
                 "uid".into(),
                 format!(
@@ -111,12 +130,32 @@ fn enforcement(
             );
         }
     }
+    if cfg.uids.is_none() {
+        let shared_uid = identity.map_or(shared.euid, |(u, _)| u);
+        if shared.uids.is_none() {
+            off.insert(
+                "between_attempts".into(),
+                format!(
+                    "attempts run side by side as uid {shared_uid} (allowed by configuration): they can signal, \
+                     ptrace and read each other"
+                ),
+            );
+        } else {
+            on.insert(
+                "between_attempts".into(),
+                format!(
+                    "one attempt at a time as uid {shared_uid}; what one leaves in the host's shared dirs is not swept \
+                     (the uid is not the rung's own)"
+                ),
+            );
+        }
+    }
     on.insert("session".into(), "own session and process group; SIGTERM, grace, SIGKILL; stragglers killed".into());
     on.insert("env".into(), "the request's variables plus PATH, HOME and TMPDIR only".into());
     for l in &cfg.rlimits {
         let (name, what) = match l.resource {
             RlimitResource::Nofile => ("nofile", "open files per process".to_owned()),
-            RlimitResource::Nproc => ("nproc", "processes of the uid in all, every attempt of that uid counted".into()),
+            RlimitResource::Nproc => ("nproc", "processes of the attempt's uid in all".into()),
             RlimitResource::Core => ("core", "largest core dump, bytes".into()),
             RlimitResource::Cpu => ("cpu", "CPU seconds per process, in total (not a rate)".into()),
             RlimitResource::Fsize => ("fsize", "largest file written, bytes".into()),
@@ -234,6 +273,8 @@ pub(crate) struct Cleanup {
     pub init: Option<tokio::process::Child>,
     /// An init that is not this process's child (a recovered attempt's): pid, start ticks.
     pub adopted: Option<(i32, u64)>,
+    /// The attempt's uid, released (and swept) once everything else is gone.
+    pub lease: Option<super::uids::Lease>,
     done: bool,
 }
 
@@ -246,7 +287,7 @@ impl std::fmt::Debug for Cleanup {
 impl Cleanup {
     pub fn new(shared: Arc<Shared>, attempt_id: String) -> Self {
         shared.in_flight().insert(attempt_id.clone());
-        Self { shared, attempt_id, dir: None, cgroup: None, init: None, adopted: None, done: false }
+        Self { shared, attempt_id, dir: None, cgroup: None, init: None, adopted: None, lease: None, done: false }
     }
 
     /// Waits (bounded) for the init to exit, kills what is left, reads the cgroup's final
@@ -256,10 +297,41 @@ impl Cleanup {
         if let Some((pid, ticks)) = self.adopted.take() {
             wait_gone(pid, ticks, self.shared.config.kill_margin + Duration::from_secs(3), self.cgroup.as_ref()).await;
         }
-        let done = finish(self.init.take(), self.dir.take(), self.cgroup.take(), self.shared.config.kill_margin).await;
+        let mut done =
+            finish(self.init.take(), self.dir.take(), self.cgroup.take(), self.shared.config.kill_margin).await;
+        done.1.extend(release(self.lease.take()).await);
         self.done = true;
         self.shared.in_flight().remove(&self.attempt_id);
         done
+    }
+}
+
+/// Leases the attempt's uid, when the rung leases them (off the runtime's threads: it reads
+/// `/proc` and may sweep).
+async fn lease_uid(shared: &Arc<Shared>) -> Result<Option<super::uids::Lease>, LaunchError> {
+    let s = shared.clone();
+    let leased = tokio::task::spawn_blocking(move || s.uids.as_ref().map(|u| u.lease()).transpose())
+        .await
+        .map_err(|e| staging("leasing a uid", e))?;
+    leased.map_err(|e| match e {
+        e @ (super::uids::UidError::Exhausted { .. } | super::uids::UidError::Taken { .. }) => {
+            LaunchError::AdmissionRefused(e.to_string())
+        }
+        e => staging("leasing a uid", e),
+    })
+}
+
+/// Ends a uid's lease once nothing of its attempt runs: what it left is swept. The errors.
+async fn release(lease: Option<super::uids::Lease>) -> Vec<String> {
+    let Some(lease) = lease else { return Vec::new() };
+    let uid = lease.uid;
+    match tokio::task::spawn_blocking(move || lease.release()).await {
+        Ok(true) => Vec::new(),
+        Ok(false) => vec![format!(
+            "uid {uid} still holds something (a process, a file in a shared dir, an IPC object): it is kept back \
+             until a sweep finds it clean"
+        )],
+        Err(e) => vec![format!("releasing uid {uid}: {e}")],
     }
 }
 
@@ -326,13 +398,15 @@ impl Drop for Cleanup {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
         }
         let (init, dir, cgroup) = (self.init.take(), self.dir.take(), self.cgroup.take());
+        let lease = self.lease.take();
         let shared = self.shared.clone();
         let id = self.attempt_id.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let tracker = shared.tracker.clone();
             tracker.spawn_on(
                 async move {
-                    let (_, errors) = finish(init, dir, cgroup, shared.config.kill_margin).await;
+                    let (_, mut errors) = finish(init, dir, cgroup, shared.config.kill_margin).await;
+                    errors.extend(release(lease).await);
                     shared.in_flight().remove(&id);
                     if !errors.is_empty() {
                         tracing::warn!(attempt_id = %id, ?errors, "backstop cleanup left things behind");
@@ -397,7 +471,7 @@ async fn copy_inputs(
     })
     .await
     .map_err(|e| staging("copying the inputs", e))??;
-    Ok((InputsStaged { files, bytes, limit_bytes: limit, skipped: report.skipped }, sealed))
+    Ok((InputsStaged { files, bytes, limit_bytes: limit, skipped: report.skipped, sparse: report.sparse }, sealed))
 }
 
 async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
@@ -412,18 +486,25 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
     let attempt_id = random_hex(6);
     let name = format!("{}-{attempt_id}", &req.worker_id[..req.worker_id.len().min(40)]);
     let mut cleanup = Cleanup::new(shared.clone(), attempt_id.clone());
-    let dir = AttemptDir::create(&shared.attempts, &name, cfg.run_as).map_err(|e| staging("the attempt's dir", e))?;
+    cleanup.lease = lease_uid(&shared).await?;
+    // Who the command runs as: `None` is the worker's own uid.
+    let identity = match (&cleanup.lease, cfg.run_as) {
+        (Some(l), None) if cfg.uids.is_some() => Some((l.uid, l.uid)),
+        (_, Some((u, g))) if u != shared.euid => Some((u, g)),
+        _ => None,
+    };
+    let dir = AttemptDir::create(&shared.attempts, &name, identity).map_err(|e| staging("the attempt's dir", e))?;
     cleanup.dir = Some(dir.clone());
     let (inputs, sealed) = match &req.input_dir {
         Some(src) => {
-            let (i, s) = copy_inputs(src.clone(), &dir, cfg.max_input_bytes, cfg.run_as).await?;
+            let (i, s) = copy_inputs(src.clone(), &dir, cfg.max_input_bytes, identity).await?;
             (Some(i), Some(s))
         }
         None => (None, None),
     };
     let limits = cgroup::Limits { memory: applied.memory, cpu_millis: applied.cpu_millis, pids: applied.pids };
     let cg = cgroup::create(&cfg.cgroup, &name, limits);
-    let (enforcement, skipped) = enforcement(&shared, &applied, &cg, sealed);
+    let (enforcement, skipped) = enforcement(&shared, &applied, &cg, sealed, identity);
     cleanup.cgroup = cg.clone().ok().flatten();
     if cancel.is_cancelled() {
         let _ = cleanup.run().await;
@@ -438,10 +519,14 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         .stderr(Stdio::piped())
         // Out of the worker's process group: a terminal's Ctrl-C is the worker's to handle.
         .process_group(0);
-    if let Some((uid, gid)) = cfg.run_as.filter(|(u, _)| *u != shared.euid) {
+    if let Some((uid, gid)) = identity {
         cmd.uid(uid).gid(gid);
     }
+    let listener = dir.takeover_listener().map_err(|e| staging("the attempt's takeover socket", e))?;
+    super::spawn::with_takeover_fd(&mut cmd, listener);
     let mut child = cmd.spawn().map_err(|e| staging(format!("starting the init {}", shared.init.display()), e))?;
+    // Closes this process's copy of the takeover socket: the init holds it now.
+    drop(cmd);
     let spawned_at = Instant::now();
     let init_pid = child.id().map_or(0, |p| p as i32);
     tracing::Span::current().record("pid", init_pid);
@@ -449,7 +534,8 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
     cleanup.init = Some(child);
     let ticks = start_ticks(init_pid).unwrap_or(0);
     // For `reclaim` after a crash: which process this attempt's init is.
-    if let Err(e) = std::fs::write(dir.root.join(PID_FILE), format!("{init_pid} {ticks}\n")) {
+    let uid = identity.map_or(shared.euid, |(u, _)| u);
+    if let Err(e) = std::fs::write(dir.root.join(PID_FILE), format!("{init_pid} {ticks} {uid}\n")) {
         let _ = cleanup.run().await;
         return Err(staging("the attempt's pid file", e));
     }
@@ -485,13 +571,15 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         live: LiveSink::new(req.live.clone()),
         outputs: OutputsSink { dest: output_dir, caps: cfg.output_caps },
         reports: ReportRoute::new(scope(req), report_tx),
+        stop: Default::default(),
     };
     let inbound = futures_util::stream::select(
         tokio_util::io::ReaderStream::new(stdout).map(|r| r.map(Inbound::Link)),
         tokio_util::io::ReaderStream::new(stderr).map(|r| r.map(Inbound::InitStderr)),
     );
     let (events_tx, events) = mpsc::unbounded_channel();
-    let reader = shared.tracker.spawn(session::read(inbound, setup, events_tx));
+    let stop = setup.stop.clone();
+    let reader = session::ReaderTask::spawn(&shared.tracker, session::read(inbound, setup, events_tx));
     let sender = Sender::new(Box::pin(stdin));
     let ledger = Ledger {
         attempt_id,
@@ -511,6 +599,7 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         captures,
         max_files: cfg.output_caps.max_files as u64,
         max_total_bytes: cfg.output_caps.max_total_bytes,
+        uid: identity.map(|(u, _)| u),
     };
     if let Some(hooks) = &req.hooks {
         let cp = checkpoint(&shared, req, &ledger, &key, &link_id, spawned_at);
@@ -526,7 +615,9 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
             return Err(LaunchError::Hook(e));
         }
     }
-    if let Some(tx) = &started_tx {
+    // Sent, and the sender let go: the forwarding task ends once the reader's is gone too,
+    // and the attempt's end waits for nothing more.
+    if let Some(tx) = started_tx {
         let info = crate::contract::StartedInfo { container_id: None, pid: Some(init_pid), ports: BTreeMap::new() };
         let _ = tx.try_send(reports::Delivery::Started(info));
     }
@@ -536,7 +627,7 @@ async fn attempt(shared: Arc<Shared>, req: &Request, cancel: CancellationToken) 
         tracing::warn!(error = %e, "could not send the start to the init");
     }
     let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
-    let mut link = Linked { started, sender, events, reader, heartbeat };
+    let mut link = Linked { started, sender, stop, events, reader, heartbeat };
     let ended = supervise_it(&shared, req, &mut link, &ledger, &cancel).await;
     drop(link);
     let outcome = conclude(&shared, req, &ledger, ended, cleanup, report_task, None).await;
@@ -550,7 +641,13 @@ pub(crate) async fn supervise_it(
     ledger: &Ledger,
     cancel: &CancellationToken,
 ) -> Ended {
-    let rules = Rules { kill_margin: shared.config.kill_margin, call_timeout: Duration::from_secs(30) };
+    let cfg = &shared.config;
+    let rules = Rules {
+        kill_margin: cfg.kill_margin,
+        call_timeout: Duration::from_secs(30),
+        collection: cfg.collection,
+        max_output_bytes: cfg.output_caps.max_total_bytes,
+    };
     let stop = ProcessStop { init_pid: ledger.init_pid, cgroup: ledger.cgroup.as_ref() };
     supervise(link, req, rules, cancel, &stop).await
 }
@@ -714,16 +811,14 @@ fn start_frame(
         handshake_ms: cfg.handshake_timeout.as_millis() as u64,
         heartbeat_timeout_ms: cfg.host_loss.heartbeat_timeout.map_or(0, |t| t.as_millis() as u64),
         host_loss_grace_ms: cfg.host_loss.grace.as_millis() as u64,
-        outputs: OutputSpec {
-            dir: output,
-            max_files: cfg.output_caps.max_files as u64,
-            max_bytes: cfg.output_caps.max_total_bytes,
-        },
+        outputs: cfg.collection.spec(output, cfg.output_caps),
         scope: scope(req),
         link_id: Some(link_id.to_owned()),
         takeover_uid: Some(shared.euid),
+        takeover_fd: Some(super::spawn::TAKEOVER_FD),
         rlimits: cfg.rlimits.clone(),
         cgroup_dir: None,
         measure: Vec::new(),
+        mounts: Vec::new(),
     }
 }

@@ -7,7 +7,8 @@ use crate::wire::{Rlimit, RlimitResource};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The uid and gid commands run as when stevedore runs as root: `nobody`, unless configured.
+/// The uid and gid `nobody`, for a configuration that names it with [`ProcessConfig::run_as`]
+/// (as root, the default is a uid of each attempt's own: [`super::uids::DEFAULT_UIDS`]).
 pub const DEFAULT_RUN_AS: (u32, u32) = (65534, 65534);
 
 /// Where the rung finds a cgroup of its own for each attempt.
@@ -30,9 +31,18 @@ pub enum Delegation {
 pub struct ProcessConfig {
     /// The rung's name in the registry and the evidence.
     pub name: String,
-    /// The uid and gid commands run as; must differ from the worker's when stevedore is
-    /// root. `None`: the worker's own (only with `allow_worker_uid`).
+    /// As root: each attempt runs as a uid and gid of its own from this range, which no user
+    /// database may name (checked when the rung starts; default
+    /// [`super::uids::DEFAULT_UIDS`]). Two attempts then never share one.
+    pub uids: Option<super::uids::UidRange>,
+    /// Instead of a range: every attempt runs as this uid and gid, one at a time unless
+    /// [`ProcessConfig::share_uid`]. `None` without a range: the worker's own (only with
+    /// `allow_worker_uid`).
     pub run_as: Option<(u32, u32)>,
+    /// Let attempts that run as one fixed uid (or the worker's) run side by side. They can
+    /// then signal, ptrace and read each other: the evidence says so, and the rung's level
+    /// is `none`, so the registry never picks it for a policy that needs isolation.
+    pub share_uid: bool,
     /// Accept running commands as the worker's own uid (without root there is no other
     /// choice); they can then read the worker's files and `/proc`. The evidence says so.
     pub allow_worker_uid: bool,
@@ -51,6 +61,8 @@ pub struct ProcessConfig {
     pub path: String,
     /// Caps on the outputs.
     pub output_caps: Caps,
+    /// How long the outputs may take to come back (default: 30 s, plus a second per 32 MiB).
+    pub collection: crate::link::Collection,
     /// The most bytes the input dir may hold.
     pub max_input_bytes: u64,
     /// How the host's liveness reaches the init.
@@ -77,7 +89,9 @@ impl Default for ProcessConfig {
     fn default() -> Self {
         Self {
             name: "process".into(),
-            run_as: (euid() == 0).then_some(DEFAULT_RUN_AS),
+            uids: (euid() == 0).then_some(super::uids::DEFAULT_UIDS),
+            run_as: None,
+            share_uid: false,
             allow_worker_uid: false,
             defaults: ResourceLimits::new(),
             ceilings: ResourceLimits::new(),
@@ -89,6 +103,7 @@ impl Default for ProcessConfig {
             cgroup: if euid() == 0 { Delegation::Auto } else { Delegation::None },
             path: "/usr/local/bin:/usr/bin:/bin".into(),
             output_caps: Caps::default(),
+            collection: crate::link::Collection::default(),
             max_input_bytes: 4 << 30,
             host_loss: HostLoss::default(),
             handshake_timeout: Duration::from_secs(10),
@@ -107,15 +122,28 @@ impl ProcessConfig {
         self.name = name.into();
         self
     }
-    /// Runs commands as `uid:gid`.
+    /// Runs every attempt as `uid:gid` (one at a time unless [`ProcessConfig::share_uid`]).
     pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
         self.run_as = Some((uid, gid));
+        self.uids = None;
+        self
+    }
+    /// Runs each attempt as a uid of its own from `count` uids starting at `first` (root only).
+    pub fn uids(mut self, first: u32, count: u32) -> Self {
+        self.uids = Some(super::uids::UidRange { first, count });
+        self.run_as = None;
         self
     }
     /// Runs commands as the worker's own uid (see [`ProcessConfig::allow_worker_uid`]).
     pub fn as_worker_uid(mut self) -> Self {
         self.run_as = None;
+        self.uids = None;
         self.allow_worker_uid = true;
+        self
+    }
+    /// Lets attempts of one fixed uid run side by side (see [`ProcessConfig::share_uid`]).
+    pub fn share_uid(mut self, share: bool) -> Self {
+        self.share_uid = share;
         self
     }
     /// Sets where cgroups come from.

@@ -129,7 +129,7 @@ impl AttemptDir {
         let root = attempts.join(name);
         fs::DirBuilder::new().mode(0o700).create(&root).map_err(io_err("create", &root))?;
         let d = Self { input: root.join("in"), output: root.join("out"), tmp: root.join("tmp"), root };
-        for p in [&d.input, &d.output, &d.tmp] {
+        for p in [&d.input, &d.output, &d.tmp, &d.ctl()] {
             fs::DirBuilder::new().mode(0o700).create(p).map_err(io_err("create", p))?;
         }
         if let Some((uid, gid)) = run_as {
@@ -141,6 +141,25 @@ impl AttemptDir {
             fs::set_permissions(&d.root, fs::Permissions::from_mode(0o710)).map_err(io_err("chmod", &d.root))?;
         }
         Ok(d)
+    }
+
+    /// The worker's own dir of the attempt (0700): its takeover socket, which nothing else
+    /// can reach, the command's uid included.
+    pub fn ctl(&self) -> PathBuf {
+        self.root.join("ctl")
+    }
+
+    /// Binds the attempt's takeover socket in [`AttemptDir::ctl`], for the init to inherit.
+    pub fn takeover_listener(&self) -> Result<std::os::fd::OwnedFd, DirError> {
+        let ctl = self.ctl();
+        let l = through_dir(&ctl, |p| std::os::unix::net::UnixListener::bind(p)).map_err(io_err("bind", &ctl))?;
+        Ok(l.into())
+    }
+
+    /// Connects to the attempt's takeover socket (what `recover` does; only this uid can).
+    pub fn connect_takeover(&self) -> Result<std::os::unix::net::UnixStream, DirError> {
+        let ctl = self.ctl();
+        through_dir(&ctl, |p| std::os::unix::net::UnixStream::connect(p)).map_err(io_err("connect", &ctl))
     }
 
     /// Makes the copied inputs read-only: directories 0555, files 0444 (plus the owner's
@@ -160,6 +179,16 @@ impl AttemptDir {
             Err(e) => Err(io_err("remove", &self.root)(e)),
         }
     }
+}
+
+/// Runs `f` on `dir`'s socket path `t.sock`, reached through a descriptor of `dir` (opened
+/// without following a symlink), so neither a long base dir nor a swapped path matters.
+fn through_dir<T>(dir: &Path, f: impl FnOnce(&Path) -> io::Result<T>) -> io::Result<T> {
+    use nix::fcntl::{OFlag, open};
+    use std::os::fd::AsRawFd;
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = open(dir, flags, Mode::empty())?;
+    f(&PathBuf::from(format!("/proc/self/fd/{}/t.sock", fd.as_raw_fd())))
 }
 
 fn seal(dir: &Path) -> Result<(), DirError> {

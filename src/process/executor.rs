@@ -40,6 +40,9 @@ pub enum ProcessError {
     /// a place on the host could not be made or trusted
     #[error(transparent)]
     Dir(#[from] DirError),
+    /// the uid range cannot be used
+    #[error(transparent)]
+    Uids(#[from] super::uids::UidError),
 }
 
 /// What the rung shares with each attempt.
@@ -55,6 +58,9 @@ pub(crate) struct Shared {
     pub tracker: TaskTracker,
     logs: Mutex<Option<Arc<PrivateDir>>>,
     workers: Mutex<HashMap<PathBuf, PathBuf>>,
+    /// Leases of the attempts' uids; `None`: attempts share one uid (the worker's or a fixed
+    /// one) side by side, by configuration.
+    pub uids: Option<Arc<super::uids::Uids>>,
 }
 
 impl Shared {
@@ -112,6 +118,7 @@ impl ProcessExecutor {
     pub fn new(config: ProcessConfig) -> Result<Self, ProcessError> {
         let euid = nix::unistd::geteuid().as_raw();
         match config.run_as {
+            _ if config.uids.is_some() => {}
             Some((0, _)) => return Err(ProcessError::RunAsRoot),
             Some((uid, _)) if uid != euid && euid != 0 => {
                 return Err(ProcessError::NotRoot { wanted: uid, have: euid });
@@ -121,7 +128,10 @@ impl ProcessExecutor {
             None if !config.allow_worker_uid => return Err(ProcessError::SameUid(euid)),
             _ => {}
         }
-        let separate = config.run_as.is_some_and(|(u, _)| u != euid);
+        if config.uids.is_some() && euid != 0 {
+            return Err(ProcessError::NotRoot { wanted: config.uids.map_or(0, |r| r.first), have: euid });
+        }
+        let separate = config.uids.is_some() || config.run_as.is_some_and(|(u, _)| u != euid);
         let base = match &config.base_dir {
             Some(b) => b.clone(),
             None if euid == 0 => PathBuf::from("/run/stevedore-process"),
@@ -139,6 +149,18 @@ impl ProcessExecutor {
         let init = dirs::install(&bin, "stevedore-init", init_bytes)?;
         let incarnation =
             config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
+        let leases = base.join("uids");
+        let uids = match (config.uids, config.run_as) {
+            (Some(range), _) => {
+                super::uids::check_range(range, Path::new("/etc"))?;
+                Some(Arc::new(super::uids::Uids::new(range, true, leases)?))
+            }
+            _ if config.share_uid => None,
+            (None, fixed) => {
+                let uid = fixed.map_or(euid, |(u, _)| u);
+                Some(Arc::new(super::uids::Uids::new(super::uids::UidRange { first: uid, count: 1 }, false, leases)?))
+            }
+        };
         Ok(Self {
             shared: Arc::new(Shared {
                 config,
@@ -151,6 +173,7 @@ impl ProcessExecutor {
                 tracker: TaskTracker::new(),
                 logs: Mutex::new(None),
                 workers: Mutex::new(HashMap::new()),
+                uids,
             }),
         })
     }
@@ -167,7 +190,8 @@ impl Executor for ProcessExecutor {
     }
 
     fn level(&self) -> Level {
-        Level::Process
+        // Attempts that share a uid side by side are not isolated from each other.
+        if self.shared.uids.is_none() { Level::None } else { Level::Process }
     }
 
     fn run<'a>(

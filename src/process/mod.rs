@@ -12,6 +12,9 @@ pub mod dirs;
 mod executor;
 mod reclaim;
 mod recover;
+mod spawn;
+pub mod uids;
 
 pub use config::{DEFAULT_RUN_AS, Delegation, ProcessConfig};
 pub use executor::{ProcessError, ProcessExecutor};
+pub use uids::{DEFAULT_UIDS, UidError, UidRange};

@@ -48,9 +48,12 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
         }
         let root: PathBuf = shared.attempts.join(&name);
         let cgroups = cgroups_of(&shared.config.cgroup, &name);
+        let mut uid = None;
         if let Ok(pidfile) = std::fs::read_to_string(root.join(PID_FILE)) {
             let mut it = pidfile.split_whitespace().filter_map(|w| w.parse::<u64>().ok());
-            if let (Some(pid), Some(ticks)) = (it.next(), it.next())
+            let (pid, ticks) = (it.next(), it.next());
+            uid = it.next().and_then(|u| u32::try_from(u).ok());
+            if let (Some(pid), Some(ticks)) = (pid, ticks)
                 && start_ticks(pid as i32) == Some(ticks)
             {
                 // A SIGTERM makes the init stop its command within the grace and exit.
@@ -63,6 +66,22 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
         for c in &cgroups {
             if c.procs().is_empty() && !c.remove().is_empty() {
                 continue;
+            }
+        }
+        // The attempt's own uid: what it left (processes, files in the shared dirs) goes, and
+        // the uid can be leased again.
+        if let (Some(uids), Some(uid)) = (shared.uids.clone(), uid) {
+            let swept = tokio::task::spawn_blocking(move || uids.reclaim(uid)).await;
+            let why = match swept {
+                Ok(Ok(true)) => None,
+                Ok(Ok(false)) => {
+                    Some("it still holds something (a process, a file in a shared dir, an IPC object)".into())
+                }
+                Ok(Err(e)) => Some(crate::contract::error_chain(&e)),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(error) = why {
+                report.failed.push(ReclaimFailure { kind: ObjectKind::Path, id: format!("uid {uid}"), error });
             }
         }
         let dir =

@@ -8,7 +8,7 @@ use super::attempt::{Cleanup, Ledger, conclude, scope, start_ticks, supervise_it
 use super::executor::Shared;
 use crate::contract::{Checkpoint, HookSet, Outcome, RecoverError, Request, Target, valid_worker_id};
 use crate::link::reports::{self, ReportRoute};
-use crate::link::session::{self, Event, Inbound, OutputsSink, ReaderSetup, Sender};
+use crate::link::session::{self, Inbound, OutputsSink, ReaderSetup, Sender};
 use crate::link::supervise::Linked;
 use crate::link::{CappedLog, LiveSink};
 use crate::outputs::Caps;
@@ -17,10 +17,10 @@ use futures_util::StreamExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-const TAKEOVER_WITHIN: Duration = Duration::from_secs(15);
+/// How long a takeover may take, tries included.
+const TAKEOVER_WITHIN: Duration = Duration::from_secs(30);
 
 /// Whether the ledger's places are this rung's own for that attempt (a checkpoint is input:
 /// it must not make the rung remove or kill anything else).
@@ -76,20 +76,13 @@ pub(crate) async fn recover(
         return Err(RecoverError::Gone("its init ended while no host was there; the record went with it".into()));
     }
     cleanup.adopted = Some((pid, ticks));
+    if let (Some(uids), Some(uid)) = (shared.uids.clone(), ledger.uid) {
+        // The dead worker's lock went with it: the uid's lease is this process's now.
+        cleanup.lease = tokio::task::spawn_blocking(move || uids.adopt(uid)).await.ok().and_then(Result::ok).flatten();
+    }
     let fail = |cleanup: Cleanup, e: RecoverError| async move {
         let _ = cleanup.run().await;
         Err(e)
-    };
-    let sock = match connect(&cp.link.id) {
-        Ok(s) => s,
-        Err(e) => return fail(cleanup, RecoverError::Takeover(format!("the init's takeover socket: {e}"))).await,
-    };
-    let (read, write) = sock.into_split();
-    let sender = Sender::new(Box::pin(write));
-    let inbound = tokio_util::io::ReaderStream::new(read).map(|r| r.map(Inbound::Link));
-    let inbound = match session::answer_challenge(inbound, &sender, &key, TAKEOVER_WITHIN).await {
-        Ok(s) => s,
-        Err(e) => return fail(cleanup, RecoverError::Takeover(e)).await,
     };
     let mut req = Request::command(cp.job_id.clone(), ["recovered"], cp.output_dir.clone())
         .attempt(cp.attempt)
@@ -105,16 +98,6 @@ pub(crate) async fn recover(
         Err(e) => return fail(cleanup, RecoverError::OutputDir(e)).await,
     };
     let cfg = &shared.config;
-    let captures = shared.log_base().and_then(|b| b.subdir(&cp.worker)).ok().and_then(|dir| {
-        let [out, err] = &ledger.captures;
-        Some((
-            CappedLog::append(&dir, out, cfg.log_cap_bytes).ok()?,
-            CappedLog::append(&dir, err, cfg.log_cap_bytes).ok()?,
-        ))
-    });
-    let Some((stdout, stderr)) = captures else {
-        return fail(cleanup, RecoverError::Invalid("its capture files cannot be continued".into())).await;
-    };
     let (report_tx, report_task) = match &req.hooks {
         Some(h) => {
             let (tx, task) = reports::forward(h.clone(), req.attempt_ref());
@@ -122,39 +105,45 @@ pub(crate) async fn recover(
         }
         None => (None, None),
     };
-    let setup = ReaderSetup {
-        key,
-        stdout,
-        stderr,
-        live: LiveSink::new(None),
-        outputs: OutputsSink {
-            dest,
-            caps: Caps { max_files: ledger.max_files as usize, max_total_bytes: ledger.max_total_bytes },
-        },
-        reports: ReportRoute::new(scope(&req), report_tx),
+    let caps = Caps { max_files: ledger.max_files as usize, max_total_bytes: ledger.max_total_bytes };
+    let setup = || {
+        let dir = shared.log_base().and_then(|b| b.subdir(&cp.worker)).map_err(|e| e.to_string())?;
+        let [out, err] = &ledger.captures;
+        Ok(ReaderSetup {
+            key,
+            stdout: CappedLog::append(&dir, out, cfg.log_cap_bytes).map_err(|e| e.to_string())?,
+            stderr: CappedLog::append(&dir, err, cfg.log_cap_bytes).map_err(|e| e.to_string())?,
+            live: LiveSink::new(None),
+            outputs: OutputsSink { dest: dest.try_clone().map_err(|e| e.to_string())?, caps },
+            reports: ReportRoute::new(scope(&req), report_tx.clone()),
+            stop: Default::default(),
+        })
     };
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let reader = shared.tracker.spawn(session::read(inbound, setup, events_tx));
-    let resumed = tokio::time::timeout(TAKEOVER_WITHIN, async {
-        loop {
-            match events.recv().await {
-                Some(Event::Started(s)) if s.resumed => return Some(s),
-                Some(Event::Closed) | None => return None,
-                Some(_) => {}
-            }
+    let dir = &ledger.dir;
+    let open = |_: Duration| async move {
+        let s = dir.connect_takeover().map_err(|e| crate::contract::error_chain(&e))?;
+        s.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let (read, write) = tokio::net::UnixStream::from_std(s).map_err(|e| e.to_string())?.into_split();
+        let inbound = tokio_util::io::ReaderStream::new(read).map(|r| r.map(Inbound::Link));
+        Ok::<session::Transport, String>((Box::pin(inbound), Sender::new(Box::pin(write))))
+    };
+    let taken = session::take_over(open, setup, &key, &cp.link.id, &shared.tracker, TAKEOVER_WITHIN).await;
+    // The reader's route holds the only sender now: the forwarding ends with the reader.
+    drop(report_tx);
+    let session::TakenOver { sender, stop, events, reader, resumed } = match taken {
+        Ok(t) => t,
+        Err(e) => {
+            // Stopped (the cleanup kills what it adopted) and judged from what the host saw.
+            let why = format!("the takeover failed: {e}");
+            let mut o = conclude(&shared, &req, &ledger, Default::default(), cleanup, report_task, Some(why)).await;
+            o.handler_error = format!("the takeover failed: {e}");
+            return Ok(o);
         }
-    })
-    .await
-    .ok()
-    .flatten();
-    let Some(resumed) = resumed else {
-        reader.abort();
-        return fail(cleanup, RecoverError::Takeover("the init did not accept the answer".into())).await;
     };
     let away_ms = crate::contract::unix_ms_now().saturating_sub(ledger.started_ms);
     let started = Instant::now().checked_sub(Duration::from_millis(away_ms)).unwrap_or_else(Instant::now);
     let heartbeat = cfg.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.host_loss.heartbeat_every));
-    let mut link = Linked { started, sender, events, reader, heartbeat };
+    let mut link = Linked { started, sender, stop, events, reader, heartbeat };
     let ended = supervise_it(&shared, &req, &mut link, &ledger, &cancel).await;
     drop(link);
     let how = if resumed.ended {
@@ -163,12 +152,4 @@ pub(crate) async fn recover(
         "taken over by a restarted worker while the command was running"
     };
     Ok(conclude(&shared, &req, &ledger, ended, cleanup, report_task, Some(how.to_owned())).await)
-}
-
-fn connect(link_id: &str) -> std::io::Result<tokio::net::UnixStream> {
-    use std::os::linux::net::SocketAddrExt;
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(wire::takeover_socket_name(link_id))?;
-    let s = std::os::unix::net::UnixStream::connect_addr(&addr)?;
-    s.set_nonblocking(true)?;
-    tokio::net::UnixStream::from_std(s)
 }

@@ -132,7 +132,7 @@ fn run_on(
         },
     };
     if !verdict.error.is_empty() {
-        eprintln!("stevedore handler runner: {}", verdict.error);
+        eprintln!("stevedore handler runner: {}", crate::wire::printable(&verdict.error));
     }
     let record = HandlerRecord {
         result: verdict.result,

@@ -163,7 +163,19 @@ impl Extractor<'_> {
                     self.report.limit_hit = true;
                     break;
                 }
-                Err(Fail::Stream(e)) => return Err(e),
+                Err(Fail::Stream(e)) => {
+                    // The file the stream ended in is named, not kept: it is not whole.
+                    if matches!(kind, EntryType::Regular | EntryType::Continuous) {
+                        let text = e.to_string();
+                        let why = if text.starts_with("collection_deadline") {
+                            "collection_deadline".into()
+                        } else {
+                            format!("cut: {text}")
+                        };
+                        self.refuse(&shown, why);
+                    }
+                    return Err(e);
+                }
             }
         }
         Ok(())
@@ -439,6 +451,35 @@ mod tests {
         // Sorted by name, as on a clean end.
         assert_eq!(r.files.iter().map(|f| (f.name.as_str(), f.size)).collect::<Vec<_>>(), [("a", 5), ("z", 5)]);
         assert!(!dest.path().join("b").exists(), "the short file is not left as if whole");
+        assert_eq!(r.refused.len(), 1);
+        assert_eq!(r.refused[0].name, "b");
+        assert!(r.refused[0].why.starts_with("cut: the stream ended 300 bytes"), "{:?}", r.refused);
+    }
+
+    /// The host stops a collection that ran out of time: the file it was in is named as the
+    /// deadline's, the whole ones stay.
+    #[test]
+    fn a_collection_stopped_at_its_deadline_names_the_file_it_cut() {
+        let mut b = tar::Builder::new(Vec::new());
+        file(&mut b, "a", b"whole");
+        file(&mut b, "b", &[7; 100_000]);
+        let full = b.into_inner().unwrap();
+        let stopped = full[..2 * 512 + 512 + 4096].chain(io::Cursor::new(Vec::new())).chain(Stopped);
+        let dest = tempfile::tempdir().unwrap();
+        let fd = openat(AT_FDCWD, dest.path(), dir_flags(), Mode::empty()).unwrap();
+        let mut r = ExtractReport::default();
+        assert!(extract_into(stopped, &fd, &Caps::default(), &mut r).is_err());
+        assert_eq!(r.files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert_eq!(r.refused, vec![RefusedEntry { name: "b".into(), why: "collection_deadline".into() }]);
+    }
+
+    /// A reader that fails the way the host stops one at the collection's deadline.
+    struct Stopped;
+
+    impl Read for Stopped {
+        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+            Err(io::Error::other("collection_deadline: the collection's time ran out"))
+        }
     }
 
     #[test]
