@@ -550,6 +550,9 @@ impl Init {
             return false;
         }
         self.takeovers += 1;
+        // Whoever held the link before is gone or replaced: the record says the host was lost,
+        // even when the new one came before the old one's end was read.
+        self.host_lost_ever = true;
         self.relay = won.pid.map(Pid::from_raw);
         if won.resume > 0 {
             self.diag(&format!("the new host has {} frames already; what this init kept is sent again", won.resume));

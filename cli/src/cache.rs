@@ -1,0 +1,57 @@
+//! `stevedore cache`: list and remove named caches (volumes of kind `cache`; a worker's
+//! reclaim never removes them).
+
+use crate::common::{self, Global};
+
+/// `stevedore cache` commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum CacheCommand {
+    /// List the named caches as JSON lines: name, app, org, volume
+    Ls,
+    /// Remove a named cache (of the app and org given, if any)
+    Rm {
+        /// The cache's name
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// Its app scope
+        #[arg(long, value_name = "ID")]
+        app: Option<String>,
+        /// Its org scope
+        #[arg(long, value_name = "ID")]
+        org: Option<String>,
+    },
+}
+
+/// Runs `stevedore cache`: exit 0 on success, 1 otherwise.
+pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
+    let rung = match common::rung(g, 1, |_| Ok(())).await {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    match cmd {
+        CacheCommand::Ls => match stevedore::container::caches::list(rung.engine()).await {
+            Ok(caches) => {
+                for c in caches {
+                    println!("{}", serde_json::json!(c));
+                }
+                0
+            }
+            Err(e) => {
+                crate::say::say(format!("listing caches failed: {}", stevedore::error_chain(&e)));
+                1
+            }
+        },
+        CacheCommand::Rm { name, app, org } => {
+            match stevedore::container::caches::remove(rung.engine(), &name, app.as_deref(), org.as_deref()).await {
+                Ok(volume) => {
+                    println!("{}", serde_json::json!({"removed": volume}));
+                    0
+                }
+                Err(e) => {
+                    crate::say::say(stevedore::error_chain(&e));
+                    1
+                }
+            }
+        }
+    }
+}

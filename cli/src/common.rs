@@ -1,0 +1,210 @@
+//! Options every command shares, and building the rung from them.
+
+use std::path::PathBuf;
+use stevedore::container::{ContainerConfig, ContainerExecutor};
+use stevedore::contract::LaunchError;
+use stevedore::handlers::Handlers;
+use stevedore::image::{PackSpec, ensure_image};
+
+/// Options of every command.
+#[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Global Options")]
+pub struct Global {
+    /// Engine address: unix:///PATH, tcp://HOST:PORT, https://HOST:PORT or ssh://USER@HOST
+    /// (default: $DOCKER_HOST, else the local socket)
+    #[arg(long, short = 'H', global = true, value_name = "URL")]
+    pub host: Option<String>,
+    /// Use TLS with ca.pem, cert.pem and key.pem from DIR (default: as DOCKER_TLS_VERIFY and
+    /// DOCKER_CERT_PATH say)
+    #[arg(long, global = true, value_name = "DIR")]
+    pub tls_cert_path: Option<PathBuf>,
+    /// Allow plain tcp to an engine that is not on loopback (anyone on the path gets root on it)
+    #[arg(long, global = true)]
+    pub allow_insecure_tcp: bool,
+    /// Profiles file (default: $XDG_CONFIG_HOME/stevedore/profiles.toml)
+    #[arg(long, global = true, env = "STEVEDORE_CONFIG", value_name = "FILE", hide_env_values = true)]
+    pub config: Option<PathBuf>,
+    /// Profile to use from the profiles file (default: "default")
+    #[arg(long, global = true, value_name = "NAME")]
+    pub profile: Option<String>,
+}
+
+/// The container configuration for these options.
+pub fn config(g: &Global) -> Result<ContainerConfig, String> {
+    let mut cfg = match (&g.config, &g.profile) {
+        (None, None) => ContainerConfig::default(),
+        _ => stevedore::profiles::load(g.config.as_deref(), g.profile.as_deref()).map_err(|e| {
+            let mut text = stevedore::error_chain(&e);
+            if g.config.is_none() && matches!(e, stevedore::profiles::ProfileError::Read { .. }) {
+                text.push_str(" (--profile needs a profiles file: give --config FILE, or set STEVEDORE_CONFIG)");
+            }
+            text
+        })?,
+    };
+    if g.host.is_some() {
+        cfg.connection.host = g.host.clone();
+    }
+    if g.tls_cert_path.is_some() {
+        cfg.connection.tls_cert_path = g.tls_cert_path.clone();
+    }
+    cfg.connection.allow_insecure_tcp |= g.allow_insecure_tcp;
+    Ok(cfg)
+}
+
+/// Connects the rung.
+pub async fn connect(cfg: ContainerConfig) -> Result<ContainerExecutor, LaunchError> {
+    ContainerExecutor::connect(cfg).await
+}
+
+/// Switches the network mode as a request asks, unless the profile forbids that mode.
+pub fn choose_network(cfg: &mut ContainerConfig, mode: &str) -> Result<(), String> {
+    if mode != cfg.network
+        && let Some(allowed) = &cfg.network_choices
+        && !allowed.contains(mode)
+    {
+        let allowed: Vec<&str> =
+            std::iter::once(cfg.network.as_str()).chain(allowed.iter().map(String::as_str)).collect();
+        return Err(format!(
+            "profile {:?} forbids network mode {mode:?} (allowed: {}; a profile permits others with allow_networks)",
+            cfg.profile.as_deref().unwrap_or("default"),
+            allowed.join(", ")
+        ));
+    }
+    cfg.network = mode.to_owned();
+    Ok(())
+}
+
+/// Refuses a configuration that would silently not do what it says.
+fn check(cfg: &ContainerConfig) -> Result<(), String> {
+    if !cfg.ports.is_empty() && cfg.network == "none" {
+        let ports: Vec<String> = cfg.ports.keys().map(u16::to_string).collect();
+        let allowed = match &cfg.network_choices {
+            Some(c) if c.is_empty() => "it allows no other mode; a profile allows one with allow_networks".to_owned(),
+            Some(c) => format!("it allows {}", c.iter().cloned().collect::<Vec<_>>().join(", ")),
+            None => "e.g. --network bridge".to_owned(),
+        };
+        return Err(format!(
+            "ports {} need a network, and the network mode of profile {:?} is none ({allowed})",
+            ports.join(", "),
+            cfg.profile.as_deref().unwrap_or("default"),
+        ));
+    }
+    Ok(())
+}
+
+/// The rung for these options, after `adjust` had its say on the configuration; on failure
+/// (bad options, a profile that forbids what `adjust` asks, an unreachable engine) the
+/// message is printed and `failure` returned.
+pub async fn rung(
+    g: &Global,
+    failure: u8,
+    adjust: impl FnOnce(&mut ContainerConfig) -> Result<(), String>,
+) -> Result<ContainerExecutor, u8> {
+    let mut cfg = config(g).map_err(|e| {
+        crate::say::say(e);
+        failure
+    })?;
+    adjust(&mut cfg).and_then(|()| check(&cfg)).map_err(|e| {
+        crate::say::say(e);
+        failure
+    })?;
+    connect(cfg).await.map_err(|e| {
+        crate::say::say(stevedore::error_chain(&e));
+        failure
+    })
+}
+
+/// Makes sure stevedore's own worker image exists (packing this binary on first use) and
+/// returns its tag.
+pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<String, String> {
+    let (exe, tag) = own_tag(rung)?;
+    let mut spec = PackSpec::new(exe, tag.clone());
+    spec.fingerprint = Some(handlers.fingerprint());
+    ensure_image(rung.engine().docker(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    Ok(tag)
+}
+
+/// This binary and the tag of its own worker image (`stevedore-worker:<digest16>`).
+pub fn own_tag(rung: &ContainerExecutor) -> Result<(std::path::PathBuf, String), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
+    let _ = rung;
+    let digest = stevedore::image::bundle::exe_digest(&exe, &stevedore::image::bundle::default_base())
+        .map_err(|e| format!("cannot read own binary: {e}"))?;
+    let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
+    Ok((exe, tag))
+}
+
+/// Mints a worker ID for a command run without one.
+pub fn mint_worker() -> String {
+    format!("cli-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// The command's hooks: the checkpoint into a file, reports onto stderr.
+#[derive(Debug)]
+pub struct CliHooks {
+    /// Where the checkpoint goes, if anywhere.
+    pub checkpoint: Option<PathBuf>,
+    /// Whether reports stay off stderr.
+    pub quiet: bool,
+}
+
+impl stevedore::contract::Hooks for CliHooks {
+    fn checkpoint<'a>(&'a self, c: &'a stevedore::contract::Checkpoint) -> stevedore::contract::HookResult<'a> {
+        Box::pin(async move {
+            let Some(path) = &self.checkpoint else { return Ok(()) };
+            write_secret(path, c.to_json().as_bytes()).map_err(|e| {
+                stevedore::contract::HookError::new(format!("cannot write the checkpoint {}: {e}", path.display()))
+            })
+        })
+    }
+
+    fn started<'a>(
+        &'a self,
+        _: &'a stevedore::contract::AttemptRef,
+        info: &'a stevedore::contract::StartedInfo,
+    ) -> stevedore::contract::HookResult<'a> {
+        Box::pin(async move {
+            if !self.quiet {
+                for (port, addr) in &info.ports {
+                    crate::say::say(format!("port {port} published at {addr}"));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        _: &'a stevedore::contract::AttemptRef,
+        r: &'a stevedore::contract::SandboxReport,
+    ) -> stevedore::contract::HookResult<'a> {
+        Box::pin(async move {
+            if !self.quiet {
+                crate::say::say(format!("report {}", report_line(r)));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One report as a line for people.
+pub fn report_line(r: &stevedore::contract::SandboxReport) -> String {
+    use stevedore::contract::ReportKind;
+    let text = r.report.text.as_deref().map(|t| format!(" {t}")).unwrap_or_default();
+    match r.report.kind {
+        ReportKind::Progress => format!("progress {}%{text}", r.report.percent.unwrap_or(0.0)),
+        ReportKind::Heartbeat => "heartbeat".into(),
+        ReportKind::Note => format!("note{text}"),
+        ReportKind::Data => format!("data {}", r.report.value.as_ref().map(ToString::to_string).unwrap_or_default()),
+        _ => "report".into(),
+    }
+}
+
+/// Writes a new file only this user can read (never through a symlink, never over a file).
+pub fn write_secret(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}

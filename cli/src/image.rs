@@ -1,0 +1,94 @@
+//! `stevedore image`: make worker images (pack an executable, or prepare a Dockerfile's rootfs).
+
+use crate::common::{self, Global};
+use std::path::{Path, PathBuf};
+use stevedore::handlers::Handlers;
+use stevedore::image::{PackSpec, pack_image, write_rootfs};
+
+/// Image commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ImageCommand {
+    /// Pack an executable (with its loader and libraries when dynamic) into a FROM scratch image
+    #[command(
+        after_help = "Examples:\n  stevedore image pack --exe target/release/stevedore --tag stevedore-worker:dev\n  \
+                            stevedore image pack --exe ./my-worker --tag my-worker:1 --fingerprint sha256:..."
+    )]
+    Pack {
+        /// The executable to pack
+        #[arg(long, value_name = "PATH")]
+        exe: PathBuf,
+        /// Name and tag of the image, e.g. my-worker:dev
+        #[arg(long, short = 't', value_name = "TAG")]
+        tag: String,
+        /// Handler-set fingerprint label (default: stevedore's own when packing stevedore)
+        #[arg(long, value_name = "FP")]
+        fingerprint: Option<String>,
+    },
+    /// Write a root filesystem (and DIR.args, its build args) for the top-level Dockerfile
+    #[command(after_help = "Example (see the Dockerfile):\n  \
+                            stevedore image rootfs --exe target/release/stevedore --dir target/worker-rootfs\n  \
+                            docker build -t stevedore-worker:latest $(cat target/worker-rootfs.args) .")]
+    Rootfs {
+        /// The executable (its loader and libraries come along when it is dynamic)
+        #[arg(long, value_name = "PATH")]
+        exe: PathBuf,
+        /// Directory to write, absent or empty
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// Handler-set fingerprint (default: stevedore's own when it is stevedore)
+        #[arg(long, value_name = "FP")]
+        fingerprint: Option<String>,
+    },
+}
+
+fn is_own(exe: &Path) -> bool {
+    let own = std::env::current_exe().ok().and_then(|p| p.canonicalize().ok());
+    own.is_some() && exe.canonicalize().ok() == own
+}
+
+/// Runs an image command: 0 on success, 1 on failure (with the reason on stderr).
+pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
+    match cmd {
+        ImageCommand::Pack { exe, tag, fingerprint } => {
+            let rung = match common::rung(g, 1, |_| Ok(())).await {
+                Ok(r) => r,
+                Err(code) => return code,
+            };
+            let mut spec = PackSpec::new(exe.clone(), tag);
+            spec.fingerprint = fingerprint.or_else(|| is_own(&exe).then(|| handlers.fingerprint()));
+            match pack_image(rung.engine().docker(), &spec).await {
+                Ok(img) => {
+                    println!("{}", serde_json::json!({"image_id": img.id, "tag": img.tag}));
+                    0
+                }
+                Err(e) => {
+                    crate::say::say(stevedore::error_chain(&e));
+                    1
+                }
+            }
+        }
+        ImageCommand::Rootfs { exe, dir, fingerprint } => {
+            let fingerprint = fingerprint.or_else(|| is_own(&exe).then(|| handlers.fingerprint()));
+            let rootfs = match write_rootfs(&exe, &dir, stevedore::image::pack::DEFAULT_USER) {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::say::say(stevedore::error_chain(&e));
+                    return 1;
+                }
+            };
+            // Shell-safe words (a fingerprint is `sha256:` and hex), for `$(cat FILE)`.
+            let args = fingerprint.as_ref().map(|fp| format!("--build-arg FINGERPRINT={fp}\n")).unwrap_or_default();
+            let args_file = dir.with_extension("args");
+            if let Err(e) = std::fs::write(&args_file, args) {
+                crate::say::say(format!("cannot write {}: {e}", args_file.display()));
+                return 1;
+            }
+            let line = serde_json::json!({
+                "dir": dir, "entry": rootfs.entry, "files": rootfs.files.len(),
+                "fingerprint": fingerprint, "build_args": args_file,
+            });
+            println!("{line}");
+            0
+        }
+    }
+}

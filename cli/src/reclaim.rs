@@ -1,0 +1,90 @@
+//! `stevedore reclaim`: remove what a worker left behind, and list or remove stale worker images.
+
+use crate::common::{self, Global};
+use stevedore::contract::Executor;
+
+/// Arguments of `stevedore reclaim`.
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("what").required(true).multiple(true).args(["worker", "images", "tools"]))]
+pub struct ReclaimArgs {
+    /// The worker whose containers, volumes and log files to remove
+    #[arg(long, value_name = "ID")]
+    worker: Option<String>,
+    /// Also remove stale worker images (images stevedore packed that no container uses,
+    /// except this binary's own); without it they are only listed
+    #[arg(long)]
+    images: bool,
+    /// Remove copies of stevedore's init that crashed processes left in the engine (volumes
+    /// of kind `tools` of other processes, over an hour old, that no container uses; a live
+    /// but idle rung whose volume is taken makes a new one)
+    #[arg(long)]
+    tools: bool,
+}
+
+/// Runs `stevedore reclaim`: one JSON line; exit 0 when the sweep ran (failures on single
+/// objects are in `failed`), 1 when it could not run.
+pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
+    let rung = match common::rung(g, 1, |_| Ok(())).await {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    let mut v = serde_json::Map::new();
+    if let Some(worker) = &a.worker {
+        match rung.reclaim(worker).await {
+            Ok(r) => {
+                let report = serde_json::json!({
+                    "worker": r.worker,
+                    "containers_removed": r.containers_removed.len(),
+                    "volumes_removed": r.volumes_removed.len(),
+                    "paths_removed": r.paths_removed.len(),
+                    "containers": r.containers_removed,
+                    "volumes": r.volumes_removed,
+                    "kept_in_flight": r.kept_in_flight,
+                    "failed": r.failed,
+                });
+                if let serde_json::Value::Object(m) = report {
+                    v.extend(m);
+                }
+            }
+            Err(e) => {
+                crate::say::say(stevedore::error_chain(&e));
+                return 1;
+            }
+        }
+    }
+    if a.tools {
+        match rung.prune_tools().await {
+            Ok(p) => {
+                v.insert("tools_volumes_removed".into(), serde_json::json!(p.volumes_removed));
+                v.insert("tools_volumes_in_use".into(), serde_json::json!(p.in_use));
+            }
+            Err(e) => {
+                crate::say::say(stevedore::error_chain(&e));
+                return 1;
+            }
+        }
+    }
+    // The running binary's own image is never stale: it would be packed again on next use.
+    let keep: Vec<String> = common::own_tag(&rung).map(|(_, tag)| vec![tag]).unwrap_or_default();
+    let docker = rung.engine().docker();
+    match stevedore::image::stale_images(docker, &keep, &[]).await {
+        Ok(stale) => {
+            if a.images {
+                let removal = stevedore::image::remove_images(docker, &stale).await;
+                v.insert("images_removed".into(), removal.removed.len().into());
+                v.insert("images_failed".into(), serde_json::json!(removal.failed));
+            }
+            v.insert("stale_images".into(), serde_json::json!(stale));
+        }
+        Err(e) if a.images => {
+            crate::say::say(stevedore::error_chain(&e));
+            return 1;
+        }
+        // Listing is a courtesy when only a worker was asked for.
+        Err(e) => {
+            v.insert("stale_images_error".into(), stevedore::error_chain(&e).into());
+        }
+    }
+    println!("{}", serde_json::Value::Object(v));
+    0
+}

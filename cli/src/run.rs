@@ -1,0 +1,537 @@
+//! `stevedore run`: one attempt of a plain command or a handler, the way `docker run` users
+//! expect: the container's stdout and stderr on stevedore's, the exit status of the command,
+//! one line for people at the end, the Outcome JSON where `--outcome` says.
+
+use crate::common::{self, Global};
+use crate::report as human;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use stevedore::container::CacheMount;
+use stevedore::contract::{
+    Executor, HookSet, Outcome, Policy, Request, ResourceLimits, limits::key, parse_cpus, parse_duration, parse_size,
+};
+use stevedore::handlers::Handlers;
+use stevedore::{LiveOutput, Stream};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+const RUN_AFTER_HELP: &str = "\
+The container's stdout and stderr go to stevedore's, live. At the end one line on stderr says
+what happened; --outcome FILE writes the Outcome JSON there (--outcome - prints it on stdout,
+the container's stdout then going to stderr).
+
+Exit status (docs/outcome.md has the table):
+  0        ok                     124  timeout          137  oom_killed
+  N        the command exited N   126  not executable   128+N  killed by signal N
+  101      killed / panicked      127  not found        125  refused, could not launch,
+  130/143  interrupted (SIGINT/SIGTERM: the attempt is stopped, grace, then removed)      or lost
+  --exit-zero: 0 whenever the attempt ran. A command that itself exits 124, 125 or 137 is
+  told apart only by the Outcome.
+
+Examples:
+  stevedore run --image stevedore-test/busybox:latest --input ./in --output ./out \\
+      --memory 256m --cpus 0.5 --timeout 30s sh -c 'wc -c /in/* > /out/sizes.txt'
+  stevedore run --image stevedore-test/busybox:latest --output ./out -- cat /etc/hostname | grep .
+  stevedore run --network bridge -p 8080 --image IMG --output ./out -- httpd -f -p 8080
+  stevedore run --handler echo --payload hello --output ./out --outcome outcome.json";
+
+/// Arguments of `stevedore run`.
+#[derive(Debug, clap::Args)]
+#[command(
+    override_usage = "stevedore run [OPTIONS] --output DIR [--] [ARGV]...\n       stevedore run [OPTIONS] --output DIR --handler NAME [--payload STR]",
+    after_help = RUN_AFTER_HELP
+)]
+pub struct RunArgs {
+    /// Image to run in (default for handlers: stevedore's own worker image)
+    #[arg(long, value_name = "IMAGE", help_heading = "Attempt")]
+    image: Option<String>,
+    /// Worker ID (default: a unique one)
+    #[arg(long, value_name = "ID", help_heading = "Attempt")]
+    worker: Option<String>,
+    /// Job ID (default: a unique one)
+    #[arg(long, value_name = "ID", help_heading = "Attempt")]
+    job: Option<String>,
+    /// Attempt number
+    #[arg(long, default_value_t = 1, value_name = "N", help_heading = "Attempt")]
+    attempt: u32,
+    /// Which rung runs the attempt: container, or process (a child process under a dedicated
+    /// uid when run as root; see docs/outcome.md, "Rungs")
+    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "process"], help_heading = "Attempt")]
+    rung: String,
+    /// Set an environment variable; VAR alone takes the host's value (repeatable)
+    #[arg(long = "env", short = 'e', value_name = "K=V|K", help_heading = "Attempt")]
+    env: Vec<String>,
+    /// Read environment variables from FILE (KEY=VALUE lines, # comments; KEY alone: the host's)
+    #[arg(long, value_name = "FILE", help_heading = "Attempt")]
+    env_file: Vec<PathBuf>,
+    /// Working directory in the container
+    #[arg(long, short = 'w', value_name = "DIR", help_heading = "Attempt")]
+    workdir: Option<String>,
+    /// User as numeric UID[:GID] (root only if the profile allows it)
+    #[arg(long, short = 'u', value_name = "UID[:GID]", help_heading = "Attempt")]
+    user: Option<String>,
+    /// Replace the image's ENTRYPOINT ("" clears it)
+    #[arg(long, value_name = "CMD", help_heading = "Attempt")]
+    entrypoint: Option<String>,
+    /// Network mode (default: the profile's, else none; only modes the profile allows)
+    #[arg(long, value_name = "MODE", help_heading = "Attempt")]
+    network: Option<String>,
+    /// Publish a container port: CONTAINER_PORT or HOST_PORT:CONTAINER_PORT (needs a network)
+    #[arg(long = "publish", short = 'p', value_name = "[HOST:]PORT", help_heading = "Attempt")]
+    publish: Vec<String>,
+    /// Mount the named cache NAME at PATH, read-write, kept across runs (repeatable)
+    #[arg(long, value_name = "NAME:/PATH", help_heading = "Files")]
+    cache: Vec<String>,
+    /// Directory mounted read-only at /in
+    #[arg(long, value_name = "DIR", help_heading = "Files")]
+    input: Option<PathBuf>,
+    /// Named input slot NAME=RELATIVE_PATH (repeatable)
+    #[arg(long = "slot", value_name = "NAME=PATH", help_heading = "Files")]
+    slots: Vec<String>,
+    /// Directory that receives /out (created if missing; must be empty)
+    #[arg(long, value_name = "DIR", help_heading = "Files")]
+    output: PathBuf,
+    /// Keep the captured stdout and stderr in DIR (default: removed when the run ends)
+    #[arg(long, value_name = "DIR", help_heading = "Files")]
+    logs: Option<PathBuf>,
+    /// Memory limit (e.g. 64m, 1g)
+    #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
+    memory: Option<String>,
+    /// CPU limit in cores (e.g. 0.5)
+    #[arg(long, value_name = "N", help_heading = "Limits (narrowed to the profile's ceilings)")]
+    cpus: Option<String>,
+    /// Process limit
+    #[arg(long, value_name = "N", help_heading = "Limits (narrowed to the profile's ceilings)")]
+    pids: Option<u64>,
+    /// Disk limit for /out (e.g. 50m)
+    #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
+    disk: Option<String>,
+    /// Deadline from now (e.g. 10s, 500ms, 2m)
+    #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
+    timeout: Option<String>,
+    /// Time between SIGTERM and SIGKILL (default 30s)
+    #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
+    grace: Option<String>,
+    /// Write the Outcome JSON to FILE (- for stdout); written whenever the attempt ran
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    outcome: Option<PathBuf>,
+    /// No live output and no summary line
+    #[arg(long, short = 'q', help_heading = "Output")]
+    quiet: bool,
+    /// Exit 0 whenever the attempt ran (refusals still exit 125)
+    #[arg(long, help_heading = "Output")]
+    exit_zero: bool,
+    /// Accepted for compatibility: the exit status is the command's by default
+    #[arg(long, hide = true)]
+    exit_status: bool,
+    /// Write the attempt's checkpoint to FILE (0600, new) before its command starts, so that
+    /// `stevedore recover FILE` can finish it if this process dies
+    #[arg(long, value_name = "FILE", help_heading = "Recovery")]
+    checkpoint: Option<PathBuf>,
+    /// How long the attempt keeps running after this process is gone, waiting for
+    /// `stevedore recover` (default 0: it is stopped at once)
+    #[arg(long, value_name = "DUR", help_heading = "Recovery")]
+    host_loss_grace: Option<String>,
+    /// Run this handler of the worker image instead of a command
+    #[arg(long, value_name = "NAME", conflicts_with = "argv", help_heading = "Handler")]
+    handler: Option<String>,
+    /// Payload for the handler
+    #[arg(long, value_name = "STR", conflicts_with = "payload_file", help_heading = "Handler")]
+    payload: Option<String>,
+    /// Payload for the handler, from a file
+    #[arg(long, value_name = "FILE", help_heading = "Handler")]
+    payload_file: Option<PathBuf>,
+    /// Expected handler-set fingerprint
+    #[arg(long, value_name = "FP", help_heading = "Handler")]
+    fingerprint: Option<String>,
+    /// The command to run (after the image's ENTRYPOINT); `--` before it is optional
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGV")]
+    argv: Vec<OsString>,
+}
+
+/// A refusal: nothing was created (exit 125, as `docker run`).
+fn fail(msg: impl std::fmt::Display) -> u8 {
+    crate::say::say(msg);
+    125
+}
+
+/// A size option, with a hint when a bare number was meant with a unit.
+fn size_arg(flag: &str, v: &str, floor: u64) -> Result<u64, String> {
+    let n = parse_size(v).map_err(|e| format!("--{flag}: {e}"))?;
+    if n < floor && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("--{flag} {v} is {n} bytes: did you mean {v}m?"));
+    }
+    Ok(n)
+}
+
+/// `K=V` as is; `K` alone takes the host's value, and is skipped when the host has none (as
+/// `docker run -e K` does).
+fn env_pair(kv: &str, what: &str) -> Result<Option<(String, String)>, String> {
+    match kv.split_once('=') {
+        Some(("", _)) => Err(format!("invalid {what} {kv:?}: the name is empty")),
+        Some((k, v)) => Ok(Some((k.to_owned(), v.to_owned()))),
+        None if kv.is_empty() => Err(format!("invalid {what}: empty")),
+        None => Ok(std::env::var(kv).ok().map(|v| (kv.to_owned(), v))),
+    }
+}
+
+fn env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--env-file {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let what = format!("line {} of {}", i + 1, path.display());
+        out.extend(env_pair(line, &what)?);
+    }
+    Ok(out)
+}
+
+/// `[127.0.0.1:][HOST_PORT:]CONTAINER_PORT[/tcp]` → (container port, host port; 0: any).
+pub(crate) fn publish_arg(s: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("-p {s:?}: expected CONTAINER_PORT or HOST_PORT:CONTAINER_PORT (tcp)");
+    let s2 = s.strip_suffix("/tcp").unwrap_or(s);
+    if s2.ends_with("/udp") {
+        return Err(format!("-p {s:?}: only tcp ports can be published"));
+    }
+    let parts: Vec<&str> = s2.split(':').collect();
+    let port = |p: &str| p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad);
+    match parts.as_slice() {
+        [c] => Ok((port(c)?, 0)),
+        [h, c] => Ok((port(c)?, port(h)?)),
+        ["127.0.0.1" | "localhost", h, c] => Ok((port(c)?, port(h)?)),
+        [ip, _, _] => Err(format!("-p {s:?}: ports are published on the engine host's loopback only, not {ip}")),
+        _ => Err(bad()),
+    }
+}
+
+fn argv_strings(argv: &[OsString]) -> Result<Vec<String>, String> {
+    argv.iter()
+        .enumerate()
+        .map(|(i, arg)| {
+            arg.to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("argument {i} of the command ({}) is not valid UTF-8", arg.to_string_lossy()))
+        })
+        .collect()
+}
+
+fn request(a: &RunArgs) -> Result<Request, String> {
+    let job = a.job.clone().unwrap_or_else(|| format!("run-{:08x}", rand::random::<u32>()));
+    let argv = argv_strings(&a.argv)?;
+    let mut req = match (&a.handler, argv.is_empty()) {
+        (Some(h), true) => Request::handler(job, h.clone(), a.output.clone()),
+        (None, _) => Request::command(job, argv, a.output.clone()),
+        (Some(_), false) => return Err("give either --handler or a command, not both".into()),
+    };
+    req.attempt = a.attempt;
+    req.worker_id = a.worker.clone().unwrap_or_else(common::mint_worker);
+    if let Some(p) = &a.payload {
+        req.payload = p.clone().into_bytes();
+    }
+    if let Some(f) = &a.payload_file {
+        req.payload = std::fs::read(f).map_err(|e| format!("cannot read payload file {}: {e}", f.display()))?;
+    }
+    req.input_dir = a.input.clone();
+    for s in &a.slots {
+        let (k, v) = s.split_once('=').ok_or_else(|| format!("invalid --slot {s:?}: expected NAME=PATH"))?;
+        req.inputs.insert(k.to_owned(), PathBuf::from(v));
+    }
+    let mut limits = ResourceLimits::new();
+    if let Some(m) = &a.memory {
+        limits = limits.with(key::MEMORY, size_arg("memory", m, 6 << 20)?);
+    }
+    if let Some(c) = &a.cpus {
+        limits = limits.with(key::CPU, parse_cpus(c).map_err(|e| format!("--cpus: {e}"))?);
+    }
+    if let Some(p) = a.pids {
+        limits = limits.with(key::PIDS, p);
+    }
+    if let Some(d) = &a.disk {
+        limits = limits.with(key::DISK, size_arg("disk", d, 1 << 20)?);
+    }
+    req.limits = limits;
+    let mut policy = Policy::default();
+    if let Some(g) = &a.grace {
+        policy = policy.with_grace(parse_duration(g).map_err(|e| format!("--grace: {e}"))?);
+    }
+    if let Some(img) = &a.image {
+        policy.image = img.clone();
+    }
+    req.policy = policy;
+    if let Some(t) = &a.timeout {
+        req = req.timeout(parse_duration(t).map_err(|e| format!("--timeout: {e}"))?);
+    }
+    for f in &a.env_file {
+        req.env.extend(env_file(f)?);
+    }
+    for kv in &a.env {
+        req.env.extend(env_pair(kv, "--env")?);
+    }
+    req.workdir = a.workdir.clone();
+    req.entrypoint = a.entrypoint.as_ref().map(|e| if e.is_empty() { Vec::new() } else { vec![e.clone()] });
+    req.fingerprint = a.fingerprint.clone();
+    req.validate().map_err(|e| format!("invalid request: {e}"))?;
+    Ok(req)
+}
+
+/// What the options change in the container rung's configuration, within its profile.
+fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Result<(), String> {
+    let profile = cfg.profile.clone().unwrap_or_else(|| "default".into());
+    if let Some(n) = &a.network {
+        common::choose_network(cfg, n)?;
+    }
+    if let Some(g) = &a.host_loss_grace {
+        cfg.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
+    }
+    if !a.publish.is_empty() && !cfg.allow_publish {
+        return Err(format!("profile {profile:?} forbids publishing ports (allow_publish = false)"));
+    }
+    for p in &a.publish {
+        let (container, host) = publish_arg(p)?;
+        cfg.ports.insert(container, host);
+    }
+    if let Some(u) = &a.user {
+        let numeric = |x: &str| x.parse::<u32>().ok();
+        let parsed = match u.split_once(':') {
+            Some((a, b)) => numeric(a).zip(numeric(b)),
+            None => numeric(u).map(|n| (n, n)),
+        };
+        let Some((uid, gid)) = parsed else {
+            return Err(format!("--user {u:?}: give a numeric UID[:GID] (images have no user database here)"));
+        };
+        if (uid == 0 || gid == 0) && !cfg.allow_root {
+            return Err(format!(
+                "--user {u}: profile {profile:?} does not allow root (a profile allows it with allow_root = true)"
+            ));
+        }
+        cfg.user = format!("{uid}:{gid}");
+    }
+    if !a.cache.is_empty() && !cfg.allow_caches {
+        return Err(format!("profile {profile:?} forbids caches (allow_caches = false)"));
+    }
+    for c in &a.cache {
+        let c = CacheMount::parse(c)?;
+        cfg.caches.retain(|have| have.name != c.name);
+        cfg.caches.push(c);
+    }
+    if let Some(dir) = &a.logs {
+        cfg.log_dir = Some(dir.clone());
+    }
+    Ok(())
+}
+
+/// Removes a stale outcome file, so that after a refusal none is there.
+fn clear_outcome(path: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => {
+            std::fs::remove_file(path).map_err(|e| format!("--outcome {}: cannot replace it: {e}", path.display()))
+        }
+        Ok(_) => Err(format!("--outcome {}: not a regular file", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("--outcome {}: {e}", path.display())),
+    }
+}
+
+/// Writes the outcome file whole (a temporary file renamed over it).
+fn write_outcome(path: &Path, json: &str) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp =
+        dir.join(format!(".{}.{:08x}", path.file_name().unwrap_or_default().to_string_lossy(), rand::random::<u32>()));
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(json.as_bytes())?;
+        f.write_all(b"\n")?;
+    }
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Prints the container's streams as they come: stdout on stdout (unless `stdout_to_err`),
+/// stderr on stderr. A closed stdout stops that copy, never the attempt.
+fn live_printer(stdout_to_err: bool) -> (LiveOutput, tokio::task::JoinHandle<()>) {
+    let (live, mut chunks) = LiveOutput::channel(1024);
+    let task = tokio::spawn(async move {
+        let mut stdout_open = true;
+        while let Some(c) = chunks.recv().await {
+            if c.stream == Stream::Stdout && !stdout_to_err {
+                if stdout_open {
+                    let mut out = std::io::stdout().lock();
+                    stdout_open = out.write_all(&c.bytes).and_then(|()| out.flush()).is_ok();
+                }
+            } else {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(&c.bytes).and_then(|()| err.flush());
+            }
+        }
+    });
+    (live, task)
+}
+
+/// The per-run captures go when the run ends, unless kept with `--logs`.
+fn drop_captures(o: &mut Outcome) {
+    let mut removed = false;
+    for cap in [&mut o.evidence.logs.stdout, &mut o.evidence.logs.stderr] {
+        if let Some(p) = cap.path.take() {
+            removed |= std::fs::remove_file(&p).is_ok();
+            if let Some(dir) = Path::new(&p).parent() {
+                // Only when empty: another run of the same worker may still write there.
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+    if removed {
+        o.evidence.notes.push("the captures were removed at the end of the run (keep them with --logs DIR)".into());
+    }
+}
+
+/// Runs `stevedore run`.
+pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
+    let to_stdout = a.outcome.as_deref() == Some(Path::new("-"));
+    if let Some(path) = a.outcome.as_deref().filter(|_| !to_stdout)
+        && let Err(e) = clear_outcome(path)
+    {
+        return fail(e);
+    }
+    let mut req = match request(&a) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    // Installed before anything can be created, so no signal leaks a container.
+    let (mut sigint, mut sigterm) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(i), Ok(t)) => (i, t),
+        _ => return fail("cannot install signal handlers"),
+    };
+    let rung: Arc<dyn Executor> = if a.rung == "process" {
+        let mut cfg = stevedore::process::ProcessConfig::default();
+        if let Some(grace) = &a.host_loss_grace {
+            match parse_duration(grace) {
+                Ok(d) => cfg.host_loss.grace = d,
+                Err(e) => return fail(format!("--host-loss-grace: {e}")),
+            }
+        }
+        if let Some(dir) = &a.logs {
+            cfg.log_dir = Some(dir.clone());
+        }
+        match stevedore::process::ProcessExecutor::new(cfg) {
+            Ok(r) => Arc::new(r),
+            Err(e) => return fail(e),
+        }
+    } else {
+        let rung = match common::rung(g, 125, |cfg| adjust(&a, cfg)).await {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
+        if req.handler_name().is_some() && req.policy.image.is_empty() {
+            match common::own_image(&rung, handlers).await {
+                Ok(tag) => req.policy.image = tag,
+                Err(e) => return fail(e),
+            }
+        }
+        Arc::new(rung)
+    };
+    let printer = (!a.quiet).then(|| {
+        let (live, task) = live_printer(to_stdout);
+        req.live = Some(live);
+        task
+    });
+    req.hooks = Some(HookSet(Arc::new(common::CliHooks { checkpoint: a.checkpoint.clone(), quiet: a.quiet })));
+    let cancel = CancellationToken::new();
+    let mut got: Option<u8> = None;
+    let outcome = {
+        let fut = rung.run(&req, cancel.clone());
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => break Some(r),
+                _ = sigint.recv() => {
+                    if got.is_some() { break None; }
+                    got = Some(130);
+                    cancel.cancel();
+                }
+                _ = sigterm.recv() => {
+                    if got.is_some() { break None; }
+                    got = Some(143);
+                    cancel.cancel();
+                }
+            }
+        }
+    };
+    // A second signal drops the attempt: its cleanup kills and removes the container now;
+    // `close` waits for that cleanup.
+    tokio::time::timeout(Duration::from_secs(60), rung.close()).await.ok();
+    req.live = None;
+    if let Some(p) = printer {
+        let _ = tokio::time::timeout(Duration::from_secs(5), p).await;
+    }
+    let code = match outcome {
+        Some(Ok(mut o)) => {
+            if a.logs.is_none() {
+                drop_captures(&mut o);
+            }
+            let json = o.to_json();
+            if to_stdout {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{json}").and_then(|()| out.flush());
+            } else if let Some(path) = &a.outcome
+                && let Err(e) = write_outcome(path, &json)
+            {
+                crate::say::say(format!("cannot write the outcome to {}: {e}", path.display()));
+            }
+            if !a.quiet {
+                crate::say::say(human::summary(&o, req.policy.grace(), &a.output));
+            }
+            if a.exit_zero { 0 } else { human::exit_code(&o) }
+        }
+        Some(Err(e)) => fail(stevedore::error_chain(&e)),
+        None => 0,
+    };
+    got.unwrap_or(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_forms() {
+        assert_eq!(publish_arg("8080"), Ok((8080, 0)));
+        assert_eq!(publish_arg("9000:8080"), Ok((8080, 9000)));
+        assert_eq!(publish_arg("127.0.0.1:9000:8080/tcp"), Ok((8080, 9000)));
+        assert!(publish_arg("8080/udp").unwrap_err().contains("tcp"));
+        assert!(publish_arg("0.0.0.0:9000:8080").unwrap_err().contains("loopback"));
+        assert!(publish_arg("x").is_err());
+        assert!(publish_arg("0").is_err());
+    }
+
+    #[test]
+    fn env_from_the_host_and_files() {
+        // SAFETY-free: the test reads an env var every test process has.
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(env_pair("PATH", "-e").unwrap(), Some(("PATH".into(), path)));
+        assert_eq!(env_pair("A=b=c", "-e").unwrap(), Some(("A".into(), "b=c".into())));
+        assert_eq!(env_pair("STEVEDORE_SURELY_UNSET_VAR", "-e").unwrap(), None, "unset on the host: skipped");
+        assert!(env_pair("=x", "-e").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("env");
+        std::fs::write(&f, "# comment\nA=1\n\n  B=two words\nPATH\n").unwrap();
+        let got = env_file(&f).unwrap();
+        assert_eq!(got[0], ("A".into(), "1".into()));
+        assert_eq!(got[1], ("B".into(), "two words".into()));
+        assert_eq!(got[2].0, "PATH");
+        std::fs::write(&f, "=oops\n").unwrap();
+        assert!(env_file(&f).unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn a_bare_number_gets_a_hint() {
+        assert_eq!(size_arg("memory", "64", 6 << 20).unwrap_err(), "--memory 64 is 64 bytes: did you mean 64m?");
+        assert_eq!(size_arg("memory", "64m", 6 << 20).unwrap(), 64 << 20);
+    }
+}

@@ -1,0 +1,49 @@
+//! `stevedore smoke`: boot, census, one trivial jailed attempt, drain.
+
+use crate::common::{self, Global};
+use stevedore::contract::{Executor, Request, Status};
+use stevedore::handlers::Handlers;
+use tokio_util::sync::CancellationToken;
+
+/// Runs `stevedore smoke`; the last line is `drain: ok` or `drain: failed <why>`.
+pub async fn smoke(g: &Global, handlers: &Handlers) -> u8 {
+    match steps(g, handlers).await {
+        Ok(()) => {
+            println!("drain: ok");
+            0
+        }
+        Err(why) => {
+            println!("drain: failed {why}");
+            1
+        }
+    }
+}
+
+async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
+    let cfg = common::config(g)?;
+    let rung = common::connect(cfg).await.map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
+    println!("{}", crate::census::line(&rung));
+    let image = common::own_image(&rung, handlers).await?;
+    let out = tempfile_dir()?;
+    let worker = common::mint_worker();
+    let mut req = Request::handler("smoke", "true", out.join("out"))
+        .worker(worker.clone())
+        .timeout(std::time::Duration::from_secs(60));
+    req.policy.image = image;
+    req.fingerprint = Some(handlers.fingerprint());
+    let result = rung.run(&req, CancellationToken::new()).await;
+    let _ = std::fs::remove_dir_all(&out);
+    let outcome = result.map_err(|e| format!("attempt: {}", stevedore::error_chain(&e)))?;
+    println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
+    if outcome.status != Status::Ok {
+        return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));
+    }
+    rung.close().await;
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("stevedore-smoke-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("scratch dir: {e}"))?;
+    Ok(dir)
+}

@@ -1,0 +1,311 @@
+//! The focused suite every engine must pass: Docker here, Docker on cgroup v2 in a VM that
+//! shares nothing with this host (plain tcp, TLS and ssh), Podman. It runs against the
+//! engine `DOCKER_HOST` (with `DOCKER_TLS_VERIFY`/`DOCKER_CERT_PATH`) names, else the local
+//! one; `.ci/run` runs it once per engine and transport (`.ci/engines/`).
+//!
+//! `STEVEDORE_ENGINE_SUITE=quick` runs only the attempt-level basics (the TLS and ssh runs);
+//! `STEVEDORE_TEST_EMULATED=1` says the engine is emulated (qemu TCG): figures that compare
+//! CPU time with wall time are then not asserted. Deadlines scale with the engine's speed,
+//! measured by the first attempt.
+
+use crate::support;
+
+use support::{run, rung_with, setup, sh as cmd};
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use stevedore::container::ContainerConfig;
+use stevedore::contract::limits::key;
+use stevedore::{Executor, Reason, Request, ResourceLimits, Status};
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
+use tokio_util::sync::CancellationToken;
+
+const NOTHING: (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+const MIB: u64 = 1 << 20;
+
+fn quick() -> bool {
+    std::env::var("STEVEDORE_ENGINE_SUITE").is_ok_and(|v| v == "quick")
+}
+
+fn emulated() -> bool {
+    std::env::var("STEVEDORE_TEST_EMULATED").is_ok_and(|v| v == "1")
+}
+
+/// One test at a time: an emulated engine has little to spare, and the speed factor is
+/// measured on an idle engine.
+async fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// How much slower than this machine's local engine an attempt runs (≥ 1), from the wall
+/// time of one trivial attempt (≈ 0.5 s locally).
+async fn slowness(rung: &stevedore::ContainerExecutor, image: &str) -> f64 {
+    static FACTOR: OnceCell<f64> = OnceCell::const_new();
+    *FACTOR
+        .get_or_init(|| async {
+            let t = tempfile::tempdir().unwrap();
+            let w = support::worker("speed");
+            let _ = run(rung, &cmd(image, &w, &t.path().join("warm"), "true")).await;
+            let started = Instant::now();
+            let _ = run(rung, &cmd(image, &w, &t.path().join("timed"), "true")).await;
+            let factor = (started.elapsed().as_secs_f64() / 0.5).max(1.0);
+            eprintln!("engine speed: one trivial attempt {:?}, factor {factor:.1}", started.elapsed());
+            factor
+        })
+        .await
+}
+
+/// Prints how long a case took on this engine (for the table of engines × cases).
+struct Timed(&'static str, Instant);
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let engine = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "local".into());
+        eprintln!("engine case {} on {engine}: {:.1} s", self.0, self.1.elapsed().as_secs_f64());
+    }
+}
+
+fn scaled(d: Duration, factor: f64) -> Duration {
+    d.mul_f64(factor)
+}
+
+#[tokio::test]
+async fn outputs_hashes_exit_codes_and_signals() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("outputs_hashes_exit_codes_and_signals", Instant::now());
+    let w = support::worker("e-basic");
+    let t = tempfile::tempdir().unwrap();
+    let o =
+        run(&rung, &cmd(&image, &w, &t.path().join("a"), "echo hi; mkdir /out/d; printf 'x\\n' > /out/d/x.txt")).await;
+    assert_eq!((o.status, o.exit_code), (Status::Ok, Some(0)), "{}", o.to_json());
+    assert_eq!(o.outputs.len(), 1);
+    let on_disk = support::sha256_of(&t.path().join("a/d/x.txt")).unwrap();
+    assert_eq!((o.outputs[0].name.as_str(), o.outputs[0].hash.clone()), ("d/x.txt", format!("sha256:{on_disk}")));
+    assert_eq!(support::stdout_of(&o), "hi\n");
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("b"), "exit 3")).await;
+    assert_eq!((o.status, o.exit_code), (Status::HandlerError, Some(3)), "{}", o.to_json());
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("c"), "kill -9 $$")).await;
+    assert_eq!((o.status, o.signal), (Status::Killed, Some(9)), "{}", o.to_json());
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn a_term_ignoring_command_times_out_and_a_cancelled_one_is_killed() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("a_term_ignoring_command_times_out_and_a_cancelled_one_is_killed", Instant::now());
+    let factor = slowness(&rung, &image).await;
+    let w = support::worker("e-stop");
+    let t = tempfile::tempdir().unwrap();
+    let grace = scaled(Duration::from_secs(1), factor);
+    let deadline = scaled(Duration::from_secs(2), factor);
+    let r = cmd(&image, &w, &t.path().join("a"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done")
+        .grace(grace)
+        .timeout(deadline);
+    let started = Instant::now();
+    let o = run(&rung, &r).await;
+    let took = started.elapsed();
+    assert_eq!((o.status, o.reason, o.signal), (Status::Timeout, Some(Reason::Deadline), Some(9)), "{}", o.to_json());
+    assert_eq!(o.outputs.len(), 1, "a timed-out attempt's outputs are collected");
+    assert!(took < deadline + grace + scaled(Duration::from_secs(6), factor), "took {took:?}");
+
+    let mut r = cmd(&image, &w, &t.path().join("b"), "echo ready; sleep 60").grace(grace);
+    let mut watch = support::watch([&mut r]);
+    let token = CancellationToken::new();
+    let t2 = token.clone();
+    tokio::spawn(async move {
+        watch.until("ready").await;
+        t2.cancel();
+    });
+    let o = rung.run(&r, token).await.unwrap();
+    assert_eq!((o.status, o.reason, o.signal), (Status::Killed, Some(Reason::Cancelled), Some(15)), "{}", o.to_json());
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn oom_disk_limit_and_usage_are_the_kernels() {
+    if quick() {
+        return;
+    }
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("oom_disk_limit_and_usage_are_the_kernels", Instant::now());
+    let w = support::worker("e-usage");
+    let t = tempfile::tempdir().unwrap();
+    let mem = |mib: u64| ResourceLimits::new().with(key::MEMORY, mib * MIB);
+    let hog = "dd if=/dev/zero of=/dev/null bs=256M count=1 2>/dev/null";
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("oom"), hog).limits(mem(64))).await;
+    assert_eq!((o.status, o.reason), (Status::OomKilled, Some(Reason::Oom)), "{}", o.to_json());
+    assert!(o.evidence.oom_kills.unwrap_or(0) >= 1, "{}", o.to_json());
+    assert_eq!(o.usage.sources.oom_kills.as_ref().unwrap().to_string(), "cgroup", "the kernel's own count");
+
+    let o =
+        run(&rung, &cmd(&image, &w, &t.path().join("peak"), "head -c 100m /dev/zero | tail").limits(mem(512))).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let peak = o.usage.peak_memory_bytes.expect("peak measured");
+    eprintln!("peak for a 100 MiB allocation: {:.1} MiB ({:?})", peak as f64 / MIB as f64, o.usage.sources);
+    assert!((100 * MIB..=200 * MIB).contains(&peak), "peak {peak}");
+    assert_eq!(o.usage.sources.peak_memory_bytes.as_ref().unwrap().to_string(), "cgroup");
+
+    let o =
+        run(&rung, &cmd(&image, &w, &t.path().join("cpu"), "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")).await;
+    let (cpu, wall) = (o.usage.cpu_time_ms.expect("cpu measured"), o.usage.wall_time_ms.unwrap());
+    eprintln!("cpu loop: cpu {cpu} ms, wall {wall} ms");
+    assert_eq!(o.usage.sources.cpu_time_ms.as_ref().unwrap().to_string(), "cgroup");
+    // The loop's work is real CPU, counted by the kernel; how much of the wall time it is
+    // depends on what else the engine host runs, so only the bounds are asserted here
+    // (`tests/usage.rs` compares with the shell's own `times` on the local engine).
+    assert!(cpu >= 50 && cpu <= wall * 2 + 200, "cpu {cpu} ms for a busy loop of {wall} ms wall");
+    if !emulated() {
+        assert!(wall < 60_000, "{wall} ms");
+    }
+
+    let disk = ResourceLimits::new().with(key::DISK, 8 * MIB);
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("disk"), "head -c 20m /dev/zero > /out/big").limits(disk)).await;
+    assert_eq!((o.status, o.reason), (Status::HandlerError, Some(Reason::DiskLimit)), "{}", o.to_json());
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn a_handler_runs_by_re_exec_in_a_packed_worker_image() {
+    if quick() {
+        return;
+    }
+    let Some(docker) = support::engine().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("a_handler_runs_by_re_exec_in_a_packed_worker_image", Instant::now());
+    let image = support::worker_image(&docker).await;
+    let rung = rung_with(ContainerConfig::default().worker_image(image)).await;
+    let w = support::worker("e-handler");
+    let t = tempfile::tempdir().unwrap();
+    let r = Request::handler("job", "echo", t.path().join("o")).worker(w.as_str()).payload("hello");
+    let o = run(&rung, &r).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(std::fs::read(t.path().join("o/payload")).unwrap(), b"hello");
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn a_published_port_is_reached_from_the_engines_side() {
+    if quick() {
+        return;
+    }
+    let Some((docker, image)) = setup().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("a_published_port_is_reached_from_the_engines_side", Instant::now());
+    let rung = rung_with(ContainerConfig::default().network("bridge").publish(8080, 0)).await;
+    let w = support::worker("e-port");
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("in")).unwrap();
+    std::fs::write(t.path().join("in/index.html"), b"served by stevedore\n").unwrap();
+    let script = "cp /in/index.html /tmp/; httpd -f -p 8080 -h /tmp & echo ready; wait";
+    let mut r = cmd(&image, &w, &t.path().join("o"), script).input_dir(t.path().join("in"));
+    let mut watch = support::watch([&mut r]);
+    let token = CancellationToken::new();
+    let attempt = rung.run(&r, token.clone());
+    let probe = async {
+        watch.until("ready").await;
+        // The engine host's own view: a container in its network namespace fetches the page
+        // from the published port.
+        // The attempt's own container, not the never-started staging helper beside it.
+        let mut filters = stevedore::container::labels::worker_filter(&w);
+        filters.get_mut("label").unwrap().push(format!("{}=container", stevedore::container::labels::ROLE));
+        let opts = bollard::query_parameters::ListContainersOptionsBuilder::default().filters(&filters).build();
+        let listed = docker.list_containers(Some(opts)).await.unwrap();
+        let id = listed
+            .into_iter()
+            .find(|c| {
+                c.labels
+                    .as_ref()
+                    .and_then(|l| l.get(stevedore::container::labels::ROLE))
+                    .is_some_and(|r| r == "container")
+            })
+            .and_then(|c| c.id)
+            .expect("the attempt's container runs");
+        let inspect = docker.inspect_container(&id, None).await.unwrap();
+        let ports = inspect.network_settings.unwrap().ports.unwrap();
+        let binding = ports["8080/tcp"].as_ref().unwrap()[0].clone();
+        let port = binding.host_port.unwrap();
+        let fetch = format!("wget -q -O - http://127.0.0.1:{port}/index.html");
+        let body = support::run_in_host_network(&docker, &image, &fetch).await;
+        token.cancel();
+        body
+    };
+    let (o, body) = tokio::join!(attempt, probe);
+    let o = o.unwrap();
+    assert_eq!(body.trim(), "served by stevedore", "{}", o.to_json());
+    assert!(o.evidence.ports.contains_key("8080/tcp"), "{}", o.to_json());
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn the_dead_man_switch_and_reclaim_leave_nothing() {
+    let Some((docker, image)) = setup().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("the_dead_man_switch_and_reclaim_leave_nothing", Instant::now());
+    let w = support::worker("e-deadman");
+    let t = tempfile::tempdir().unwrap();
+    let mut child = support::start_sleeper(&image, &w, &t.path().join("o"));
+    let (ids, _) = support::labelled(&docker, &w).await;
+    assert_eq!(ids.len(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The init lost its host: it stops the command and exits by itself.
+    let mut waits = docker.wait_container(&ids[0], None::<bollard::query_parameters::WaitContainerOptions>);
+    let ended = tokio::time::timeout(Duration::from_secs(120), futures_util::StreamExt::next(&mut waits)).await;
+    assert!(ended.is_ok(), "the container kept running after its host died");
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).stdout(Stdio::piped()).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+#[tokio::test]
+async fn reports_and_a_takeover_through_the_engines_exec() {
+    if quick() {
+        return;
+    }
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("reports_and_a_takeover_through_the_engines_exec", Instant::now());
+    let w = support::worker("e-takeover");
+    let t = tempfile::tempdir().unwrap();
+    let o = run(&rung, &cmd(&image, &w, &t.path().join("a"), r#""$STEVEDORE_INIT" report progress 50 half"#)).await;
+    let seen = o.evidence.reports.as_ref().expect("the report arrived");
+    assert_eq!((seen.received, seen.last_progress), (1, Some(50.0)), "{}", o.to_json());
+    rung.close().await;
+
+    // A worker killed with SIGKILL; another process takes the attempt over through exec.
+    let (out, cp) = (t.path().join("b"), t.path().join("cp.json"));
+    let mut child = Command::new(support::BIN)
+        .args(["run", "--worker", &w, "--image", &image, "--host-loss-grace", "600s", "--checkpoint"])
+        .arg(&cp)
+        .arg("--output")
+        .arg(&out)
+        .args(["--", "sh", "-c", "echo ready >&2; while [ ! -e /tmp/gate ]; do sleep 0.1; done; echo r > /out/r"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    while !lines.next().expect("ready").unwrap().contains("ready") {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let checkpoint = stevedore::contract::Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap();
+    let stevedore::contract::Target::Container { id, .. } = &checkpoint.target else { panic!("a container") };
+    assert_eq!(support::exec(&docker, id, "touch /tmp/gate").await, 0);
+    let got = Command::new(support::BIN).arg("recover").arg(&cp).output().unwrap();
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!(o["status"], "ok", "{o}");
+    assert!(o["evidence"]["recovered"].is_string(), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "r\n");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}

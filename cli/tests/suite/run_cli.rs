@@ -1,0 +1,456 @@
+//! `stevedore run` for people (issue 14): the streams as `docker run`, the exit status as
+//! shells expect, the outcome file, the flags people reach for, named caches, nothing left on
+//! the host, and messages a person can act on. Each test runs the real command against the
+//! real engine.
+
+use crate::support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use support::{BIN, BUSYBOX_IMAGE, setup, worker};
+use tokio::sync::Mutex;
+
+/// The tests that count images or host paths, and those that may pack an image (`--handler`,
+/// the worker image), run alone among this file's tests: a count must see only its own runs.
+static ALONE: Mutex<()> = Mutex::const_new(());
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).arg("run").args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn out_dir(t: &tempfile::TempDir, name: &str) -> String {
+    t.path().join(name).display().to_string()
+}
+
+#[tokio::test]
+async fn the_streams_go_where_docker_run_sends_them() {
+    let Some(_) = setup().await else { return };
+    let _g = ALONE.lock().await;
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-streams");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "o"),
+        "sh",
+        "-c",
+        "echo out; echo err >&2",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(text(&o.stdout), "out\n", "the container's stdout is stevedore's, without a `--`");
+    let err = text(&o.stderr);
+    assert!(err.starts_with("err\n"), "{err}");
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with("stevedore: ok in "), "one human line at the end: {last}");
+
+    // --outcome -: the JSON on stdout, the container's stdout on stderr.
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "p"),
+        "--outcome",
+        "-",
+        "--",
+        "echo",
+        "x",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("only the Outcome on stdout");
+    assert_eq!(v["status"], "ok");
+    assert!(text(&o.stderr).starts_with("x\n"));
+
+    // --quiet: neither the streams nor the line.
+    let o = run(&[
+        "-q",
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "q"),
+        "--",
+        "sh",
+        "-c",
+        "echo a; echo b >&2",
+    ]);
+    assert_eq!((text(&o.stdout).as_str(), text(&o.stderr).as_str()), ("", ""));
+    assert_eq!(support::labelled(&support::engine().await.unwrap(), &w).await, (vec![], vec![]));
+}
+
+#[tokio::test]
+async fn a_closed_stdout_ends_nothing_early_and_leaks_nothing() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-pipe");
+    let out = out_dir(&t, "o");
+    let mut child = Command::new(BIN)
+        .args(["run", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--", "sh", "-c"])
+        .arg("seq 1 300000; echo finished > /out/done")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `| head -1`: one line, then the pipe closes.
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert_eq!(first, "1\n");
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_eq!(std::fs::read_to_string(Path::new(&out).join("done")).unwrap(), "finished\n", "the attempt finished");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+#[tokio::test]
+async fn the_outcome_file_is_written_when_the_attempt_ran_and_never_left_stale() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-outcome");
+    let file = t.path().join("outcome.json");
+    let f = file.display().to_string();
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "a"),
+        "--outcome",
+        &f,
+        "--",
+        "sh",
+        "-c",
+        "echo r > /out/r; exit 4",
+    ]);
+    assert_eq!(o.status.code(), Some(4));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!((v["status"].as_str(), v["exit_code"].as_i64()), (Some("handler_error"), Some(4)));
+    assert_eq!(v["outputs"][0]["name"], "r");
+    // A refusal (the output dir is not empty now): exit 125 and no outcome file at all.
+    let o =
+        run(&["--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out_dir(&t, "a"), "--outcome", &f, "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(!file.exists(), "a stale outcome is never left: {}", text(&o.stderr));
+}
+
+#[tokio::test]
+async fn the_exit_status_follows_the_table() {
+    let Some(_) = setup().await else { return };
+    let _g = ALONE.lock().await;
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-exit");
+    let mut n = 0;
+    let mut code = |extra: &[&str], script: &str| {
+        n += 1;
+        let out = out_dir(&t, &format!("o{n}"));
+        let mut args = vec!["-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        run(&args).status.code()
+    };
+    assert_eq!(code(&[], "exit 0"), Some(0));
+    assert_eq!(code(&[], "exit 3"), Some(3), "handler_error: the command's code");
+    assert_eq!(code(&[], "kill -9 $$"), Some(137), "killed by signal 9: 128+9");
+    assert_eq!(code(&[], "kill -15 $$"), Some(143), "killed by signal 15: 128+15");
+    assert_eq!(code(&["--timeout", "1s", "--grace", "1s"], "sleep 30"), Some(124), "timeout");
+    let oom = "x=$(head -c 100000000 /dev/zero | tr '\\0' a)";
+    assert_eq!(code(&["--memory", "32m"], oom), Some(137), "oom_killed");
+    assert_eq!(code(&["--exit-zero"], "exit 3"), Some(0), "--exit-zero: 0 whenever it ran");
+    assert_eq!(code(&["--exit-status"], "exit 3"), Some(3), "--exit-status is accepted and changes nothing");
+    let out = out_dir(&t, "nf");
+    assert_eq!(
+        run(&["-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--", "/no/such"]).status.code(),
+        Some(127)
+    );
+    let out = out_dir(&t, "ne");
+    assert_eq!(
+        run(&["-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--", "/bin"]).status.code(),
+        Some(126),
+        "not executable"
+    );
+    let out = out_dir(&t, "ref");
+    assert_eq!(run(&["-q", "--image", "no-such-image-here", "--output", &out, "--", "true"]).status.code(), Some(125));
+    let out = out_dir(&t, "panic");
+    let o = run(&["-q", "--worker", &w, "--handler", "panic", "--output", &out]);
+    assert_eq!(o.status.code(), Some(101), "panicked: {}", text(&o.stderr));
+    assert_eq!(support::labelled(&support::engine().await.unwrap(), &w).await, (vec![], vec![]));
+}
+
+#[tokio::test]
+async fn the_flags_people_reach_for() {
+    let Some(_) = setup().await else { return };
+    let _g = ALONE.lock().await;
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-flags");
+    let env_file = t.path().join("env");
+    std::fs::write(&env_file, "# a comment\nFROM_FILE=yes\n").unwrap();
+    let out = out_dir(&t, "a");
+    let o = Command::new(BIN)
+        .args(["run", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "-e", "HOST_VAR", "--env-file"])
+        .arg(&env_file)
+        .args([
+            "-w",
+            "/tmp",
+            "-u",
+            "1234:1234",
+            "--",
+            "sh",
+            "-c",
+            "echo $HOST_VAR $FROM_FILE $HOME $(pwd) $(id -u) $(id -g)",
+        ])
+        .env("HOST_VAR", "from-host")
+        .output()
+        .unwrap();
+    assert_eq!(text(&o.stdout), "from-host yes /tmp /tmp 1234 1234\n", "{}", text(&o.stderr));
+    let out = out_dir(&t, "b");
+    let o = run(&["--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--entrypoint", "echo", "--", "hello"]);
+    assert_eq!(text(&o.stdout), "hello\n");
+    // An image whose ENTRYPOINT needs no argv: stevedore's own worker image runs it alone
+    // (stevedore without arguments prints its usage and exits 125, a usage error).
+    let image = support::worker_image(&support::engine().await.unwrap()).await;
+    let out = out_dir(&t, "c");
+    let o = run(&["--worker", &w, "--image", &image, "--output", &out]);
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("Usage"), "{}", text(&o.stderr));
+    // Root only where a profile allows it.
+    let out = out_dir(&t, "d");
+    let o = run(&["--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "-u", "0", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("allow_root = true"), "{}", text(&o.stderr));
+    // A missing output dir is created, parents included.
+    let deep = t.path().join("x/y/z");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &deep.display().to_string(),
+        "--",
+        "sh",
+        "-c",
+        "echo 1 > /out/f",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(deep.join("f").is_file());
+}
+
+#[tokio::test]
+async fn a_published_port_is_refused_without_a_network_and_announced_with_one() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-publish");
+    let o = run(&["--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out_dir(&t, "a"), "-p", "8080", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    let err = text(&o.stderr);
+    assert!(err.contains("need a network") && err.contains("--network bridge"), "{err}");
+    let mut child = Command::new(BIN)
+        .args(["run", "--worker", &w, "--image", BUSYBOX_IMAGE, "--network", "bridge", "-p", "8080", "--output"])
+        .arg(t.path().join("b"))
+        .args(["--", "sh", "-c", "echo up"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let announced = lines.next().unwrap().unwrap();
+    assert!(announced.starts_with("stevedore: port 8080/tcp published at 127.0.0.1:"), "{announced}");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_named_cache_outlives_attempts_and_only_its_command_removes_it() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-cache");
+    let name = format!("c{:08x}", rand::random::<u32>());
+    let cache = format!("{name}:/cache/deps");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "a"),
+        "--cache",
+        &cache,
+        "--",
+        "sh",
+        "-c",
+        "echo kept > /cache/deps/k",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let f = t.path().join("o.json").display().to_string();
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "b"),
+        "--cache",
+        &cache,
+        "--outcome",
+        &f,
+        "--",
+        "cat",
+        "/cache/deps/k",
+    ]);
+    assert_eq!(text(&o.stdout), "kept\n", "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+    assert_eq!(v["evidence"]["caches"][&name]["bytes"], 5, "its size is in the evidence: {v}");
+    let volume = v["evidence"]["caches"][&name]["volume"].as_str().unwrap().to_owned();
+    let ls = Command::new(BIN).args(["cache", "ls"]).output().unwrap();
+    assert!(text(&ls.stdout).contains(&volume));
+    // A worker's reclaim never removes a cache.
+    let r = Command::new(BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(r.status.success());
+    assert!(docker.inspect_volume(&volume).await.is_ok(), "the cache survives reclaim");
+    // Bad names and paths are refused before anything is made.
+    for bad in ["../x:/c", "ok:/out/x", "ok:relative", "UPPER:/c"] {
+        let o = run(&[
+            "--worker",
+            &w,
+            "--image",
+            BUSYBOX_IMAGE,
+            "--output",
+            &out_dir(&t, "c"),
+            "--cache",
+            bad,
+            "--",
+            "true",
+        ]);
+        assert_eq!(o.status.code(), Some(125), "{bad}: {}", text(&o.stderr));
+    }
+    let rm = Command::new(BIN).args(["cache", "rm", &name]).output().unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    assert!(docker.inspect_volume(&volume).await.is_err(), "removed");
+}
+
+#[tokio::test]
+async fn the_outputs_of_timed_out_oom_killed_and_killed_attempts_are_listed() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-stopped-out");
+    let cases: [(&str, &[&str], &str, i32); 3] = [
+        ("timeout", &["--timeout", "1s", "--grace", "1s"], "sleep 30", 124),
+        ("oom_killed", &["--memory", "32m"], "x=$(head -c 100000000 /dev/zero | tr '\\0' a)", 137),
+        ("killed", &[], "kill -9 $$", 137),
+    ];
+    for (i, (status, flags, then, exit)) in cases.into_iter().enumerate() {
+        let out = out_dir(&t, &format!("o{i}"));
+        let script = format!("echo partial > /out/junit.xml; {then}");
+        let mut args = vec!["-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(exit), "{status}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!((v["status"].as_str(), v["outputs"][0]["name"].as_str()), (Some(status), Some("junit.xml")), "{v}");
+        assert_eq!(std::fs::read_to_string(Path::new(&out).join("junit.xml")).unwrap(), "partial\n");
+    }
+}
+
+#[tokio::test]
+async fn a_run_leaves_no_volume_behind_not_even_its_init() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-no-volume");
+    let o = run(&[
+        "-q",
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "--output",
+        &out_dir(&t, "a"),
+        "--outcome",
+        "-",
+        "--",
+        "true",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // "volume <name> (init sha256:<digest>)"
+    let init = v["evidence"]["init"].as_str().unwrap().to_owned();
+    let volume = init.strip_prefix("volume ").and_then(|r| r.split(' ').next()).unwrap();
+    let err = docker.inspect_volume(volume).await.expect_err("the init's volume outlived the run");
+    assert!(matches!(err, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }), "{err}");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+#[tokio::test]
+async fn twenty_runs_leave_no_host_path_and_no_image() {
+    let Some((docker, _)) = setup().await else { return };
+    let _g = ALONE.lock().await;
+    let t = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let images = |list: Vec<bollard::models::ImageSummary>| {
+        list.into_iter().map(|i| i.id).collect::<std::collections::BTreeSet<_>>()
+    };
+    let before = images(docker.list_images(None::<bollard::query_parameters::ListImagesOptions>).await.unwrap());
+    for i in 0..20 {
+        let out = out_dir(&t, &format!("o{i}"));
+        let o = Command::new(BIN)
+            .args(["run", "-q", "--image", BUSYBOX_IMAGE, "--output", &out, "--", "sh", "-c", "echo hi; echo x >&2"])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    }
+    let after = images(docker.list_images(None::<bollard::query_parameters::ListImagesOptions>).await.unwrap());
+    assert_eq!(after.difference(&before).count(), 0, "no new image");
+    let mut files = Vec::new();
+    let mut dirs = 0;
+    let mut stack = vec![runtime.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                dirs += 1;
+                stack.push(e.path());
+            } else {
+                files.push(e.path());
+            }
+        }
+    }
+    assert!(files.is_empty(), "files left on the host: {files:?}");
+    assert!(dirs <= 3, "dirs do not grow with the runs: {dirs}");
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_message_a_person_can_act_on() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let msg = |args: &[&str]| {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(125), "{args:?}");
+        text(&o.stderr)
+    };
+    let out = out_dir(&t, "a");
+    assert!(msg(&["--image", "busyboxx-typo", "--output", &out, "--", "true"]).contains("not found locally"));
+    assert!(
+        msg(&["--image", BUSYBOX_IMAGE, "--output", &out, "--memory", "64", "--", "true"])
+            .contains("did you mean 64m?")
+    );
+    let o = Command::new(BIN)
+        .args(["--profile", "dev", "run", "--image", BUSYBOX_IMAGE, "--output", &out, "--", "true"])
+        .env("XDG_CONFIG_HOME", t.path())
+        .env_remove("STEVEDORE_CONFIG")
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert!(err.contains("No such file") && err.contains("--config"), "{err}");
+    assert!(msg(&["--image", BUSYBOX_IMAGE, "--output", &out, "-u", "nobody", "--", "true"]).contains("numeric"));
+}

@@ -1,0 +1,271 @@
+//! `ContainerExecutor`: the container rung, implementing `Executor`. Validation, then
+//! admission, then the attempt's phases (`attempt`).
+
+use super::config::ContainerConfig;
+use crate::contract::{
+    Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
+};
+use crate::engine::Engine;
+use crate::hostdir::PrivateDir;
+use crate::util::BoxFuture;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What the rung shares with each attempt.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub engine: Engine,
+    pub config: ContainerConfig,
+    pub incarnation: String,
+    in_flight: Mutex<HashSet<String>>,
+    pub tracker: TaskTracker,
+    /// This rung's tools volume once made, and the names it made.
+    pub tools: tokio::sync::Mutex<super::tools::Slot>,
+    /// The base of the capture dirs, opened once.
+    logs: Mutex<Option<Arc<PrivateDir>>>,
+    /// The warm pool, when configured.
+    pub pool: Option<super::pool::Pool>,
+    /// What is known of images' paths where the attempts mount something (`mounts`).
+    pub mounts: Mutex<super::mounts::Seen>,
+}
+
+impl Shared {
+    pub fn new(engine: Engine, config: ContainerConfig, incarnation: String) -> Self {
+        let pool = config.pool.as_ref().filter(|p| p.size > 0).map(|_| super::pool::Pool::default());
+        Self {
+            engine,
+            config,
+            incarnation,
+            in_flight: Mutex::default(),
+            tracker: TaskTracker::new(),
+            tools: tokio::sync::Mutex::default(),
+            logs: Mutex::new(None),
+            pool,
+            mounts: Mutex::default(),
+        }
+    }
+
+    /// The attempt ids in flight. Never panics: a poisoned lock still holds a valid set (a
+    /// Drop backstop and reclaim must work after a panic elsewhere).
+    pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The private base dir of the captures (`hostdir`), created on first use.
+    pub fn log_base(&self) -> Result<Arc<PrivateDir>, crate::hostdir::HostDirError> {
+        let mut slot = self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(d) = &*slot {
+            return Ok(d.clone());
+        }
+        let dir = match &self.config.log_dir {
+            Some(d) => PrivateDir::open(d)?,
+            None => PrivateDir::open(&crate::hostdir::default_base())?.subdir("logs")?,
+        };
+        let dir = Arc::new(dir);
+        *slot = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// After a launch failed: check the tools volume before the next mount (another process's
+    /// `prune` may have taken it, and the failed container then found an empty one).
+    pub async fn tools_suspect(&self) {
+        if let Some((_, checked)) = &mut self.tools.lock().await.current {
+            *checked = None;
+        }
+    }
+}
+
+/// Backstop for a rung dropped without `close()`: its tools volumes are removed in the
+/// background when a runtime is there to do it (never a panic, never a wait).
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let made = std::mem::take(&mut self.tools.get_mut().made);
+        if !made.is_empty()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let engine = self.engine.clone();
+            rt.spawn(async move {
+                let _ = super::tools::remove_made(&engine, &made).await;
+            });
+        }
+    }
+}
+
+/// Runs each attempt in a fresh container on a Docker-API engine (Docker or Podman, local or
+/// remote). Cheap to clone; clones share the engine, the admission bounds and the tasks.
+#[derive(Debug, Clone)]
+pub struct ContainerExecutor {
+    shared: Arc<Shared>,
+    slots: Arc<Semaphore>,
+    memory_mib: Arc<Semaphore>,
+    memory_budget_mib: u32,
+}
+
+impl ContainerExecutor {
+    /// Connects to the engine, negotiates the API version and learns what the engine is.
+    /// Every rung of a process shares the process's incarnation.
+    pub async fn connect(config: ContainerConfig) -> Result<Self, LaunchError> {
+        let engine = Engine::connect(&config.connection, config.engine_timeout).await.map_err(|source| {
+            let endpoint = match crate::engine::endpoint::resolve(&config.connection, |k| std::env::var(k).ok()) {
+                Ok(e) => e.url,
+                Err(_) => config
+                    .connection
+                    .host
+                    .as_deref()
+                    .map_or_else(|| "DOCKER_HOST".into(), crate::engine::endpoint::redact),
+            };
+            LaunchError::EngineUnreachable { endpoint, source }
+        })?;
+        Ok(Self::on(engine, config))
+    }
+
+    /// The rung on an engine already connected.
+    pub fn on(engine: Engine, config: ContainerConfig) -> Self {
+        let budget = (engine.facts().mem_total_bytes / (1 << 20)) * 8 / 10;
+        let memory_budget_mib =
+            u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
+        let incarnation =
+            config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
+        let shared = Arc::new(Shared::new(engine, config, incarnation));
+        // The pool fills in the background from the start (when there is a runtime to do it on).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            super::pool::refill(&shared);
+        }
+        Self {
+            slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))),
+            memory_mib: Arc::new(Semaphore::new(memory_budget_mib as usize)),
+            memory_budget_mib,
+            shared,
+        }
+    }
+
+    /// Waits until the warm pool holds its configured number of parked containers, or
+    /// `within` passes; whether it does. `false` at once without a pool.
+    pub async fn warm_up(&self, within: std::time::Duration) -> bool {
+        super::pool::wait_full(&self.shared, within).await
+    }
+
+    /// How many containers are parked in the warm pool now.
+    pub fn parked(&self) -> usize {
+        super::pool::parked(&self.shared)
+    }
+
+    /// The engine this rung talks to.
+    pub fn engine(&self) -> &Engine {
+        &self.shared.engine
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ContainerConfig {
+        &self.shared.config
+    }
+
+    /// The incarnation stamped on everything this rung creates.
+    pub fn incarnation(&self) -> &str {
+        &self.shared.incarnation
+    }
+
+    /// Removes the tools volumes other processes left (older than an hour, of another
+    /// incarnation, mounted by no container); this rung's own is kept. An idle live rung of
+    /// another process cannot be told from a crashed one: it makes a new volume when its own
+    /// is gone.
+    pub async fn prune_tools(&self) -> Result<super::tools::Pruned, crate::engine::EngineError> {
+        super::tools::prune(&self.shared.engine, &self.shared.incarnation).await
+    }
+
+    async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
+        let name = self.shared.config.name.clone();
+        // Holding a tracker token makes `close` wait for this attempt.
+        let _token = self.shared.tracker.token();
+        if self.shared.tracker.is_closed() {
+            return Err(LaunchError::Closed(name));
+        }
+        // An invalid request is refused before it waits for anything.
+        req.validate()?;
+        let applied = super::spec::apply_limits(&req.limits, &self.shared.config);
+        let mib = u32::try_from(applied.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+        if mib > self.memory_budget_mib {
+            return Err(LaunchError::AdmissionRefused(format!(
+                "memory limit {} MiB exceeds the rung's budget of {} MiB (80% of the engine host)",
+                mib, self.memory_budget_mib
+            )));
+        }
+        let acquire = async {
+            let slot = self.slots.clone().acquire_owned().await;
+            let mem = self.memory_mib.clone().acquire_many_owned(mib).await;
+            (slot, mem)
+        };
+        let permits = if self.shared.config.wait_for_admission {
+            tokio::select! {
+                p = acquire => p,
+                _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+            }
+        } else {
+            match (self.slots.clone().try_acquire_owned(), self.memory_mib.clone().try_acquire_many_owned(mib)) {
+                (Ok(s), Ok(m)) => (Ok(s), Ok(m)),
+                _ => {
+                    return Err(LaunchError::AdmissionRefused(format!(
+                        "{} attempts in flight or memory budget used up",
+                        self.shared.config.max_in_flight
+                    )));
+                }
+            }
+        };
+        let (Ok(_slot), Ok(_mem)) = permits else {
+            return Err(LaunchError::Closed(name));
+        };
+        if self.shared.tracker.is_closed() {
+            return Err(LaunchError::Closed(name));
+        }
+        super::attempt::run(self.shared.clone(), req, applied, cancel.clone()).await
+    }
+}
+
+impl Executor for ContainerExecutor {
+    fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    fn level(&self) -> Level {
+        self.shared.config.level()
+    }
+
+    fn run<'a>(
+        &'a self,
+        request: &'a Request,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
+        Box::pin(async move { self.admitted(request, &cancel).await })
+    }
+
+    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
+        Box::pin(super::reclaim::reclaim(&self.shared, worker_id))
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            super::pool::drain(&self.shared).await;
+            self.shared.tracker.close();
+            self.shared.tracker.wait().await;
+            // A fill that was under way when the pool closed removes its own container.
+            super::pool::drain(&self.shared).await;
+            // Nothing of this rung mounts its tools volumes any more.
+            let slot = std::mem::take(&mut *self.shared.tools.lock().await);
+            if let Err(e) = super::tools::remove_made(&self.shared.engine, &slot.made).await {
+                tracing::warn!(volumes = ?slot.made, error = %e, "removing the tools volumes");
+            }
+        })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        hooks: Option<HookSet>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
+        Box::pin(super::recover::recover(self.shared.clone(), checkpoint, hooks, cancel))
+    }
+}

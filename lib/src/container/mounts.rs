@@ -1,0 +1,214 @@
+//! Every mount destination of an attempt, checked inside the image before its container
+//! exists. An engine resolves a destination in the image's root filesystem following
+//! symlinks, so an image whose `/out` (or a cache's path, or a parent of either) is a
+//! symlink would have its mount land elsewhere: over stevedore's read-only tools (a cache
+//! volume holding a planted init would run as PID 1), out of the disk limit's reach, or
+//! over the staged inputs. `inspect` after create cannot show it (it reports destinations
+//! as written; the symlink is followed at start), so each component of each destination is
+//! stat'ed through the archive API on a never-started container of the image (by id) that
+//! mounts nothing, once per image and path (images do not change), and a symlink anywhere
+//! refuses the attempt. The init checks the same paths again from inside before it starts
+//! the command (`wire::Start::mounts`): the only check on engines without an archive API.
+
+use super::executor::Shared;
+use crate::contract::LaunchError;
+use crate::engine::PathKind;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use std::collections::HashMap;
+use std::sync::Arc;
+use stevedore_init::wire::{IN_DIR, OUT_DIR, TMP_DIR, TOOLS_DIR};
+
+/// Images whose paths are remembered; past it the memory starts afresh.
+const MAX_IMAGES: usize = 64;
+
+/// A destination that is not where it was asked to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Redirect {
+    /// The component that is a symlink.
+    pub path: String,
+    /// Where it points, as the engine resolves it.
+    pub target: String,
+    /// The destination it is part of.
+    pub destination: String,
+}
+
+impl Redirect {
+    /// What the Outcome says.
+    pub fn explain(&self, image: &str) -> String {
+        let within = if self.path == self.destination {
+            String::new()
+        } else {
+            format!(" (on the way to {})", self.destination)
+        };
+        format!(
+            "image {image} makes {}{within} a symlink to {}: a mount there would land elsewhere (over stevedore's \
+             own, or out of a limit's reach), so the attempt was not run",
+            self.path, self.target
+        )
+    }
+}
+
+/// Where an attempt mounts something: stevedore's own dirs, the named caches, and the
+/// image's `VOLUME`s that are masked.
+pub(crate) fn destinations(inputs: bool, caches: &[&str], masked_volumes: &[String]) -> Vec<String> {
+    let mut d = vec![TOOLS_DIR.to_owned()];
+    if inputs {
+        d.push(IN_DIR.to_owned());
+    }
+    d.extend([OUT_DIR.to_owned(), TMP_DIR.to_owned()]);
+    d.extend(caches.iter().map(|c| (*c).to_owned()));
+    d.extend(masked_volumes.iter().cloned());
+    d
+}
+
+/// Every prefix of an absolute path, shortest first (`/a/b` → `/a`, `/a/b`).
+fn prefixes(path: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut at = String::new();
+    for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        at.push('/');
+        at.push_str(c);
+        out.push(at.clone());
+    }
+    out
+}
+
+/// What the rung remembers of images' paths.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    images: HashMap<String, HashMap<String, PathKind>>,
+}
+
+/// The first redirect among `dests` by what is known of `image_id`; `Err` with the prefixes
+/// still to be looked at, in order, when that is not known yet.
+fn judge(known: &HashMap<String, PathKind>, dests: &[String]) -> Result<Option<Redirect>, Vec<String>> {
+    let mut unknown = Vec::new();
+    for d in dests {
+        for p in prefixes(d) {
+            match known.get(&p) {
+                Some(PathKind::Symlink(target)) => {
+                    return Ok(Some(Redirect { path: p, target: target.clone(), destination: d.clone() }));
+                }
+                // Nothing deeper exists: the engine makes it, as a directory.
+                Some(PathKind::Missing) => break,
+                Some(_) => {}
+                None => {
+                    if !unknown.contains(&p) {
+                        unknown.push(p);
+                    }
+                    // Deeper components are looked at once this one is known.
+                    break;
+                }
+            }
+        }
+    }
+    if unknown.is_empty() { Ok(None) } else { Err(unknown) }
+}
+
+/// Checks `dests` in `image_id`, making a probe container (named `name`, labelled `labels`:
+/// the attempt's object while it exists) only for what is not known yet. The probe runs on
+/// the rung's tracked tasks, so an attempt dropped meanwhile still removes it.
+pub(crate) async fn check(
+    shared: &Arc<Shared>,
+    image_id: &str,
+    name: String,
+    labels: HashMap<String, String>,
+    dests: &[String],
+) -> Result<Option<Redirect>, LaunchError> {
+    let known = |shared: &Shared| {
+        let seen = shared.mounts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        judge(seen.images.get(image_id).unwrap_or(&HashMap::new()), dests)
+    };
+    if let Ok(v) = known(shared) {
+        return Ok(v);
+    }
+    let s = shared.clone();
+    let (image, dests) = (image_id.to_owned(), dests.to_vec());
+    shared
+        .tracker
+        .spawn(async move {
+            let api = &s.engine.api;
+            api.create_container(&name, probe_body(&image, labels)).await?;
+            let looked = look(&s, &name, &image, &dests).await;
+            if let Err(e) = api.remove_container(&name).await {
+                tracing::warn!(container = %name, error = %e, "removing the mount probe; reclaim removes it");
+            }
+            looked
+        })
+        .await
+        .map_err(|e| LaunchError::Staging { what: "the mount check".into(), source: Box::new(e) })?
+}
+
+/// Stats what is not known yet on the probe, until every destination is judged.
+async fn look(shared: &Shared, probe: &str, image_id: &str, dests: &[String]) -> Result<Option<Redirect>, LaunchError> {
+    loop {
+        let unknown = {
+            let seen = shared.mounts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match judge(seen.images.get(image_id).unwrap_or(&HashMap::new()), dests) {
+                Ok(v) => return Ok(v),
+                Err(unknown) => unknown,
+            }
+        };
+        let mut found = Vec::with_capacity(unknown.len());
+        for p in unknown {
+            let kind = shared.engine.api.stat_path(probe, &p).await?;
+            found.push((p, kind));
+        }
+        let mut seen = shared.mounts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.images.len() >= MAX_IMAGES && !seen.images.contains_key(image_id) {
+            seen.images.clear();
+        }
+        seen.images.entry(image_id.to_owned()).or_default().extend(found);
+    }
+}
+
+/// A never-started container of the image that mounts nothing: the archive API then shows
+/// the image's own filesystem.
+fn probe_body(image_id: &str, labels: HashMap<String, String>) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(image_id.to_owned()),
+        entrypoint: Some(vec!["/.stevedore-probe-never-started".into()]),
+        cmd: Some(vec![]),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_component_of_every_destination_is_judged() {
+        let dests = destinations(true, &["/var/cache/app/pip"], &["/data".to_owned()]);
+        assert_eq!(dests, ["/.stevedore/tools", "/in", "/out", "/tmp", "/var/cache/app/pip", "/data"]);
+        assert_eq!(prefixes("/var/cache/app/pip"), ["/var", "/var/cache", "/var/cache/app", "/var/cache/app/pip"]);
+        let mut known = HashMap::new();
+        // Nothing known: the first component of each is asked for, once.
+        assert_eq!(
+            judge(&known, &dests),
+            Err(vec!["/.stevedore".into(), "/in".into(), "/out".into(), "/tmp".into(), "/var".into(), "/data".into()])
+        );
+        for p in ["/.stevedore", "/in", "/out", "/tmp", "/var", "/data"] {
+            known.insert(p.to_owned(), PathKind::Dir);
+        }
+        known.insert("/.stevedore/tools".into(), PathKind::Missing);
+        known.insert("/var/cache".into(), PathKind::Dir);
+        assert_eq!(judge(&known, &dests), Err(vec!["/var/cache/app".into()]));
+        known.insert("/var/cache/app".into(), PathKind::Symlink("/.stevedore/tools".into()));
+        let r = judge(&known, &dests).unwrap().unwrap();
+        assert_eq!((r.path.as_str(), r.target.as_str()), ("/var/cache/app", "/.stevedore/tools"));
+        assert!(r.explain("img:1").contains("/var/cache/app (on the way to /var/cache/app/pip) a symlink"));
+        known.insert("/var/cache/app".into(), PathKind::Dir);
+        known.insert("/var/cache/app/pip".into(), PathKind::Missing);
+        assert_eq!(judge(&known, &dests), Ok(None));
+        known.insert("/out".into(), PathKind::Symlink("/tmp".into()));
+        assert_eq!(judge(&known, &dests).unwrap().unwrap().path, "/out");
+    }
+}

@@ -1,0 +1,203 @@
+//! Phase 1 of an attempt: everything decided before the engine creates anything: the
+//! output dir (opened once), the image and its facts, the argv, the environment layers, the
+//! inputs measured against their limit, the names and labels.
+
+use super::config::PullPolicy;
+use super::env as envlayer;
+use super::executor::Shared;
+use super::labels::{self, AttemptLabels, Owner};
+use super::spec::Applied;
+use crate::contract::{InputsStaged, LaunchError, Request, Task};
+use crate::engine::ImageFacts;
+use crate::inputs::InputDir;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use stevedore_init::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
+
+/// What the attempt will do, decided.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub attempt_id: String,
+    /// The container's name (`sd-<worker>-<attempt id>`).
+    pub name: String,
+    pub image_ref: String,
+    pub image: ImageFacts,
+    pub argv: Vec<String>,
+    pub env: envlayer::Layered,
+    pub cwd: String,
+    pub applied: Applied,
+    pub output_dir: OwnedFd,
+    pub inputs: Option<(InputDir, InputsStaged)>,
+    pub labels: HashMap<String, String>,
+    pub input_labels: HashMap<String, String>,
+    pub stage_labels: HashMap<String, String>,
+    pub probe_labels: HashMap<String, String>,
+    /// Where the attempt mounts something (`mounts`).
+    pub mounts: Vec<String>,
+    pub started_ms: u64,
+}
+
+fn random_hex(bytes: usize) -> String {
+    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+}
+
+pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) -> Result<Plan, LaunchError> {
+    let cfg = &shared.config;
+    let started_ms = crate::contract::unix_ms_now();
+    let image_ref = match (&req.policy.image, &cfg.worker_image) {
+        (i, _) if !i.is_empty() => i.clone(),
+        (_, Some(w)) => w.clone(),
+        (_, None) => return Err(LaunchError::NotAllowed("no image given and no worker image configured".into())),
+    };
+    let image = resolve_image(shared, &image_ref).await?;
+    let argv = argv(req, &image_ref, &image)?;
+    let inputs = match &req.input_dir {
+        None => None,
+        Some(dir) => {
+            let input = InputDir::open(dir).map_err(|e| LaunchError::Staging {
+                what: format!("input dir {}", dir.display()),
+                source: Box::new(e),
+            })?;
+            let (bytes, files) = input.measure().map_err(|e| LaunchError::Staging {
+                what: format!("input dir {}", dir.display()),
+                source: Box::new(e),
+            })?;
+            if bytes > cfg.max_input_bytes {
+                return Err(LaunchError::InputTooLarge { bytes, limit: cfg.max_input_bytes });
+            }
+            Some((input, InputsStaged { files, bytes, limit_bytes: cfg.max_input_bytes, ..InputsStaged::default() }))
+        }
+    };
+    let output_dir = req.open_output_dir()?;
+    let caches: Vec<&str> = cfg.caches.iter().map(|c| c.path.as_str()).collect();
+    let mounts =
+        super::mounts::destinations(inputs.is_some(), &caches, &super::spec::masked_volumes(&image.volumes, &caches));
+    let env = layer_env(req, &image, cfg);
+    let attempt_id = random_hex(6);
+    let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
+    let owner = Owner { worker: &req.worker_id, incarnation: &shared.incarnation, executor: &cfg.name };
+    let l = AttemptLabels {
+        owner,
+        attempt_id: &attempt_id,
+        job: Some((&req.job_id, req.attempt)),
+        app: req.app_id.as_deref(),
+        org: req.org_id.as_deref(),
+        extra: &cfg.labels,
+    };
+    Ok(Plan {
+        labels: l.for_role("container"),
+        input_labels: l.for_role("in"),
+        stage_labels: l.for_role("stage"),
+        probe_labels: l.for_role("probe"),
+        mounts,
+        attempt_id,
+        name,
+        cwd: req
+            .workdir
+            .clone()
+            .or_else(|| image.working_dir.clone().filter(|w| !w.is_empty()))
+            .unwrap_or_else(|| "/".into()),
+        image_ref,
+        image,
+        argv,
+        env,
+        applied,
+        output_dir,
+        inputs,
+        started_ms,
+    })
+}
+
+/// The argv: a plain command after the image's `ENTRYPOINT` (as with `docker run IMAGE
+/// ARGV`); a handler through the worker image's entry label. A fingerprint mismatch visible
+/// on the image is refused before anything is created.
+fn argv(req: &Request, image_ref: &str, image: &ImageFacts) -> Result<Vec<String>, LaunchError> {
+    match &req.task {
+        Task::Command(argv) => {
+            let entry = req.entrypoint.as_ref().unwrap_or(&image.entrypoint);
+            let all: Vec<String> = entry.iter().chain(argv).cloned().collect();
+            if all.first().is_none_or(String::is_empty) {
+                return Err(LaunchError::InvalidRequest(crate::contract::RequestError::EmptyCommand));
+            }
+            Ok(all)
+        }
+        Task::Handler(_) => {
+            let not_worker = |why: String| LaunchError::NotAWorkerImage { image: image_ref.to_owned(), why };
+            let entry =
+                image.labels.get(labels::ENTRY).ok_or_else(|| not_worker(format!("no {} label", labels::ENTRY)))?;
+            let mut argv: Vec<String> =
+                serde_json::from_str(entry).map_err(|e| not_worker(format!("bad {} label: {e}", labels::ENTRY)))?;
+            if argv.is_empty() {
+                return Err(not_worker(format!("empty {} label", labels::ENTRY)));
+            }
+            if let (Some(want), Some(have)) = (&req.fingerprint, image.labels.get(labels::FINGERPRINT))
+                && want != have
+            {
+                return Err(LaunchError::FingerprintMismatch {
+                    image: image_ref.to_owned(),
+                    expected: want.clone(),
+                    actual: have.clone(),
+                });
+            }
+            argv.push(HANDLER_MARKER.to_owned());
+            Ok(argv)
+        }
+    }
+}
+
+/// Environment: image `ENV` < rung/profile < request < stevedore's protocol variables.
+fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) -> envlayer::Layered {
+    let protocol_env = vec![
+        (wire_env::JOB_ID.to_owned(), req.job_id.clone()),
+        (wire_env::ATTEMPT.to_owned(), req.attempt.to_string()),
+        (wire_env::IN.to_owned(), IN_DIR.to_owned()),
+        (wire_env::OUT.to_owned(), OUT_DIR.to_owned()),
+        (wire_env::INIT.to_owned(), format!("{TOOLS_DIR}/{INIT_NAME}")),
+    ];
+    let mut image_env = envlayer::parse_pairs(&image.env);
+    if !image_env.iter().any(|(k, _)| k == "PATH") {
+        image_env.insert(0, ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()));
+    }
+    // The root filesystem is read-only: HOME goes where the command can write, unless a
+    // profile or the request says otherwise.
+    envlayer::layer(&[
+        ("image", image_env),
+        ("rung", vec![("HOME".into(), TMP_DIR.into())]),
+        ("profile", cfg.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        ("request", req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        ("protocol", protocol_env),
+    ])
+}
+
+pub(crate) async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, LaunchError> {
+    let api = &shared.engine.api;
+    let policy = shared.config.pull;
+    let unavailable = |why: String, permanent: bool, source| LaunchError::ImageUnavailable {
+        image: image.to_owned(),
+        why,
+        permanent,
+        source,
+    };
+    if policy == PullPolicy::Always {
+        api.pull(image).await.map_err(|e| unavailable("the pull (policy always) failed".into(), false, Some(e)))?;
+    }
+    match api.inspect_image(image).await {
+        Ok(facts) => Ok(facts),
+        Err(e) if e.is_not_found() && policy == PullPolicy::Never => Err(unavailable(
+            "not found locally (`docker images` lists what this engine has), and the pull policy is never".into(),
+            true,
+            Some(e),
+        )),
+        Err(e) if e.is_not_found() => {
+            if let Err(pull) = api.pull(image).await {
+                return Err(unavailable(
+                    "not found locally (`docker images` lists what this engine has), and pulling it failed".into(),
+                    false,
+                    Some(pull),
+                ));
+            }
+            api.inspect_image(image).await.map_err(|e| unavailable("pulled, then not found".into(), false, Some(e)))
+        }
+        Err(e) => Err(LaunchError::Engine(e)),
+    }
+}

@@ -1,0 +1,539 @@
+//! From a request and the configuration to the engine's container spec (pure).
+
+use super::config::ContainerConfig;
+use super::labels;
+use super::tools::ToolsVolume;
+use crate::contract::{LaunchError, NarrowedLimit, ResourceLimits, limits::key};
+use crate::engine::EngineError;
+use bollard::models::{
+    ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountTmpfsOptions, MountType,
+    MountVolumeOptions, PortBinding, ResourcesUlimits,
+};
+use std::collections::{BTreeMap, HashMap};
+use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
+
+/// The limits actually applied to one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// Memory in bytes (swap off).
+    pub memory: u64,
+    /// Processes.
+    pub pids: u64,
+    /// Bytes in `/out`.
+    pub disk: u64,
+    /// CPU in millicores, if capped.
+    pub cpu_millis: Option<u64>,
+    /// Open files.
+    pub nofile: u64,
+    /// Size of `/tmp`.
+    pub tmp: u64,
+    /// Whole GPUs, if any.
+    pub gpus: Option<u64>,
+    /// Limits narrowed by a ceiling.
+    pub narrowed: Vec<NarrowedLimit>,
+}
+
+/// Applies defaults and ceilings to the request's limits.
+pub fn apply_limits(req: &ResourceLimits, cfg: &ContainerConfig) -> Applied {
+    let mut narrowed = Vec::new();
+    let mut pick = |k: &str| -> Option<u64> {
+        let v = req.get(k).or_else(|| cfg.defaults.get(k))?;
+        match cfg.ceilings.get(k) {
+            Some(c) if v > c => {
+                narrowed.push(NarrowedLimit { key: k.to_owned(), from: v, to: c, why: "profile ceiling".into() });
+                Some(c)
+            }
+            _ => Some(v),
+        }
+    };
+    // Never unlimited by accident: a configuration without a default still gets one.
+    let memory = pick(key::MEMORY).unwrap_or(1 << 30);
+    let pids = pick(key::PIDS).unwrap_or(512);
+    let disk = pick(key::DISK).unwrap_or(512 << 20);
+    let cpu_millis = pick(key::CPU);
+    let nofile = pick(key::NOFILE).unwrap_or(4096);
+    let gpus = pick(key::GPU).map(|m| m.div_ceil(1000));
+    let tmp = cfg.max_tmp_bytes.min(memory);
+    Applied { memory, pids, disk, cpu_millis, nofile, tmp, gpus, narrowed }
+}
+
+/// Everything the spec is built from.
+#[derive(Debug, Clone)]
+pub struct SpecInput<'a> {
+    /// Configuration.
+    pub config: &'a ContainerConfig,
+    /// The image reference.
+    pub image: &'a str,
+    /// The volume holding stevedore's init (mounted read-only at [`TOOLS_DIR`]).
+    pub tools: &'a ToolsVolume,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// The input volume (read-only at `/in`), when the request has inputs.
+    pub input_volume: Option<&'a str>,
+    /// The applied limits.
+    pub applied: &'a Applied,
+    /// `VOLUME`s the image declares.
+    pub image_volumes: &'a [String],
+    /// Whether the engine applies its seccomp profile (stevedore leaves it in place).
+    pub engine_seccomp: bool,
+    /// Whether the engine is Podman (which needs some limits spelled out).
+    pub podman: bool,
+    /// The engine host's address published ports bind to: loopback on a local engine, every
+    /// address on a remote one (whose loopback the caller cannot reach).
+    pub publish_ip: &'a str,
+    /// Named caches: (name, volume, path), mounted read-write.
+    pub caches: &'a [(String, String, String)],
+}
+
+/// The spec, and what enforcement it applies or skips (item → how / why).
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The body for `create_container`.
+    pub body: ContainerCreateBody,
+    /// Applied enforcement.
+    pub enforcement: BTreeMap<String, String>,
+    /// Skipped enforcement.
+    pub skipped: BTreeMap<String, String>,
+}
+
+pub(crate) fn volume_mount(source: &str, target: &str, read_only: bool) -> Mount {
+    Mount {
+        typ: Some(MountType::VOLUME),
+        source: Some(source.to_owned()),
+        target: Some(target.to_owned()),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+/// The read-only mount of the tools volume at [`TOOLS_DIR`]. Should the volume be gone when
+/// the container is created (another process's `reclaim --tools` took it), the engine creates
+/// one of that name again: then empty (`NoCopy`: never filled from what the image holds at
+/// that path, which would run as PID 1 and hold the attempt's key) and labelled as this
+/// incarnation's tools, but without [`super::tools::TOOLS_CREATED`], so the rung never takes
+/// it for its own and `close`, `reclaim` and `prune` remove it.
+pub(crate) fn tools_mount(tools: &ToolsVolume, incarnation: Option<&str>) -> Mount {
+    let mut l = labels::tools(&tools.digest, "created-by-a-mount");
+    if let Some(i) = incarnation {
+        l.insert(labels::INCARNATION.to_owned(), i.to_owned());
+    }
+    Mount {
+        volume_options: Some(MountVolumeOptions { no_copy: Some(true), labels: Some(l), ..Default::default() }),
+        ..volume_mount(&tools.volume, TOOLS_DIR, true)
+    }
+}
+
+/// A named cache's mount, read-write. `NoCopy`: an engine never fills a cache volume from
+/// what the image holds at that path (a cache is the attempts' own, never the image's).
+pub(crate) fn cache_mount(volume: &str, path: &str) -> Mount {
+    Mount {
+        volume_options: Some(MountVolumeOptions { no_copy: Some(true), ..Default::default() }),
+        ..volume_mount(volume, path, false)
+    }
+}
+
+fn tmpfs_mount(target: &str, size: u64, mode: i64, read_only: bool) -> Mount {
+    Mount {
+        typ: Some(MountType::TMPFS),
+        target: Some(target.to_owned()),
+        read_only: Some(read_only),
+        tmpfs_options: Some(MountTmpfsOptions {
+            size_bytes: Some(i64::try_from(size).unwrap_or(i64::MAX)),
+            mode: Some(mode),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn covered(path: &str, ours: &[&str]) -> bool {
+    let p = path.trim_end_matches('/');
+    ours.contains(&p)
+}
+
+/// The image's declared `VOLUME`s that a read-only tmpfs masks: those that are not one of
+/// stevedore's own mounts or a cache's.
+pub(crate) fn masked_volumes(image_volumes: &[String], cache_paths: &[&str]) -> Vec<String> {
+    let ours: Vec<&str> =
+        [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"].into_iter().chain(cache_paths.iter().copied()).collect();
+    image_volumes.iter().filter(|v| !covered(v, &ours)).cloned().collect()
+}
+
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Builds the container spec.
+pub fn build(input: &SpecInput<'_>) -> Spec {
+    let cfg = input.config;
+    let a = input.applied;
+    let mut enforcement = BTreeMap::new();
+    let mut skipped = BTreeMap::new();
+    let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
+        m.insert(k.to_owned(), v);
+    };
+
+    let mut mounts = vec![tools_mount(input.tools, input.labels.get(labels::INCARNATION).map(String::as_str))];
+    if let Some(v) = input.input_volume {
+        mounts.push(volume_mount(v, IN_DIR, true));
+        put(&mut enforcement, "inputs_read_only", format!("volume {v} mounted read-only at {IN_DIR}"));
+    }
+    // The command writes /out; only the init reads it back, so it needs no volume: a tmpfs
+    // of the disk limit gives ENOSPC at the limit on any engine.
+    mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
+    mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
+    for (name, volume, path) in input.caches {
+        mounts.push(cache_mount(volume, path));
+        put(
+            &mut enforcement,
+            &format!("cache.{name}"),
+            format!("volume {volume} read-write at {path}, outside the disk limit"),
+        );
+    }
+    let cache_paths: Vec<&str> = input.caches.iter().map(|(_, _, p)| p.as_str()).collect();
+    let masked = masked_volumes(input.image_volumes, &cache_paths);
+    for v in &masked {
+        mounts.push(tmpfs_mount(v, 1 << 20, 0o755, true));
+    }
+    if !masked.is_empty() {
+        put(
+            &mut enforcement,
+            "image_volumes",
+            format!("declared VOLUMEs {masked:?} masked by read-only tmpfs (no anonymous volume)"),
+        );
+    }
+
+    let mut ulimits = vec![ResourcesUlimits {
+        name: Some("nofile".into()),
+        soft: Some(clamp(a.nofile)),
+        hard: Some(clamp(a.nofile)),
+    }];
+    if input.podman {
+        // Podman refuses to start a container whose nproc it would have to raise (rlimit
+        // type 7) unless the limit is given; the cgroup's pids limit is the real bound.
+        ulimits.push(ResourcesUlimits {
+            name: Some("nproc".into()),
+            soft: Some(clamp(a.pids)),
+            hard: Some(clamp(a.pids)),
+        });
+    }
+    let mut host = HostConfig {
+        mounts: Some(mounts),
+        memory: Some(clamp(a.memory)),
+        memory_swap: Some(clamp(a.memory)),
+        pids_limit: Some(clamp(a.pids)),
+        ulimits: Some(ulimits),
+        network_mode: Some(cfg.network.clone()),
+        readonly_rootfs: Some(cfg.hardening.read_only_rootfs),
+        log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+        auto_remove: Some(false),
+        init: Some(false),
+        runtime: cfg.runtime.clone(),
+        ..Default::default()
+    };
+    put(&mut enforcement, "memory", format!("cgroup memory limit {} bytes, swap off (memory+swap = memory)", a.memory));
+    put(&mut enforcement, "pids", format!("cgroup pids limit {}", a.pids));
+    put(&mut enforcement, "nofile", format!("rlimit nofile {}", a.nofile));
+    put(&mut enforcement, "tmp", format!("tmpfs {TMP_DIR} of {} bytes (counts as memory)", a.tmp));
+    put(
+        &mut enforcement,
+        "disk",
+        format!("{OUT_DIR} is a tmpfs of {} bytes: ENOSPC at the limit (its pages count as memory)", a.disk),
+    );
+    put(
+        &mut enforcement,
+        "init",
+        "stevedore's static init as PID 1 (reaps, forwards signals, kills stragglers; no loader, its own environment \
+         ignored)"
+            .into(),
+    );
+    put(&mut enforcement, "log_driver", "none: stdout/stderr captured by stevedore, capped".into());
+    put(&mut enforcement, "host_mounts", "none: the init comes from an engine volume, nothing from the host".into());
+    match a.cpu_millis {
+        Some(m) => {
+            host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
+            put(&mut enforcement, "cpu", format!("cfs quota of {m} millicores"));
+        }
+        None => put(&mut skipped, "cpu", "no cpu limit requested or configured".into()),
+    }
+    if let Some(n) = a.gpus {
+        host.device_requests = Some(vec![DeviceRequest {
+            driver: Some(String::new()),
+            count: Some(clamp(n)),
+            capabilities: Some(vec![vec!["gpu".into()]]),
+            ..Default::default()
+        }]);
+        put(&mut enforcement, "gpu", format!("{n} device(s) requested"));
+    }
+    hardening(cfg, input.engine_seccomp, &mut host, &mut enforcement, &mut skipped);
+    let exposed = publish(cfg, input.publish_ip, &mut host);
+
+    // PID 1's own environment: Docker merges the image's ENV in and no call removes a key,
+    // so every variable a loader or libc reads is set to empty. The init is static and never
+    // reads them; this keeps even its libc start-up clean. The command gets the image's
+    // values back in the Start frame.
+    let env: Vec<String> = wire_env::LOADER.iter().map(|k| format!("{k}=")).collect();
+    let body = ContainerCreateBody {
+        image: Some(input.image.to_owned()),
+        entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
+        cmd: Some(Vec::new()),
+        env: Some(env),
+        user: Some(cfg.user.clone()),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
+        labels: Some(input.labels.clone()),
+        host_config: Some(host),
+        exposed_ports: (!exposed.is_empty()).then_some(exposed),
+        stop_signal: Some("SIGTERM".into()),
+        ..Default::default()
+    };
+    Spec { body, enforcement, skipped }
+}
+
+/// Network, read-only root, capabilities, privileges, user, runtime, seccomp: each applied
+/// or skipped as configured, and said so.
+fn hardening(
+    cfg: &ContainerConfig,
+    engine_seccomp: bool,
+    host: &mut HostConfig,
+    enforcement: &mut BTreeMap<String, String>,
+    skipped: &mut BTreeMap<String, String>,
+) {
+    let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
+        m.insert(k.to_owned(), v);
+    };
+    if cfg.network == "none" {
+        put(enforcement, "network", "none".into());
+    } else {
+        put(skipped, "network", format!("network mode {:?} by configuration", cfg.network));
+    }
+    if cfg.hardening.read_only_rootfs {
+        put(enforcement, "read_only_rootfs", "root filesystem read-only".into());
+    } else {
+        put(skipped, "read_only_rootfs", "relaxed by configuration".into());
+    }
+    if cfg.hardening.drop_all_capabilities {
+        host.cap_drop = Some(vec!["ALL".into()]);
+        put(enforcement, "capabilities", "all dropped".into());
+    } else {
+        put(skipped, "capabilities", "relaxed by configuration".into());
+    }
+    if cfg.hardening.no_new_privileges {
+        host.security_opt = Some(vec!["no-new-privileges".into()]);
+        put(enforcement, "no_new_privileges", "set".into());
+    } else {
+        put(skipped, "no_new_privileges", "relaxed by configuration".into());
+    }
+    let (uid, _) = cfg.uid_gid();
+    if uid == 0 || cfg.user.starts_with("root") {
+        put(skipped, "non_root", format!("user {:?} by configuration", cfg.user));
+    } else {
+        put(enforcement, "non_root", format!("user {}", cfg.user));
+    }
+    if let Some(r) = &cfg.runtime {
+        put(enforcement, "runtime", r.clone());
+    }
+    if engine_seccomp {
+        put(enforcement, "seccomp", "the engine's default profile".into());
+    } else {
+        put(skipped, "seccomp", "the engine reports no seccomp support".into());
+    }
+}
+
+/// The published ports, on `publish_ip`; returns the exposed port keys.
+fn publish(cfg: &ContainerConfig, publish_ip: &str, host: &mut HostConfig) -> Vec<String> {
+    let mut exposed = Vec::new();
+    if !cfg.ports.is_empty() {
+        let mut map = HashMap::new();
+        for (cport, hport) in &cfg.ports {
+            let k = format!("{cport}/tcp");
+            exposed.push(k.clone());
+            map.insert(
+                k,
+                Some(vec![PortBinding {
+                    host_ip: Some(publish_ip.to_owned()),
+                    host_port: Some(if *hport == 0 { String::new() } else { hport.to_string() }),
+                }]),
+            );
+        }
+        host.port_bindings = Some(map);
+    }
+
+    exposed
+}
+
+/// The launch error for an engine refusal that says a published port is taken, naming the
+/// explicit host port (the one the message mentions, else the first) and the profile; the
+/// engine error back when it is not about a taken port or no host port was explicit.
+pub fn port_taken(cfg: &ContainerConfig, err: EngineError) -> LaunchError {
+    let msg = err.message();
+    let taken = msg.contains("port is already allocated") || msg.contains("address already in use");
+    let explicit: Vec<(u16, u16)> = cfg.ports.iter().filter(|(_, h)| **h != 0).map(|(c, h)| (*c, *h)).collect();
+    let named = explicit.iter().find(|(_, h)| msg.contains(&format!(":{h}"))).or(explicit.first());
+    match named {
+        Some((container_port, port)) if taken => LaunchError::PortTaken {
+            port: *port,
+            container_port: *container_port,
+            profile: cfg.profile.clone().unwrap_or_else(|| "default".into()),
+            source: err,
+        },
+        _ => LaunchError::Engine(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Owned strings that live as long as the test process (a test input borrows them).
+    fn leak(items: &[&str]) -> &'static [String] {
+        Box::leak(items.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn input<'a>(cfg: &'a ContainerConfig, input_volume: Option<&'a str>, applied: &'a Applied) -> SpecInput<'a> {
+        SpecInput {
+            config: cfg,
+            image: "img:1",
+            tools: Box::leak(Box::new(ToolsVolume { volume: "stevedore-tools-abc".into(), digest: "d1".into() })),
+            labels: HashMap::from([
+                ("dev.stevedore.managed".into(), "true".into()),
+                (labels::INCARNATION.into(), "inc".into()),
+            ]),
+            input_volume,
+            applied,
+            image_volumes: leak(&["/data", "/out"]),
+            engine_seccomp: true,
+            podman: false,
+            publish_ip: "127.0.0.1",
+            caches: &[],
+        }
+    }
+
+    #[test]
+    fn seccomp_is_evidence_of_what_the_engine_applies() {
+        let cfg = ContainerConfig::default();
+        let applied = apply_limits(&ResourceLimits::new(), &cfg);
+        let with = build(&input(&cfg, None, &applied));
+        assert!(with.enforcement.contains_key("seccomp") && !with.skipped.contains_key("seccomp"));
+        let without = build(&SpecInput { engine_seccomp: false, ..input(&cfg, None, &applied) });
+        assert!(without.skipped.contains_key("seccomp") && !without.enforcement.contains_key("seccomp"));
+    }
+
+    #[test]
+    fn defaults_are_never_unlimited() {
+        let cfg = ContainerConfig::default();
+        let a = apply_limits(&ResourceLimits::new(), &cfg);
+        assert_eq!(a.memory, 1 << 30);
+        assert_eq!(a.pids, 512);
+        assert_eq!(a.disk, 512 << 20);
+        assert_eq!(a.cpu_millis, None);
+        assert_eq!(a.tmp, 256 << 20);
+        let small = apply_limits(&ResourceLimits::new().with("memory", 64 << 20), &cfg);
+        assert_eq!(small.tmp, 64 << 20, "/tmp no larger than the memory limit");
+    }
+
+    #[test]
+    fn ceilings_narrow_and_say_so() {
+        let cfg = ContainerConfig::default().ceiling("memory", 128 << 20);
+        let a = apply_limits(&ResourceLimits::new().with("memory", 1 << 30).with("gpu", 1500), &cfg);
+        assert_eq!(a.memory, 128 << 20);
+        assert_eq!(
+            a.narrowed,
+            vec![NarrowedLimit { key: "memory".into(), from: 1 << 30, to: 128 << 20, why: "profile ceiling".into() }]
+        );
+        assert_eq!(a.gpus, Some(2));
+    }
+
+    #[test]
+    fn hardened_spec() {
+        let cfg = ContainerConfig::default();
+        let applied = apply_limits(&ResourceLimits::new().with("cpu", 500).with("pids", 64), &cfg);
+        let s = build(&input(&cfg, Some("vin"), &applied));
+        let h = s.body.host_config.as_ref().unwrap();
+        assert_eq!(h.memory, h.memory_swap, "swap disabled");
+        assert_eq!(h.nano_cpus, Some(500_000_000));
+        assert_eq!(h.pids_limit, Some(64));
+        assert_eq!(h.network_mode.as_deref(), Some("none"));
+        assert_eq!(h.readonly_rootfs, Some(true));
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges".to_owned()]));
+        assert_eq!(h.log_config.as_ref().unwrap().typ.as_deref(), Some("none"));
+        assert_eq!(h.auto_remove, Some(false));
+        let mounts = h.mounts.as_ref().unwrap();
+        let find = |t: &str| mounts.iter().find(|m| m.target.as_deref() == Some(t)).unwrap();
+        assert_eq!(find("/in").read_only, Some(true));
+        assert_eq!(find("/out").read_only, Some(false));
+        assert_eq!(find("/out").typ, Some(MountType::TMPFS));
+        assert_eq!(find(TOOLS_DIR).read_only, Some(true));
+        assert_eq!(find(TOOLS_DIR).typ, Some(MountType::VOLUME), "nothing of the host is mounted");
+        // A tools volume taken meanwhile comes back empty and labelled, never filled from the image.
+        let o = find(TOOLS_DIR).volume_options.as_ref().unwrap();
+        assert_eq!(o.no_copy, Some(true));
+        let l = o.labels.as_ref().unwrap();
+        assert_eq!(
+            (l[labels::KIND].as_str(), l[labels::MANAGED].as_str(), l[labels::INCARNATION].as_str()),
+            ("tools", "true", "inc")
+        );
+        assert!(!l.contains_key(super::super::tools::TOOLS_CREATED), "never taken for the rung's own");
+        assert!(mounts.iter().all(|m| m.typ != Some(MountType::BIND)));
+        assert_eq!(find("/data").read_only, Some(true), "image VOLUME masked read-only");
+        assert_eq!(mounts.iter().filter(|m| m.target.as_deref() == Some("/out")).count(), 1);
+        assert_eq!(find("/tmp").typ, Some(MountType::TMPFS));
+        assert_eq!(s.body.user.as_deref(), Some("65532:65532"));
+        assert_eq!(s.body.cmd, Some(vec![]), "the image's CMD never reaches the init");
+        assert_eq!(s.body.open_stdin, Some(true));
+        assert_eq!(s.body.stdin_once, Some(true));
+        assert_eq!(s.body.entrypoint, Some(vec!["/.stevedore/tools/stevedore-init".to_owned()]));
+        let env = s.body.env.as_ref().unwrap();
+        for k in ["LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GLIBC_TUNABLES"] {
+            assert!(env.contains(&format!("{k}=")), "PID 1's {k} overridden: {env:?}");
+        }
+        for k in [
+            "memory",
+            "pids",
+            "cpu",
+            "network",
+            "read_only_rootfs",
+            "capabilities",
+            "no_new_privileges",
+            "non_root",
+            "disk",
+            "image_volumes",
+        ] {
+            assert!(s.enforcement.contains_key(k), "missing enforcement {k}");
+        }
+        assert!(s.skipped.is_empty(), "{:?}", s.skipped);
+    }
+
+    #[test]
+    fn a_taken_port_names_the_port_and_the_profile() {
+        let cfg = ContainerConfig {
+            ports: BTreeMap::from([(80, 0), (8080, 41000), (9090, 42000)]),
+            profile: Some("web".into()),
+            ..ContainerConfig::default()
+        };
+        let msg = "Error starting userland proxy: listen tcp4 127.0.0.1:42000: bind: address already in use";
+        let refused = |m: &str| EngineError::Refused { op: "start container", status: 500, message: m.into() };
+        let err = port_taken(&cfg, refused(msg));
+        assert_eq!(err.to_string(), r#"host port 42000 (container port 9090) of profile "web" is taken"#);
+        assert!(matches!(port_taken(&cfg, refused("no such image")), LaunchError::Engine(_)));
+        let ephemeral_only = ContainerConfig::default().publish(80, 0);
+        assert!(matches!(port_taken(&ephemeral_only, refused(msg)), LaunchError::Engine(_)));
+    }
+
+    #[test]
+    fn relaxations_are_recorded_as_skipped() {
+        let mut cfg = ContainerConfig { network: "bridge".into(), user: "0:0".into(), ..ContainerConfig::default() };
+        cfg.hardening.read_only_rootfs = false;
+        let applied = apply_limits(&ResourceLimits::new(), &cfg);
+        let s = build(&input(&cfg, None, &applied));
+        for k in ["network", "non_root", "read_only_rootfs", "cpu"] {
+            assert!(s.skipped.contains_key(k), "{k} should be skipped");
+            assert!(!s.enforcement.contains_key(k));
+        }
+    }
+}

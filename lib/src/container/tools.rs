@@ -1,0 +1,277 @@
+//! stevedore's init in the engine: a volume of kind `tools` of this rung's own, filled
+//! through the archive API (so it works on any engine, remote ones included), mounted
+//! read-only at `/.stevedore/tools` by its attempts and parked containers, and removed by
+//! `close()`.
+//!
+//! One per rung, not one shared by every worker: a shared one outlives every process that
+//! used it, and removing it safely would need to know that no other process is about to
+//! mount it (an engine creates a missing named volume, empty, on mount). A rung fills its
+//! own in four engine calls, about what checking a shared one cost. What a crash leaves is
+//! labelled with its incarnation: `reclaim` removes the tools volumes (and fill helpers) of
+//! the incarnations whose attempts it reclaims, and `prune` those of other incarnations that
+//! no container uses and that are older than [`STALE_AFTER`]. `prune` cannot tell an idle
+//! live rung from a crashed one, so a rung checks [`is_ours`] before it trusts its volume
+//! again, and its mounts (`spec::tools_mount`) make a taken volume come back empty, never
+//! filled from the image.
+
+use super::labels;
+use super::spec::volume_mount;
+use crate::contract::LaunchError;
+use crate::engine::{ByteStream, Engine, EngineError};
+use crate::sandbox::init_binary;
+use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+use bytes::Bytes;
+use stevedore_init::wire::{INIT_NAME, TOOLS_DIR};
+
+/// The label with the tools volume's creation time (unix seconds): `prune`'s age.
+pub const TOOLS_CREATED: &str = "dev.stevedore.tools.created";
+
+/// A tools volume of another incarnation older than this, that no container uses, is taken
+/// for a crash's leftover by `prune`.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// This rung's tools volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolsVolume {
+    /// The volume to mount.
+    pub volume: String,
+    /// The init's sha256.
+    pub digest: String,
+}
+
+/// One name per CPU architecture: engines say `uname -m` (`x86_64`) or Go's `GOARCH` (`amd64`).
+fn normal_arch(arch: &str) -> &str {
+    match arch {
+        "amd64" | "x86-64" => "x86_64",
+        "arm64" => "aarch64",
+        other => other,
+    }
+}
+
+fn short(digest: &str) -> &str {
+    &digest[..16.min(digest.len())]
+}
+
+/// The init as a tar: `stevedore-init`, root-owned, 0755.
+fn init_tar(bytes: &[u8]) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(bytes.len() as u64);
+    h.set_mode(0o755);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    tar.append_data(&mut h, INIT_NAME, bytes).expect("writing to memory");
+    tar.into_inner().expect("writing to memory")
+}
+
+/// A never-started helper container mounting `volume` at [`TOOLS_DIR`], for the archive API;
+/// labelled with `incarnation` like the volume, so what a failed removal leaves goes with it.
+fn helper(image: &str, volume: &str, digest: &str, incarnation: &str) -> ContainerCreateBody {
+    let mut l = labels::tools(digest, "helper");
+    l.insert(labels::INCARNATION.into(), incarnation.to_owned());
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
+        entrypoint: Some(vec!["/.stevedore-helper-never-started".into()]),
+        cmd: Some(vec![]),
+        labels: Some(l),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            mounts: Some(vec![volume_mount(volume, TOOLS_DIR, false)]),
+            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn stream_of(bytes: Vec<u8>) -> ByteStream {
+    Box::pin(futures_util::stream::once(async move { Ok(Bytes::from(bytes)) }))
+}
+
+/// Puts this process's init into a new volume of its own, labelled with `incarnation`.
+/// `image` is any local image (the attempt's): it only backs a never-started helper.
+pub async fn create(engine: &Engine, image: &str, incarnation: &str) -> Result<ToolsVolume, LaunchError> {
+    let Some(bytes) = init_binary::bytes() else {
+        return Err(LaunchError::InitUnavailable {
+            client: format!("{} (no init embedded)", init_binary::TARGET),
+            engine: format!("{}/{}", engine.facts().os_type, engine.facts().architecture),
+        });
+    };
+    let facts = engine.facts();
+    if (!facts.os_type.is_empty() && facts.os_type != "linux")
+        || (!facts.architecture.is_empty() && normal_arch(&facts.architecture) != normal_arch(init_binary::arch()))
+    {
+        return Err(LaunchError::InitUnavailable {
+            client: init_binary::TARGET.to_owned(),
+            engine: format!("{}/{}", facts.os_type, facts.architecture),
+        });
+    }
+    let digest = init_binary::sha256().to_owned();
+    let volume = format!("stevedore-tools-{}-{:08x}", short(&digest), rand::random::<u32>());
+    let mut l = labels::tools(&digest, "init");
+    l.insert(labels::INCARNATION.into(), incarnation.to_owned());
+    l.insert(TOOLS_CREATED.into(), (crate::contract::unix_ms_now() / 1000).to_string());
+    let api = &engine.api;
+    api.create_volume(VolumeCreateRequest {
+        name: Some(volume.clone()),
+        driver: Some("local".into()),
+        labels: Some(l),
+        ..Default::default()
+    })
+    .await?;
+    if let Err(e) = fill(engine, image, &volume, &digest, incarnation, bytes).await {
+        let _ = api.remove_volume(&volume).await;
+        return Err(e);
+    }
+    Ok(ToolsVolume { volume, digest })
+}
+
+/// Whether `volume` is still the one [`create`] made for `incarnation` (a rung checks before it
+/// mounts it again after a while or after a failed launch: another process's `prune` may have
+/// taken it, and a mount then made an empty one of that name, which lacks [`TOOLS_CREATED`]).
+pub async fn is_ours(engine: &Engine, volume: &str, incarnation: &str) -> Result<bool, EngineError> {
+    Ok(engine.api.inspect_volume(volume).await?.is_some_and(|v| {
+        v.labels.get(labels::INCARNATION).map(String::as_str) == Some(incarnation)
+            && v.labels.contains_key(TOOLS_CREATED)
+    }))
+}
+
+/// Removes the tools objects labelled with an incarnation that `which` picks: fill helpers a
+/// failed removal left, then volumes; a volume a container still mounts is left (the engine
+/// refuses). Returns the volumes removed.
+async fn remove_where(engine: &Engine, which: impl Fn(&str) -> bool) -> Result<Vec<String>, EngineError> {
+    let api = &engine.api;
+    let picked = |l: &std::collections::HashMap<String, String>| l.get(labels::INCARNATION).is_some_and(|i| which(i));
+    for c in api.list_containers(labels::tools_filter()).await? {
+        if picked(&c.labels) {
+            api.remove_container(&c.id).await?;
+        }
+    }
+    let mut removed = Vec::new();
+    for v in api.list_volumes(labels::tools_filter()).await? {
+        if picked(&v.labels) {
+            match api.remove_volume(&v.name).await {
+                Ok(()) => removed.push(v.name),
+                Err(e) if e.is_conflict() || e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes the tools objects of `incarnations` (never `own`'s): what crashed processes left.
+pub async fn remove_of(engine: &Engine, incarnations: &[&str], own: &str) -> Result<Vec<String>, EngineError> {
+    remove_where(engine, |i| i != own && incarnations.contains(&i)).await
+}
+
+/// Removes the volumes named `made` (a rung's, at `close`: the one it made and any a mount
+/// made again under that name) and the fill helpers a failed removal left beside them.
+/// Returns the first error; the rest are still tried.
+pub async fn remove_made(engine: &Engine, made: &[String]) -> Result<(), EngineError> {
+    let api = &engine.api;
+    let mut first = None;
+    for name in made {
+        let helper = api.remove_container(&fill_helper(name)).await.map(|_| ());
+        let volume = match api.remove_volume(name).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other,
+        };
+        if let Err(e) = helper.and(volume) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// A rung's tools volume, and the names it made.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    /// The volume attempts mount, and when it was last known to be this rung's (`None`: check
+    /// before the next mount).
+    pub current: Option<(ToolsVolume, Option<std::time::Instant>)>,
+    /// Every volume name this rung made: what `close` removes.
+    pub made: Vec<String>,
+}
+
+/// The name of the helper container that fills `volume`.
+fn fill_helper(volume: &str) -> String {
+    format!("{volume}-fill")
+}
+
+async fn fill(
+    engine: &Engine,
+    image: &str,
+    volume: &str,
+    digest: &str,
+    incarnation: &str,
+    bytes: &[u8],
+) -> Result<(), LaunchError> {
+    let api = &engine.api;
+    let name = fill_helper(volume);
+    api.create_container(&name, helper(image, volume, digest, incarnation)).await?;
+    let uploaded = api.upload(&name, TOOLS_DIR, stream_of(init_tar(bytes)), engine.timeout() * 2).await;
+    let removed = api.remove_container(&name).await;
+    uploaded?;
+    removed?;
+    Ok(())
+}
+
+/// What `prune` removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Pruned {
+    /// Volumes removed.
+    pub volumes_removed: Vec<String>,
+    /// Volumes kept because a container uses them.
+    pub in_use: Vec<String>,
+}
+
+/// Removes the tools volumes of other incarnations than `own` that are older than
+/// [`STALE_AFTER`] (or carry no age) and that no container uses (the engine refuses to
+/// remove a mounted volume).
+pub async fn prune(engine: &Engine, own: &str) -> Result<Pruned, EngineError> {
+    let api = &engine.api;
+    let now_s = crate::contract::unix_ms_now() / 1000;
+    let mut out = Pruned::default();
+    for v in api.list_volumes(labels::tools_filter()).await? {
+        if v.labels.get(labels::INCARNATION).map(String::as_str) == Some(own) {
+            continue;
+        }
+        let created = v.labels.get(TOOLS_CREATED).and_then(|c| c.parse::<u64>().ok()).unwrap_or(0);
+        if now_s.saturating_sub(created) < STALE_AFTER.as_secs() {
+            continue;
+        }
+        match api.remove_volume(&v.name).await {
+            Ok(()) => out.volumes_removed.push(v.name.clone()),
+            Err(e) if e.is_conflict() => out.in_use.push(v.name.clone()),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_init_tar_holds_one_root_owned_executable() {
+        let tar = init_tar(b"\x7fELF...");
+        let mut a = tar::Archive::new(tar.as_slice());
+        let entries: Vec<_> = a
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().unwrap().display().to_string(), e.header().mode().unwrap(), e.header().uid().unwrap())
+            })
+            .collect();
+        assert_eq!(entries, [(INIT_NAME.to_owned(), 0o755, 0)]);
+        assert_eq!(normal_arch("amd64"), normal_arch("x86_64"));
+        assert_eq!(normal_arch("arm64"), "aarch64");
+    }
+}

@@ -1,0 +1,36 @@
+//! The engine-agnostic contract: the request, the outcome and its words, the one judge,
+//! the `Executor` trait every rung implements, and the registry that picks a rung.
+
+mod checkpoint;
+mod error;
+mod executor;
+mod hooks;
+pub mod incarnation;
+mod judge;
+mod level;
+pub mod limits;
+mod live;
+mod outcome;
+mod policy;
+mod registry;
+mod request;
+mod status;
+
+pub use checkpoint::{CHECKPOINT_VERSION, Checkpoint, LinkSecret, RecoverError, Target};
+pub use error::LaunchError;
+pub use executor::{Executor, ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport};
+pub use hooks::{
+    AttemptRef, HOOK_TIMEOUT, HookError, HookResult, HookSet, Hooks, Report, ReportKind, SandboxReport, StartedInfo,
+};
+pub use judge::{Judgement, judge};
+pub use level::Level;
+pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
+pub use live::{LiveChunk, LiveOutput, Stream};
+pub use outcome::{
+    CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome,
+    OutputFile, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage, unix_ms_now,
+};
+pub use policy::{DEFAULT_GRACE, Policy};
+pub use registry::{Registry, SelectError};
+pub use request::{MAX_PAYLOAD_BYTES, PriorOutput, Request, RequestError, Task, valid_job_id, valid_worker_id};
+pub use status::{Exit, Facts, LaunchFailure, Reason, Record, Status, Verdict, decide};

@@ -1,0 +1,204 @@
+//! The registry of rungs and the selection rules.
+
+use super::{Executor, Level, Policy};
+use std::sync::Arc;
+
+/// Why no rung can run a policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SelectError {
+    /// no rung is registered
+    #[error("no executor registered")]
+    Empty,
+    /// no rung reaches the policy's level and downgrade is not allowed
+    #[error("no executor provides isolation level {wanted} (registered: {registered})")]
+    Unsatisfiable {
+        /// The level asked for.
+        wanted: Level,
+        /// Every rung as `name(level)`, comma-separated.
+        registered: String,
+    },
+    /// a rung with this name is already registered
+    #[error("an executor named {0:?} is already registered")]
+    Duplicate(String),
+    /// the named default is not registered
+    #[error("default executor {0:?} is not registered")]
+    UnknownDefault(String),
+}
+
+/// Holds the rungs and picks one per policy.
+#[derive(Debug, Default, Clone)]
+pub struct Registry {
+    rungs: Vec<Arc<dyn Executor>>,
+    default: Option<usize>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a rung. The first registered is the default until one is named.
+    pub fn register(&mut self, rung: Arc<dyn Executor>) -> Result<(), SelectError> {
+        if self.rungs.iter().any(|r| r.name() == rung.name()) {
+            return Err(SelectError::Duplicate(rung.name().to_owned()));
+        }
+        self.rungs.push(rung);
+        Ok(())
+    }
+
+    /// Registers a rung and makes it the default.
+    pub fn register_default(&mut self, rung: Arc<dyn Executor>) -> Result<(), SelectError> {
+        self.register(rung)?;
+        self.default = Some(self.rungs.len() - 1);
+        Ok(())
+    }
+
+    /// Names the default rung.
+    pub fn set_default(&mut self, name: &str) -> Result<(), SelectError> {
+        let i = self
+            .rungs
+            .iter()
+            .position(|r| r.name() == name)
+            .ok_or_else(|| SelectError::UnknownDefault(name.to_owned()))?;
+        self.default = Some(i);
+        Ok(())
+    }
+
+    /// The default rung.
+    pub fn default_rung(&self) -> Option<&Arc<dyn Executor>> {
+        self.rungs.get(self.default.unwrap_or(0))
+    }
+
+    /// Every rung.
+    pub fn rungs(&self) -> &[Arc<dyn Executor>] {
+        &self.rungs
+    }
+
+    /// Picks the rung for `policy`: level `None` → the default; else the weakest rung whose
+    /// level ≥ the policy's (ties by name); else, with `allow_downgrade`, the default; else
+    /// an error listing every rung as `name(level)`.
+    pub fn select(&self, policy: &Policy) -> Result<Arc<dyn Executor>, SelectError> {
+        let default = self.default_rung().ok_or(SelectError::Empty)?;
+        if policy.level == Level::None {
+            return Ok(default.clone());
+        }
+        let best = self
+            .rungs
+            .iter()
+            .filter(|r| r.level() >= policy.level)
+            .min_by(|a, b| a.level().cmp(&b.level()).then_with(|| a.name().cmp(b.name())));
+        if let Some(r) = best {
+            return Ok(r.clone());
+        }
+        if policy.allow_downgrade {
+            return Ok(default.clone());
+        }
+        let registered =
+            self.rungs.iter().map(|r| format!("{}({})", r.name(), r.level())).collect::<Vec<_>>().join(", ");
+        Err(SelectError::Unsatisfiable { wanted: policy.level, registered })
+    }
+
+    /// Recovers an attempt through the rung its checkpoint names (see [`Executor::recover`]).
+    pub async fn recover(
+        &self,
+        checkpoint: &super::Checkpoint,
+        hooks: Option<super::HookSet>,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<super::Outcome, super::RecoverError> {
+        let rung = self
+            .rungs
+            .iter()
+            .find(|r| r.name() == checkpoint.rung)
+            .ok_or_else(|| super::RecoverError::UnknownRung(checkpoint.rung.clone()))?;
+        rung.recover(checkpoint, hooks, cancel).await
+    }
+
+    /// Checks at startup that every policy a deployment will use can be satisfied.
+    pub fn check_satisfiable<'p>(&self, policies: impl IntoIterator<Item = &'p Policy>) -> Result<(), SelectError> {
+        for p in policies {
+            self.select(p)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::{LaunchError, Outcome, ReclaimError, ReclaimReport, Request};
+    use crate::util::BoxFuture;
+    use tokio_util::sync::CancellationToken;
+
+    #[derive(Debug)]
+    struct Fake(&'static str, Level);
+
+    impl Executor for Fake {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn level(&self) -> Level {
+            self.1
+        }
+        fn run<'a>(&'a self, _: &'a Request, _: CancellationToken) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
+            Box::pin(async { Err(LaunchError::Closed(self.0.into())) })
+        }
+        fn reclaim<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
+            Box::pin(async { Ok(ReclaimReport::default()) })
+        }
+        fn close(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    fn reg(rungs: &[(&'static str, Level)]) -> Registry {
+        let mut r = Registry::new();
+        for (n, l) in rungs {
+            r.register(Arc::new(Fake(n, *l))).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn level_none_takes_default() {
+        let mut r = reg(&[("inproc", Level::None), ("docker", Level::Sandboxed)]);
+        assert_eq!(r.select(&Policy::at_least(Level::None)).unwrap().name(), "inproc");
+        r.set_default("docker").unwrap();
+        assert_eq!(r.select(&Policy::at_least(Level::None)).unwrap().name(), "docker");
+    }
+
+    #[test]
+    fn weakest_sufficient_rung_with_ties_by_name() {
+        let r = reg(&[("vm", Level::Vm), ("zeta", Level::Sandboxed), ("alpha", Level::Sandboxed), ("p", Level::None)]);
+        assert_eq!(r.select(&Policy::at_least(Level::Process)).unwrap().name(), "alpha");
+        assert_eq!(r.select(&Policy::at_least(Level::Vm)).unwrap().name(), "vm");
+    }
+
+    #[test]
+    fn downgrade_takes_default() {
+        let r = reg(&[("inproc", Level::None), ("docker", Level::Sandboxed)]);
+        let p = Policy { allow_downgrade: true, ..Policy::at_least(Level::Vm) };
+        assert_eq!(r.select(&p).unwrap().name(), "inproc");
+    }
+
+    #[test]
+    fn unsatisfiable_lists_every_rung() {
+        let r = reg(&[("inproc", Level::None), ("docker", Level::Sandboxed)]);
+        let err = r.select(&Policy::at_least(Level::Vm)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no executor provides isolation level vm (registered: inproc(none), docker(sandboxed))"
+        );
+        assert!(r.check_satisfiable([&Policy::at_least(Level::Vm)]).is_err());
+        assert!(r.check_satisfiable([&Policy::at_least(Level::Sandboxed)]).is_ok());
+    }
+
+    #[test]
+    fn registration_errors() {
+        let mut r = reg(&[("a", Level::None)]);
+        assert!(matches!(r.register(Arc::new(Fake("a", Level::Vm))), Err(SelectError::Duplicate(_))));
+        assert!(matches!(r.set_default("zz"), Err(SelectError::UnknownDefault(_))));
+        assert!(matches!(Registry::new().select(&Policy::default()), Err(SelectError::Empty)));
+    }
+}

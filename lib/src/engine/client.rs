@@ -1,0 +1,228 @@
+//! The connection to an engine: API version negotiation, what the engine is, and a timeout
+//! of stevedore's own on every call.
+
+use super::api::{BollardApi, EngineApi};
+use super::endpoint::{Connection, Endpoint, Transport};
+use super::error::EngineError;
+use bollard::Docker;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The newest Docker API version this build speaks (it negotiates down to the engine's).
+pub fn client_max_api() -> String {
+    bollard::API_DEFAULT_VERSION.to_string()
+}
+
+/// What stevedore learned about the engine when it connected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineFacts {
+    /// The engine's product (`Docker Engine`, `Podman Engine`, ...).
+    pub product: String,
+    /// The engine's version.
+    pub engine_version: String,
+    /// The API version in use after negotiation.
+    pub api_version: String,
+    /// The engine's oldest supported API version.
+    pub min_api_version: String,
+    /// The engine's newest API version.
+    pub max_api_version: String,
+    /// `1` or `2`.
+    pub cgroup_version: String,
+    /// OCI runtimes the engine knows.
+    pub runtimes: Vec<String>,
+    /// The default runtime.
+    pub default_runtime: String,
+    /// CPUs of the engine host.
+    pub ncpu: u64,
+    /// Memory of the engine host.
+    pub mem_total_bytes: u64,
+    /// Security options (seccomp, userns, rootless, ...).
+    pub security_options: Vec<String>,
+    /// The storage driver.
+    pub storage_driver: String,
+    /// The engine host's OS (`linux`).
+    pub os_type: String,
+    /// The engine host's CPU architecture (`x86_64`, `aarch64`).
+    pub architecture: String,
+    /// The enforcement this engine reports it can apply (probed from its info).
+    pub features: Vec<String>,
+}
+
+impl EngineFacts {
+    /// Whether this is Podman answering the Docker API.
+    pub fn is_podman(&self) -> bool {
+        self.product.to_ascii_lowercase().contains("podman")
+    }
+
+    /// Whether a volume mount's `NoCopy` is honoured: an empty named volume made on mount is
+    /// then never filled from the image. Podman 4's Docker API ignores it (seen with 4.3.1).
+    pub fn honours_nocopy(&self) -> bool {
+        !self.is_podman()
+    }
+
+    /// Whether the engine applies a seccomp profile.
+    pub fn seccomp(&self) -> bool {
+        self.security_options.iter().any(|o| o.contains("seccomp"))
+    }
+}
+
+fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
+    let flags = [
+        (info.memory_limit, "memory"),
+        (info.swap_limit, "memory_swap"),
+        (info.cpu_cfs_quota, "cpu"),
+        (info.cpu_shares, "cpu_shares"),
+        (info.pids_limit, "pids"),
+        (info.oom_kill_disable, "oom_kill_disable"),
+    ];
+    let security = [
+        ("seccomp", "seccomp"),
+        ("apparmor", "apparmor"),
+        ("selinux", "selinux"),
+        ("userns", "user_namespaces"),
+        ("rootless", "rootless"),
+        ("cgroupns", "cgroup_namespaces"),
+    ];
+    let sec = info.security_options.clone().unwrap_or_default();
+    let mut f: Vec<&str> = flags.iter().filter(|(on, _)| *on == Some(true)).map(|(_, name)| *name).collect();
+    f.extend(
+        security.iter().filter(|(opt, _)| sec.iter().any(|s| s.contains(&format!("name={opt}")))).map(|(_, n)| *n),
+    );
+    // Flags of the create API that every engine speaking ≥ 1.41 honours.
+    f.extend([
+        "no_new_privileges",
+        "read_only_rootfs",
+        "cap_drop",
+        "network_none",
+        "tmpfs",
+        "ulimits",
+        "log_driver_none",
+    ]);
+    f.into_iter().map(str::to_owned).collect()
+}
+
+/// A negotiated connection to one engine, with per-call timeouts.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub(crate) api: Arc<dyn EngineApi>,
+    endpoint: Endpoint,
+    facts: EngineFacts,
+    docker: Option<Docker>,
+    timeout: Duration,
+}
+
+impl Engine {
+    /// Connects as `connection` says (defaults: `DOCKER_HOST`, `DOCKER_TLS_VERIFY`,
+    /// `DOCKER_CERT_PATH`, else the local socket), negotiates the API version (an old engine
+    /// speaks 1.41, Docker 29 wants ≥ 1.44) and reads what the engine is.
+    pub async fn connect(connection: &Connection, timeout: Duration) -> Result<Self, EngineError> {
+        let endpoint = super::endpoint::resolve(connection, |k| std::env::var(k).ok())?;
+        let secs = timeout.as_secs().max(1);
+        let url = endpoint.dial.clone();
+        let shown = endpoint.url.clone();
+        let connect_err = |source| EngineError::Connect { endpoint: shown.clone(), source: Box::new(source) };
+        let version = bollard::API_DEFAULT_VERSION;
+        let docker = match endpoint.transport {
+            Transport::Unix => Docker::connect_with_unix(url.trim_start_matches("unix://"), secs, version),
+            Transport::Tcp => Docker::connect_with_http(&url, secs, version),
+            Transport::Tls => {
+                let dir = endpoint.cert_path.clone().unwrap_or_default();
+                Docker::connect_with_ssl(
+                    &url,
+                    &dir.join("key.pem"),
+                    &dir.join("cert.pem"),
+                    &dir.join("ca.pem"),
+                    secs,
+                    version,
+                )
+            }
+            Transport::Ssh => Docker::connect_with_ssh(&url, secs, version, None),
+        }
+        .map_err(connect_err)?;
+        let call = |op: &'static str| move |source| EngineError::Api { op, source: Box::new(source) };
+        let timed = |op: &'static str| move |_| EngineError::Timeout { op, after: timeout };
+        let docker = tokio::time::timeout(timeout, docker.negotiate_version())
+            .await
+            .map_err(timed("negotiate version"))?
+            .map_err(call("negotiate version"))?;
+        let version = tokio::time::timeout(timeout, docker.version())
+            .await
+            .map_err(timed("version"))?
+            .map_err(call("version"))?;
+        let info = tokio::time::timeout(timeout, docker.info()).await.map_err(timed("info"))?.map_err(call("info"))?;
+        // Podman names itself in its components (its platform name is the OS); Docker in its
+        // platform name, which a distribution's build may leave empty.
+        let components: Vec<String> = version.components.iter().flatten().map(|c| c.name.clone()).collect();
+        let product = components
+            .iter()
+            .find(|n| n.to_ascii_lowercase().contains("podman"))
+            .cloned()
+            .or_else(|| version.platform.as_ref().map(|p| p.name.clone()).filter(|n| n.contains("Docker")))
+            .unwrap_or_else(|| "Docker Engine".into());
+        let podman = product.to_ascii_lowercase().contains("podman");
+        let facts = EngineFacts {
+            product,
+            engine_version: version.version.clone().unwrap_or_default(),
+            api_version: docker.client_version().to_string(),
+            min_api_version: version.min_api_version.clone().unwrap_or_default(),
+            max_api_version: version.api_version.clone().unwrap_or_default(),
+            cgroup_version: info.cgroup_version.map(|v| v.to_string()).unwrap_or_default(),
+            runtimes: {
+                let mut r: Vec<String> = info.runtimes.clone().unwrap_or_default().into_keys().collect();
+                // Podman lists every runtime it knows of (crun, kata, krun, runsc, ...) whether
+                // or not it is installed; only the one it uses is known to work.
+                if podman {
+                    r = info.default_runtime.iter().cloned().collect();
+                }
+                r.sort();
+                r
+            },
+            default_runtime: info.default_runtime.clone().unwrap_or_default(),
+            ncpu: info.ncpu.unwrap_or(0).max(0) as u64,
+            mem_total_bytes: info.mem_total.unwrap_or(0).max(0) as u64,
+            security_options: info.security_options.clone().unwrap_or_default(),
+            storage_driver: info.driver.clone().unwrap_or_default(),
+            os_type: info.os_type.clone().unwrap_or_default(),
+            architecture: info.architecture.clone().unwrap_or_default(),
+            features: features(&info),
+        };
+        let api = Arc::new(BollardApi::new(docker.clone(), timeout));
+        Ok(Self { api, endpoint, facts, docker: Some(docker), timeout })
+    }
+
+    /// An engine behind another implementation of the calls (tests use a fake).
+    #[cfg(test)]
+    pub(crate) fn with_api(api: Arc<dyn EngineApi>, facts: EngineFacts, timeout: Duration) -> Self {
+        let endpoint = Endpoint {
+            url: "unix:///fake.sock".into(),
+            transport: Transport::Unix,
+            host: None,
+            cert_path: None,
+            dial: "unix:///fake.sock".into(),
+        };
+        Self { api, endpoint, facts, docker: None, timeout }
+    }
+
+    /// Where it is and how it is reached.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// What it is.
+    pub fn facts(&self) -> &EngineFacts {
+        &self.facts
+    }
+
+    /// stevedore's own timeout per call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The bollard client, for calls stevedore does not wrap (e.g. building images).
+    ///
+    /// # Panics
+    /// On an engine made with a fake API (tests only).
+    pub fn docker(&self) -> &Docker {
+        self.docker.as_ref().expect("a real engine has a bollard client")
+    }
+}

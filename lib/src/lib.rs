@@ -1,0 +1,95 @@
+//! stevedore runs each attempt of a job in a fresh sandbox and reports, as facts, what
+//! happened: status, exit code or signal, usage as the kernel counted it, hashed outputs,
+//! and the enforcement that was actually applied.
+//!
+//! # What a job engine uses
+//! A [`Request`] goes to a rung (an [`Executor`]: [`ContainerExecutor`], [`ProcessExecutor`],
+//! [`InProcessExecutor`]), chosen by a [`Registry`] from the request's [`Policy`]; the rung
+//! returns an [`Outcome`] (`Err(`[`LaunchError`]`)` only when nothing ran). [`Hooks`] give
+//! the engine a checkpoint (to [`Executor::recover`] after a restart), cancellation, the
+//! sandbox's reports and the outcome as they happen. A worker binary that runs handlers
+//! calls [`sandbox::main_hook`] first thing in `main`.
+//!
+//! # Map
+//! - [`contract`]: the engine-agnostic words: the request, the outcome and its vocabulary,
+//!   limits, policies, hooks, checkpoints, the [`Executor`] trait, the registry.
+//! - [`handlers`]: the handler registry of a worker binary, and stevedore's built-ins.
+//! - [`sandbox`]: the sandbox side: the handler runner and the embedded static init.
+//! - [`container`] (feature `docker`): the container rung on a Docker-API engine, its
+//!   configuration, labels and named caches; [`engine`]: how it reaches the engine;
+//!   [`image`]: worker images made without a registry; [`profiles`]: named configurations.
+//! - [`process`] (feature `process`): the process rung, a child process per attempt.
+//! - The in-process rung ([`InProcessExecutor`], level `none`).
+//! - Inside (not public): `attempt`, the life of an attempt whose PID 1 is stevedore's init,
+//!   written once for every rung that runs it; `link`, its host side (frames, the reader,
+//!   supervision, claims); `outputs`, `inputs`, `hostdir`, `util`.
+//! - `stevedore-init` (crate `init/`) is the init itself and the link's wire;
+//!   `stevedore-parse` (crate `parse/`) the host's parsers of untrusted bytes.
+
+//!
+//! `docs/` in the repository states the Outcome and its words, the labels and the link.
+//!
+//! # Quick start
+//! A worker binary calls the sandbox hook first thing in `main`, so the container rung can
+//! re-exec it as the handler runner inside a worker image:
+//!
+//! ```no_run
+//! use stevedore::{CancellationToken, ContainerConfig, ContainerExecutor, Executor, Handlers, Request};
+//!
+//! fn main() {
+//!     let handlers = Handlers::new().register("hello", |ctx| async move {
+//!         std::fs::write(ctx.output_dir.join("hello.txt"), b"hi")?;
+//!         Ok(())
+//!     });
+//!     stevedore::sandbox::main_hook(&handlers); // returns unless started by stevedore's init
+//!     tokio::runtime::Runtime::new().unwrap().block_on(async {
+//!         let rung = ContainerExecutor::connect(ContainerConfig::default()).await.expect("engine reachable");
+//!         // A restarted worker with the same ID removes what its previous life leaked.
+//!         let _ = rung.reclaim("worker-1").await;
+//!         let req = Request::command("job-1", ["sh", "-c", "echo hi > /out/hi.txt"], "/tmp/out-1")
+//!             .worker("worker-1")
+//!             .image("busybox:latest")
+//!             .memory(256 << 20)
+//!             .timeout(std::time::Duration::from_secs(30));
+//!         let outcome = rung.run(&req, CancellationToken::new()).await.expect("launched");
+//!         println!("{}", outcome.to_json());
+//!         rung.close().await;
+//!     });
+//! }
+//! ```
+
+#[cfg(feature = "docker")]
+pub mod container;
+pub mod contract;
+#[cfg(feature = "docker")]
+pub mod engine;
+pub mod handlers;
+pub(crate) mod hostdir;
+#[cfg(feature = "docker")]
+pub mod image;
+mod inprocess;
+pub(crate) mod inputs;
+pub(crate) mod link;
+pub(crate) mod outputs;
+#[cfg(feature = "process")]
+pub mod process;
+#[cfg(feature = "docker")]
+pub mod profiles;
+pub mod sandbox;
+mod util;
+
+#[cfg(feature = "docker")]
+pub use container::{ContainerConfig, ContainerExecutor};
+pub use contract::{
+    Checkpoint, Evidence, Executor, HookSet, Hooks, LaunchError, Level, LiveChunk, LiveOutput, Next, Outcome,
+    OutputFile, Policy, Reason, ReclaimReport, Registry, Report, Request, ResourceLimits, SandboxReport, Status,
+    Stream, Usage,
+};
+pub use handlers::{HandlerContext, HandlerError, Handlers};
+pub use inprocess::InProcessExecutor;
+pub use link::{Collection, HostLoss};
+pub use outputs::{Caps as OutputCaps, hash_reader};
+#[cfg(feature = "process")]
+pub use process::{ProcessConfig, ProcessExecutor};
+pub use tokio_util::sync::CancellationToken;
+pub use util::{BoxFuture, error_chain};

@@ -1,0 +1,284 @@
+//! The init's record is a claim: bound-checked here before any figure becomes usage, and
+//! turned into the facts the judge decides from. Shared by every rung that runs the init.
+
+use crate::contract::{Evidence, Exit, Facts, LaunchFailure, Source, Usage};
+use std::time::Duration;
+use stevedore_init::wire::{
+    HandlerResult, InitRecord, LaunchFailure as WireLaunch, SpawnFailureKind, StoppedBy, WaitStatus,
+};
+
+/// What the host knows that bounds the record's figures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// Wall time from start to the record, by the host's clock.
+    pub host_wall: Duration,
+    /// CPUs the attempt could use (its quota, or the engine host's CPUs).
+    pub cpus: f64,
+    /// The memory limit applied.
+    pub memory: u64,
+    /// Who read the cgroup counters, and what they cover, for the evidence.
+    pub cgroup_note: &'static str,
+}
+
+/// The container rung's cgroup note.
+pub(crate) const CONTAINER_CGROUP: &str = "usage read by the init from the container's cgroup after the command and \
+    its stragglers ended: cpu of the whole container, memory high-water mark (tmpfs /out and /tmp pages \
+    included), oom_kill count";
+
+/// What the record says, checked, as the judge's inputs.
+#[derive(Debug, Default)]
+pub(crate) struct Claimed {
+    pub facts: Facts,
+    pub usage: Usage,
+    pub error_text: String,
+    pub permanent: bool,
+    /// The handler runner never said hello: it does not speak the protocol.
+    pub handler_silent: bool,
+}
+
+/// Turns a verified record into facts and usage. `deadline_fired`/`cancelled` are what the
+/// host did; they count only if the init then had to stop the command (what happened
+/// first wins).
+pub(crate) fn apply(
+    rec: &InitRecord,
+    bounds: Bounds,
+    expects_handler: bool,
+    deadline_fired: bool,
+    cancelled: bool,
+    ev: &mut Evidence,
+) -> Claimed {
+    let mut c = Claimed::default();
+    let stopped = rec.stopped_by.is_some_and(|s| matches!(s, StoppedBy::Term | StoppedBy::Kill));
+    c.facts.deadline_fired = deadline_fired && stopped;
+    c.facts.cancelled = cancelled && stopped && !c.facts.deadline_fired;
+    match &rec.wait {
+        WaitStatus::Code(code) => c.facts.exit = Exit::Code(*code),
+        WaitStatus::Signal(s) => c.facts.exit = Exit::Signal(*s),
+        WaitStatus::SpawnFailed(f) => {
+            c.facts.launch_failed = Some(match f.kind {
+                SpawnFailureKind::NotFound => LaunchFailure::NotFound,
+                SpawnFailureKind::NotExecutable => LaunchFailure::NotExecutable,
+                SpawnFailureKind::MountRedirected => LaunchFailure::MountRedirected,
+                SpawnFailureKind::Other => LaunchFailure::Other,
+            });
+            c.error_text = stevedore_init::wire::cap_text(&f.message, stevedore_init::wire::MAX_ERROR_TEXT);
+        }
+    }
+    match rec.stopped_by {
+        Some(StoppedBy::DeadMan) => ev.notes.push("the init lost the host and stopped the command".into()),
+        Some(StoppedBy::Handshake) => ev.notes.push("the handler runner did not answer the protocol in time".into()),
+        _ => {}
+    }
+    ev.stragglers_killed = rec.stragglers_killed > 0;
+    if let Some(g) = &rec.oom_guard {
+        ev.enforcement.insert("oom_guard".into(), g.clone());
+    }
+    if expects_handler {
+        c.facts.expects_result = true;
+        let channel = rec.handler.clone().unwrap_or_default();
+        // Silent by itself (it ended, or the handshake's bound ran out), not because the host
+        // stopped it before it could speak.
+        c.handler_silent = channel.hello.is_none() && matches!(rec.stopped_by, None | Some(StoppedBy::Handshake));
+        for r in &channel.refused {
+            ev.refused_claims.push(format!("handler: {r}"));
+        }
+        if let Some(h) = channel.record {
+            c.facts.has_result = true;
+            c.permanent = h.permanent;
+            let text = stevedore_init::wire::cap_text(&h.error, stevedore_init::wire::MAX_ERROR_TEXT);
+            match h.result {
+                HandlerResult::Ok => {}
+                HandlerResult::Error => {
+                    c.facts.handler_error = Some(text.clone());
+                    c.error_text = text;
+                }
+                HandlerResult::Panicked => {
+                    c.facts.panicked = true;
+                    c.error_text = text;
+                }
+                HandlerResult::LaunchFailed => {
+                    c.facts.launch_failed = Some(match h.launch {
+                        Some(WireLaunch::UnknownHandler) => LaunchFailure::UnknownHandler,
+                        Some(WireLaunch::FingerprintMismatch) => LaunchFailure::FingerprintMismatch,
+                        Some(WireLaunch::BadRequest) => LaunchFailure::BadRequest,
+                        None => LaunchFailure::Other,
+                    });
+                    c.error_text = text;
+                    c.permanent = true;
+                }
+            }
+        }
+    }
+    counters(rec, bounds, &mut c, ev);
+    c
+}
+
+/// Puts the init's counters into usage after bound checks; a figure that fails one is
+/// refused and named.
+fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
+    let usage = &mut c.usage;
+    let host_ms = u64::try_from(b.host_wall.as_millis()).unwrap_or(u64::MAX);
+    if rec.wall_time_ms <= host_ms.saturating_add(1000) {
+        usage.wall_time_ms = Some(rec.wall_time_ms);
+        usage.sources.wall_time_ms = Some(Source::InitClock);
+    } else {
+        ev.refused_claims.push(format!("wall_time_ms {} exceeds the host's {host_ms} ms", rec.wall_time_ms));
+        usage.wall_time_ms = Some(host_ms);
+        usage.sources.wall_time_ms = Some(Source::HostClock);
+    }
+    let max_cpu_ms = (host_ms as f64 * b.cpus * 1.05) as u64 + 200;
+    let cg = &rec.cgroup;
+    if let Some(v) = cg.version {
+        ev.notes.push(format!("{} (cgroup v{v})", b.cgroup_note));
+    }
+    let rusage_cpu = (rec.rusage.user_us + rec.rusage.system_us) / 1000;
+    match cg.cpu_usage_ns.map(|ns| ns / 1_000_000) {
+        Some(ms) if ms <= max_cpu_ms => {
+            usage.cpu_time_ms = Some(ms);
+            usage.sources.cpu_time_ms = Some(Source::Cgroup);
+        }
+        other => {
+            if let Some(ms) = other {
+                ev.refused_claims.push(format!("cpu_time_ms {ms} exceeds wall × cpus ({max_cpu_ms} ms)"));
+            }
+            if rusage_cpu <= max_cpu_ms {
+                usage.cpu_time_ms = Some(rusage_cpu);
+                usage.sources.cpu_time_ms = Some(Source::Rusage);
+            } else {
+                usage.sources.cpu_time_ms = Some(Source::unavailable("claims failed bound checks"));
+            }
+        }
+    }
+    let max_peak = b.memory.saturating_add(4 << 20);
+    match cg.memory_peak_bytes {
+        Some(p) if p <= max_peak => {
+            usage.peak_memory_bytes = Some(p);
+            usage.sources.peak_memory_bytes = Some(Source::Cgroup);
+        }
+        other => {
+            if let Some(p) = other {
+                ev.refused_claims.push(format!("peak_memory_bytes {p} exceeds the limit {}", b.memory));
+            }
+            let why = cg.missing.get("memory_peak_bytes").cloned().unwrap_or_else(|| "refused".into());
+            usage.sources.peak_memory_bytes = Some(Source::Unavailable(why));
+        }
+    }
+    match cg.oom_kills {
+        Some(n) if n < 1_000_000 => {
+            ev.oom_kills = Some(n);
+            c.facts.oom_kills = n;
+            usage.sources.oom_kills = Some(Source::Cgroup);
+        }
+        _ => {
+            let why = cg.missing.get("oom_kills").cloned().unwrap_or_else(|| "refused".into());
+            usage.sources.oom_kills = Some(Source::Unavailable(why));
+        }
+    }
+}
+
+/// Without the kernel's count, the engine's `State.OOMKilled` says at least one OOM kill.
+pub(crate) fn oom_from_engine(ev: &mut Evidence, facts: &mut Facts, usage: &mut Usage, why: &str) {
+    ev.oom_kills = Some(1);
+    facts.oom_kills = 1;
+    usage.sources.oom_kills = Some(Source::Engine);
+    ev.notes.push(format!("oom_kills from the engine's State.OOMKilled: {why}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stevedore_init::wire::{CgroupCounters, ChildrenRusage, HandlerChannel, HandlerHello, HandlerRecord};
+
+    fn record() -> InitRecord {
+        InitRecord {
+            wait: WaitStatus::Code(0),
+            stopped_by: None,
+            stragglers_killed: 0,
+            wall_time_ms: 900,
+            cgroup: CgroupCounters {
+                version: Some(2),
+                memory_peak_bytes: Some(10 << 20),
+                memory_limit_bytes: Some(64 << 20),
+                oom_kills: Some(0),
+                cpu_usage_ns: Some(500_000_000),
+                missing: Default::default(),
+            },
+            rusage: ChildrenRusage { user_us: 100_000, system_us: 50_000, max_rss_kib: 1000 },
+            out_fs: None,
+            oom_guard: None,
+            handler: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            host_lost: false,
+            takeovers: 0,
+            reports: Default::default(),
+            measured: Vec::new(),
+        }
+    }
+
+    fn bounds() -> Bounds {
+        Bounds { host_wall: Duration::from_millis(1000), cpus: 1.0, memory: 64 << 20, cgroup_note: CONTAINER_CGROUP }
+    }
+
+    #[test]
+    fn honest_figures_pass() {
+        let mut ev = Evidence::default();
+        let c = apply(&record(), bounds(), false, false, false, &mut ev);
+        assert_eq!(c.usage.wall_time_ms, Some(900));
+        assert_eq!(c.usage.cpu_time_ms, Some(500));
+        assert_eq!(c.usage.peak_memory_bytes, Some(10 << 20));
+        assert_eq!(c.usage.sources.cpu_time_ms, Some(Source::Cgroup));
+        assert_eq!(ev.oom_kills, Some(0));
+        assert!(ev.refused_claims.is_empty());
+    }
+
+    #[test]
+    fn impossible_figures_are_refused_and_named() {
+        let mut r = record();
+        r.wall_time_ms = 60_000;
+        r.cgroup.cpu_usage_ns = Some(50_000_000_000);
+        r.cgroup.memory_peak_bytes = Some(1 << 40);
+        r.rusage.user_us = 90_000_000;
+        let mut ev = Evidence::default();
+        let c = apply(&r, bounds(), false, false, false, &mut ev);
+        assert_eq!((c.usage.wall_time_ms, c.usage.sources.wall_time_ms.clone()), (Some(1000), Some(Source::HostClock)));
+        assert_eq!(c.usage.cpu_time_ms, None, "neither the cgroup's nor rusage's cpu fits");
+        assert_eq!(c.usage.peak_memory_bytes, None, "unknown is null, never a forged figure");
+        assert_eq!(ev.refused_claims.len(), 3, "{:?}", ev.refused_claims);
+    }
+
+    #[test]
+    fn what_happened_first_wins() {
+        let mut ev = Evidence::default();
+        let c = apply(&record(), bounds(), false, true, false, &mut ev);
+        assert!(!c.facts.deadline_fired, "the command ended before the init was told to stop it");
+        let mut r = record();
+        r.stopped_by = Some(StoppedBy::Kill);
+        r.wait = WaitStatus::Signal(9);
+        let c = apply(&r, bounds(), false, true, true, &mut ev);
+        assert!(c.facts.deadline_fired && !c.facts.cancelled);
+    }
+
+    #[test]
+    fn handler_channel() {
+        let mut r = record();
+        let mut ev = Evidence::default();
+        r.handler = Some(HandlerChannel::default());
+        let c = apply(&r, bounds(), true, false, false, &mut ev);
+        assert!(c.handler_silent && !c.facts.has_result);
+        r.handler = Some(HandlerChannel {
+            hello: Some(HandlerHello { protocol: stevedore_init::wire::PROTOCOL, fingerprint: "f".into() }),
+            record: Some(HandlerRecord {
+                result: HandlerResult::LaunchFailed,
+                error: "unknown handler \"x\"".into(),
+                permanent: true,
+                fingerprint: "f".into(),
+                launch: Some(WireLaunch::UnknownHandler),
+            }),
+            refused: vec![],
+        });
+        let c = apply(&r, bounds(), true, false, false, &mut ev);
+        assert_eq!(c.facts.launch_failed, Some(LaunchFailure::UnknownHandler));
+        assert!(c.permanent && !c.handler_silent);
+    }
+}

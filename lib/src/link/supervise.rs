@@ -1,0 +1,257 @@
+//! Supervising one attempt over its link, whatever runs the init: waiting for the record
+//! and the outputs while enforcing the deadline, cancellation (the caller's, or the engine's
+//! hook) and the grace (a Stop frame, then the rung's hard stop when the init does not finish
+//! within grace + margin), then the ack.
+
+use super::session::{Event, Received, Sender};
+use crate::contract::{HOOK_TIMEOUT, HookError, Request};
+use crate::util::BoxFuture;
+use std::time::Duration;
+use stevedore_init::wire::{InitRecord, Kind};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How the host's liveness reaches the init (`docs/link.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostLoss {
+    /// How often the host says it is alive.
+    pub heartbeat_every: Duration,
+    /// Without a word from the host for this long, the init counts it as lost (the link's
+    /// end counts at once). `None`: only the link's end.
+    pub heartbeat_timeout: Option<Duration>,
+    /// How long the init keeps the command running after losing the host, for another host
+    /// to take over (0, the default: stop it at once, as a dead-man switch).
+    pub grace: Duration,
+}
+
+impl Default for HostLoss {
+    fn default() -> Self {
+        Self {
+            heartbeat_every: Duration::from_secs(5),
+            heartbeat_timeout: Some(Duration::from_secs(60)),
+            grace: Duration::ZERO,
+        }
+    }
+}
+
+/// How long the outputs may take to come back once the command ended: at least `min`, plus
+/// a second per `bytes_per_s` bytes the output dir holds (what its filesystem says, at most
+/// the byte cap). The init stops sending at that deadline, keeping what it sent whole and
+/// naming the rest (`collection_deadline`); the host waits a margin longer, then stops
+/// reading, keeping every file it received whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Collection {
+    /// The least time the collection gets.
+    pub min: Duration,
+    /// The slowest transport it allows for.
+    pub bytes_per_s: u64,
+}
+
+impl Default for Collection {
+    fn default() -> Self {
+        Self { min: Duration::from_secs(30), bytes_per_s: 32 << 20 }
+    }
+}
+
+impl Collection {
+    /// The init's side of it, for the Start frame.
+    pub(crate) fn spec(&self, dir: String, caps: crate::outputs::Caps) -> stevedore_init::wire::OutputSpec {
+        stevedore_init::wire::OutputSpec {
+            dir,
+            max_files: caps.max_files as u64,
+            max_bytes: caps.max_total_bytes,
+            collect_min_ms: u64::try_from(self.min.as_millis()).unwrap_or(u64::MAX).max(1),
+            collect_bytes_per_s: self.bytes_per_s.max(1),
+        }
+    }
+}
+
+/// What the host saw of the attempt's end.
+#[derive(Debug, Default)]
+pub(crate) struct Ended {
+    pub deadline_fired: bool,
+    pub cancelled: bool,
+    /// stevedore had to SIGKILL the container itself.
+    pub hard_killed: bool,
+    /// The record, verified and parsed, or why it was refused; `None`: none arrived.
+    pub record: Option<Result<Box<InitRecord>, String>>,
+    /// The outputs tar did not end within its time.
+    pub collection_timed_out: bool,
+    /// The collection's deadline as the host worked it out, and how long it took.
+    pub collection: Option<(Duration, Duration)>,
+    /// From start to the record (or the link's end), by the host's clock.
+    pub host_wall: Duration,
+    pub received: Received,
+    /// The engine's cancellation hook asked for the stop.
+    pub cancelled_by_hook: bool,
+    /// Polls of the cancellation hook that failed (the first few).
+    pub poll_failures: Vec<String>,
+}
+
+/// Past the init's own deadline, how long the host still reads (a fifth more, at least 5 s).
+fn collection_margin(deadline: Duration) -> Duration {
+    (deadline / 5).max(Duration::from_secs(5))
+}
+
+/// An attempt's link, once its init runs.
+#[derive(Debug)]
+pub(crate) struct Linked {
+    pub started: std::time::Instant,
+    pub sender: Sender,
+    /// Stops the reader when the collection's time runs out.
+    pub stop: tokio_util::sync::CancellationToken,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub reader: super::session::ReaderTask,
+    pub heartbeat: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        if let Some(h) = &self.heartbeat {
+            h.abort();
+        }
+    }
+}
+
+/// How the rung stops a sandbox whose init did not finish within grace + margin.
+pub(crate) trait HardStop: Sync {
+    /// SIGKILLs everything of the attempt.
+    fn hard_stop(&self) -> BoxFuture<'_, ()>;
+}
+
+/// The rung's timing rules for supervision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// Past grace, how long the init gets before the rung stops everything itself.
+    pub kill_margin: Duration,
+    /// The rung's per-call timeout (the reader's end is bounded by it).
+    pub call_timeout: Duration,
+    /// How long the outputs may take.
+    pub collection: Collection,
+    /// The byte cap of the outputs.
+    pub max_output_bytes: u64,
+}
+
+/// Waits for the init's record and outputs while enforcing the request's deadline, the
+/// caller's cancellation and the engine's cancellation hook (a Stop frame; then `stop`
+/// after grace + margin), then acks.
+pub(crate) async fn supervise(
+    r: &mut Linked,
+    req: &Request,
+    rules: Rules,
+    cancel: &CancellationToken,
+    stop: &dyn HardStop,
+) -> Ended {
+    let hooks = req.hooks.clone();
+    let aref = req.attempt_ref();
+    let mut next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
+    let mut polling: Option<crate::contract::HookResult<'_, bool>> = None;
+    let deadline = req.deadline_from(r.started).map(Instant::from_std);
+    let grace = req.policy.grace();
+    let mut ended = Ended::default();
+    let mut kill_at: Option<Instant> = None;
+    let mut collect_by: Option<Instant> = None;
+    let mut collecting: Option<(Instant, Duration)> = None;
+    let mut closed = false;
+    loop {
+        let stopping = kill_at.is_some();
+        tokio::select! {
+            biased;
+            ev = r.events.recv() => match ev {
+                Some(Event::Record(rec)) => {
+                    ended.host_wall = r.started.elapsed();
+                    // The init's own deadline, worked out from the same figures it used (a
+                    // record that lies about them moves it at most to the byte cap's).
+                    let fs = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref());
+                    let budget = fs.map_or(rules.max_output_bytes, |f| rules.max_output_bytes.min(f.total_bytes));
+                    let used = fs.map_or(budget, |f| f.total_bytes.saturating_sub(f.free_bytes)).min(budget);
+                    let spec = rules.collection.spec(String::new(), crate::outputs::Caps { max_files: 0, max_total_bytes: budget });
+                    let deadline = spec.deadline(used).unwrap_or(rules.collection.min);
+                    collecting = Some((Instant::now(), deadline));
+                    collect_by = Some(Instant::now() + deadline + collection_margin(deadline));
+                    ended.record = Some(rec);
+                    kill_at = None;
+                }
+                Some(Event::OutputsDone) => break,
+                Some(Event::Started(s)) => tracing::debug!(pid = s.pid, init = %s.init_version, "command started"),
+                Some(Event::Closed) | None => {
+                    closed = true;
+                    break;
+                }
+            },
+            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await },
+                if deadline.is_some() && !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                ended.deadline_fired = true;
+                let _ = r.sender.frame(Kind::Stop, b"").await;
+                kill_at = Some(Instant::now() + grace + rules.kill_margin);
+            }
+            _ = cancel.cancelled(), if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                ended.cancelled = true;
+                let _ = r.sender.frame(Kind::Stop, b"").await;
+                kill_at = Some(Instant::now() + grace + rules.kill_margin);
+            }
+            _ = async { tokio::time::sleep_until(kill_at.expect("guarded")).await }, if kill_at.is_some() => {
+                ended.hard_killed = true;
+                kill_at = None;
+                stop.hard_stop().await;
+            }
+            _ = async { tokio::time::sleep_until(collect_by.expect("guarded")).await }, if collect_by.is_some() => {
+                ended.collection_timed_out = true;
+                break;
+            }
+            _ = async { tokio::time::sleep_until(next_poll.expect("guarded")).await },
+                if next_poll.is_some() && polling.is_none() && !stopping && ended.record.is_none() => {
+                let h = hooks.as_ref().expect("a poll time means hooks");
+                let asked = h.0.cancellation_requested(&aref);
+                polling = Some(Box::pin(async move {
+                    tokio::time::timeout(HOOK_TIMEOUT, asked)
+                        .await
+                        .unwrap_or_else(|_| Err(HookError::new(format!("no answer within {}s", HOOK_TIMEOUT.as_secs()))))
+                }));
+            }
+            asked = async { polling.as_mut().expect("guarded").await }, if polling.is_some() => {
+                polling = None;
+                next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
+                match asked {
+                    Ok(true) if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                        ended.cancelled = true;
+                        ended.cancelled_by_hook = true;
+                        let _ = r.sender.frame(Kind::Stop, b"").await;
+                        kill_at = Some(Instant::now() + grace + rules.kill_margin);
+                    }
+                    Ok(_) => {}
+                    Err(e) if ended.poll_failures.len() < 4 => ended.poll_failures.push(format!("cancellation_requested: {e}")),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+    if ended.record.is_none() {
+        ended.host_wall = r.started.elapsed();
+    }
+    if let Some(h) = r.heartbeat.take() {
+        h.abort();
+    }
+    // The init may exit now; if the link is gone this changes nothing.
+    if !closed {
+        let _ = r.sender.frame(Kind::Ack, b"").await;
+    }
+    if let Some((since, deadline)) = collecting {
+        ended.collection = Some((deadline, since.elapsed()));
+    }
+    if ended.collection_timed_out {
+        // The reader keeps every output it received whole, and ends.
+        r.stop.cancel();
+    }
+    ended.received = match tokio::time::timeout(rules.call_timeout, &mut r.reader).await {
+        Ok(Ok(got)) => got,
+        _ => {
+            r.reader.abort();
+            Received::default()
+        }
+    };
+    ended
+}

@@ -1,0 +1,235 @@
+//! `ProcessExecutor`: the process rung (level `process`), implementing `Executor`.
+
+use super::config::ProcessConfig;
+use super::dirs::{self, DirError};
+use crate::contract::{
+    Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
+};
+use crate::hostdir::PrivateDir;
+use crate::util::BoxFuture;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Why the process rung cannot be set up as configured.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProcessError {
+    /// commands would run as root
+    #[error("the process rung runs as root: configure run_as with a dedicated uid other than 0")]
+    RunAsRoot,
+    /// commands would run as the worker's uid without it being accepted
+    #[error(
+        "commands would run as the worker's own uid {0} (they could read its files and /proc): run stevedore as \
+         root with a dedicated run_as uid, or accept it with allow_worker_uid"
+    )]
+    SameUid(u32),
+    /// another uid was asked for without root
+    #[error("running commands as uid {wanted} needs root; this worker is uid {have}")]
+    NotRoot {
+        /// The uid asked for.
+        wanted: u32,
+        /// This process's.
+        have: u32,
+    },
+    /// this build carries no init for this platform
+    #[error("this build of stevedore carries no init for this platform")]
+    NoInit,
+    /// a place on the host could not be made or trusted
+    #[error(transparent)]
+    Dir(#[from] DirError),
+    /// the uid range cannot be used
+    #[error(transparent)]
+    Uids(#[from] super::uids::UidError),
+}
+
+/// What the rung shares with each attempt.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: ProcessConfig,
+    pub incarnation: String,
+    pub euid: u32,
+    pub attempts: PathBuf,
+    pub bin: PathBuf,
+    pub init: PathBuf,
+    in_flight: Mutex<HashSet<String>>,
+    pub tracker: TaskTracker,
+    logs: Mutex<Option<Arc<PrivateDir>>>,
+    workers: Mutex<HashMap<PathBuf, PathBuf>>,
+    /// Leases of the attempts' uids; `None`: attempts share one uid (the worker's or a fixed
+    /// one) side by side, by configuration.
+    pub uids: Option<Arc<super::uids::Uids>>,
+}
+
+impl Shared {
+    pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The private base dir of the captures, created on first use.
+    pub fn log_base(&self) -> Result<Arc<PrivateDir>, crate::hostdir::HostDirError> {
+        let mut slot = self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(d) = &*slot {
+            return Ok(d.clone());
+        }
+        let dir = match &self.config.log_dir {
+            Some(d) => PrivateDir::open(d)?,
+            None => PrivateDir::open(&crate::hostdir::default_base())?.subdir("logs")?,
+        };
+        let dir = Arc::new(dir);
+        *slot = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// The worker binary, copied into the rung's dir (by digest) so that the command's
+    /// uid can run it and nobody can swap it.
+    pub fn worker_exe(&self) -> Result<PathBuf, LaunchError> {
+        let exe = match &self.config.worker_exe {
+            Some(e) => e.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| LaunchError::Staging { what: "locating the worker binary".into(), source: Box::new(e) })?,
+        };
+        let mut cache = self.workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(p) = cache.get(&exe) {
+            return Ok(p.clone());
+        }
+        let bytes = std::fs::read(&exe).map_err(|e| LaunchError::Staging {
+            what: format!("reading the worker binary {}", exe.display()),
+            source: Box::new(e),
+        })?;
+        let installed = dirs::install(&self.bin, "worker", &bytes)
+            .map_err(|e| LaunchError::Staging { what: "installing the worker binary".into(), source: Box::new(e) })?;
+        cache.insert(exe, installed.clone());
+        Ok(installed)
+    }
+}
+
+/// Runs each attempt as a child process of the worker, supervised by stevedore's init,
+/// under a dedicated uid when stevedore runs as root (level `process`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ProcessExecutor {
+    shared: Arc<Shared>,
+}
+
+impl ProcessExecutor {
+    /// Sets the rung up: checks the uid rules, makes its dirs, installs the init.
+    pub fn new(config: ProcessConfig) -> Result<Self, ProcessError> {
+        let euid = nix::unistd::geteuid().as_raw();
+        match config.run_as {
+            _ if config.uids.is_some() => {}
+            Some((0, _)) => return Err(ProcessError::RunAsRoot),
+            Some((uid, _)) if uid != euid && euid != 0 => {
+                return Err(ProcessError::NotRoot { wanted: uid, have: euid });
+            }
+            Some((uid, _)) if uid == euid && !config.allow_worker_uid => return Err(ProcessError::SameUid(euid)),
+            None if euid == 0 => return Err(ProcessError::RunAsRoot),
+            None if !config.allow_worker_uid => return Err(ProcessError::SameUid(euid)),
+            _ => {}
+        }
+        if config.uids.is_some() && euid != 0 {
+            return Err(ProcessError::NotRoot { wanted: config.uids.map_or(0, |r| r.first), have: euid });
+        }
+        let separate = config.uids.is_some() || config.run_as.is_some_and(|(u, _)| u != euid);
+        let base = match &config.base_dir {
+            Some(b) => b.clone(),
+            None if euid == 0 => PathBuf::from("/run/stevedore-process"),
+            None => crate::hostdir::default_base().join("process"),
+        };
+        // The command's uid must reach the init, the worker copy and its attempt's dir, and
+        // list nothing.
+        let (traverse, readable) = if separate { (0o711, 0o755) } else { (0o700, 0o700) };
+        dirs::ensure_dir(&base, traverse)?;
+        let bin = base.join("bin");
+        dirs::ensure_dir(&bin, readable)?;
+        let attempts = base.join("attempts");
+        dirs::ensure_dir(&attempts, traverse)?;
+        let init_bytes = crate::sandbox::init_binary::bytes().ok_or(ProcessError::NoInit)?;
+        let init = dirs::install(&bin, "stevedore-init", init_bytes)?;
+        let incarnation =
+            config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
+        let leases = base.join("uids");
+        let uids = match (config.uids, config.run_as) {
+            (Some(range), _) => {
+                super::uids::check_range(range, Path::new("/etc"))?;
+                Some(Arc::new(super::uids::Uids::new(range, true, leases)?))
+            }
+            _ if config.share_uid => None,
+            (None, fixed) => {
+                let uid = fixed.map_or(euid, |(u, _)| u);
+                Some(Arc::new(super::uids::Uids::new(super::uids::UidRange { first: uid, count: 1 }, false, leases)?))
+            }
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                config,
+                incarnation,
+                euid,
+                attempts,
+                bin,
+                init,
+                in_flight: Mutex::default(),
+                tracker: TaskTracker::new(),
+                logs: Mutex::new(None),
+                workers: Mutex::new(HashMap::new()),
+                uids,
+            }),
+        })
+    }
+
+    /// The rung's attempts dir (for tests and reclaim).
+    pub fn attempts_dir(&self) -> &Path {
+        &self.shared.attempts
+    }
+}
+
+impl Executor for ProcessExecutor {
+    fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    fn level(&self) -> Level {
+        // Attempts that share a uid side by side are not isolated from each other.
+        if self.shared.uids.is_none() { Level::None } else { Level::Process }
+    }
+
+    fn run<'a>(
+        &'a self,
+        request: &'a Request,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
+        Box::pin(async move {
+            // Taken before the check so that `close` either refuses this attempt or waits for it.
+            let _in_flight = self.shared.tracker.token();
+            if self.shared.tracker.is_closed() {
+                return Err(LaunchError::Closed(self.shared.config.name.clone()));
+            }
+            request.validate()?;
+            if cancel.is_cancelled() {
+                return Err(LaunchError::CancelledBeforeStart);
+            }
+            super::attempt::run(self.shared.clone(), request, cancel).await
+        })
+    }
+
+    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
+        Box::pin(super::reclaim::reclaim(&self.shared, worker_id))
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.shared.tracker.close();
+            self.shared.tracker.wait().await;
+        })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        hooks: Option<HookSet>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
+        Box::pin(super::recover::recover(self.shared.clone(), checkpoint, hooks, cancel))
+    }
+}

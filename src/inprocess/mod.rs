@@ -1,8 +1,0 @@
-//! The in-process rung (level `none`): handlers on the worker's own runtime.
-
-mod executor;
-
-pub use executor::{DEFAULT_NAME, InProcessExecutor};
-
-#[cfg(test)]
-mod tests;
