@@ -287,7 +287,7 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
         common::choose_network(cfg, n)?;
     }
     if let Some(g) = &a.host_loss_grace {
-        cfg.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
+        cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
     }
     if !a.publish.is_empty() && !cfg.allow_publish {
         return Err(format!("profile {profile:?} forbids publishing ports (allow_publish = false)"));
@@ -412,7 +412,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         let mut cfg = stevedore::process::ProcessConfig::default();
         if let Some(grace) = &a.host_loss_grace {
             match parse_duration(grace) {
-                Ok(d) => cfg.host_loss.grace = d,
+                Ok(d) => cfg.link.host_loss.grace = d,
                 Err(e) => return fail(format!("--host-loss-grace: {e}")),
             }
         }

@@ -224,6 +224,40 @@ impl PrivateDir {
     }
 }
 
+/// The base of the captures (`<base>/logs`, or the configured dir), opened on first use and
+/// kept open: each worker's captures are in a private subdir of it.
+#[derive(Debug)]
+pub(crate) struct Captures {
+    configured: Option<PathBuf>,
+    opened: std::sync::Mutex<Option<std::sync::Arc<PrivateDir>>>,
+}
+
+impl Captures {
+    pub fn new(configured: Option<PathBuf>) -> Self {
+        Self { configured, opened: std::sync::Mutex::new(None) }
+    }
+
+    /// The base, opened (made when missing) on first use.
+    pub fn base(&self) -> Result<std::sync::Arc<PrivateDir>, HostDirError> {
+        let mut slot = self.opened.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(d) = &*slot {
+            return Ok(d.clone());
+        }
+        let dir = match &self.configured {
+            Some(d) => PrivateDir::open(d)?,
+            None => PrivateDir::open(&default_base())?.subdir("logs")?,
+        };
+        let dir = std::sync::Arc::new(dir);
+        *slot = Some(dir.clone());
+        Ok(dir)
+    }
+
+    /// One worker's capture dir.
+    pub fn of_worker(&self, worker: &str) -> Result<PrivateDir, HostDirError> {
+        self.base()?.subdir(worker)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,6 +58,7 @@
 //! }
 //! ```
 
+mod attempt;
 #[cfg(feature = "docker")]
 pub mod container;
 pub mod contract;
@@ -71,6 +72,7 @@ mod inprocess;
 pub(crate) mod inputs;
 pub(crate) mod link;
 pub(crate) mod outputs;
+pub(crate) mod pipe;
 #[cfg(feature = "process")]
 pub mod process;
 #[cfg(feature = "docker")]
@@ -87,7 +89,7 @@ pub use contract::{
 };
 pub use handlers::{HandlerContext, HandlerError, Handlers};
 pub use inprocess::InProcessExecutor;
-pub use link::{Collection, HostLoss};
+pub use link::{Collection, HostLoss, LinkConfig};
 pub use outputs::{Caps as OutputCaps, hash_reader};
 #[cfg(feature = "process")]
 pub use process::{ProcessConfig, ProcessExecutor};

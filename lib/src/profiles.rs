@@ -8,9 +8,7 @@
 //! else `~/.config/stevedore/profiles.toml`.
 
 use crate::container::{CacheMount, ContainerConfig, PoolConfig};
-use crate::contract::{ResourceLimits, limits::key};
 use std::path::{Path, PathBuf};
-use stevedore_parse::profiles::Limits;
 pub use stevedore_parse::profiles::ProfileError;
 
 /// The default profiles file.
@@ -59,7 +57,7 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     }
     cfg.caches = p.caches.into_iter().map(|(name, path)| CacheMount { name, path }).collect();
     if let Some(c) = p.log_cap_bytes {
-        cfg.log_cap_bytes = c;
+        cfg.link.log_cap_bytes = c;
     }
     if let Some(pull) = p.pull {
         cfg.pull = pull;
@@ -78,27 +76,9 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
             .map_err(|e| bad("env_files", format!("{k}: cannot read {}: {e}", file.display())))?;
         cfg.env.insert(k, v.trim_end_matches('\n').to_owned());
     }
-    for (k, v) in limits(&p.defaults).0 {
-        cfg.defaults.0.insert(k, v);
-    }
-    cfg.ceilings = limits(&p.ceilings);
+    cfg.defaults = p.defaults;
+    cfg.ceilings = p.ceilings;
     Ok(cfg)
-}
-
-/// A profile's `defaults` or `ceilings` as resource limits.
-fn limits(l: &Limits) -> ResourceLimits {
-    [
-        (key::MEMORY, l.memory_bytes),
-        (key::DISK, l.disk_bytes),
-        (key::CPU, l.cpu_millis),
-        (key::PIDS, l.pids),
-        (key::NOFILE, l.nofile),
-    ]
-    .into_iter()
-    .fold(ResourceLimits::new(), |acc, (k, v)| match v {
-        Some(n) => acc.with(k, n),
-        None => acc,
-    })
 }
 
 #[cfg(test)]
@@ -121,14 +101,14 @@ mod tests {
         assert_eq!(cfg.network, "bridge");
         assert_eq!(cfg.pull, PullPolicy::Never);
         assert_eq!(cfg.env["TOKEN"], "s3cr3t");
-        assert_eq!(cfg.defaults.memory_bytes(), Some(256 << 20));
-        assert_eq!(cfg.defaults.cpu_millis(), Some(500));
-        assert_eq!(cfg.ceilings.memory_bytes(), Some(1 << 30));
-        assert_eq!(cfg.ceilings.cpu_millis(), None);
+        assert_eq!(cfg.defaults.memory_bytes, Some(256 << 20));
+        assert_eq!(cfg.defaults.cpu_millis, Some(500));
+        assert_eq!(cfg.ceilings.memory_bytes, Some(1 << 30));
+        assert_eq!(cfg.ceilings.cpu_millis, None);
         assert_eq!(cfg.ports[&8080], 0);
         assert_eq!(cfg.caches, [CacheMount { name: "cargo".into(), path: "/cache/cargo".into() }]);
         assert_eq!(cfg.pool.as_ref().map(|p| (p.size, p.worker.as_str())), Some((2, "w1")));
-        assert_eq!(cfg.log_cap_bytes, 4 << 20);
+        assert_eq!(cfg.link.log_cap_bytes, 4 << 20);
         assert!(!format!("{cfg:?}").contains("s3cr3t"), "Debug never shows env values");
     }
 

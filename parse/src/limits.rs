@@ -3,6 +3,87 @@
 
 use std::time::Duration;
 
+/// One attempt's limits, typed: a profile's defaults or ceilings, a request's asks, what a
+/// rung applied. `None`: not given (a default fills it, or the rung's own fallback).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Memory in bytes (swap off).
+    pub memory_bytes: Option<u64>,
+    /// CPU in millicores (1000 = one core).
+    pub cpu_millis: Option<u64>,
+    /// Processes (and threads).
+    pub pids: Option<u64>,
+    /// Bytes the attempt may occupy in `/out` and any other writable volume.
+    pub disk_bytes: Option<u64>,
+    /// GPUs in milli-devices (whole devices are applied, rounded up).
+    pub gpu_millis: Option<u64>,
+    /// Open files per process.
+    pub nofile: Option<u64>,
+}
+
+impl Limits {
+    /// No limit given.
+    pub const NONE: Limits =
+        Limits { memory_bytes: None, cpu_millis: None, pids: None, disk_bytes: None, gpu_millis: None, nofile: None };
+
+    /// Every dimension with its key (the serde edge's word), in a fixed order.
+    pub fn dims(&self) -> [(&'static str, Option<u64>); 6] {
+        [
+            ("memory", self.memory_bytes),
+            ("cpu", self.cpu_millis),
+            ("pids", self.pids),
+            ("disk", self.disk_bytes),
+            ("gpu", self.gpu_millis),
+            ("nofile", self.nofile),
+        ]
+    }
+
+    /// The dimension named `key`, to set.
+    pub fn dim_mut(&mut self, key: &str) -> Option<&mut Option<u64>> {
+        Some(match key {
+            "memory" => &mut self.memory_bytes,
+            "cpu" => &mut self.cpu_millis,
+            "pids" => &mut self.pids,
+            "disk" => &mut self.disk_bytes,
+            "gpu" => &mut self.gpu_millis,
+            "nofile" => &mut self.nofile,
+            _ => return None,
+        })
+    }
+
+    /// Sets `memory_bytes` (builder style).
+    pub const fn memory(mut self, bytes: u64) -> Self {
+        self.memory_bytes = Some(bytes);
+        self
+    }
+    /// Sets `cpu_millis`.
+    pub const fn cpu(mut self, millis: u64) -> Self {
+        self.cpu_millis = Some(millis);
+        self
+    }
+    /// Sets `pids`.
+    pub const fn pids(mut self, n: u64) -> Self {
+        self.pids = Some(n);
+        self
+    }
+    /// Sets `disk_bytes`.
+    pub const fn disk(mut self, bytes: u64) -> Self {
+        self.disk_bytes = Some(bytes);
+        self
+    }
+    /// Sets `gpu_millis`.
+    pub const fn gpu(mut self, millis: u64) -> Self {
+        self.gpu_millis = Some(millis);
+        self
+    }
+    /// Sets `nofile`.
+    pub const fn nofile(mut self, n: u64) -> Self {
+        self.nofile = Some(n);
+        self
+    }
+}
+
 /// Why a size, CPU amount or duration could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -93,19 +93,7 @@ pub enum PullPolicy {
 }
 
 /// A profile's `defaults` or `ceilings`, parsed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// Memory in bytes.
-    pub memory_bytes: Option<u64>,
-    /// CPU in millicores.
-    pub cpu_millis: Option<u64>,
-    /// Processes.
-    pub pids: Option<u64>,
-    /// Disk in bytes.
-    pub disk_bytes: Option<u64>,
-    /// Open files per process.
-    pub nofile: Option<u64>,
-}
+pub use crate::limits::Limits;
 
 /// A profile's warm pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,6 +239,7 @@ impl RawLimits {
             cpu_millis: cpu.transpose()?,
             pids: self.pids,
             disk_bytes: size("disk", &self.disk)?,
+            gpu_millis: None,
             nofile: self.nofile,
         })
     }

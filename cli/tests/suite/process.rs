@@ -229,6 +229,25 @@ async fn a_handler_runs_by_re_exec_of_the_worker_binary() {
     nothing_left(&r, &w);
 }
 
+#[tokio::test]
+async fn a_worker_binary_that_never_speaks_the_handler_protocol_is_a_launch_error_naming_it() {
+    // The same behaviour as the container rung's (`docs/outcome.md`): the handler never ran,
+    // and no retry changes the worker's build.
+    let t = tempfile::tempdir().unwrap();
+    let fake = t.path().join("not-a-worker");
+    std::fs::write(&fake, "#!/bin/sh\necho I am no stevedore worker >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let r = ProcessExecutor::new(config(Delegation::None).worker_exe(&fake)).expect("the process rung sets up");
+    let w = worker("proc-silent");
+    let out = t.path().join("out");
+    let err = r.run(&Request::handler("job", "echo", &out).worker(&w), CancellationToken::new()).await.unwrap_err();
+    assert!(matches!(err, stevedore::LaunchError::HandlerProtocol { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("not-a-worker") && text.contains("sandbox::main_hook"), "{text}");
+    assert!(text.contains("exited with code 3") && text.contains("I am no stevedore worker"), "{text}");
+    nothing_left(&r, &w);
+}
+
 #[derive(Default)]
 struct Recorder(Mutex<Vec<String>>);
 

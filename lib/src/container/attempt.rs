@@ -1,17 +1,21 @@
-//! One attempt in one container, as typed phases: `prepare` → `launch` → `supervise` →
-//! clean up → `assess` → the judge. `Err` only when the container never ran the command.
+//! One attempt in one container: `prepare` → the mount check → `launch` (cold, or a parked
+//! container from the pool) → the shared init-backed attempt (`attempt::run`: begin,
+//! supervise, conclude). `Err` only when the container never ran the command.
 
 use super::cleanup::Cleanup;
-use super::executor::Shared;
-use super::finish::assess;
-use super::launch::Running;
-use super::launch::launch;
-use super::prepare::prepare;
-use super::spec::Applied;
-use crate::contract::{LaunchError, Outcome, Request, judge};
-use crate::engine::ContainerState;
+use super::launch::{Ready, provision};
+use super::ledger::Own;
+use super::prepare::{Plan, prepare};
+use super::site::ContainerSite;
+use super::sizes::Sizes;
+use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Removed, Rung, Settings, Site, Teardown};
+use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, RecoverError, Request, Target, judge};
+use crate::link::judgement::{Frame, Witness};
+use crate::link::session::Transport;
 use crate::link::supervise::Ended;
 use std::sync::Arc;
+use std::time::Duration;
+use stevedore_init::wire::{IN_DIR, OUT_DIR};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -21,144 +25,114 @@ use tracing::Instrument;
 /// Dropping the future at any point leaves nothing behind for long: every object is in the
 /// attempt's `Cleanup`, whose `Drop` hands the removals to the rung's tracked tasks.
 pub(crate) async fn run(
-    shared: Arc<Shared>,
+    site: Arc<ContainerSite>,
     req: &Request,
-    applied: Applied,
+    applied: Sizes,
     cancel: CancellationToken,
 ) -> Result<Outcome, LaunchError> {
-    let span = tracing::info_span!(
-        "attempt",
-        job = %req.job_id,
-        attempt = req.attempt,
-        worker = %req.worker_id,
-        container_id = tracing::field::Empty
-    );
-    attempt(shared, req, applied, cancel).instrument(span).await
+    let span = attempt::span(req);
+    in_container(site, req, applied, cancel).instrument(span).await
 }
 
-async fn attempt(
-    shared: Arc<Shared>,
+async fn in_container(
+    site: Arc<ContainerSite>,
     req: &Request,
-    applied: Applied,
+    applied: Sizes,
     cancel: CancellationToken,
 ) -> Result<Outcome, LaunchError> {
-    let mut plan = prepare(&shared, req, applied).await?;
-    let dests = plan.mounts.clone();
+    let mut plan = prepare(&site, req, applied).await?;
     let probe = format!("{}-probe", plan.name);
     let image_id = if plan.image.id.is_empty() { plan.image_ref.clone() } else { plan.image.id.clone() };
-    if let Some(r) = super::mounts::check(&shared, &image_id, probe, plan.probe_labels.clone(), &dests).await? {
-        return Ok(redirected(&shared, req, &plan, &r));
+    if let Some(r) = super::mounts::check(&site, &image_id, probe, plan.probe_labels.clone(), &plan.mounts).await? {
+        return Ok(redirected(&site, req, &plan, &r));
     }
-    let warm = super::pool::claim(&shared, &plan);
+    let warm = super::pool::claim(&site, &plan);
     if let super::pool::Claim::Hit(p) = &warm {
         // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
         plan.attempt_id = p.attempt_id.clone();
         plan.name = p.name.clone();
     }
-    let mut cleanup = Cleanup::new(shared.clone(), plan.attempt_id.clone());
-    let mut running = match launch(&shared, req, &mut plan, &mut cleanup.left, &cancel, warm).await {
+    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
+    let launched = match warm {
+        super::pool::Claim::Hit(parked) => super::pool::ready(&site, &mut plan, &mut cleanup.left, *parked).await,
+        other => provision(&site, req, &mut plan, &mut cleanup.left, &cancel).await.map(|mut ready| {
+            if let super::pool::Claim::Miss(why) = other {
+                ready.warm = Some(false);
+                ready.skipped.insert("warm_pool".into(), why);
+            }
+            ready
+        }),
+    };
+    let ready = match launched {
         Ok(r) => r,
         Err(e) => {
-            let removed = cleanup.run().await;
+            let removed = cleanup.remove().await;
             if !removed.errors.is_empty() {
                 tracing::warn!(errors = ?removed.errors, "cleanup after a launch error left objects behind");
             }
             return Err(e);
         }
     };
-    tracing::Span::current().record("container_id", running.ledger.container_id.as_str());
-    let ended = running.supervise(&shared, req, &cancel).await;
-    let background = shared.config.background_cleanup;
-    let (outcome, silent) = conclude(&shared, req, &mut running, ended, cleanup, background).await;
-    if let Some(detail) = silent {
-        return Err(LaunchError::HandlerProtocol { image: plan.image_ref.clone(), detail });
-    }
-    Ok(outcome)
+    let prov = provisioned(&site, &plan, &cleanup, ready);
+    let common = attempt::Plan {
+        attempt_id: &plan.attempt_id,
+        name: &plan.name,
+        output_dir: &plan.output_dir,
+        argv: &plan.argv,
+        env: &plan.env.env,
+        env_overrides: &plan.env.overrides,
+        cwd: &plan.cwd,
+        narrowed: &plan.applied.narrowed,
+        started_ms: plan.started_ms,
+    };
+    attempt::run(&site, req, common, prov, cleanup, &cancel).await
 }
 
-/// After supervision: the engine's state if the record is missing, the cleanup, the
-/// assessment, the judge, the outcome hook. Returns the outcome, and what was seen of a
-/// handler runner that never spoke the protocol (the caller decides what that means).
-pub(crate) async fn conclude(
-    shared: &Arc<Shared>,
-    req: &Request,
-    running: &mut Running,
-    ended: Ended,
-    cleanup: Cleanup,
-    background: bool,
-) -> (Outcome, Option<String>) {
-    // Without a verified record the engine's own state is the only witness left.
-    let state = if ended.record.as_ref().is_some_and(Result::is_ok) {
-        None
-    } else {
-        match shared.engine.api.inspect_container(&running.ledger.name).await {
-            Ok(s) => Some(s),
-            Err(e) if e.is_not_found() => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "inspecting the container failed");
-                Some(ContainerState::default())
-            }
-        }
+/// The ready container as the shared attempt takes it: its transport, its facts, the
+/// sandbox's layout.
+fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Ready) -> Provisioned<Own> {
+    let Ready { container_id, attached, running, enforcement, skipped, tools, inputs, caches, warm } = ready;
+    let layout = Layout {
+        in_dir: IN_DIR.to_owned(),
+        out_dir: OUT_DIR.to_owned(),
+        // The host's relay runs as root (`recover`), a uid the command never has.
+        takeover_uid: (site.config.uid_gid().0 != 0).then_some(0),
+        takeover_fd: None,
+        rlimits: Vec::new(),
+        cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
+        measure: caches.iter().map(|(_, _, path)| path.clone()).collect(),
+        mounts: plan.mounts.clone(),
     };
-    let removed = if background && ended.record.as_ref().is_some_and(Result::is_ok) {
-        // With a verified record nothing the removal finds changes the outcome: it runs on
-        // the rung's tracked tasks (`close` waits for them) while the outcome is returned.
-        shared.tracker.spawn(async move {
-            let removed = cleanup.run().await;
-            if !removed.errors.is_empty() {
-                tracing::warn!(errors = ?removed.errors, "removing a finished attempt's objects left some behind");
-            }
-        });
-        super::cleanup::Removed::default()
-    } else {
-        cleanup.run().await
+    let own = Own {
+        container_id,
+        image_ref: plan.image_ref.clone(),
+        image_id: plan.image.id.clone(),
+        memory: plan.applied.memory,
+        cpu_millis: plan.applied.cpu_millis,
+        disk: plan.applied.disk,
+        tools_volume: tools.volume,
+        tools_digest: tools.digest,
+        containers: cleanup.left.containers.clone(),
+        volumes: cleanup.left.volumes.clone(),
+        caches,
+        warm,
     };
-    let stderr_path = ended.received.stderr.path.clone();
-    let delivered = crate::link::reports::finish(running.reports.take()).await;
-    let assessed = assess(shared, req, &running.ledger, ended, state, removed, delivered);
-    let silent = assessed.handler_silent.then(|| {
-        let exit = match assessed.judgement.facts.exit {
-            crate::contract::Exit::Code(c) => format!("it exited with code {c}"),
-            crate::contract::Exit::Signal(s) => format!("it was killed by signal {s}"),
-            crate::contract::Exit::Unknown => "it never said hello".to_owned(),
-        };
-        let tail = stderr_path.as_deref().map(tail_of).unwrap_or_default();
-        if tail.is_empty() { exit } else { format!("{exit}; its stderr ends with: {tail}") }
-    });
-    let mut outcome = judge(req, assessed.judgement);
-    tracing::info!(status = %outcome.status, reason = ?outcome.reason, "attempt finished");
-    if silent.is_none()
-        && let Some(hooks) = &req.hooks
-    {
-        hooks.deliver_outcome(&mut outcome).await;
-    }
-    (outcome, silent)
-}
-
-/// The last line or so of a capture file.
-fn tail_of(path: &str) -> String {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(512)));
-    let mut buf = Vec::new();
-    let _ = f.take(512).read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).trim().to_owned()
+    Provisioned { transport: super::launch::transport(attached), running, own, layout, enforcement, skipped, inputs }
 }
 
 /// The Outcome of an attempt refused because the image would move one of its mounts: it
 /// never ran (`launch_failed`, `mount_redirected`, permanent: the image is what it is).
-fn redirected(shared: &Shared, req: &Request, plan: &super::prepare::Plan, r: &super::mounts::Redirect) -> Outcome {
+fn redirected(site: &ContainerSite, req: &Request, plan: &Plan, r: &super::mounts::Redirect) -> Outcome {
     use crate::contract::{Evidence, Facts, Judgement, LaunchFailure, Source};
-    let facts = shared.engine.facts();
+    let facts = site.engine.facts();
     let mut j = Judgement {
         facts: Facts { launch_failed: Some(LaunchFailure::MountRedirected), ..Facts::default() },
         error_text: r.explain(&plan.image_ref),
         permanent: true,
         evidence: Evidence {
-            executor: shared.config.name.clone(),
-            level: Some(shared.config.level()),
-            incarnation: shared.incarnation.clone(),
+            executor: site.config.name.clone(),
+            level: Some(site.config.level()),
+            incarnation: site.base.incarnation.clone(),
             started_at_unix_ms: Some(plan.started_ms),
             finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
             image: Some(plan.image_ref.clone()),
@@ -176,4 +150,56 @@ fn redirected(shared: &Shared, req: &Request, plan: &super::prepare::Plan, r: &s
     let o = judge(req, j);
     tracing::info!(path = %r.path, target = %r.target, "refused: a mount destination is a symlink in the image");
     o
+}
+
+impl Site for Arc<ContainerSite> {
+    type Own = Own;
+    type Teardown = Cleanup;
+
+    fn rung(&self) -> Rung<'_> {
+        let settings = Settings { link: self.config.link, call_timeout: self.engine.timeout() };
+        Rung { name: &self.config.name, level: self.config.level(), base: &self.base, settings }
+    }
+
+    async fn start(&self, own: &Own, running: bool) -> Result<Ports, LaunchError> {
+        if !running && let Err(err) = self.engine.api.start(&own.container_id).await {
+            self.tools_suspect().await;
+            return Err(super::spec::port_taken(&self.config, err));
+        }
+        Ok(super::launch::published(self, &own.container_id).await)
+    }
+
+    fn target(&self, own: &Own) -> Target {
+        Target::Container { id: own.container_id.clone(), name: own.containers.first().cloned().unwrap_or_default() }
+    }
+
+    async fn hard_stop(&self, own: &Own) {
+        if let Err(e) = self.engine.api.kill(&own.container_id, "SIGKILL").await {
+            tracing::debug!(error = %e, "SIGKILL not delivered");
+        }
+    }
+
+    async fn witness(&self, own: &Own, verified: bool) -> Witness {
+        super::finish::witness(self, own, verified).await
+    }
+
+    fn account(&self, ledger: &Ledger<Own>, ended: &mut Ended, _: &Removed, ev: &mut Evidence) -> Frame {
+        super::finish::account(self, ledger, ended, ev)
+    }
+
+    fn worker_named(&self, own: &Own) -> String {
+        format!("of image {:?}", own.image_ref)
+    }
+
+    fn background_cleanup(&self) -> bool {
+        self.config.background_cleanup
+    }
+
+    async fn reattach(&self, cp: &Checkpoint, ledger: &Ledger<Own>) -> Result<Cleanup, RecoverError> {
+        super::recover::reattach(self, cp, ledger).await
+    }
+
+    async fn takeover(&self, ledger: &Ledger<Own>, link_id: &str, within: Duration) -> Result<Transport, String> {
+        super::recover::takeover(self, ledger, link_id, within).await
+    }
 }

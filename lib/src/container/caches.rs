@@ -3,15 +3,15 @@
 //! first use and handed to the sandbox user (through the archive API: an engine makes a new
 //! volume's root root-owned).
 
-use super::executor::Shared;
 use super::labels;
+use super::site::ContainerSite;
 use crate::contract::{LaunchError, Request};
 use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
 use stevedore_init::wire::{INIT_NAME, TOOLS_DIR};
 
 /// The caches an attempt mounts: (name, volume, path).
 pub(crate) async fn ensure(
-    shared: &Shared,
+    shared: &ContainerSite,
     req: &Request,
     image: &str,
 ) -> Result<Vec<(String, String, String)>, LaunchError> {
@@ -46,7 +46,7 @@ pub(crate) async fn ensure(
 }
 
 async fn create(
-    shared: &Shared,
+    shared: &ContainerSite,
     volume: &str,
     name: &str,
     app: Option<&str>,
@@ -71,7 +71,7 @@ async fn create(
 /// Runs stevedore's init, as root, in a throwaway container with the new volume, to give
 /// the volume's root to the sandbox user.
 async fn hand_over(
-    shared: &Shared,
+    shared: &ContainerSite,
     volume: &str,
     name: &str,
     app: Option<&str>,
@@ -97,7 +97,7 @@ async fn hand_over(
             cap_drop: Some(vec!["ALL".into()]),
             cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
             mounts: Some(vec![
-                super::spec::tools_mount(&tools, Some(&shared.incarnation)),
+                super::spec::tools_mount(&tools, Some(&shared.base.incarnation)),
                 super::spec::cache_mount(volume, "/cache"),
             ]),
             log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),

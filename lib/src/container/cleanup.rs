@@ -2,7 +2,8 @@
 //! its end, or, if its future is dropped, by a `Drop` backstop that hands what is left to
 //! the rung's tracked tasks (`close` waits for them) and never blocks or panics.
 
-use super::executor::Shared;
+use super::site::ContainerSite;
+use crate::attempt::{InFlight, Removed, Teardown};
 use crate::contract::LaunchError;
 use crate::engine::{EngineError, Removal};
 use std::sync::Arc;
@@ -20,12 +21,12 @@ pub(crate) struct Leftovers {
 /// completes even if the attempt's future is dropped meanwhile: a removal racing an
 /// unfinished create would find nothing, and the object would appear afterwards and leak.
 pub(crate) async fn creating<T: Send + 'static>(
-    shared: &Shared,
+    shared: &ContainerSite,
     left: &mut Leftovers,
     call: impl Future<Output = Result<T, EngineError>> + Send + 'static,
 ) -> Result<T, LaunchError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    left.creating.push(shared.tracker.spawn(async move {
+    left.creating.push(shared.base.tracker.spawn(async move {
         let _ = tx.send(call.await);
     }));
     match rx.await {
@@ -40,12 +41,12 @@ pub(crate) async fn creating<T: Send + 'static>(
 /// Like [`creating`], but the call starts now and is awaited later through the returned
 /// receiver, so that other work overlaps it.
 pub(crate) fn creating_later<T: Send + 'static>(
-    shared: &Shared,
+    shared: &ContainerSite,
     left: &mut Leftovers,
     call: impl Future<Output = Result<T, EngineError>> + Send + 'static,
 ) -> tokio::sync::oneshot::Receiver<Result<T, EngineError>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    left.creating.push(shared.tracker.spawn(async move {
+    left.creating.push(shared.base.tracker.spawn(async move {
         let _ = tx.send(call.await);
     }));
     rx
@@ -62,17 +63,9 @@ pub(crate) async fn created<T>(rx: tokio::sync::oneshot::Receiver<Result<T, Engi
     }
 }
 
-/// What removing an attempt's objects found.
-#[derive(Debug, Default)]
-pub(crate) struct Removed {
-    pub errors: Vec<String>,
-    /// Containers that someone else had removed or was removing.
-    pub by_others: Vec<String>,
-}
-
 /// Removes what `left` lists. Each object leaves the list only once its removal was tried,
 /// so a removal interrupted by a dropped future leaves the rest to the backstop.
-async fn remove_all(shared: &Shared, left: &mut Leftovers) -> Removed {
+async fn remove_all(shared: &ContainerSite, left: &mut Leftovers) -> Removed {
     for handle in std::mem::take(&mut left.creating) {
         let _ = handle.await;
     }
@@ -99,56 +92,49 @@ async fn remove_all(shared: &Shared, left: &mut Leftovers) -> Removed {
 /// Removes the attempt's objects. Explicit cleanup awaits [`Cleanup::run`]; if the attempt's
 /// future is dropped first, `Drop` hands the rest of the work to the rung's tracked tasks.
 pub(crate) struct Cleanup {
-    shared: Arc<Shared>,
-    attempt_id: String,
+    shared: Arc<ContainerSite>,
+    /// `None` once removed, or handed to the backstop.
+    entry: Option<InFlight>,
     pub left: Leftovers,
-    done: bool,
 }
 
 impl std::fmt::Debug for Cleanup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cleanup").field("attempt_id", &self.attempt_id).field("left", &self.left).finish()
+        f.debug_struct("Cleanup").field("entry", &self.entry).field("left", &self.left).finish()
     }
 }
 
 impl Cleanup {
     /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
-    pub fn new(shared: Arc<Shared>, attempt_id: String) -> Self {
-        shared.in_flight().insert(attempt_id.clone());
-        Self { shared, attempt_id, left: Leftovers::default(), done: false }
+    pub fn new(shared: Arc<ContainerSite>, attempt_id: String) -> Self {
+        let entry = Some(shared.base.enter(attempt_id));
+        Self { shared, entry, left: Leftovers::default() }
     }
+}
 
-    pub async fn run(mut self) -> Removed {
+impl Teardown for Cleanup {
+    /// Removes everything now (also what `Teardown::run` does).
+    async fn remove(mut self) -> Removed {
         let removed = remove_all(&self.shared, &mut self.left).await;
         // Only now: dropped halfway, `Drop` must still see what is left.
-        self.done = true;
-        self.shared.in_flight().remove(&self.attempt_id);
+        self.entry = None;
         removed
     }
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
+        let Some(entry) = self.entry.take() else { return };
+        let id = entry.id.clone();
         let shared = self.shared.clone();
         let mut left = std::mem::take(&mut self.left);
-        let id = self.attempt_id.clone();
-        // Never panic or block here: without a runtime the objects stay labelled for `reclaim`.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let tracker = shared.tracker.clone();
-            tracker.spawn_on(
-                async move {
-                    let removed = remove_all(&shared, &mut left).await;
-                    shared.in_flight().remove(&id);
-                    if !removed.errors.is_empty() {
-                        tracing::warn!(attempt_id = %id, errors = ?removed.errors, "backstop cleanup left objects behind");
-                    }
-                },
-                &handle,
-            );
-        } else {
+        let removal = async move {
+            let removed = remove_all(&shared, &mut left).await;
+            if !removed.errors.is_empty() {
+                tracing::warn!(attempt_id = %entry.id, errors = ?removed.errors, "backstop cleanup left objects behind");
+            }
+        };
+        if !self.shared.base.backstop(removal) {
             tracing::warn!(attempt_id = %id, "attempt dropped without a runtime; reclaim will remove its objects");
         }
     }

@@ -1,7 +1,7 @@
 //! Configuration of the container rung, with documented defaults and a builder.
 
-use crate::contract::{ResourceLimits, limits::key};
-pub use crate::link::{Collection, HostLoss};
+use crate::contract::Limits;
+pub use crate::link::{Collection, HostLoss, LinkConfig};
 use crate::outputs::Caps;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -79,12 +79,13 @@ pub struct ContainerConfig {
     /// (the default without a profile) allows any. A profile allows only its own mode and
     /// its `allow_networks`.
     pub network_choices: Option<BTreeSet<String>>,
-    /// Limits when the request sets none: memory 1 GiB, pids 512, disk 512 MiB, nofile 4096,
-    /// no CPU cap.
-    pub defaults: ResourceLimits,
-    /// The most a request may get per key; a request asking for more is narrowed, and the
-    /// evidence says so (default: none).
-    pub ceilings: ResourceLimits,
+    /// Limits for what a request leaves out (default: none, and the rung's own
+    /// [`FALLBACK`](super::spec::FALLBACK) fills the rest: memory 1 GiB, pids 512, disk 512 MiB,
+    /// nofile 4096, no CPU cap).
+    pub defaults: Limits,
+    /// The most an attempt gets per dimension; a request asking for more is narrowed, and the
+    /// evidence says so (default: none). A ceiling only narrows (`docs/outcome.md`, "Limits").
+    pub ceilings: Limits,
     /// The largest `/tmp` tmpfs (default 256 MiB; never more than the memory limit).
     pub max_tmp_bytes: u64,
     /// The largest input dir staged, by apparent size (default 4 GiB).
@@ -93,26 +94,16 @@ pub struct ContainerConfig {
     pub env: BTreeMap<String, String>,
     /// Extra labels on every container and volume.
     pub labels: BTreeMap<String, String>,
-    /// Bytes of each stream kept on disk (default 4 MiB).
-    pub log_cap_bytes: u64,
     /// Where captures are kept (default: a private dir per user, see `hostdir`).
     pub log_dir: Option<PathBuf>,
-    /// Caps on outputs.
-    pub output_caps: Caps,
-    /// How long the outputs may take to come back (default: 30 s, plus a second per 32 MiB).
-    pub collection: Collection,
+    /// The link to the init: captures, outputs, times.
+    pub link: LinkConfig,
     /// Pull policy (default `if_missing`; without a registry any pull fails fast).
     pub pull: PullPolicy,
     /// Hardening items.
     pub hardening: Hardening,
     /// Timeout of stevedore's own on every engine call (default 30 s).
     pub engine_timeout: Duration,
-    /// Time after the grace before stevedore SIGKILLs the container itself (default 2 s).
-    pub kill_margin: Duration,
-    /// How long a handler runner has to answer the protocol (default 10 s).
-    pub handshake_timeout: Duration,
-    /// The host's liveness, as the init sees it.
-    pub host_loss: HostLoss,
     /// Attempts in flight at once (default 8).
     pub max_in_flight: usize,
     /// When the bound is reached: wait (default) or refuse.
@@ -168,26 +159,17 @@ impl Default for ContainerConfig {
             user: SANDBOX_USER.into(),
             network: "none".into(),
             network_choices: None,
-            defaults: ResourceLimits::new()
-                .with(key::MEMORY, 1 << 30)
-                .with(key::PIDS, 512)
-                .with(key::DISK, 512 << 20)
-                .with(key::NOFILE, 4096),
-            ceilings: ResourceLimits::new(),
+            defaults: Limits::NONE,
+            ceilings: Limits::NONE,
             max_tmp_bytes: 256 << 20,
             max_input_bytes: 4 << 30,
             env: BTreeMap::new(),
             labels: BTreeMap::new(),
-            log_cap_bytes: 4 << 20,
             log_dir: None,
-            output_caps: Caps::default(),
-            collection: Collection::default(),
+            link: LinkConfig::default(),
             pull: PullPolicy::IfMissing,
             hardening: Hardening::default(),
             engine_timeout: Duration::from_secs(30),
-            kill_margin: Duration::from_secs(2),
-            handshake_timeout: Duration::from_secs(10),
-            host_loss: HostLoss::default(),
             max_in_flight: 8,
             wait_for_admission: true,
             ports: BTreeMap::new(),
@@ -250,19 +232,19 @@ impl ContainerConfig {
         self.network = mode.into();
         self
     }
-    /// Sets the default of one limit key (see `contract::limits::key`).
-    pub fn default_limit(mut self, key: &str, amount: u64) -> Self {
-        self.defaults.0.insert(key.to_owned(), amount);
+    /// Sets the defaults: what fills a dimension a request leaves out.
+    pub fn defaults(mut self, limits: Limits) -> Self {
+        self.defaults = limits;
         self
     }
-    /// Sets the ceiling of one limit key.
-    pub fn ceiling(mut self, key: &str, amount: u64) -> Self {
-        self.ceilings.0.insert(key.to_owned(), amount);
+    /// Sets the ceilings: the most an attempt gets per dimension.
+    pub fn ceilings(mut self, limits: Limits) -> Self {
+        self.ceilings = limits;
         self
     }
     /// Sets the caps on outputs.
     pub fn output_caps(mut self, caps: Caps) -> Self {
-        self.output_caps = caps;
+        self.link.output_caps = caps;
         self
     }
     /// Sets the largest input dir staged.
@@ -288,12 +270,12 @@ impl ContainerConfig {
     }
     /// Sets the bytes of each stream kept on disk.
     pub fn log_cap(mut self, bytes: u64) -> Self {
-        self.log_cap_bytes = bytes;
+        self.link.log_cap_bytes = bytes;
         self
     }
     /// Sets the host-loss behaviour of the link.
     pub fn host_loss(mut self, host_loss: HostLoss) -> Self {
-        self.host_loss = host_loss;
+        self.link.host_loss = host_loss;
         self
     }
     /// Sets the engine call timeout.

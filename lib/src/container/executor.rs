@@ -1,104 +1,22 @@
-//! `ContainerExecutor`: the container rung, implementing `Executor`. Validation, then
-//! admission, then the attempt's phases (`attempt`).
+//! `ContainerExecutor`: the container rung's face, implementing `Executor`: validation,
+//! admission, then the attempt (`attempt`) on the rung's site (`site`).
 
 use super::config::ContainerConfig;
+use super::site::ContainerSite;
 use crate::contract::{
     Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
 };
 use crate::engine::Engine;
-use crate::hostdir::PrivateDir;
 use crate::util::BoxFuture;
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
-/// What the rung shares with each attempt.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub engine: Engine,
-    pub config: ContainerConfig,
-    pub incarnation: String,
-    in_flight: Mutex<HashSet<String>>,
-    pub tracker: TaskTracker,
-    /// This rung's tools volume once made, and the names it made.
-    pub tools: tokio::sync::Mutex<super::tools::Slot>,
-    /// The base of the capture dirs, opened once.
-    logs: Mutex<Option<Arc<PrivateDir>>>,
-    /// The warm pool, when configured.
-    pub pool: Option<super::pool::Pool>,
-    /// What is known of images' paths where the attempts mount something (`mounts`).
-    pub mounts: Mutex<super::mounts::Seen>,
-}
-
-impl Shared {
-    pub fn new(engine: Engine, config: ContainerConfig, incarnation: String) -> Self {
-        let pool = config.pool.as_ref().filter(|p| p.size > 0).map(|_| super::pool::Pool::default());
-        Self {
-            engine,
-            config,
-            incarnation,
-            in_flight: Mutex::default(),
-            tracker: TaskTracker::new(),
-            tools: tokio::sync::Mutex::default(),
-            logs: Mutex::new(None),
-            pool,
-            mounts: Mutex::default(),
-        }
-    }
-
-    /// The attempt ids in flight. Never panics: a poisoned lock still holds a valid set (a
-    /// Drop backstop and reclaim must work after a panic elsewhere).
-    pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The private base dir of the captures (`hostdir`), created on first use.
-    pub fn log_base(&self) -> Result<Arc<PrivateDir>, crate::hostdir::HostDirError> {
-        let mut slot = self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(d) = &*slot {
-            return Ok(d.clone());
-        }
-        let dir = match &self.config.log_dir {
-            Some(d) => PrivateDir::open(d)?,
-            None => PrivateDir::open(&crate::hostdir::default_base())?.subdir("logs")?,
-        };
-        let dir = Arc::new(dir);
-        *slot = Some(dir.clone());
-        Ok(dir)
-    }
-
-    /// After a launch failed: check the tools volume before the next mount (another process's
-    /// `prune` may have taken it, and the failed container then found an empty one).
-    pub async fn tools_suspect(&self) {
-        if let Some((_, checked)) = &mut self.tools.lock().await.current {
-            *checked = None;
-        }
-    }
-}
-
-/// Backstop for a rung dropped without `close()`: its tools volumes are removed in the
-/// background when a runtime is there to do it (never a panic, never a wait).
-impl Drop for Shared {
-    fn drop(&mut self) {
-        let made = std::mem::take(&mut self.tools.get_mut().made);
-        if !made.is_empty()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let engine = self.engine.clone();
-            rt.spawn(async move {
-                let _ = super::tools::remove_made(&engine, &made).await;
-            });
-        }
-    }
-}
 
 /// Runs each attempt in a fresh container on a Docker-API engine (Docker or Podman, local or
 /// remote). Cheap to clone; clones share the engine, the admission bounds and the tasks.
 #[derive(Debug, Clone)]
 pub struct ContainerExecutor {
-    shared: Arc<Shared>,
+    shared: Arc<ContainerSite>,
     slots: Arc<Semaphore>,
     memory_mib: Arc<Semaphore>,
     memory_budget_mib: u32,
@@ -129,7 +47,7 @@ impl ContainerExecutor {
             u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
         let incarnation =
             config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
-        let shared = Arc::new(Shared::new(engine, config, incarnation));
+        let shared = Arc::new(ContainerSite::new(engine, config, incarnation));
         // The pool fills in the background from the start (when there is a runtime to do it on).
         if tokio::runtime::Handle::try_current().is_ok() {
             super::pool::refill(&shared);
@@ -165,7 +83,7 @@ impl ContainerExecutor {
 
     /// The incarnation stamped on everything this rung creates.
     pub fn incarnation(&self) -> &str {
-        &self.shared.incarnation
+        &self.shared.base.incarnation
     }
 
     /// Removes the tools volumes other processes left (older than an hour, of another
@@ -173,19 +91,19 @@ impl ContainerExecutor {
     /// another process cannot be told from a crashed one: it makes a new volume when its own
     /// is gone.
     pub async fn prune_tools(&self) -> Result<super::tools::Pruned, crate::engine::EngineError> {
-        super::tools::prune(&self.shared.engine, &self.shared.incarnation).await
+        super::tools::prune(&self.shared.engine, &self.shared.base.incarnation).await
     }
 
     async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
         let name = self.shared.config.name.clone();
         // Holding a tracker token makes `close` wait for this attempt.
-        let _token = self.shared.tracker.token();
-        if self.shared.tracker.is_closed() {
+        let _token = self.shared.base.tracker.token();
+        if self.shared.base.tracker.is_closed() {
             return Err(LaunchError::Closed(name));
         }
         // An invalid request is refused before it waits for anything.
         req.validate()?;
-        let applied = super::spec::apply_limits(&req.limits, &self.shared.config);
+        let applied = super::sizes::of(&req.limits, &self.shared.config);
         let mib = u32::try_from(applied.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
         if mib > self.memory_budget_mib {
             return Err(LaunchError::AdmissionRefused(format!(
@@ -217,7 +135,7 @@ impl ContainerExecutor {
         let (Ok(_slot), Ok(_mem)) = permits else {
             return Err(LaunchError::Closed(name));
         };
-        if self.shared.tracker.is_closed() {
+        if self.shared.base.tracker.is_closed() {
             return Err(LaunchError::Closed(name));
         }
         super::attempt::run(self.shared.clone(), req, applied, cancel.clone()).await
@@ -248,8 +166,8 @@ impl Executor for ContainerExecutor {
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             super::pool::drain(&self.shared).await;
-            self.shared.tracker.close();
-            self.shared.tracker.wait().await;
+            self.shared.base.tracker.close();
+            self.shared.base.tracker.wait().await;
             // A fill that was under way when the pool closed removes its own container.
             super::pool::drain(&self.shared).await;
             // Nothing of this rung mounts its tools volumes any more.

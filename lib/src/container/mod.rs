@@ -16,11 +16,12 @@ pub mod labels;
 mod launch;
 mod ledger;
 mod mounts;
-pub(crate) mod pipe;
 mod pool;
 mod prepare;
 mod reclaim;
 mod recover;
+mod site;
+mod sizes;
 pub(crate) mod spec;
 #[cfg(test)]
 mod tests;

@@ -10,10 +10,9 @@
 //! refuses the attempt. The init checks the same paths again from inside before it starts
 //! the command (`wire::Start::mounts`): the only check on engines without an archive API.
 
-use super::executor::Shared;
+use super::site::ContainerSite;
 use crate::contract::LaunchError;
 use crate::engine::PathKind;
-use bollard::models::{ContainerCreateBody, HostConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
 use stevedore_init::wire::{IN_DIR, OUT_DIR, TMP_DIR, TOOLS_DIR};
@@ -73,12 +72,6 @@ fn prefixes(path: &str) -> Vec<String> {
     out
 }
 
-/// What the rung remembers of images' paths.
-#[derive(Debug, Default)]
-pub(crate) struct Seen {
-    images: HashMap<String, HashMap<String, PathKind>>,
-}
-
 /// The first redirect among `dests` by what is known of `image_id`; `Err` with the prefixes
 /// still to be looked at, in order, when that is not known yet.
 fn judge(known: &HashMap<String, PathKind>, dests: &[String]) -> Result<Option<Redirect>, Vec<String>> {
@@ -109,13 +102,13 @@ fn judge(known: &HashMap<String, PathKind>, dests: &[String]) -> Result<Option<R
 /// the attempt's object while it exists) only for what is not known yet. The probe runs on
 /// the rung's tracked tasks, so an attempt dropped meanwhile still removes it.
 pub(crate) async fn check(
-    shared: &Arc<Shared>,
+    shared: &Arc<ContainerSite>,
     image_id: &str,
     name: String,
     labels: HashMap<String, String>,
     dests: &[String],
 ) -> Result<Option<Redirect>, LaunchError> {
-    let known = |shared: &Shared| {
+    let known = |shared: &ContainerSite| {
         let seen = shared.mounts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         judge(seen.images.get(image_id).unwrap_or(&HashMap::new()), dests)
     };
@@ -125,10 +118,11 @@ pub(crate) async fn check(
     let s = shared.clone();
     let (image, dests) = (image_id.to_owned(), dests.to_vec());
     shared
+        .base
         .tracker
         .spawn(async move {
             let api = &s.engine.api;
-            api.create_container(&name, probe_body(&image, labels)).await?;
+            api.create_container(&name, super::spec::never_started(&image, "probe", labels, None)).await?;
             let looked = look(&s, &name, &image, &dests).await;
             if let Err(e) = api.remove_container(&name).await {
                 tracing::warn!(container = %name, error = %e, "removing the mount probe; reclaim removes it");
@@ -140,7 +134,12 @@ pub(crate) async fn check(
 }
 
 /// Stats what is not known yet on the probe, until every destination is judged.
-async fn look(shared: &Shared, probe: &str, image_id: &str, dests: &[String]) -> Result<Option<Redirect>, LaunchError> {
+async fn look(
+    shared: &ContainerSite,
+    probe: &str,
+    image_id: &str,
+    dests: &[String],
+) -> Result<Option<Redirect>, LaunchError> {
     loop {
         let unknown = {
             let seen = shared.mounts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -159,24 +158,6 @@ async fn look(shared: &Shared, probe: &str, image_id: &str, dests: &[String]) ->
             seen.images.clear();
         }
         seen.images.entry(image_id.to_owned()).or_default().extend(found);
-    }
-}
-
-/// A never-started container of the image that mounts nothing: the archive API then shows
-/// the image's own filesystem.
-fn probe_body(image_id: &str, labels: HashMap<String, String>) -> ContainerCreateBody {
-    ContainerCreateBody {
-        image: Some(image_id.to_owned()),
-        entrypoint: Some(vec!["/.stevedore-probe-never-started".into()]),
-        cmd: Some(vec![]),
-        labels: Some(labels),
-        network_disabled: Some(true),
-        host_config: Some(HostConfig {
-            network_mode: Some("none".into()),
-            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
-            ..Default::default()
-        }),
-        ..Default::default()
     }
 }
 

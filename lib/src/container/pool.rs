@@ -8,18 +8,17 @@
 //! the in-flight set, so this process's own `reclaim` never eats its live pool.
 
 use super::cleanup::Leftovers;
-use super::executor::Shared;
 use super::labels::{AttemptLabels, Kind, Owner};
-use super::launch::Provisioned;
+use super::launch::Ready;
 use super::prepare::Plan;
-use super::spec::{self, Applied};
-use super::tools::ToolsVolume;
+use super::site::{ContainerSite, Parked, Pool, Template};
+use super::sizes;
+use super::spec;
 use crate::contract::{InputsStaged, LaunchError, ResourceLimits};
-use crate::engine::Attached;
 use bollard::models::VolumeCreateRequest;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use stevedore_init::wire::IN_DIR;
 
@@ -49,26 +48,6 @@ impl PoolConfig {
     }
 }
 
-/// One parked container and what belongs to it.
-pub(crate) struct Parked {
-    pub attempt_id: String,
-    pub name: String,
-    pub container_id: String,
-    pub attached: Attached,
-    pub input_volume: String,
-    pub helper: String,
-    pub parked_at: Instant,
-    pub enforcement: BTreeMap<String, String>,
-    pub skipped: BTreeMap<String, String>,
-    pub tools: ToolsVolume,
-}
-
-impl std::fmt::Debug for Parked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parked").field("name", &self.name).finish_non_exhaustive()
-    }
-}
-
 /// What the pool says to an attempt.
 #[derive(Debug)]
 pub(crate) enum Claim {
@@ -80,41 +59,25 @@ pub(crate) enum Claim {
     Miss(String),
 }
 
-/// The pool's state, shared by the rung.
-#[derive(Debug, Default)]
-pub(crate) struct Pool {
-    parked: std::sync::Mutex<VecDeque<Parked>>,
-    filling: AtomicUsize,
-    closed: AtomicBool,
-    /// The settings every parked container was made with.
-    template: tokio::sync::OnceCell<Template>,
-}
-
-#[derive(Debug, Clone)]
-struct Template {
-    image: String,
-    applied: Applied,
-}
-
 impl Pool {
     fn parked(&self) -> std::sync::MutexGuard<'_, VecDeque<Parked>> {
         self.parked.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
-fn config(shared: &Shared) -> Option<&PoolConfig> {
+fn config(shared: &ContainerSite) -> Option<&PoolConfig> {
     shared.config.pool.as_ref().filter(|p| p.size > 0)
 }
 
-fn template_of(shared: &Shared) -> Option<Template> {
+fn template_of(shared: &ContainerSite) -> Option<Template> {
     let pc = config(shared)?;
     let image = pc.image.clone().or_else(|| shared.config.worker_image.clone())?;
-    Some(Template { image, applied: spec::apply_limits(&ResourceLimits::new(), &shared.config) })
+    Some(Template { image, applied: sizes::of(&ResourceLimits::new(), &shared.config) })
 }
 
 /// Why `plan` cannot run in a parked container, if it cannot: everything fixed at create
 /// must match; what the engine can change (memory, CPU, pids) is applied at claim.
-fn misfit(t: &Template, plan: &Plan, shared: &Shared) -> Option<String> {
+fn misfit(t: &Template, plan: &Plan, shared: &ContainerSite) -> Option<String> {
     let a = &plan.applied;
     let differs = |what: &str, want: u64, have: u64| {
         (want != have).then(|| format!("{what} {want} differs from the pool's {have} (fixed at create)"))
@@ -135,7 +98,7 @@ fn misfit(t: &Template, plan: &Plan, shared: &Shared) -> Option<String> {
 
 /// Takes a parked container for `plan`, if the rung has a pool and one fits; starts a
 /// refill either way.
-pub(crate) fn claim(shared: &Arc<Shared>, plan: &Plan) -> Claim {
+pub(crate) fn claim(shared: &Arc<ContainerSite>, plan: &Plan) -> Claim {
     let Some(pool) = &shared.pool else { return Claim::None };
     let Some(t) = pool.template.get().cloned().or_else(|| template_of(shared)) else { return Claim::None };
     let claimed = match misfit(&t, plan, shared) {
@@ -152,11 +115,11 @@ pub(crate) fn claim(shared: &Arc<Shared>, plan: &Plan) -> Claim {
 /// A claimed container made the attempt's: its limits, its inputs, its objects in the
 /// attempt's leftovers.
 pub(crate) async fn ready(
-    shared: &Arc<Shared>,
+    shared: &Arc<ContainerSite>,
     plan: &mut Plan,
     left: &mut Leftovers,
     p: Parked,
-) -> Result<Provisioned, LaunchError> {
+) -> Result<Ready, LaunchError> {
     left.containers.push(p.name.clone());
     left.containers.push(p.helper.clone());
     left.volumes.push(p.input_volume.clone());
@@ -190,7 +153,7 @@ pub(crate) async fn ready(
             .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}", p.input_volume));
     }
     tracing::debug!(parked_for = ?p.parked_at.elapsed(), "claimed a parked container");
-    Ok(Provisioned {
+    Ok(Ready {
         container_id: p.container_id,
         attached: p.attached,
         running: true,
@@ -204,10 +167,10 @@ pub(crate) async fn ready(
 }
 
 /// Starts as many fills as the pool lacks.
-pub(crate) fn refill(shared: &Arc<Shared>) {
+pub(crate) fn refill(shared: &Arc<ContainerSite>) {
     let (Some(pool), Some(pc)) = (&shared.pool, config(shared)) else { return };
     loop {
-        if pool.closed.load(Ordering::SeqCst) || shared.tracker.is_closed() {
+        if pool.closed.load(Ordering::SeqCst) || shared.base.tracker.is_closed() {
             return;
         }
         let have = pool.parked().len() + pool.filling.load(Ordering::SeqCst);
@@ -216,7 +179,7 @@ pub(crate) fn refill(shared: &Arc<Shared>) {
         }
         pool.filling.fetch_add(1, Ordering::SeqCst);
         let s = shared.clone();
-        shared.tracker.spawn(async move {
+        shared.base.tracker.spawn(async move {
             let made = fill_one(&s).await;
             let pool = s.pool.as_ref().expect("a pool");
             pool.filling.fetch_sub(1, Ordering::SeqCst);
@@ -230,25 +193,27 @@ pub(crate) fn refill(shared: &Arc<Shared>) {
 }
 
 /// Makes one parked container; on failure removes what it made.
-async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
+/// The settings every parked container is made with, fixed by the first fill.
+async fn template(shared: &ContainerSite, pool: &Pool) -> Result<Template, LaunchError> {
+    if let Some(t) = pool.template.get() {
+        return Ok(t.clone());
+    }
+    let t = template_of(shared)
+        .ok_or_else(|| LaunchError::NotAllowed("the warm pool needs an image (pool.image or worker_image)".into()))?;
+    // The image must exist before anything is parked on it.
+    super::prepare::resolve_image(shared, &t.image).await?;
+    Ok(pool.template.get_or_init(|| async { t }).await.clone())
+}
+
+async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
     let pool = shared.pool.as_ref().expect("a pool");
-    let t = match pool.template.get() {
-        Some(t) => t.clone(),
-        None => {
-            let t = template_of(shared).ok_or_else(|| {
-                LaunchError::NotAllowed("the warm pool needs an image (pool.image or worker_image)".into())
-            })?;
-            // The image must exist before anything is parked on it.
-            super::prepare::resolve_image(shared, &t.image).await?;
-            pool.template.get_or_init(|| async { t }).await.clone()
-        }
-    };
+    let t = template(shared, pool).await?;
     let pc = config(shared).expect("a pool");
     let cfg = &shared.config;
     let image = super::prepare::resolve_image(shared, &t.image).await?;
     let attempt_id: String = (0..6).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
     let name = format!("sd-{}-{attempt_id}", &pc.worker[..pc.worker.len().min(40)]);
-    let owner = Owner { worker: &pc.worker, incarnation: &shared.incarnation, executor: &cfg.name };
+    let owner = Owner { worker: &pc.worker, incarnation: &shared.base.incarnation, executor: &cfg.name };
     let l = AttemptLabels { owner, attempt_id: &attempt_id, job: None, app: None, org: None, extra: &cfg.labels };
     // Nothing is parked on an image that would move its mounts.
     let dests = super::mounts::destinations(true, &[], &spec::masked_volumes(&image.volumes, &[]));
@@ -257,7 +222,7 @@ async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
         return Err(LaunchError::NotAllowed(r.explain(&t.image)));
     }
     let tools = super::launch::tools_volume(shared, &t.image).await?;
-    shared.in_flight().insert(attempt_id.clone());
+    shared.base.in_flight().insert(attempt_id.clone());
     let mut left = Leftovers::default();
     let made = async {
         let input_volume = format!("{name}-in");
@@ -272,11 +237,8 @@ async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
         })
         .await?;
         left.containers.push(helper.clone());
-        api.create_container(
-            &helper,
-            super::launch::helper_body(&t.image, &input_volume, l.for_kind(Kind::Pool, "stage")),
-        )
-        .await?;
+        api.create_container(&helper, spec::staging_helper(&t.image, &input_volume, l.for_kind(Kind::Pool, "stage")))
+            .await?;
         let facts = shared.engine.facts();
         let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
             config: cfg,
@@ -312,12 +274,12 @@ async fn fill_one(shared: &Arc<Shared>) -> Result<Parked, LaunchError> {
     if made.is_err() {
         shared.tools_suspect().await;
         remove(shared, &left.containers, &left.volumes).await;
-        shared.in_flight().remove(&attempt_id);
+        shared.base.in_flight().remove(&attempt_id);
     }
     made
 }
 
-async fn remove(shared: &Shared, containers: &[String], volumes: &[String]) {
+async fn remove(shared: &ContainerSite, containers: &[String], volumes: &[String]) {
     for c in containers.iter().rev() {
         let _ = shared.engine.api.remove_container(c).await;
     }
@@ -326,14 +288,14 @@ async fn remove(shared: &Shared, containers: &[String], volumes: &[String]) {
     }
 }
 
-async fn discard(shared: &Shared, p: Parked) {
+async fn discard(shared: &ContainerSite, p: Parked) {
     drop(p.attached);
     remove(shared, &[p.helper.clone(), p.name.clone()], std::slice::from_ref(&p.input_volume)).await;
-    shared.in_flight().remove(&p.attempt_id);
+    shared.base.in_flight().remove(&p.attempt_id);
 }
 
 /// Stops refilling and removes every parked container (awaited by `close`).
-pub(crate) async fn drain(shared: &Shared) {
+pub(crate) async fn drain(shared: &ContainerSite) {
     let Some(pool) = &shared.pool else { return };
     pool.closed.store(true, Ordering::SeqCst);
     let parked: Vec<Parked> = pool.parked().drain(..).collect();
@@ -343,12 +305,12 @@ pub(crate) async fn drain(shared: &Shared) {
 }
 
 /// How many containers are parked now (tests, benchmarks).
-pub(crate) fn parked(shared: &Shared) -> usize {
+pub(crate) fn parked(shared: &ContainerSite) -> usize {
     shared.pool.as_ref().map_or(0, |p| p.parked().len())
 }
 
 /// Waits until the pool is full, or `within` passes; whether it is full.
-pub(crate) async fn wait_full(shared: &Arc<Shared>, within: Duration) -> bool {
+pub(crate) async fn wait_full(shared: &Arc<ContainerSite>, within: Duration) -> bool {
     let Some(pc) = config(shared) else { return false };
     refill(shared);
     let until = Instant::now() + within;

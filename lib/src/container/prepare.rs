@@ -4,9 +4,9 @@
 
 use super::config::PullPolicy;
 use super::env as envlayer;
-use super::executor::Shared;
 use super::labels::{self, AttemptLabels, Owner};
-use super::spec::Applied;
+use super::site::ContainerSite;
+use super::sizes::Sizes;
 use crate::contract::{InputsStaged, LaunchError, Request, Task};
 use crate::engine::ImageFacts;
 use crate::inputs::InputDir;
@@ -25,7 +25,7 @@ pub(crate) struct Plan {
     pub argv: Vec<String>,
     pub env: envlayer::Layered,
     pub cwd: String,
-    pub applied: Applied,
+    pub applied: Sizes,
     pub output_dir: OwnedFd,
     pub inputs: Option<(InputDir, InputsStaged)>,
     pub labels: HashMap<String, String>,
@@ -41,7 +41,7 @@ fn random_hex(bytes: usize) -> String {
     (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
 }
 
-pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) -> Result<Plan, LaunchError> {
+pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Sizes) -> Result<Plan, LaunchError> {
     let cfg = &shared.config;
     let started_ms = crate::contract::unix_ms_now();
     let image_ref = match (&req.policy.image, &cfg.worker_image) {
@@ -75,7 +75,7 @@ pub(crate) async fn prepare(shared: &Shared, req: &Request, applied: Applied) ->
     let env = layer_env(req, &image, cfg);
     let attempt_id = random_hex(6);
     let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
-    let owner = Owner { worker: &req.worker_id, incarnation: &shared.incarnation, executor: &cfg.name };
+    let owner = Owner { worker: &req.worker_id, incarnation: &shared.base.incarnation, executor: &cfg.name };
     let l = AttemptLabels {
         owner,
         attempt_id: &attempt_id,
@@ -169,7 +169,7 @@ fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) ->
     ])
 }
 
-pub(crate) async fn resolve_image(shared: &Shared, image: &str) -> Result<ImageFacts, LaunchError> {
+pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result<ImageFacts, LaunchError> {
     let api = &shared.engine.api;
     let policy = shared.config.pull;
     let unavailable = |why: String, permanent: bool, source| LaunchError::ImageUnavailable {

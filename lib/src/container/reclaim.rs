@@ -1,8 +1,8 @@
 //! Reclaim: remove what a worker left behind (its attempts and pool, by label), except this
 //! process's attempts in flight (spared by attempt id), and never anything else.
 
-use super::executor::Shared;
 use super::labels;
+use super::site::ContainerSite;
 use crate::contract::{ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport};
 use crate::engine::EngineError;
 use futures_util::StreamExt;
@@ -44,14 +44,14 @@ fn in_flight_here(l: &HashMap<String, String>, incarnation: &str, in_flight: &Ha
 }
 
 /// Sweeps the engine (and the host capture area) for `worker`.
-pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimReport, ReclaimError> {
+pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<ReclaimReport, ReclaimError> {
     if !crate::contract::valid_worker_id(worker) {
         return Err(ReclaimError::WorkerId(worker.to_owned()));
     }
     let api = &shared.engine.api;
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
-    let in_flight: HashSet<String> = shared.in_flight().clone();
-    let mine = |l: &HashMap<String, String>| in_flight_here(l, &shared.incarnation, &in_flight);
+    let in_flight: HashSet<String> = shared.base.in_flight().clone();
+    let mine = |l: &HashMap<String, String>| in_flight_here(l, &shared.base.incarnation, &in_flight);
 
     let containers = api
         .list_containers(labels::worker_filter(worker))
@@ -92,7 +92,7 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
     report.failed.extend(failed);
     // Their tools volumes, unless another of their containers still mounts one.
     let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-    match super::tools::remove_of(&shared.engine, &gone, &shared.incarnation).await {
+    match super::tools::remove_of(&shared.engine, &gone, &shared.base.incarnation).await {
         Ok(names) => report.volumes_removed.extend(names),
         Err(e) => {
             report.failed.push(ReclaimFailure { kind: ObjectKind::Volume, id: "tools".into(), error: e.message() })
@@ -100,7 +100,7 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
     }
 
     // Captures of attempts that are not in flight: `sd-<worker>-<attempt id>.<stream>`.
-    if let Ok(base) = shared.log_base()
+    if let Ok(base) = shared.base.captures.base()
         && let Ok(dir) = base.subdir(worker)
         && let Ok(files) = dir.files()
     {

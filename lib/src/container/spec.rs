@@ -2,8 +2,9 @@
 
 use super::config::ContainerConfig;
 use super::labels;
-use super::tools::ToolsVolume;
-use crate::contract::{LaunchError, NarrowedLimit, ResourceLimits, limits::key};
+use super::site::ToolsVolume;
+use super::sizes::Sizes;
+use crate::contract::LaunchError;
 use crate::engine::EngineError;
 use bollard::models::{
     ContainerCreateBody, DeviceRequest, HostConfig, HostConfigLogConfig, Mount, MountTmpfsOptions, MountType,
@@ -11,51 +12,6 @@ use bollard::models::{
 };
 use std::collections::{BTreeMap, HashMap};
 use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
-
-/// The limits actually applied to one attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Applied {
-    /// Memory in bytes (swap off).
-    pub memory: u64,
-    /// Processes.
-    pub pids: u64,
-    /// Bytes in `/out`.
-    pub disk: u64,
-    /// CPU in millicores, if capped.
-    pub cpu_millis: Option<u64>,
-    /// Open files.
-    pub nofile: u64,
-    /// Size of `/tmp`.
-    pub tmp: u64,
-    /// Whole GPUs, if any.
-    pub gpus: Option<u64>,
-    /// Limits narrowed by a ceiling.
-    pub narrowed: Vec<NarrowedLimit>,
-}
-
-/// Applies defaults and ceilings to the request's limits.
-pub fn apply_limits(req: &ResourceLimits, cfg: &ContainerConfig) -> Applied {
-    let mut narrowed = Vec::new();
-    let mut pick = |k: &str| -> Option<u64> {
-        let v = req.get(k).or_else(|| cfg.defaults.get(k))?;
-        match cfg.ceilings.get(k) {
-            Some(c) if v > c => {
-                narrowed.push(NarrowedLimit { key: k.to_owned(), from: v, to: c, why: "profile ceiling".into() });
-                Some(c)
-            }
-            _ => Some(v),
-        }
-    };
-    // Never unlimited by accident: a configuration without a default still gets one.
-    let memory = pick(key::MEMORY).unwrap_or(1 << 30);
-    let pids = pick(key::PIDS).unwrap_or(512);
-    let disk = pick(key::DISK).unwrap_or(512 << 20);
-    let cpu_millis = pick(key::CPU);
-    let nofile = pick(key::NOFILE).unwrap_or(4096);
-    let gpus = pick(key::GPU).map(|m| m.div_ceil(1000));
-    let tmp = cfg.max_tmp_bytes.min(memory);
-    Applied { memory, pids, disk, cpu_millis, nofile, tmp, gpus, narrowed }
-}
 
 /// Everything the spec is built from.
 #[derive(Debug, Clone)]
@@ -71,7 +27,7 @@ pub struct SpecInput<'a> {
     /// The input volume (read-only at `/in`), when the request has inputs.
     pub input_volume: Option<&'a str>,
     /// The applied limits.
-    pub applied: &'a Applied,
+    pub applied: &'a Sizes,
     /// `VOLUME`s the image declares.
     pub image_volumes: &'a [String],
     /// Whether the engine applies its seccomp profile (stevedore leaves it in place).
@@ -90,7 +46,7 @@ pub struct SpecInput<'a> {
 pub struct Spec {
     /// The body for `create_container`.
     pub body: ContainerCreateBody,
-    /// Applied enforcement.
+    /// Sizes enforcement.
     pub enforcement: BTreeMap<String, String>,
     /// Skipped enforcement.
     pub skipped: BTreeMap<String, String>,
@@ -169,60 +125,13 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     let a = input.applied;
     let mut enforcement = BTreeMap::new();
     let mut skipped = BTreeMap::new();
-    let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
-        m.insert(k.to_owned(), v);
-    };
-
-    let mut mounts = vec![tools_mount(input.tools, input.labels.get(labels::INCARNATION).map(String::as_str))];
-    if let Some(v) = input.input_volume {
-        mounts.push(volume_mount(v, IN_DIR, true));
-        put(&mut enforcement, "inputs_read_only", format!("volume {v} mounted read-only at {IN_DIR}"));
-    }
-    // The command writes /out; only the init reads it back, so it needs no volume: a tmpfs
-    // of the disk limit gives ENOSPC at the limit on any engine.
-    mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
-    mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
-    for (name, volume, path) in input.caches {
-        mounts.push(cache_mount(volume, path));
-        put(
-            &mut enforcement,
-            &format!("cache.{name}"),
-            format!("volume {volume} read-write at {path}, outside the disk limit"),
-        );
-    }
-    let cache_paths: Vec<&str> = input.caches.iter().map(|(_, _, p)| p.as_str()).collect();
-    let masked = masked_volumes(input.image_volumes, &cache_paths);
-    for v in &masked {
-        mounts.push(tmpfs_mount(v, 1 << 20, 0o755, true));
-    }
-    if !masked.is_empty() {
-        put(
-            &mut enforcement,
-            "image_volumes",
-            format!("declared VOLUMEs {masked:?} masked by read-only tmpfs (no anonymous volume)"),
-        );
-    }
-
-    let mut ulimits = vec![ResourcesUlimits {
-        name: Some("nofile".into()),
-        soft: Some(clamp(a.nofile)),
-        hard: Some(clamp(a.nofile)),
-    }];
-    if input.podman {
-        // Podman refuses to start a container whose nproc it would have to raise (rlimit
-        // type 7) unless the limit is given; the cgroup's pids limit is the real bound.
-        ulimits.push(ResourcesUlimits {
-            name: Some("nproc".into()),
-            soft: Some(clamp(a.pids)),
-            hard: Some(clamp(a.pids)),
-        });
-    }
+    let mounts = mounts(input, &mut enforcement);
     let mut host = HostConfig {
         mounts: Some(mounts),
         memory: Some(clamp(a.memory)),
         memory_swap: Some(clamp(a.memory)),
         pids_limit: Some(clamp(a.pids)),
-        ulimits: Some(ulimits),
+        ulimits: Some(ulimits(a, input.podman)),
         network_mode: Some(cfg.network.clone()),
         readonly_rootfs: Some(cfg.hardening.read_only_rootfs),
         log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
@@ -231,40 +140,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         runtime: cfg.runtime.clone(),
         ..Default::default()
     };
-    put(&mut enforcement, "memory", format!("cgroup memory limit {} bytes, swap off (memory+swap = memory)", a.memory));
-    put(&mut enforcement, "pids", format!("cgroup pids limit {}", a.pids));
-    put(&mut enforcement, "nofile", format!("rlimit nofile {}", a.nofile));
-    put(&mut enforcement, "tmp", format!("tmpfs {TMP_DIR} of {} bytes (counts as memory)", a.tmp));
-    put(
-        &mut enforcement,
-        "disk",
-        format!("{OUT_DIR} is a tmpfs of {} bytes: ENOSPC at the limit (its pages count as memory)", a.disk),
-    );
-    put(
-        &mut enforcement,
-        "init",
-        "stevedore's static init as PID 1 (reaps, forwards signals, kills stragglers; no loader, its own environment \
-         ignored)"
-            .into(),
-    );
-    put(&mut enforcement, "log_driver", "none: stdout/stderr captured by stevedore, capped".into());
-    put(&mut enforcement, "host_mounts", "none: the init comes from an engine volume, nothing from the host".into());
-    match a.cpu_millis {
-        Some(m) => {
-            host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
-            put(&mut enforcement, "cpu", format!("cfs quota of {m} millicores"));
-        }
-        None => put(&mut skipped, "cpu", "no cpu limit requested or configured".into()),
-    }
-    if let Some(n) = a.gpus {
-        host.device_requests = Some(vec![DeviceRequest {
-            driver: Some(String::new()),
-            count: Some(clamp(n)),
-            capabilities: Some(vec![vec!["gpu".into()]]),
-            ..Default::default()
-        }]);
-        put(&mut enforcement, "gpu", format!("{n} device(s) requested"));
-    }
+    limits(a, &mut host, &mut enforcement, &mut skipped);
     hardening(cfg, input.engine_seccomp, &mut host, &mut enforcement, &mut skipped);
     let exposed = publish(cfg, input.publish_ip, &mut host);
 
@@ -292,6 +168,132 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         ..Default::default()
     };
     Spec { body, enforcement, skipped }
+}
+
+fn put(m: &mut BTreeMap<String, String>, k: &str, v: String) {
+    m.insert(k.to_owned(), v);
+}
+
+/// The init's tools, the inputs, `/out`, `/tmp`, the caches and the image's masked volumes.
+fn mounts(input: &SpecInput<'_>, enforcement: &mut BTreeMap<String, String>) -> Vec<Mount> {
+    let a = input.applied;
+    let mut mounts = vec![tools_mount(input.tools, input.labels.get(labels::INCARNATION).map(String::as_str))];
+    if let Some(v) = input.input_volume {
+        mounts.push(volume_mount(v, IN_DIR, true));
+        put(enforcement, "inputs_read_only", format!("volume {v} mounted read-only at {IN_DIR}"));
+    }
+    // The command writes /out; only the init reads it back, so it needs no volume: a tmpfs
+    // of the disk limit gives ENOSPC at the limit on any engine.
+    mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
+    mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
+    for (name, volume, path) in input.caches {
+        mounts.push(cache_mount(volume, path));
+        put(
+            enforcement,
+            &format!("cache.{name}"),
+            format!("volume {volume} read-write at {path}, outside the disk limit"),
+        );
+    }
+    let cache_paths: Vec<&str> = input.caches.iter().map(|(_, _, p)| p.as_str()).collect();
+    let masked = masked_volumes(input.image_volumes, &cache_paths);
+    for v in &masked {
+        mounts.push(tmpfs_mount(v, 1 << 20, 0o755, true));
+    }
+    if !masked.is_empty() {
+        let text = format!("declared VOLUMEs {masked:?} masked by read-only tmpfs (no anonymous volume)");
+        put(enforcement, "image_volumes", text);
+    }
+    mounts
+}
+
+fn ulimits(a: &Sizes, podman: bool) -> Vec<ResourcesUlimits> {
+    let mut ulimits = vec![ResourcesUlimits {
+        name: Some("nofile".into()),
+        soft: Some(clamp(a.nofile)),
+        hard: Some(clamp(a.nofile)),
+    }];
+    if podman {
+        // Podman refuses to start a container whose nproc it would have to raise (rlimit
+        // type 7) unless the limit is given; the cgroup's pids limit is the real bound.
+        ulimits.push(ResourcesUlimits {
+            name: Some("nproc".into()),
+            soft: Some(clamp(a.pids)),
+            hard: Some(clamp(a.pids)),
+        });
+    }
+    ulimits
+}
+
+/// The limits as the engine applies them, and the evidence of each.
+fn limits(
+    a: &Sizes,
+    host: &mut HostConfig,
+    enforcement: &mut BTreeMap<String, String>,
+    skipped: &mut BTreeMap<String, String>,
+) {
+    put(enforcement, "memory", format!("cgroup memory limit {} bytes, swap off (memory+swap = memory)", a.memory));
+    put(enforcement, "pids", format!("cgroup pids limit {}", a.pids));
+    put(enforcement, "nofile", format!("rlimit nofile {}", a.nofile));
+    put(enforcement, "tmp", format!("tmpfs {TMP_DIR} of {} bytes (counts as memory)", a.tmp));
+    let disk = format!("{OUT_DIR} is a tmpfs of {} bytes: ENOSPC at the limit (its pages count as memory)", a.disk);
+    put(enforcement, "disk", disk);
+    put(
+        enforcement,
+        "init",
+        "stevedore's static init as PID 1 (reaps, forwards signals, kills stragglers; no loader, its own environment \
+         ignored)"
+            .into(),
+    );
+    put(enforcement, "log_driver", "none: stdout/stderr captured by stevedore, capped".into());
+    put(enforcement, "host_mounts", "none: the init comes from an engine volume, nothing from the host".into());
+    match a.cpu_millis {
+        Some(m) => {
+            host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
+            put(enforcement, "cpu", format!("cfs quota of {m} millicores"));
+        }
+        None => put(skipped, "cpu", "no cpu limit requested or configured".into()),
+    }
+    if let Some(n) = a.gpus {
+        host.device_requests = Some(vec![DeviceRequest {
+            driver: Some(String::new()),
+            count: Some(clamp(n)),
+            capabilities: Some(vec![vec!["gpu".into()]]),
+            ..Default::default()
+        }]);
+        put(enforcement, "gpu", format!("{n} device(s) requested"));
+    }
+}
+
+/// A container created and never started, for the archive API: the inputs' staging helper
+/// (`mount`: the input volume at `/in`), the tools volume's filler (the volume at the tools
+/// dir), an image's probe (nothing). No network, no logs; its entrypoint names its role and
+/// exists nowhere, so a start by mistake fails.
+pub(crate) fn never_started(
+    image: &str,
+    role: &str,
+    labels: HashMap<String, String>,
+    mount: Option<Mount>,
+) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
+        entrypoint: Some(vec![format!("/.stevedore-{role}-never-started")]),
+        cmd: Some(vec![]),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            mounts: mount.map(|m| vec![m]),
+            log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The never-started container that mounts `volume` read-write at `/in`: the archive API
+/// refuses the attempt's own read-only mount, so inputs go in through it.
+pub(crate) fn staging_helper(image: &str, volume: &str, labels: HashMap<String, String>) -> ContainerCreateBody {
+    never_started(image, "helper", labels, Some(volume_mount(volume, IN_DIR, false)))
 }
 
 /// Network, read-only root, capabilities, privileges, user, runtime, seccomp: each applied
@@ -388,13 +390,15 @@ pub fn port_taken(cfg: &ContainerConfig, err: EngineError) -> LaunchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::container::sizes;
+    use crate::contract::ResourceLimits;
 
     /// Owned strings that live as long as the test process (a test input borrows them).
     fn leak(items: &[&str]) -> &'static [String] {
         Box::leak(items.iter().map(|s| s.to_string()).collect())
     }
 
-    fn input<'a>(cfg: &'a ContainerConfig, input_volume: Option<&'a str>, applied: &'a Applied) -> SpecInput<'a> {
+    fn input<'a>(cfg: &'a ContainerConfig, input_volume: Option<&'a str>, applied: &'a Sizes) -> SpecInput<'a> {
         SpecInput {
             config: cfg,
             image: "img:1",
@@ -416,7 +420,7 @@ mod tests {
     #[test]
     fn seccomp_is_evidence_of_what_the_engine_applies() {
         let cfg = ContainerConfig::default();
-        let applied = apply_limits(&ResourceLimits::new(), &cfg);
+        let applied = sizes::of(&ResourceLimits::new(), &cfg);
         let with = build(&input(&cfg, None, &applied));
         assert!(with.enforcement.contains_key("seccomp") && !with.skipped.contains_key("seccomp"));
         let without = build(&SpecInput { engine_seccomp: false, ..input(&cfg, None, &applied) });
@@ -424,34 +428,9 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_never_unlimited() {
-        let cfg = ContainerConfig::default();
-        let a = apply_limits(&ResourceLimits::new(), &cfg);
-        assert_eq!(a.memory, 1 << 30);
-        assert_eq!(a.pids, 512);
-        assert_eq!(a.disk, 512 << 20);
-        assert_eq!(a.cpu_millis, None);
-        assert_eq!(a.tmp, 256 << 20);
-        let small = apply_limits(&ResourceLimits::new().with("memory", 64 << 20), &cfg);
-        assert_eq!(small.tmp, 64 << 20, "/tmp no larger than the memory limit");
-    }
-
-    #[test]
-    fn ceilings_narrow_and_say_so() {
-        let cfg = ContainerConfig::default().ceiling("memory", 128 << 20);
-        let a = apply_limits(&ResourceLimits::new().with("memory", 1 << 30).with("gpu", 1500), &cfg);
-        assert_eq!(a.memory, 128 << 20);
-        assert_eq!(
-            a.narrowed,
-            vec![NarrowedLimit { key: "memory".into(), from: 1 << 30, to: 128 << 20, why: "profile ceiling".into() }]
-        );
-        assert_eq!(a.gpus, Some(2));
-    }
-
-    #[test]
     fn hardened_spec() {
         let cfg = ContainerConfig::default();
-        let applied = apply_limits(&ResourceLimits::new().with("cpu", 500).with("pids", 64), &cfg);
+        let applied = sizes::of(&ResourceLimits::new().with("cpu", 500).with("pids", 64), &cfg);
         let s = build(&input(&cfg, Some("vin"), &applied));
         let h = s.body.host_config.as_ref().unwrap();
         assert_eq!(h.memory, h.memory_swap, "swap disabled");
@@ -529,7 +508,7 @@ mod tests {
     fn relaxations_are_recorded_as_skipped() {
         let mut cfg = ContainerConfig { network: "bridge".into(), user: "0:0".into(), ..ContainerConfig::default() };
         cfg.hardening.read_only_rootfs = false;
-        let applied = apply_limits(&ResourceLimits::new(), &cfg);
+        let applied = sizes::of(&ResourceLimits::new(), &cfg);
         let s = build(&input(&cfg, None, &applied));
         for k in ["network", "non_root", "read_only_rootfs", "cpu"] {
             assert!(s.skipped.contains_key(k), "{k} should be skipped");

@@ -510,7 +510,7 @@ async fn a_stalled_collection_keeps_what_came_whole_at_its_deadline() {
     fake.script(init(b));
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = ContainerConfig::default().log_dir(dir.path().join("logs"));
-    cfg.collection = crate::link::Collection { min: Duration::from_millis(1), bytes_per_s: u64::MAX };
+    cfg.link.collection = crate::link::Collection { min: Duration::from_millis(1), bytes_per_s: u64::MAX };
     let rung = ContainerExecutor::on(fake.engine(), cfg);
     let req = Request::command("job-1", ["true"], dir.path().join("out")).worker("w1").image(IMAGE);
     let o = rung.run(&req, CancellationToken::new()).await.unwrap();

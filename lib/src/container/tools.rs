@@ -15,11 +15,12 @@
 //! filled from the image.
 
 use super::labels;
-use super::spec::volume_mount;
+use super::site::ToolsVolume;
+use super::spec;
 use crate::contract::LaunchError;
 use crate::engine::{ByteStream, Engine, EngineError};
 use crate::sandbox::init_binary;
-use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
+use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
 use bytes::Bytes;
 use stevedore_init::wire::{INIT_NAME, TOOLS_DIR};
 
@@ -29,15 +30,6 @@ pub const TOOLS_CREATED: &str = "dev.stevedore.tools.created";
 /// A tools volume of another incarnation older than this, that no container uses, is taken
 /// for a crash's leftover by `prune`.
 pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
-
-/// This rung's tools volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolsVolume {
-    /// The volume to mount.
-    pub volume: String,
-    /// The init's sha256.
-    pub digest: String,
-}
 
 /// One name per CPU architecture: engines say `uname -m` (`x86_64`) or Go's `GOARCH` (`amd64`).
 fn normal_arch(arch: &str) -> &str {
@@ -71,20 +63,7 @@ fn init_tar(bytes: &[u8]) -> Vec<u8> {
 fn helper(image: &str, volume: &str, digest: &str, incarnation: &str) -> ContainerCreateBody {
     let mut l = labels::tools(digest, "helper");
     l.insert(labels::INCARNATION.into(), incarnation.to_owned());
-    ContainerCreateBody {
-        image: Some(image.to_owned()),
-        entrypoint: Some(vec!["/.stevedore-helper-never-started".into()]),
-        cmd: Some(vec![]),
-        labels: Some(l),
-        network_disabled: Some(true),
-        host_config: Some(HostConfig {
-            network_mode: Some("none".into()),
-            mounts: Some(vec![volume_mount(volume, TOOLS_DIR, false)]),
-            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    spec::never_started(image, "helper", l, Some(spec::volume_mount(volume, TOOLS_DIR, false)))
 }
 
 fn stream_of(bytes: Vec<u8>) -> ByteStream {
@@ -187,16 +166,6 @@ pub async fn remove_made(engine: &Engine, made: &[String]) -> Result<(), EngineE
     first.map_or(Ok(()), Err)
 }
 
-/// A rung's tools volume, and the names it made.
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    /// The volume attempts mount, and when it was last known to be this rung's (`None`: check
-    /// before the next mount).
-    pub current: Option<(ToolsVolume, Option<std::time::Instant>)>,
-    /// Every volume name this rung made: what `close` removes.
-    pub made: Vec<String>,
-}
-
 /// The name of the helper container that fills `volume`.
 fn fill_helper(volume: &str) -> String {
     format!("{volume}-fill")
@@ -252,6 +221,22 @@ pub async fn prune(engine: &Engine, own: &str) -> Result<Pruned, EngineError> {
         }
     }
     Ok(out)
+}
+
+/// Backstop for a rung dropped without `close()`: its tools volumes are removed in the
+/// background when a runtime is there to do it (never a panic, never a wait).
+impl Drop for super::site::ContainerSite {
+    fn drop(&mut self) {
+        let made = std::mem::take(&mut self.tools.get_mut().made);
+        if !made.is_empty()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let engine = self.engine.clone();
+            rt.spawn(async move {
+                let _ = remove_made(&engine, &made).await;
+            });
+        }
+    }
 }
 
 #[cfg(test)]

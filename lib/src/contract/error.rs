@@ -52,14 +52,14 @@ pub enum LaunchError {
         /// What the image carries.
         actual: String,
     },
-    /// the worker binary in the image does not speak the handler protocol
+    /// the worker binary does not speak the handler protocol
     #[error(
-        "the worker binary of image {image:?} did not answer the handler protocol: does its main call \
+        "the worker binary {worker} did not answer the handler protocol: does its main call \
          stevedore::sandbox::main_hook first? ({detail})"
     )]
     HandlerProtocol {
-        /// The image.
-        image: String,
+        /// Which worker binary: `of image "<ref>"`, or its path on the host.
+        worker: String,
         /// What was seen: its exit, and the tail of its stderr.
         detail: String,
     },
@@ -178,7 +178,7 @@ mod tests {
         assert!(absent.is_permanent());
         let e = LaunchError::FingerprintMismatch { image: "i".into(), expected: "aaa".into(), actual: "bbb".into() };
         assert!(e.to_string().contains("aaa") && e.to_string().contains("bbb"));
-        let e = LaunchError::HandlerProtocol { image: "w:1".into(), detail: "exited 1".into() };
+        let e = LaunchError::HandlerProtocol { worker: "of image \"w:1\"".into(), detail: "exited 1".into() };
         assert!(e.to_string().contains("stevedore::sandbox::main_hook"));
     }
 }

@@ -1,9 +1,12 @@
-//! Resource limits (dimension → amount); sizes, CPU amounts and durations as people type them
-//! are parsed by `stevedore_parse::limits` (re-exported here).
+//! Resource limits: the request's map (dimension → amount, the contract's form, custom keys
+//! allowed), the typed [`Limits`] everything else uses, and the one rule that resolves what
+//! a rung applies ([`resolve`]). Sizes, CPU amounts and durations as people type them are
+//! parsed by `stevedore_parse::limits` (re-exported here).
 
+use super::NarrowedLimit;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-pub use stevedore_parse::limits::{ParseError, parse_cpus, parse_duration, parse_size};
+pub use stevedore_parse::limits::{Limits, ParseError, parse_cpus, parse_duration, parse_size};
 
 /// Known limit keys.
 pub mod key {
@@ -64,11 +67,111 @@ impl ResourceLimits {
     pub fn gpu_devices(&self) -> Option<u64> {
         self.get(key::GPU).map(|m| m.div_ceil(1000))
     }
+
+    /// The known dimensions, typed (custom keys are the rungs' to ignore).
+    pub fn typed(&self) -> Limits {
+        let mut l = Limits::NONE;
+        for (k, v) in &self.0 {
+            if let Some(slot) = l.dim_mut(k) {
+                *slot = Some(*v).filter(|v| *v > 0);
+            }
+        }
+        l
+    }
+}
+
+/// What a rung's configuration and nature say of limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RungLimits<'a> {
+    /// Fill what the request left out.
+    pub defaults: &'a Limits,
+    /// Only narrow: the applied value is never above one.
+    pub ceilings: &'a Limits,
+    /// The rung's own, for what neither the request nor a default gives (never "unlimited"
+    /// by accident where the rung can enforce it).
+    pub fallback: &'a Limits,
+    /// Dimensions the rung cannot enforce, and why (for the evidence's `skipped`).
+    pub cannot: &'a [(&'static str, &'static str)],
+}
+
+/// The limits a rung applies to one attempt, and what the evidence says of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Applied {
+    pub limits: Limits,
+    /// What the request asked above a ceiling.
+    pub narrowed: Vec<NarrowedLimit>,
+    /// What was asked (or defaulted) that the rung cannot enforce.
+    pub skipped: BTreeMap<String, String>,
+}
+
+/// The one rule of every rung (`docs/outcome.md`, "Limits"): the request's value, else the
+/// default, else the rung's fallback; then a ceiling only narrows (the smaller wins, and a
+/// request narrowed is in the evidence); a dimension the rung cannot enforce is skipped.
+pub(crate) fn resolve(asked: &ResourceLimits, rung: RungLimits<'_>) -> Applied {
+    let asked = asked.typed();
+    let mut out = Applied::default();
+    let dims = asked.dims().into_iter().zip(rung.defaults.dims()).zip(rung.fallback.dims()).zip(rung.ceilings.dims());
+    for ((((key, want), (_, default)), (_, fallback)), (_, ceiling)) in dims {
+        let Some(v) = want.or(default).or(fallback) else { continue };
+        if let Some((_, why)) = rung.cannot.iter().find(|(k, _)| *k == key) {
+            out.skipped.insert(key.to_owned(), format!("{v} asked, not enforced: {why}"));
+            continue;
+        }
+        let applied = match ceiling {
+            Some(c) if v > c => {
+                if want.is_some() {
+                    out.narrowed.push(NarrowedLimit { key: key.into(), from: v, to: c, why: "profile ceiling".into() });
+                }
+                c
+            }
+            _ => v,
+        };
+        *out.limits.dim_mut(key).expect("a known key") = Some(applied);
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rung<'a>(d: &'a Limits, c: &'a Limits, f: &'a Limits) -> RungLimits<'a> {
+        RungLimits { defaults: d, ceilings: c, fallback: f, cannot: &[("gpu", "no GPUs here")] }
+    }
+
+    #[test]
+    fn a_ceiling_only_narrows_and_a_default_only_fills() {
+        let (d, c, f) = (Limits::NONE.memory(256), Limits::NONE.memory(512).pids(100), Limits::NONE.pids(512).disk(9));
+        // Asked above the ceiling: narrowed, and said so.
+        let a = resolve(&ResourceLimits::new().with(key::MEMORY, 1024), rung(&d, &c, &f));
+        assert_eq!(a.limits.memory_bytes, Some(512));
+        assert_eq!(
+            a.narrowed,
+            [NarrowedLimit { key: "memory".into(), from: 1024, to: 512, why: "profile ceiling".into() }]
+        );
+        // Asked below: as asked. Left out: the default fills it.
+        assert_eq!(
+            resolve(&ResourceLimits::new().with(key::MEMORY, 64), rung(&d, &c, &f)).limits.memory_bytes,
+            Some(64)
+        );
+        let a = resolve(&ResourceLimits::new(), rung(&d, &c, &f));
+        assert_eq!(a.limits.memory_bytes, Some(256));
+        // The rung's fallback under a ceiling is the ceiling, not a narrowing of anything asked.
+        assert_eq!((a.limits.pids, a.limits.disk_bytes), (Some(100), Some(9)));
+        assert!(a.narrowed.is_empty(), "{a:?}");
+        // Nothing given and no fallback: no limit, whatever the ceiling (it only narrows).
+        let a = resolve(&ResourceLimits::new(), rung(&Limits::NONE, &Limits::NONE.cpu(500), &Limits::NONE));
+        assert_eq!(a.limits, Limits::NONE);
+        // What the rung cannot enforce is skipped, with why.
+        let a = resolve(&ResourceLimits::new().with(key::GPU, 1000).with("custom", 3), rung(&d, &c, &f));
+        assert_eq!(a.limits.gpu_millis, None);
+        assert!(a.skipped["gpu"].contains("no GPUs here"), "{a:?}");
+        // Zero is "not given".
+        assert_eq!(
+            resolve(&ResourceLimits::new().with(key::MEMORY, 0), rung(&d, &c, &f)).limits.memory_bytes,
+            Some(256)
+        );
+    }
 
     #[test]
     fn limits_accessors() {

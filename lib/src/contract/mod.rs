@@ -24,7 +24,7 @@ pub use hooks::{
 };
 pub use judge::{Judgement, judge};
 pub use level::Level;
-pub use limits::{ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
+pub use limits::{Limits, ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub use live::{LiveChunk, LiveOutput, Stream};
 pub use outcome::{
     CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome,

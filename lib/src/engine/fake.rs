@@ -298,6 +298,8 @@ impl EngineApi for FakeApi {
 
     fn attach<'a>(&'a self, name: &'a str) -> Call<'a, Attached> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("attach container", name)?;
             let (host_in, init_in) = tokio::io::duplex(1 << 20);
             let (tx, rx) = mpsc::unbounded_channel();
@@ -308,11 +310,14 @@ impl EngineApi for FakeApi {
     }
 
     fn update<'a>(&'a self, name: &'a str, _memory: u64, _cpus: Option<u64>, _pids: u64) -> Call<'a, ()> {
+        let name = name.strip_prefix("id-").unwrap_or(name);
         Box::pin(async move { self.enter("update container", name) })
     }
 
     fn wait_exit<'a>(&'a self, name: &'a str) -> Call<'a, i64> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("wait container", name)?;
             Ok(0)
         })
@@ -320,6 +325,8 @@ impl EngineApi for FakeApi {
 
     fn exec<'a>(&'a self, name: &'a str, _argv: Vec<String>, _user: Option<&'a str>) -> Call<'a, Attached> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("create exec", name)?;
             Err(EngineError::Refused { op: "create exec", status: 501, message: "the fake engine has no exec".into() })
         })
@@ -327,6 +334,8 @@ impl EngineApi for FakeApi {
 
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("start container", name)?;
             let (stdin, out) = {
                 let mut s = self.state.lock().unwrap();
@@ -352,11 +361,14 @@ impl EngineApi for FakeApi {
     }
 
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()> {
+        let name = name.strip_prefix("id-").unwrap_or(name);
         Box::pin(async move { self.enter("kill container", &format!("{name} {signal}")) })
     }
 
     fn inspect_container<'a>(&'a self, name: &'a str) -> Call<'a, ContainerState> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("inspect container", name)?;
             let s = self.state.lock().unwrap();
             let c = s.containers.get(name).ok_or_else(|| Self::not_found("inspect container", name))?;
@@ -366,6 +378,8 @@ impl EngineApi for FakeApi {
 
     fn stat_path<'a>(&'a self, name: &'a str, path: &'a str) -> Call<'a, super::api::PathKind> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("stat path", &format!("{name} {path}"))?;
             let s = self.state.lock().unwrap();
             s.containers.get(name).ok_or_else(|| Self::not_found("stat path", name))?;
@@ -376,6 +390,8 @@ impl EngineApi for FakeApi {
 
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, mut tar: ByteStream, _timeout: Duration) -> Call<'a, ()> {
         Box::pin(async move {
+            // By name or by id, as the engine takes either.
+            let name = name.strip_prefix("id-").unwrap_or(name);
             self.enter("upload archive", &format!("{name} {path}"))?;
             let gate = self.upload_gate.lock().unwrap().clone();
             if let Some(g) = gate {

@@ -29,6 +29,8 @@ pub(crate) struct Frame {
     pub disk_limit: Option<u64>,
     /// What "stopped everything" meant, for the note (e.g. "the container was SIGKILLed").
     pub hard_stop: &'static str,
+    /// Why the rung cannot know the peak memory even with a record (no cgroup of its own).
+    pub no_peak_memory: Option<&'static str>,
 }
 
 /// The judge's inputs, and whether a handler runner never spoke the protocol.
@@ -116,6 +118,9 @@ pub(crate) fn judgement(
     let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);
     ev.reports = reports::seen(init_reports, &got.reports, delivered, &mut ev.hook_failures);
     outputs(ended, &mut j, &mut ev);
+    if let Some(why) = frame.no_peak_memory {
+        j.usage.sources.peak_memory_bytes = Some(Source::unavailable(why));
+    }
     j.evidence = ev;
     (j, handler_silent)
 }

@@ -11,3 +11,39 @@ pub(crate) mod supervise;
 
 pub(crate) use capture::{CappedLog, LiveSink};
 pub use supervise::{Collection, HostLoss};
+
+use crate::outputs::Caps;
+use std::time::Duration;
+
+/// How every rung that runs the init keeps its link: the captures, the outputs, the times.
+/// The same on every rung (`ContainerConfig::link`, `ProcessConfig::link`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LinkConfig {
+    /// Bytes of each stream kept on disk (default 4 MiB).
+    pub log_cap_bytes: u64,
+    /// Caps on outputs.
+    pub output_caps: Caps,
+    /// How long the outputs may take to come back (default: 30 s, plus a second per 32 MiB).
+    pub collection: Collection,
+    /// Past the grace, how long the init gets before the rung stops everything itself
+    /// (default 2 s).
+    pub kill_margin: Duration,
+    /// How long a handler runner has to answer the protocol (default 10 s).
+    pub handshake_timeout: Duration,
+    /// The host's liveness, as the init sees it.
+    pub host_loss: HostLoss,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        Self {
+            log_cap_bytes: 4 << 20,
+            output_caps: Caps::default(),
+            collection: Collection::default(),
+            kill_margin: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(10),
+            host_loss: HostLoss::default(),
+        }
+    }
+}

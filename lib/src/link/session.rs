@@ -184,7 +184,7 @@ struct Extraction {
 
 impl Extraction {
     fn start(sink: OutputsSink) -> Self {
-        let (tx, reader) = crate::container::pipe::reader(16);
+        let (tx, reader) = crate::pipe::reader(16);
         let join = tokio::task::spawn_blocking(move || {
             let mut got = OutputsReceived::default();
             if let Err(e) = extract_into(reader, &sink.dest, &sink.caps, &mut got.report) {

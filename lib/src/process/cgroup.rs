@@ -4,6 +4,7 @@
 //! dir per controller) and v2 (one dir).
 
 use super::config::Delegation;
+use crate::contract::Limits;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,17 +32,6 @@ pub enum Cgroup {
     },
     /// v2: one dir.
     V2(PathBuf),
-}
-
-/// The limits to write.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Limits {
-    /// Bytes of memory (swap off).
-    pub memory: Option<u64>,
-    /// CPU in millicores.
-    pub cpu_millis: Option<u64>,
-    /// Processes.
-    pub pids: Option<u64>,
 }
 
 /// Makes the cgroup `name` as `how` says, with `limits`. `Ok(None)` when there is no
@@ -126,7 +116,7 @@ impl Cgroup {
     fn write_limits(&self, l: Limits) -> Result<(), String> {
         match self {
             Cgroup::V1 { memory, cpu, pids, .. } => {
-                if let Some(m) = l.memory {
+                if let Some(m) = l.memory_bytes {
                     write(memory, "memory.limit_in_bytes", &m.to_string())?;
                     // No swap beyond the limit, as the container rung does; absent without swap accounting.
                     if memory.join("memory.memsw.limit_in_bytes").exists() {
@@ -142,7 +132,7 @@ impl Cgroup {
                 }
             }
             Cgroup::V2(dir) => {
-                if let Some(m) = l.memory {
+                if let Some(m) = l.memory_bytes {
                     write(dir, "memory.max", &m.to_string())?;
                     if dir.join("memory.swap.max").exists() {
                         write(dir, "memory.swap.max", "0")?;

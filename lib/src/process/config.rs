@@ -1,10 +1,8 @@
 //! Configuration of the process rung, with documented defaults and a builder.
 
-use crate::contract::ResourceLimits;
-use crate::link::HostLoss;
-use crate::outputs::Caps;
+use crate::contract::Limits;
+use crate::link::{HostLoss, LinkConfig};
 use std::path::PathBuf;
-use std::time::Duration;
 use stevedore_init::wire::{Rlimit, RlimitResource};
 
 /// The uid and gid `nobody`, for a configuration that names it with [`ProcessConfig::run_as`]
@@ -46,10 +44,11 @@ pub struct ProcessConfig {
     /// Accept running commands as the worker's own uid (without root there is no other
     /// choice); they can then read the worker's files and `/proc`. The evidence says so.
     pub allow_worker_uid: bool,
-    /// Limits an attempt gets when its request names none.
-    pub defaults: ResourceLimits,
-    /// The most an attempt may ask for.
-    pub ceilings: ResourceLimits,
+    /// Limits for what a request leaves out (default: none: no limit unless asked).
+    pub defaults: Limits,
+    /// The most an attempt gets per dimension; a ceiling only narrows what is asked or
+    /// defaulted (`docs/outcome.md`, "Limits").
+    pub ceilings: Limits,
     /// `setrlimit` on every command.
     pub rlimits: Vec<Rlimit>,
     /// Where attempts' dirs, the init and copies of the worker binary live (default:
@@ -59,22 +58,12 @@ pub struct ProcessConfig {
     pub cgroup: Delegation,
     /// `PATH` for commands.
     pub path: String,
-    /// Caps on the outputs.
-    pub output_caps: Caps,
-    /// How long the outputs may take to come back (default: 30 s, plus a second per 32 MiB).
-    pub collection: crate::link::Collection,
     /// The most bytes the input dir may hold.
     pub max_input_bytes: u64,
-    /// How the host's liveness reaches the init.
-    pub host_loss: HostLoss,
-    /// How long a handler runner has to say hello.
-    pub handshake_timeout: Duration,
-    /// Past grace, how long the init gets before the rung kills everything itself.
-    pub kill_margin: Duration,
     /// Where the captures go (default: stevedore's private dir).
     pub log_dir: Option<PathBuf>,
-    /// The most bytes kept per captured stream.
-    pub log_cap_bytes: u64,
+    /// The link to the init: captures, outputs, times.
+    pub link: LinkConfig,
     /// The worker binary re-exec'd for handlers (default: this process's own).
     pub worker_exe: Option<PathBuf>,
     /// The boot of the worker process (minted when not given).
@@ -93,8 +82,8 @@ impl Default for ProcessConfig {
             run_as: None,
             share_uid: false,
             allow_worker_uid: false,
-            defaults: ResourceLimits::new(),
-            ceilings: ResourceLimits::new(),
+            defaults: Limits::NONE,
+            ceilings: Limits::NONE,
             rlimits: vec![
                 Rlimit { resource: RlimitResource::Nofile, soft: 4096, hard: 4096 },
                 Rlimit { resource: RlimitResource::Core, soft: 0, hard: 0 },
@@ -102,14 +91,9 @@ impl Default for ProcessConfig {
             base_dir: None,
             cgroup: if euid() == 0 { Delegation::Auto } else { Delegation::None },
             path: "/usr/local/bin:/usr/bin:/bin".into(),
-            output_caps: Caps::default(),
-            collection: crate::link::Collection::default(),
             max_input_bytes: 4 << 30,
-            host_loss: HostLoss::default(),
-            handshake_timeout: Duration::from_secs(10),
-            kill_margin: Duration::from_secs(2),
             log_dir: None,
-            log_cap_bytes: 4 << 20,
+            link: LinkConfig::default(),
             worker_exe: None,
             incarnation: None,
         }
@@ -167,18 +151,18 @@ impl ProcessConfig {
         self
     }
     /// Sets the limits an attempt gets when it names none.
-    pub fn defaults(mut self, limits: ResourceLimits) -> Self {
+    pub fn defaults(mut self, limits: Limits) -> Self {
         self.defaults = limits;
         self
     }
     /// Sets the most an attempt may ask for.
-    pub fn ceilings(mut self, limits: ResourceLimits) -> Self {
+    pub fn ceilings(mut self, limits: Limits) -> Self {
         self.ceilings = limits;
         self
     }
     /// Sets the host-loss behaviour.
     pub fn host_loss(mut self, h: HostLoss) -> Self {
-        self.host_loss = h;
+        self.link.host_loss = h;
         self
     }
     /// Sets the capture dir.

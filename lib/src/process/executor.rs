@@ -2,16 +2,14 @@
 
 use super::config::ProcessConfig;
 use super::dirs::{self, DirError};
+use super::site::{Places, ProcessSite};
 use crate::contract::{
     Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
 };
-use crate::hostdir::PrivateDir;
 use crate::util::BoxFuture;
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Why the process rung cannot be set up as configured.
 #[derive(Debug, thiserror::Error)]
@@ -45,72 +43,11 @@ pub enum ProcessError {
     Uids(#[from] super::uids::UidError),
 }
 
-/// What the rung shares with each attempt.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub config: ProcessConfig,
-    pub incarnation: String,
-    pub euid: u32,
-    pub attempts: PathBuf,
-    pub bin: PathBuf,
-    pub init: PathBuf,
-    in_flight: Mutex<HashSet<String>>,
-    pub tracker: TaskTracker,
-    logs: Mutex<Option<Arc<PrivateDir>>>,
-    workers: Mutex<HashMap<PathBuf, PathBuf>>,
-    /// Leases of the attempts' uids; `None`: attempts share one uid (the worker's or a fixed
-    /// one) side by side, by configuration.
-    pub uids: Option<Arc<super::uids::Uids>>,
-}
-
-impl Shared {
-    pub fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The private base dir of the captures, created on first use.
-    pub fn log_base(&self) -> Result<Arc<PrivateDir>, crate::hostdir::HostDirError> {
-        let mut slot = self.logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(d) = &*slot {
-            return Ok(d.clone());
-        }
-        let dir = match &self.config.log_dir {
-            Some(d) => PrivateDir::open(d)?,
-            None => PrivateDir::open(&crate::hostdir::default_base())?.subdir("logs")?,
-        };
-        let dir = Arc::new(dir);
-        *slot = Some(dir.clone());
-        Ok(dir)
-    }
-
-    /// The worker binary, copied into the rung's dir (by digest) so that the command's
-    /// uid can run it and nobody can swap it.
-    pub fn worker_exe(&self) -> Result<PathBuf, LaunchError> {
-        let exe = match &self.config.worker_exe {
-            Some(e) => e.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| LaunchError::Staging { what: "locating the worker binary".into(), source: Box::new(e) })?,
-        };
-        let mut cache = self.workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(p) = cache.get(&exe) {
-            return Ok(p.clone());
-        }
-        let bytes = std::fs::read(&exe).map_err(|e| LaunchError::Staging {
-            what: format!("reading the worker binary {}", exe.display()),
-            source: Box::new(e),
-        })?;
-        let installed = dirs::install(&self.bin, "worker", &bytes)
-            .map_err(|e| LaunchError::Staging { what: "installing the worker binary".into(), source: Box::new(e) })?;
-        cache.insert(exe, installed.clone());
-        Ok(installed)
-    }
-}
-
 /// Runs each attempt as a child process of the worker, supervised by stevedore's init,
 /// under a dedicated uid when stevedore runs as root (level `process`). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ProcessExecutor {
-    shared: Arc<Shared>,
+    shared: Arc<ProcessSite>,
 }
 
 impl ProcessExecutor {
@@ -161,21 +98,8 @@ impl ProcessExecutor {
                 Some(Arc::new(super::uids::Uids::new(super::uids::UidRange { first: uid, count: 1 }, false, leases)?))
             }
         };
-        Ok(Self {
-            shared: Arc::new(Shared {
-                config,
-                incarnation,
-                euid,
-                attempts,
-                bin,
-                init,
-                in_flight: Mutex::default(),
-                tracker: TaskTracker::new(),
-                logs: Mutex::new(None),
-                workers: Mutex::new(HashMap::new()),
-                uids,
-            }),
-        })
+        let places = Places { euid, attempts, bin, init };
+        Ok(Self { shared: Arc::new(ProcessSite::new(config, incarnation, places, uids)) })
     }
 
     /// The rung's attempts dir (for tests and reclaim).
@@ -201,8 +125,8 @@ impl Executor for ProcessExecutor {
     ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
         Box::pin(async move {
             // Taken before the check so that `close` either refuses this attempt or waits for it.
-            let _in_flight = self.shared.tracker.token();
-            if self.shared.tracker.is_closed() {
+            let _in_flight = self.shared.base.tracker.token();
+            if self.shared.base.tracker.is_closed() {
                 return Err(LaunchError::Closed(self.shared.config.name.clone()));
             }
             request.validate()?;
@@ -219,8 +143,8 @@ impl Executor for ProcessExecutor {
 
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            self.shared.tracker.close();
-            self.shared.tracker.wait().await;
+            self.shared.base.tracker.close();
+            self.shared.base.tracker.wait().await;
         })
     }
 
@@ -230,6 +154,6 @@ impl Executor for ProcessExecutor {
         hooks: Option<HookSet>,
         cancel: CancellationToken,
     ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
-        Box::pin(super::recover::recover(self.shared.clone(), checkpoint, hooks, cancel))
+        Box::pin(async move { crate::attempt::recover(&self.shared, checkpoint, hooks, &cancel).await })
     }
 }

@@ -1,11 +1,11 @@
 //! What a previous life of this worker left in the process rung: attempts' dirs, their
 //! inits (still running within a host-loss grace nobody came back for) and cgroups.
 
-use super::attempt::{PID_FILE, kill_tree, start_ticks, wait_gone};
 use super::cgroup::Cgroup;
 use super::config::Delegation;
 use super::dirs::AttemptDir;
-use super::executor::Shared;
+use super::site::ProcessSite;
+use super::tree::{PID_FILE, kill_tree, start_ticks, wait_gone};
 use crate::contract::{ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport, valid_worker_id};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,7 +33,7 @@ fn cgroups_of(how: &Delegation, name: &str) -> Vec<Cgroup> {
     }
 }
 
-pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimReport, ReclaimError> {
+pub(crate) async fn reclaim(shared: &ProcessSite, worker: &str) -> Result<ReclaimReport, ReclaimError> {
     if !valid_worker_id(worker) {
         return Err(ReclaimError::WorkerId(worker.to_owned()));
     }
@@ -42,7 +42,7 @@ pub(crate) async fn reclaim(shared: &Shared, worker: &str) -> Result<ReclaimRepo
     for entry in entries.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
         let Some(id) = attempt_of(&name, worker) else { continue };
-        if shared.in_flight().contains(&id) {
+        if shared.base.in_flight().contains(&id) {
             report.kept_in_flight.push(name);
             continue;
         }

@@ -1,0 +1,243 @@
+//! From a provisioned sandbox to a running attempt: the captures, the link's reader, the
+//! start, the engine's checkpoint hook (the sandbox exists, its command does not run yet),
+//! the Start frame, the heartbeats.
+
+use super::site::{Layout, Ledger, Plan, Provisioned, Settings, Site};
+use crate::contract::{
+    CHECKPOINT_VERSION, Checkpoint, HOOK_TIMEOUT, HookError, LaunchError, LinkSecret, Request, StartedInfo, Target,
+    Task,
+};
+use crate::link::reports::{self, ReportRoute};
+use crate::link::session::{self, OutputsSink, ReaderSetup, Sender};
+use crate::link::supervise::Linked;
+use crate::link::{CappedLog, LiveSink};
+use std::time::Instant;
+use stevedore_init::wire::{self, HandlerRequest, KEY_LEN, Start};
+use tokio::sync::mpsc;
+
+/// An attempt whose command was told to start.
+#[derive(Debug)]
+pub(crate) struct Running<O> {
+    pub ledger: Ledger<O>,
+    pub link: Linked,
+    /// The task handing reports to the engine's hook.
+    pub reports: Option<tokio::task::JoinHandle<reports::Delivered>>,
+}
+
+fn staging(what: impl Into<String>, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
+    LaunchError::Staging { what: what.into(), source: Box::new(e) }
+}
+
+/// The attempt a link belongs to.
+pub(crate) fn scope(req: &Request) -> wire::Scope {
+    wire::Scope { job_id: req.job_id.clone(), attempt: req.attempt }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The link's reports to the engine's hook, when the request has hooks.
+pub(crate) fn report_forwarding(
+    req: &Request,
+) -> (Option<mpsc::Sender<reports::Delivery>>, Option<tokio::task::JoinHandle<reports::Delivered>>) {
+    match &req.hooks {
+        Some(h) => {
+            let (tx, task) = reports::forward(h.clone(), req.attempt_ref());
+            (Some(tx), Some(task))
+        }
+        None => (None, None),
+    }
+}
+
+/// Starts the attempt on its provisioned sandbox. On `Err` the caller removes what was made.
+pub(crate) async fn begin<S: Site>(
+    site: &S,
+    req: &Request,
+    plan: Plan<'_>,
+    prov: Provisioned<S::Own>,
+) -> Result<Running<S::Own>, LaunchError> {
+    let rung = site.rung();
+    let cfg = rung.settings;
+    let Provisioned { transport: (inbound, sender), running, own, layout, enforcement, skipped, inputs } = prov;
+    let logs = rung.base.captures.of_worker(&req.worker_id).map_err(|e| staging("the capture dir", e))?;
+    let captures = [format!("{}.stdout", plan.name), format!("{}.stderr", plan.name)];
+    let capture = |n: &str| {
+        CappedLog::create(&logs, n, cfg.link.log_cap_bytes).map_err(|e| staging(format!("the capture {n}"), e))
+    };
+    let key: [u8; KEY_LEN] = rand::random();
+    let link_id = hex(&rand::random::<[u8; 16]>());
+    let (report_tx, report_task) = report_forwarding(req);
+    let started_tx = report_tx.clone();
+    let setup = ReaderSetup {
+        key,
+        stdout: capture(&captures[0])?,
+        stderr: capture(&captures[1])?,
+        live: LiveSink::new(req.live.clone()),
+        outputs: OutputsSink {
+            dest: plan.output_dir.try_clone().map_err(|e| staging("the output dir", e))?,
+            caps: cfg.link.output_caps,
+        },
+        reports: ReportRoute::new(scope(req), report_tx),
+        stop: Default::default(),
+    };
+    let stop = setup.stop.clone();
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let reader = session::ReaderTask::spawn(&rung.base.tracker, session::read(inbound, setup, events_tx));
+    let started = Instant::now();
+    let ports = match site.start(&own, running).await {
+        Ok(p) => p,
+        Err(e) => {
+            reader.abort();
+            return Err(e);
+        }
+    };
+    let captured = Captured { captures, inputs, enforcement, skipped, ports };
+    let ledger = ledger_of(req, &plan, &cfg, captured, own);
+    // The sandbox runs, its init waits for the start: the command has not started yet.
+    if let Some(hooks) = &req.hooks {
+        let cp = checkpoint(site, req, &ledger, &key, &link_id, started);
+        if let Err(e) = checkpointed(hooks, &cp).await {
+            reader.abort();
+            return Err(LaunchError::Hook(e));
+        }
+    }
+    // Sent, and the sender let go: the forwarding ends once the reader's route is gone too.
+    if let Some(tx) = started_tx {
+        let (container_id, pid) = match site.target(&ledger.own) {
+            Target::Container { id, .. } => (Some(id), None),
+            Target::Process { pid, .. } => (None, Some(pid)),
+        };
+        let info = StartedInfo { container_id, pid, ports: ledger.ports.clone() };
+        let _ = tx.try_send(reports::Delivery::Started(info));
+    }
+    let start = start_frame(req, &plan, layout, &key, &link_id, &cfg, started);
+    if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
+        // The init then sees no start and exits; the attempt ends as "no record".
+        tracing::warn!(error = %e, "could not send the start to the init");
+    }
+    let heartbeat = heartbeats(&sender, &cfg);
+    let link = Linked { started, sender, stop, events, reader, heartbeat };
+    Ok(Running { ledger, link, reports: report_task })
+}
+
+/// The engine's checkpoint hook, within its time.
+async fn checkpointed(hooks: &crate::contract::HookSet, cp: &Checkpoint) -> Result<(), HookError> {
+    match tokio::time::timeout(HOOK_TIMEOUT, hooks.0.checkpoint(cp)).await {
+        Ok(r) => r,
+        Err(_) => Err(HookError::new(format!("no answer within {}s", HOOK_TIMEOUT.as_secs()))),
+    }
+}
+
+/// The heartbeats the link's settings ask for.
+pub(crate) fn heartbeats(sender: &Sender, cfg: &Settings) -> Option<tokio::task::JoinHandle<()>> {
+    cfg.link.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.link.host_loss.heartbeat_every))
+}
+
+/// What `begin` learnt of the attempt on its way to the ledger.
+struct Captured {
+    captures: [String; 2],
+    inputs: Option<crate::contract::InputsStaged>,
+    enforcement: std::collections::BTreeMap<String, String>,
+    skipped: std::collections::BTreeMap<String, String>,
+    ports: super::site::Ports,
+}
+
+/// The attempt's ledger: what it must keep, whatever happens to this process.
+fn ledger_of<O>(req: &Request, plan: &Plan<'_>, cfg: &Settings, got: Captured, own: O) -> Ledger<O> {
+    let Captured { captures, inputs, enforcement, skipped, ports } = got;
+    Ledger {
+        attempt_id: plan.attempt_id.to_owned(),
+        name: plan.name.to_owned(),
+        started_ms: plan.started_ms,
+        expects_handler: matches!(req.task, Task::Handler(_)),
+        captures,
+        max_files: cfg.link.output_caps.max_files as u64,
+        max_total_bytes: cfg.link.output_caps.max_total_bytes,
+        narrowed: plan.narrowed.to_vec(),
+        env_overrides: plan.env_overrides.to_vec(),
+        enforcement,
+        skipped,
+        inputs,
+        ports,
+        own,
+    }
+}
+
+/// The checkpoint of a launched attempt.
+fn checkpoint<S: Site>(
+    site: &S,
+    req: &Request,
+    ledger: &Ledger<S::Own>,
+    key: &[u8; KEY_LEN],
+    link_id: &str,
+    started: Instant,
+) -> Checkpoint {
+    let rung = site.rung();
+    let now_ms = crate::contract::unix_ms_now();
+    Checkpoint {
+        version: CHECKPOINT_VERSION,
+        job_id: req.job_id.clone(),
+        attempt: req.attempt,
+        worker: req.worker_id.clone(),
+        rung: rung.name.to_owned(),
+        level: rung.level,
+        incarnation: rung.base.incarnation.to_owned(),
+        started_at_unix_ms: ledger.started_ms,
+        deadline_at_unix_ms: req
+            .deadline_from(started)
+            .map(|d| now_ms.saturating_add(d.saturating_duration_since(Instant::now()).as_millis() as u64)),
+        grace_ms: req.policy.grace().as_millis() as u64,
+        output_dir: std::path::absolute(&req.output_dir).unwrap_or_else(|_| req.output_dir.clone()),
+        target: site.target(&ledger.own),
+        link: LinkSecret { id: link_id.to_owned(), key: hex(key) },
+        state: serde_json::to_value(ledger).expect("a ledger always serialises"),
+    }
+}
+
+/// The Start frame: what the rung decided, how it laid the sandbox out, the link's settings.
+fn start_frame(
+    req: &Request,
+    plan: &Plan<'_>,
+    layout: Layout,
+    key: &[u8; KEY_LEN],
+    link_id: &str,
+    cfg: &Settings,
+    started: Instant,
+) -> Start {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let handler = match &req.task {
+        Task::Handler(h) => Some(HandlerRequest {
+            handler: h.clone(),
+            fingerprint: req.fingerprint.clone(),
+            job_id: req.job_id.clone(),
+            attempt: req.attempt,
+            inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{}/{}", layout.in_dir, v.display()))).collect(),
+            prior_outputs: req.prior_outputs.iter().map(Into::into).collect(),
+            deadline_ms: req.deadline_from(started).map(|d| ms(d.saturating_duration_since(Instant::now()))),
+        }),
+        Task::Command(_) => None,
+    };
+    Start {
+        protocol: wire::PROTOCOL,
+        key: hex(key),
+        argv: plan.argv.to_vec(),
+        env: plan.env.to_vec(),
+        cwd: plan.cwd.to_owned(),
+        grace_ms: ms(req.policy.grace()),
+        child_oom_score_adj: Some(500),
+        handler,
+        handshake_ms: ms(cfg.link.handshake_timeout),
+        heartbeat_timeout_ms: cfg.link.host_loss.heartbeat_timeout.map_or(0, ms),
+        host_loss_grace_ms: ms(cfg.link.host_loss.grace),
+        outputs: cfg.link.collection.spec(layout.out_dir, cfg.link.output_caps),
+        scope: scope(req),
+        link_id: Some(link_id.to_owned()),
+        takeover_uid: layout.takeover_uid,
+        takeover_fd: layout.takeover_fd,
+        rlimits: layout.rlimits,
+        cgroup_dir: layout.cgroup_dir,
+        measure: layout.measure,
+        mounts: layout.mounts,
+    }
+}

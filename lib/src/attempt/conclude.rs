@@ -1,0 +1,142 @@
+//! After supervision: the rung's witness (when no verified record arrived), the removal of
+//! what the rung made, the evidence every rung gives and the rung's own, the judge, the
+//! outcome hook.
+//!
+//! A handler runner that never speaks the protocol (the worker binary does not call
+//! `sandbox::main_hook`) is `Err(LaunchError::HandlerProtocol)` on every rung: the handler
+//! never ran, and the fault is the worker's build, which no retry changes
+//! (`docs/outcome.md`). A recovered attempt had spoken before it was left, so it ends
+//! with its Outcome.
+
+use super::site::{Ledger, Removed, Site, Teardown};
+use crate::contract::{Evidence, Exit, Outcome, Request, Source, judge};
+use crate::link::judgement;
+use crate::link::reports::{self, Delivered};
+use crate::link::supervise::Ended;
+
+/// What supervision left of an attempt.
+#[derive(Debug)]
+pub(crate) struct Ending<O> {
+    pub ledger: Ledger<O>,
+    pub ended: Ended,
+    /// The task handing reports to the engine's hook.
+    pub reports: Option<tokio::task::JoinHandle<Delivered>>,
+}
+
+/// How the attempt came to its end.
+#[derive(Debug)]
+pub(crate) enum How {
+    /// Launched by this process; `background`: a finished attempt with a verified record is
+    /// removed after its outcome is returned.
+    Fresh { background: bool },
+    /// Taken over from a previous life of the worker (the evidence's `recovered`).
+    Recovered(String),
+    /// The takeover failed for this reason: judged from what the host saw.
+    Unrecovered(String),
+}
+
+/// The attempt's Outcome, before the outcome hook ([`deliver`]) sees it; and, for a fresh
+/// attempt whose handler runner never spoke, what was seen of it (the caller's error).
+pub(crate) async fn conclude<S: Site>(
+    site: &S,
+    req: &Request,
+    ending: Ending<S::Own>,
+    teardown: S::Teardown,
+    how: How,
+) -> (Outcome, Option<String>) {
+    let Ending { ledger, mut ended, reports } = ending;
+    let verified = ended.record.as_ref().is_some_and(Result::is_ok);
+    let mut witness = site.witness(&ledger.own, verified).await;
+    let removed = match how {
+        How::Fresh { background: true } if verified => {
+            // Nothing the removal finds changes the outcome: it runs on the rung's tracked
+            // tasks (`close` waits for them) while the outcome is returned.
+            site.rung().base.tracker.spawn(async move {
+                let removed = teardown.remove().await;
+                if !removed.errors.is_empty() {
+                    tracing::warn!(errors = ?removed.errors, "removing a finished attempt's objects left some behind");
+                }
+            });
+            Removed::default()
+        }
+        _ => teardown.remove().await,
+    };
+    // The rung's main object (its container) was gone when the removal came: someone else's doing.
+    witness.removed_externally |= removed.by_others.iter().any(|o| o == &ledger.name);
+    let delivered = reports::finish(reports).await;
+    let mut ev = evidence(site, req, &ledger, &removed, &how);
+    let frame = site.account(&ledger, &mut ended, &removed, &mut ev);
+    if let How::Unrecovered(_) = how {
+        witness.why_no_record = "the takeover failed";
+    }
+    let (mut j, silent) = judgement::judgement(&ended, &frame, witness, delivered, ev);
+    if let How::Unrecovered(why) = &how {
+        j.error_text = format!("the takeover failed: {why}");
+        j.usage.wall_time_ms = None;
+        j.usage.sources.wall_time_ms = Some(Source::unavailable("the takeover failed"));
+    }
+    let silent = (silent && matches!(how, How::Fresh { .. })).then(|| silent_detail(&ended, &j.facts.exit));
+    let outcome = judge(req, j);
+    tracing::info!(status = %outcome.status, reason = ?outcome.reason, "attempt finished");
+    (outcome, silent)
+}
+
+/// Hands the Outcome to the engine's outcome hook, when the request has hooks.
+pub(crate) async fn deliver(req: &Request, mut outcome: Outcome) -> Outcome {
+    if let Some(hooks) = &req.hooks {
+        hooks.deliver_outcome(&mut outcome).await;
+    }
+    outcome
+}
+
+/// The evidence every rung gives: who ran the attempt, when, what it decided and enforced,
+/// how it was recovered, what its removal left.
+fn evidence<S: Site>(site: &S, req: &Request, ledger: &Ledger<S::Own>, removed: &Removed, how: &How) -> Evidence {
+    let rung = site.rung();
+    let mut ev = Evidence {
+        executor: rung.name.to_owned(),
+        level: Some(rung.level),
+        worker: req.worker_id.clone(),
+        incarnation: rung.base.incarnation.to_owned(),
+        started_at_unix_ms: Some(ledger.started_ms),
+        finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
+        enforcement: ledger.enforcement.clone(),
+        skipped: ledger.skipped.clone(),
+        limits_narrowed: ledger.narrowed.clone(),
+        env_overrides: ledger.env_overrides.clone(),
+        ports: ledger.ports.clone(),
+        inputs: ledger.inputs.clone(),
+        recovered: match how {
+            How::Fresh { .. } => None,
+            How::Recovered(r) => Some(r.clone()),
+            How::Unrecovered(why) => {
+                Some(format!("the takeover failed: {why}; the attempt was stopped and what it made removed"))
+            }
+        },
+        ..Evidence::default()
+    };
+    ev.notes.extend(removed.errors.iter().map(|e| format!("cleanup: {e}")));
+    ev
+}
+
+/// What was seen of a handler runner that never spoke: its exit, and the end of its stderr.
+fn silent_detail(ended: &Ended, exit: &Exit) -> String {
+    let exit = match exit {
+        Exit::Code(c) => format!("it exited with code {c}"),
+        Exit::Signal(s) => format!("it was killed by signal {s}"),
+        Exit::Unknown => "it never said hello".to_owned(),
+    };
+    let tail = ended.received.stderr.path.as_deref().map(tail_of).unwrap_or_default();
+    if tail.is_empty() { exit } else { format!("{exit}; its stderr ends with: {tail}") }
+}
+
+/// The last line or so of a capture file.
+fn tail_of(path: &str) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(512)));
+    let mut buf = Vec::new();
+    let _ = f.take(512).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).trim().to_owned()
+}

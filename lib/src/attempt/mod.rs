@@ -1,0 +1,104 @@
+//! The life of an attempt whose PID 1 is stevedore's init, written once for every rung
+//! that runs it: begin (captures, reader, start, checkpoint, Start frame) → supervise →
+//! conclude (witness, teardown, judge, outcome hook), and recover (takeover). What differs
+//! between the rungs is [`site::Site`]; a rung prepares and provisions, then hands over.
+//!
+//! Invariant: nothing here names a rung; the rungs import this module, never the reverse.
+
+mod begin;
+mod conclude;
+mod recover;
+pub(crate) mod site;
+
+pub(crate) use begin::scope;
+pub(crate) use recover::recover;
+pub(crate) use site::InFlight;
+pub(crate) use site::{Layout, Ledger, Plan, Ports, Provisioned, Removed, Rung, Settings, Site, SiteBase, Teardown};
+
+use crate::contract::{LaunchError, Outcome, Request};
+use crate::link::supervise::{Ended, HardStop, Rules, supervise};
+use tokio_util::sync::CancellationToken;
+
+/// The span every attempt runs in; the rung's target is recorded once it exists.
+pub(crate) fn span(req: &Request) -> tracing::Span {
+    tracing::info_span!(
+        "attempt",
+        job = %req.job_id,
+        attempt = req.attempt,
+        worker = %req.worker_id,
+        target = tracing::field::Empty
+    )
+}
+
+/// Runs a provisioned attempt to its outcome: `teardown` removes what the rung made, on
+/// every path (awaited here; its `Drop` is the backstop for a dropped future).
+pub(crate) async fn run<S: Site>(
+    site: &S,
+    req: &Request,
+    plan: Plan<'_>,
+    prov: Provisioned<S::Own>,
+    teardown: S::Teardown,
+    cancel: &CancellationToken,
+) -> Result<Outcome, LaunchError> {
+    let mut running = match begin::begin(site, req, plan, prov).await {
+        Ok(r) => r,
+        Err(e) => {
+            let removed = teardown.remove().await;
+            if !removed.errors.is_empty() {
+                tracing::warn!(errors = ?removed.errors, "cleanup after a launch error left things behind");
+            }
+            return Err(e);
+        }
+    };
+    tracing::Span::current().record("target", describe(&site.target(&running.ledger.own)));
+    let ended = supervised(site, &mut running.link, req, &running.ledger.own, cancel).await;
+    let begin::Running { ledger, link, reports } = running;
+    drop(link);
+    let worker = site.worker_named(&ledger.own);
+    let how = conclude::How::Fresh { background: site.background_cleanup() };
+    let (outcome, silent) =
+        conclude::conclude(site, req, conclude::Ending { ledger, ended, reports }, teardown, how).await;
+    if let Some(detail) = silent {
+        return Err(LaunchError::HandlerProtocol { worker, detail });
+    }
+    Ok(conclude::deliver(req, outcome).await)
+}
+
+/// The target as the span shows it.
+fn describe(t: &crate::contract::Target) -> String {
+    match t {
+        crate::contract::Target::Container { id, .. } => format!("container {}", &id[..id.len().min(12)]),
+        crate::contract::Target::Process { pid, .. } => format!("pid {pid}"),
+    }
+}
+
+/// Supervises the attempt to its end (`link::supervise`) under the rung's settings, with the
+/// rung's own hard stop.
+async fn supervised<S: Site>(
+    site: &S,
+    link: &mut crate::link::supervise::Linked,
+    req: &Request,
+    own: &S::Own,
+    cancel: &CancellationToken,
+) -> Ended {
+    let cfg = site.rung().settings;
+    let rules = Rules {
+        kill_margin: cfg.link.kill_margin,
+        call_timeout: cfg.call_timeout,
+        collection: cfg.link.collection,
+        max_output_bytes: cfg.link.output_caps.max_total_bytes,
+    };
+    supervise(link, req, rules, cancel, &Stop { site, own }).await
+}
+
+/// A site's hard stop of one attempt, as supervision calls it.
+struct Stop<'a, S: Site> {
+    site: &'a S,
+    own: &'a S::Own,
+}
+
+impl<S: Site> HardStop for Stop<'_, S> {
+    fn hard_stop(&self) -> crate::util::BoxFuture<'_, ()> {
+        Box::pin(self.site.hard_stop(self.own))
+    }
+}

@@ -1,0 +1,232 @@
+//! What differs between the rungs that run stevedore's init: where the init runs and how it
+//! is started and stopped hard, the sandbox's layout as the Start frame names it, the
+//! target a checkpoint points at, the rung's removal of what it made, and what the rung
+//! knows when no record arrives. Everything else of an attempt is `attempt`'s, once.
+
+use crate::contract::{
+    Checkpoint, EnvOverride, Evidence, InputsStaged, LaunchError, Level, NarrowedLimit, RecoverError, Target,
+};
+use crate::hostdir::Captures;
+use crate::link::LinkConfig;
+use crate::link::judgement::{Frame, Witness};
+use crate::link::session::Transport;
+use crate::link::supervise::Ended;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use stevedore_init::wire::{CgroupCounters, Rlimit};
+use tokio_util::task::TaskTracker;
+
+/// The link's settings, as the rung is configured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub link: LinkConfig,
+    /// The rung's per-call bound (the reader's end waits at most this long).
+    pub call_timeout: Duration,
+}
+
+/// What every rung that runs the init keeps for all its attempts.
+#[derive(Debug)]
+pub(crate) struct SiteBase {
+    /// Stamped on everything the rung makes.
+    pub incarnation: String,
+    /// The rung's own tasks: `close` waits for them (removals, fills, background cleanups).
+    pub tracker: TaskTracker,
+    /// Where the attempts' captures go.
+    pub captures: Captures,
+    in_flight: Arc<Mutex<HashSet<String>>>,
+}
+
+/// An attempt's mark in its rung's in-flight set (this process's `reclaim` spares what it
+/// names), until the mark is dropped: with the attempt's removal, once that is done.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    set: Arc<Mutex<HashSet<String>>>,
+    pub id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.id);
+    }
+}
+
+impl SiteBase {
+    pub fn new(incarnation: String, captures: Captures) -> Self {
+        Self { incarnation, tracker: TaskTracker::new(), captures, in_flight: Arc::default() }
+    }
+
+    /// Marks `id` in flight until the mark is dropped.
+    pub fn enter(&self, id: String) -> InFlight {
+        self.in_flight().insert(id.clone());
+        InFlight { set: self.in_flight.clone(), id }
+    }
+
+    /// The attempt ids in flight (this process's `reclaim` spares them). Never panics: a
+    /// poisoned lock still holds a valid set (a Drop backstop and reclaim must work after a
+    /// panic elsewhere).
+    pub fn in_flight(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs a removal left by a dropped attempt on the rung's tracked tasks; never blocks or
+    /// panics. Without a runtime it runs nowhere (the objects stay labelled for `reclaim`):
+    /// `false`.
+    pub fn backstop(&self, removal: impl Future<Output = ()> + Send + 'static) -> bool {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                self.tracker.spawn_on(removal, &handle);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Who the rung is, for the evidence and the checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rung<'a> {
+    pub name: &'a str,
+    pub level: Level,
+    pub base: &'a SiteBase,
+    pub settings: Settings,
+}
+
+/// What the rung decided of an attempt before its sandbox exists.
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    pub attempt_id: &'a str,
+    /// Names the attempt's objects and captures.
+    pub name: &'a str,
+    /// The caller's output dir, opened once.
+    pub output_dir: &'a OwnedFd,
+    pub argv: &'a [String],
+    /// The command's whole environment.
+    pub env: &'a [(String, String)],
+    pub env_overrides: &'a [EnvOverride],
+    pub cwd: &'a str,
+    pub narrowed: &'a [NarrowedLimit],
+    pub started_ms: u64,
+}
+
+/// A sandbox the rung provisioned: the init waits for its Start frame on `transport`.
+pub(crate) struct Provisioned<O> {
+    pub transport: Transport,
+    /// It runs already (a parked container, a spawned init); else [`Site::start`] starts it.
+    pub running: bool,
+    pub own: O,
+    pub layout: Layout,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+    pub inputs: Option<InputsStaged>,
+}
+
+impl<O> std::fmt::Debug for Provisioned<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provisioned").field("running", &self.running).finish_non_exhaustive()
+    }
+}
+
+/// How the Start frame describes the sandbox to the init.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Layout {
+    /// Where the inputs are (`/in`, or the process rung's copy).
+    pub in_dir: String,
+    /// Where the outputs go.
+    pub out_dir: String,
+    pub takeover_uid: Option<u32>,
+    pub takeover_fd: Option<i32>,
+    pub rlimits: Vec<Rlimit>,
+    pub cgroup_dir: Option<String>,
+    /// Directories whose size the record reports (caches).
+    pub measure: Vec<String>,
+    /// Where the rung mounted something (`wire::Start::mounts`).
+    pub mounts: Vec<String>,
+}
+
+/// What one attempt's removal found.
+#[derive(Debug, Default)]
+pub(crate) struct Removed {
+    pub errors: Vec<String>,
+    /// Objects someone else had removed or was removing.
+    pub by_others: Vec<String>,
+    /// The attempt's cgroup counters, read by the host once everything in it ended.
+    pub counters: Option<CgroupCounters>,
+}
+
+/// Removes what a rung made for one attempt. Explicit removal awaits [`Teardown::remove`]; a
+/// teardown dropped first hands its work to the rung's tracked tasks (its `Drop`).
+pub(crate) trait Teardown: Send + 'static {
+    fn remove(self) -> impl Future<Output = Removed> + Send + 'static;
+}
+
+/// What must outlive the worker of an attempt: the shared facts and the rung's own (`own`).
+/// It is the checkpoint's `state`, and what the end of the attempt is judged from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Ledger<O> {
+    pub attempt_id: String,
+    pub name: String,
+    pub started_ms: u64,
+    pub expects_handler: bool,
+    /// The capture files' names in the worker's capture dir.
+    pub captures: [String; 2],
+    pub max_files: u64,
+    pub max_total_bytes: u64,
+    pub narrowed: Vec<NarrowedLimit>,
+    pub env_overrides: Vec<EnvOverride>,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+    pub inputs: Option<InputsStaged>,
+    pub ports: BTreeMap<String, String>,
+    pub own: O,
+}
+
+/// One rung that runs stevedore's init (`attempt` does the rest).
+pub(crate) trait Site: Sync {
+    /// The rung's own facts of an attempt.
+    type Own: Clone + Serialize + for<'de> Deserialize<'de> + Send + Sync + std::fmt::Debug + 'static;
+    /// Its removal of an attempt's objects.
+    type Teardown: Teardown;
+
+    fn rung(&self) -> Rung<'_>;
+    /// Starts a provisioned sandbox unless it runs already (`running`); its published ports
+    /// (container port → the address that reaches it).
+    fn start(&self, own: &Self::Own, running: bool) -> impl Future<Output = Result<Ports, LaunchError>> + Send;
+    /// What the checkpoint points at.
+    fn target(&self, own: &Self::Own) -> Target;
+    /// SIGKILLs everything of the attempt, when its init did not finish in time.
+    fn hard_stop(&self, own: &Self::Own) -> impl Future<Output = ()> + Send;
+    /// What the rung saw of the end, asked before the removal (`verified`: a verified record
+    /// arrived, and only the rung's cheap facts are worth having).
+    fn witness(&self, own: &Self::Own, verified: bool) -> impl Future<Output = Witness> + Send;
+    /// The rung's evidence of the attempt, after its removal, and the bounds its claims are
+    /// checked against.
+    fn account(&self, ledger: &Ledger<Self::Own>, ended: &mut Ended, removed: &Removed, ev: &mut Evidence) -> Frame;
+    /// The worker binary a handler attempt ran, for the error when it never spoke.
+    fn worker_named(&self, own: &Self::Own) -> String;
+    /// Whether a finished attempt with a verified record is removed after its outcome is
+    /// returned, on the rung's tracked tasks.
+    fn background_cleanup(&self) -> bool {
+        false
+    }
+    /// Finds a checkpoint's attempt again (its rung, key and ids were checked): its
+    /// teardown, or why not (after removing what was left of it).
+    fn reattach(
+        &self,
+        cp: &Checkpoint,
+        ledger: &Ledger<Self::Own>,
+    ) -> impl Future<Output = Result<Self::Teardown, RecoverError>> + Send;
+    /// A transport to the init's takeover socket; `within`: how long the takeover has left.
+    fn takeover(
+        &self,
+        ledger: &Ledger<Self::Own>,
+        link_id: &str,
+        within: Duration,
+    ) -> impl Future<Output = Result<Transport, String>> + Send;
+}
+
+/// Published ports: container port → the address that reaches it.
+pub(crate) type Ports = BTreeMap<String, String>;
