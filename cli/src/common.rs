@@ -120,7 +120,7 @@ pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<
     let (exe, tag) = own_tag(rung)?;
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());
-    ensure_image(rung.engine().docker(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    ensure_image(rung.engine(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
     Ok(tag)
 }
 

@@ -56,7 +56,7 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             };
             let mut spec = PackSpec::new(exe.clone(), tag);
             spec.fingerprint = fingerprint.or_else(|| is_own(&exe).then(|| handlers.fingerprint()));
-            match pack_image(rung.engine().docker(), &spec).await {
+            match pack_image(rung.engine(), &spec).await {
                 Ok(img) => {
                     println!("{}", serde_json::json!({"image_id": img.id, "tag": img.tag}));
                     0

@@ -66,7 +66,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
     }
     // The running binary's own image is never stale: it would be packed again on next use.
     let keep: Vec<String> = common::own_tag(&rung).map(|(_, tag)| vec![tag]).unwrap_or_default();
-    let docker = rung.engine().docker();
+    let docker = rung.engine();
     match stevedore::image::stale_images(docker, &keep, &[]).await {
         Ok(stale) => {
             if a.images {

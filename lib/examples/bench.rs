@@ -632,7 +632,8 @@ async fn run(mode: Mode) -> Res<()> {
     let rung = ContainerExecutor::connect(ContainerConfig::default())
         .await
         .map_err(|e| format!("no engine: {}", chain(&e)))?;
-    let docker = rung.engine().docker().clone();
+    let docker = Docker::connect_with_defaults().map_err(|e| format!("no engine: {e}"))?;
+    let docker = docker.negotiate_version().await.map_err(|e| format!("no engine: {e}"))?;
     let worker = format!("bench-{:08x}", rand::random::<u32>());
     let root = tempfile::Builder::new()
         .prefix("stevedore-bench-")
@@ -643,11 +644,11 @@ async fn run(mode: Mode) -> Res<()> {
     header(&rung, mode, &worker, &bin).await;
 
     let t = Instant::now();
-    let built = busybox_image(&docker).await?;
+    let built = busybox_image(&docker, rung.engine()).await?;
     println!("image {BUSYBOX_IMAGE}: {} ({})", if built { "built" } else { "reused" }, secs(t.elapsed().as_secs_f64()));
     let fingerprint = stevedore::handlers::builtin().fingerprint();
     let t = Instant::now();
-    let (worker_image, reused) = worker_image(&docker, &bin, &fingerprint).await?;
+    let (worker_image, reused) = worker_image(rung.engine(), &bin, &fingerprint).await?;
     println!(
         "worker image {worker_image}: {} ({})",
         if reused { "reused" } else { "packed" },
@@ -748,7 +749,7 @@ fn write_small_inputs(dir: &Path) -> std::io::Result<()> {
 
 /// Makes sure the busybox test image exists, built as the integration tests build it;
 /// returns whether it was built here.
-async fn busybox_image(docker: &Docker) -> Res<bool> {
+async fn busybox_image(docker: &Docker, engine: &stevedore::engine::Engine) -> Res<bool> {
     let sha = std::fs::File::open(BUSYBOX)
         .and_then(|f| stevedore::hash_reader(f, 0))
         .map(|h| h.hash.trim_start_matches("sha256:").to_owned());
@@ -783,7 +784,7 @@ async fn busybox_image(docker: &Docker) -> Res<bool> {
         tar.append_data(&mut header, path, data).map_err(|e| format!("build context: {e}"))?;
     }
     let context = tar.into_inner().map_err(|e| format!("build context: {e}"))?;
-    stevedore::image::build_image_from_dir_tar(docker, BUSYBOX_IMAGE, context)
+    stevedore::image::build_image_from_dir_tar(engine, BUSYBOX_IMAGE, context)
         .await
         .map_err(|e| format!("building {BUSYBOX_IMAGE}: {}", chain(&e)))?;
     Ok(true)
@@ -791,13 +792,13 @@ async fn busybox_image(docker: &Docker) -> Res<bool> {
 
 /// Packs the worker binary as `stevedore run --handler` does (same tag, same labels, so the
 /// two share the image); returns the tag and whether it was reused.
-async fn worker_image(docker: &Docker, bin: &Path, fingerprint: &str) -> Res<(String, bool)> {
+async fn worker_image(engine: &stevedore::engine::Engine, bin: &Path, fingerprint: &str) -> Res<(String, bool)> {
     use stevedore::image::bundle::{default_base, exe_digest};
     let digest = exe_digest(bin, &default_base()).map_err(|e| format!("reading {}: {}", bin.display(), chain(&e)))?;
     let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);
     let mut spec = stevedore::image::PackSpec::new(bin, tag.clone());
     spec.fingerprint = Some(fingerprint.to_owned());
-    let packed = stevedore::image::ensure_image(docker, &spec)
+    let packed = stevedore::image::ensure_image(engine, &spec)
         .await
         .map_err(|e| format!("packing {} as {tag}: {}", bin.display(), chain(&e)))?;
     Ok((tag, packed.reused))

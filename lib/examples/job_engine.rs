@@ -207,8 +207,8 @@ async fn run() -> Result<bool, String> {
     let docker_rung = Arc::new(
         ContainerExecutor::connect(config).await.map_err(|e| format!("no engine: {}", stevedore::error_chain(&e)))?,
     );
-    let docker = docker_rung.engine().docker().clone();
-    build_busybox(&docker).await?;
+    let docker = common::raw_docker().await?;
+    build_busybox(&docker, docker_rung.engine()).await?;
     let in_process =
         InProcessExecutor::new(stevedore::handlers::builtin(), stevedore::contract::incarnation::current());
     let mut registry = Registry::new();

@@ -15,7 +15,6 @@
 
 #[path = "common/mod.rs"]
 mod common;
-use bollard::Docker;
 use common::{BUSYBOX_IMAGE, build_busybox, leftovers};
 use std::path::Path;
 use std::process::ExitCode;
@@ -117,15 +116,15 @@ async fn run(handlers: &Handlers) -> Result<Vec<String>, String> {
     let rung = ContainerExecutor::connect(ContainerConfig::default().log_dir(&logs))
         .await
         .map_err(|e| format!("no engine: {}", stevedore::error_chain(&e)))?;
-    let docker = rung.engine().docker().clone();
-    build_busybox(&docker).await?;
+    let docker = common::raw_docker().await?;
+    build_busybox(&docker, rung.engine()).await?;
     if let Err(e) = rung.reclaim(&worker).await {
         println!("reclaim {worker}: {e} (going on)");
     }
 
     // 1. This binary as a worker image, reused while the binary is the same.
     let t = Instant::now();
-    let image = pack_self(&docker, handlers).await?;
+    let image = pack_self(rung.engine(), handlers).await?;
     println!("worker image {image} ({:.1} s)", t.elapsed().as_secs_f64());
 
     // 2. The handler in a container, on the input dir.
@@ -204,7 +203,7 @@ fn write_inputs(dir: &Path) -> Result<String, String> {
 
 /// Packs this very binary into `stevedore-example/local-dev:<digest16>`, labelled with the
 /// handler set's fingerprint.
-async fn pack_self(docker: &Docker, handlers: &Handlers) -> Result<String, String> {
+async fn pack_self(engine: &stevedore::engine::Engine, handlers: &Handlers) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
     let digest = stevedore::image::bundle::exe_digest(&exe, &stevedore::image::bundle::default_base())
         .map_err(|e| format!("cannot read own binary: {e}"))?;
@@ -212,15 +211,15 @@ async fn pack_self(docker: &Docker, handlers: &Handlers) -> Result<String, Strin
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());
     spec.labels.insert(EXAMPLE_LABEL.into(), "local-dev".into());
-    let packed = ensure_image(docker, &spec).await.map_err(|e| format!("packing {tag}: {e}"))?;
+    let packed = ensure_image(engine, &spec).await.map_err(|e| format!("packing {tag}: {e}"))?;
     if !packed.reused {
         println!("packed {} as {tag}", spec.exe.display());
         // Every build packs a new image: the ones of earlier builds of this example go.
         let filter = format!("{EXAMPLE_LABEL}=local-dev");
-        let stale = stevedore::image::stale_images(docker, std::slice::from_ref(&tag), &[filter])
+        let stale = stevedore::image::stale_images(engine, std::slice::from_ref(&tag), &[filter])
             .await
             .map_err(|e| format!("listing stale images: {e}"))?;
-        let removed = stevedore::image::remove_images(docker, &stale).await;
+        let removed = stevedore::image::remove_images(engine, &stale).await;
         if !removed.removed.is_empty() {
             println!("removed {} image(s) of earlier builds of this example", removed.removed.len());
         }

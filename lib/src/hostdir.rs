@@ -63,6 +63,7 @@ pub fn default_base() -> PathBuf {
 /// Checks that `path`, the parent of a private directory, cannot be used by another user to
 /// swap that directory: a directory (not a symlink) of this user or of root, which no one
 /// else can write to unless it is sticky (as /tmp is). Changes nothing.
+#[cfg(feature = "docker")]
 pub fn check_parent(path: &Path) -> Result<(), HostDirError> {
     let st = nix::sys::stat::lstat(path).map_err(|e| HostDirError::Io {
         op: "inspect",
@@ -321,6 +322,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn a_parent_is_checked_never_changed() {
         let t = tempfile::tempdir().unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;

@@ -58,6 +58,13 @@
 //! }
 //! ```
 
+// Without a rung that runs the init (only the in-process one), the init's side is unused.
+#![cfg_attr(
+    not(any(feature = "docker", feature = "process")),
+    expect(dead_code, unused_imports, reason = "only the in-process rung is built")
+)]
+
+#[cfg(any(feature = "docker", feature = "process"))]
 mod attempt;
 #[cfg(feature = "docker")]
 pub mod container;

@@ -1,7 +1,7 @@
 //! Byte pipes between async engine streams and blocking tar code, with bounded memory.
 
 use bytes::Bytes;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use tokio::sync::mpsc;
 
 /// A blocking reader fed by an async producer through a bounded channel.
@@ -32,50 +32,61 @@ impl Read for ChannelReader {
     }
 }
 
-/// A blocking writer whose chunks an async consumer receives through a bounded channel.
-#[derive(Debug)]
-pub struct ChannelWriter {
-    tx: mpsc::Sender<Result<Bytes, io::Error>>,
-    buf: Vec<u8>,
-}
+/// The writing half (an upload's body), only the container rung's.
+#[cfg(feature = "docker")]
+pub use writing::writer;
 
-const CHUNK: usize = 256 << 10;
+#[cfg(feature = "docker")]
+mod writing {
+    use bytes::Bytes;
+    use std::io::{self, Write};
+    use tokio::sync::mpsc;
 
-/// Creates a writer and the stream of its chunks (an engine request body).
-pub fn writer(
-    depth: usize,
-) -> (ChannelWriter, impl futures_util::Stream<Item = Result<Bytes, io::Error>> + Send + 'static) {
-    let (tx, rx) = mpsc::channel(depth);
-    let chunks = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-    (ChannelWriter { tx, buf: Vec::with_capacity(CHUNK) }, chunks)
-}
+    /// A blocking writer whose chunks an async consumer receives through a bounded channel.
+    #[derive(Debug)]
+    pub struct ChannelWriter {
+        tx: mpsc::Sender<Result<Bytes, io::Error>>,
+        buf: Vec<u8>,
+    }
 
-impl ChannelWriter {
-    fn send(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
+    const CHUNK: usize = 256 << 10;
+
+    /// Creates a writer and the stream of its chunks (an engine request body).
+    pub fn writer(
+        depth: usize,
+    ) -> (ChannelWriter, impl futures_util::Stream<Item = Result<Bytes, io::Error>> + Send + 'static) {
+        let (tx, rx) = mpsc::channel(depth);
+        let chunks = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+        (ChannelWriter { tx, buf: Vec::with_capacity(CHUNK) }, chunks)
+    }
+
+    impl ChannelWriter {
+        fn send(&mut self) -> io::Result<()> {
+            if self.buf.is_empty() {
+                return Ok(());
+            }
+            let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+            self.tx.blocking_send(Ok(chunk)).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "consumer gone"))
         }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "consumer gone"))
     }
-}
 
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.send()?;
+    impl Write for ChannelWriter {
+        fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+            self.buf.extend_from_slice(data);
+            if self.buf.len() >= CHUNK {
+                self.send()?;
+            }
+            Ok(data.len())
         }
-        Ok(data.len())
+        fn flush(&mut self) -> io::Result<()> {
+            self.send()
+        }
     }
-    fn flush(&mut self) -> io::Result<()> {
-        self.send()
-    }
-}
 
-impl Drop for ChannelWriter {
-    fn drop(&mut self) {
-        // The consumer may be gone already; nothing to report from a destructor.
-        let _ = self.send();
+    impl Drop for ChannelWriter {
+        fn drop(&mut self) {
+            // The consumer may be gone already; nothing to report from a destructor.
+            let _ = self.send();
+        }
     }
 }

@@ -62,7 +62,9 @@ async fn evil_image(docker: &bollard::Docker) -> String {
         ("ld.so.preload", 0o644, b"/evil.so\n"),
     ]);
     let tag = format!("stevedore-test/evil-env:{:08x}", rand::random::<u32>());
-    stevedore::image::build_image_from_dir_tar(docker, &tag, context).await.expect("building the evil image");
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &tag, context)
+        .await
+        .expect("building the evil image");
     tag
 }
 
@@ -274,7 +276,7 @@ async fn a_handler_image_without_main_hook_is_refused_naming_it() {
         support::TEST_LABEL
     );
     stevedore::image::build_image_from_dir_tar(
-        &docker,
+        support::seam().await,
         &tag,
         support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]),
     )
@@ -308,7 +310,9 @@ async fn an_image_cannot_fill_a_taken_tools_volume_with_its_own_init() {
     let planted = b"#!/bin/sh\necho the planted init ran >&2\nexit 0\n";
     let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("init", 0o755, planted)]);
     let image = format!("stevedore-test/planted-init:{:08x}", rand::random::<u32>());
-    stevedore::image::build_image_from_dir_tar(&docker, &image, context).await.expect("building the image");
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &image, context)
+        .await
+        .expect("building the image");
     let rung = rung_with(ContainerConfig::default()).await;
     let w = support::worker("planted-init");
     let t = tempfile::tempdir().unwrap();
@@ -385,7 +389,9 @@ async fn redirecting_image(docker: &bollard::Docker, links: &[(&str, &str)]) -> 
     );
     let ctx = context(&[("Dockerfile", dockerfile.as_bytes()), ("init", planted), ("root/.keep", b"")], &rooted);
     let tag = format!("stevedore-test/redirect:{:08x}", rand::random::<u32>());
-    stevedore::image::build_image_from_dir_tar(docker, &tag, ctx).await.expect("building the redirecting image");
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &tag, ctx)
+        .await
+        .expect("building the redirecting image");
     tag
 }
 
@@ -550,7 +556,7 @@ async fn what_stevedore_prints_escapes_what_the_sandbox_wrote() {
     );
     let tag = format!("stevedore-test/esc:{:08x}", rand::random::<u32>());
     stevedore::image::build_image_from_dir_tar(
-        &docker,
+        support::seam().await,
         &tag,
         support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]),
     )

@@ -63,7 +63,7 @@ async fn profile_env_layers_secrets_and_ceilings() {
     let image = format!("stevedore-test/seven-env-{:08x}:1", rand::random::<u32>());
     let dockerfile = format!("FROM {busybox}\nENV A=image B=image C=image\nLABEL {}=true\n", support::TEST_LABEL);
     let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]);
-    stevedore::image::build_image_from_dir_tar(&docker, &image, context).await.unwrap();
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &image, context).await.unwrap();
 
     let t = tempfile::tempdir().unwrap();
     let secret = format!("s3cr3t-{:016x}", rand::random::<u64>());

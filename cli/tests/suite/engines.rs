@@ -179,7 +179,7 @@ async fn a_handler_runs_by_re_exec_in_a_packed_worker_image() {
     let Some(docker) = support::engine().await else { return };
     let _one = serial().await;
     let _timed = Timed("a_handler_runs_by_re_exec_in_a_packed_worker_image", Instant::now());
-    let image = support::worker_image(&docker).await;
+    let image = support::worker_image().await;
     let rung = rung_with(ContainerConfig::default().worker_image(image)).await;
     let w = support::worker("e-handler");
     let t = tempfile::tempdir().unwrap();

@@ -26,7 +26,7 @@ fn handler(worker: &str, out: &Path, name: &str, payload: &str) -> Request {
 #[tokio::test]
 async fn outcomes_of_every_kind_of_handler() {
     let Some(docker) = support::engine().await else { return };
-    let rung = rung(&support::worker_image(&docker).await).await;
+    let rung = rung(&support::worker_image().await).await;
     let w = support::worker("handlers");
     let t = tempfile::tempdir().unwrap();
     let fp = stevedore::handlers::builtin().fingerprint();
@@ -67,7 +67,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
     let actual = stevedore::handlers::builtin().fingerprint();
 
     // Seen on the image's label: a launch error, nothing created.
-    let rung_ = rung(&support::worker_image(&docker).await).await;
+    let rung_ = rung(&support::worker_image().await).await;
     let err = rung_
         .run(&handler(&w, &t.path().join("a"), "true", "").fingerprint(LIAR_FINGERPRINT), CancellationToken::new())
         .await
@@ -79,7 +79,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
     rung_.close().await;
 
     // The label lies: the sandbox checks the binary's own handler set.
-    let liar = support::pack_worker(&docker, LIAR, LIAR_FINGERPRINT.to_owned()).await;
+    let liar = support::pack_worker(LIAR, LIAR_FINGERPRINT.to_owned()).await;
     let rung_ = rung(&liar).await;
     let o = run(&rung_, &handler(&w, &t.path().join("b"), "true", "").fingerprint(LIAR_FINGERPRINT)).await;
     assert_eq!((o.status, o.permanent), (Status::LaunchFailed, true), "{}", o.to_json());
@@ -91,7 +91,7 @@ async fn fingerprint_mismatch_before_start_and_in_the_sandbox() {
 #[tokio::test]
 async fn a_handler_that_ignores_sigterm_is_killed_after_the_grace() {
     let Some(docker) = support::engine().await else { return };
-    let rung = rung(&support::worker_image(&docker).await).await;
+    let rung = rung(&support::worker_image().await).await;
     let w = support::worker("ignore-term");
     let t = tempfile::tempdir().unwrap();
     let (deadline, grace) = (Duration::from_secs(2), Duration::from_secs(1));
@@ -117,7 +117,7 @@ async fn cancelling_a_handler_attempt_is_killed_cancelled() {
     use bollard::query_parameters::EventsOptionsBuilder;
     use futures_util::StreamExt;
     let Some(docker) = support::engine().await else { return };
-    let rung = rung(&support::worker_image(&docker).await).await;
+    let rung = rung(&support::worker_image().await).await;
     let w = support::worker("cancel-handler");
     let t = tempfile::tempdir().unwrap();
     // Cancel when the engine says the attempt's container started.

@@ -175,7 +175,7 @@ async fn an_images_volumes_leave_nothing_behind() {
     let tag = format!("stevedore-test/with-volume:{:08x}", rand::random::<u32>());
     let dockerfile = format!("FROM {base}\nVOLUME /data\nVOLUME /cache\nLABEL {}=true\n", support::TEST_LABEL);
     let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]);
-    stevedore::image::build_image_from_dir_tar(&docker, &tag, context).await.expect("build");
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &tag, context).await.expect("build");
     let volumes = || async {
         let list = docker.list_volumes(None::<ListVolumesOptions>).await.unwrap();
         list.volumes.unwrap_or_default().into_iter().map(|v| (v.name, v.labels)).collect::<Vec<_>>()

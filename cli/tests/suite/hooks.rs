@@ -194,8 +194,8 @@ async fn the_cancellation_poll_stops_the_attempt() {
 
 #[tokio::test]
 async fn a_handler_in_a_container_reports_through_its_context() {
-    let Some((docker, _image)) = setup().await else { return };
-    let image = worker_image(&docker).await;
+    let Some(_) = setup().await else { return };
+    let image = worker_image().await;
     let rung = rung().await;
     let w = worker("hooks-handler");
     let out = tempfile::tempdir().unwrap();

@@ -19,7 +19,7 @@ async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
     spec.labels.insert("dev.stevedore.test.tricky".to_owned(), tricky.to_owned());
 
     let t = Instant::now();
-    let packed = ensure_image(&docker, &spec).await.unwrap();
+    let packed = ensure_image(support::seam().await, &spec).await.unwrap();
     eprintln!("pack (dynamic, fresh): {:?}", t.elapsed());
     assert!(!packed.reused);
     assert_eq!(packed.entry.len(), 4, "{:?}", packed.entry);
@@ -28,7 +28,7 @@ async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
     assert_eq!(packed.entry[3], "/app/stevedore");
 
     let t = Instant::now();
-    let again = ensure_image(&docker, &spec).await.unwrap();
+    let again = ensure_image(support::seam().await, &spec).await.unwrap();
     eprintln!("ensure (reused): {:?}", t.elapsed());
     assert!(again.reused);
     assert_eq!(again.id, packed.id);
@@ -53,7 +53,7 @@ async fn packed_dynamic_stevedore_runs_as_non_root_in_scratch() {
 
     // A changed fingerprint must not reuse the image.
     spec.fingerprint = Some("other".to_owned());
-    let repacked = ensure_image(&docker, &spec).await.unwrap();
+    let repacked = ensure_image(support::seam().await, &spec).await.unwrap();
     assert!(!repacked.reused);
     support::remove_image(&docker, tag).await;
     // The image the tag pointed to before was stevedore's and is gone.
@@ -66,7 +66,7 @@ async fn packed_static_busybox_has_the_non_root_user() {
     let tag = "stevedore-test/packed-static:latest";
     let spec = PackSpec::new("/bin/busybox", tag);
     let t = Instant::now();
-    let packed = stevedore::image::pack_image(&docker, &spec).await.unwrap();
+    let packed = stevedore::image::pack_image(support::seam().await, &spec).await.unwrap();
     eprintln!("pack (static): {:?}", t.elapsed());
     assert_eq!(packed.entry, ["/app/busybox"]);
     // The image's USER applies; /etc/passwd and /etc/group name it.
@@ -109,7 +109,7 @@ async fn a_failing_build_reports_the_builders_message() {
     let Some(docker) = engine().await else { return };
     let tag = "stevedore-test/never-built:latest";
     let context = support::tar_of(&[("Dockerfile", 0o644, b"FROM scratch\nCOPY no-such-file /x\n".as_slice())]);
-    let err = build_image_from_dir_tar(&docker, tag, context).await.unwrap_err();
+    let err = build_image_from_dir_tar(support::seam().await, tag, context).await.unwrap_err();
     match &err {
         PackError::Build { message, .. } => assert!(message.contains("no-such-file"), "{message}"),
         other => panic!("expected a build error, got {other:?}"),
@@ -127,8 +127,8 @@ async fn concurrent_packs_of_one_tag_leave_one_image() {
     spec.labels.insert(TEST_LABEL.to_owned(), marker.clone());
     let packs: Vec<_> = (0..4)
         .map(|_| {
-            let (docker, spec) = (docker.clone(), spec.clone());
-            tokio::spawn(async move { ensure_image(&docker, &spec).await })
+            let spec = spec.clone();
+            tokio::spawn(async move { ensure_image(support::seam().await, &spec).await })
         })
         .collect();
     let mut ids = Vec::new();
@@ -161,7 +161,7 @@ async fn stale_packed_images_are_listed_and_removed_on_request() {
         spec.labels.insert(TEST_LABEL.to_owned(), marker.clone());
         // Distinct images: the same content and labels would import as one id.
         spec.labels.insert("dev.stevedore.test.name".to_owned(), t.clone());
-        stevedore::image::pack_image(&docker, &spec).await.unwrap();
+        stevedore::image::pack_image(support::seam().await, &spec).await.unwrap();
     }
     let body = ContainerCreateBody {
         image: Some(used.clone()),
@@ -172,10 +172,10 @@ async fn stale_packed_images_are_listed_and_removed_on_request() {
     let container = docker.create_container(None, body).await.unwrap().id;
 
     let only_ours = [format!("{TEST_LABEL}={marker}")];
-    let stale = stale_images(&docker, std::slice::from_ref(&kept), &only_ours).await.unwrap();
+    let stale = stale_images(support::seam().await, std::slice::from_ref(&kept), &only_ours).await.unwrap();
     let tags: Vec<_> = stale.iter().flat_map(|s| s.tags.clone()).collect();
-    let removal = remove_images(&docker, &stale).await;
-    let after = stale_images(&docker, &[], &only_ours).await.unwrap();
+    let removal = remove_images(support::seam().await, &stale).await;
+    let after = stale_images(support::seam().await, &[], &only_ours).await.unwrap();
     docker.remove_container(&container, Some(RemoveContainerOptionsBuilder::new().force(true).build())).await.unwrap();
     for t in [&unused, &kept, &used] {
         support::remove_image(&docker, t).await;

@@ -296,16 +296,16 @@ async fn packing_a_tag_again_removes_the_image_it_replaced() {
     let tag = format!("stevedore-test/repack:{marker}");
     let spec = spec_for(&exe, &tag, &marker);
 
-    let first = pack_image(&docker, &spec).await.unwrap();
+    let first = pack_image(support::seam().await, &spec).await.unwrap();
     // The same tag, another binary (`stevedore image pack --tag T` after a rebuild).
     busybox_variant(&exe, b"two");
-    let second = pack_image(&docker, &spec).await.unwrap();
+    let second = pack_image(support::seam().await, &spec).await.unwrap();
     let first_gone = !exists(&docker, &first.id).await;
     let after_pack = images_labelled(&docker, &marker).await;
     // And through ensure_image (another fingerprint: the tag does not match any more).
     let mut fingerprinted = spec.clone();
     fingerprinted.fingerprint = Some("fp".to_owned());
-    let third = ensure_image(&docker, &fingerprinted).await.unwrap();
+    let third = ensure_image(support::seam().await, &fingerprinted).await.unwrap();
     let second_gone = !exists(&docker, &second.id).await;
     let after_ensure = images_labelled(&docker, &marker).await;
     let tagged = docker.inspect_image(&tag).await.unwrap().id;
@@ -338,11 +338,11 @@ async fn a_replaced_image_with_another_tag_or_a_container_stays() {
     }
 
     // An image with another tag is never removed (by id, that would untag it).
-    let first = pack_image(&docker, &spec).await.unwrap();
+    let first = pack_image(support::seam().await, &spec).await.unwrap();
     let (repo, other_tag) = other.rsplit_once(':').unwrap();
     docker.tag_image(&first.id, Some(TagImageOptionsBuilder::new().repo(repo).tag(other_tag).build())).await.unwrap();
     spec.labels.insert("dev.stevedore.test.round".to_owned(), "2".to_owned());
-    let second = pack_image(&docker, &spec).await.unwrap();
+    let second = pack_image(support::seam().await, &spec).await.unwrap();
     let first_tags = docker.inspect_image(&first.id).await.map(|i| i.repo_tags.unwrap_or_default());
 
     // An image a container was made from (not even started) stays, untagged.
@@ -354,7 +354,7 @@ async fn a_replaced_image_with_another_tag_or_a_container_stays() {
     };
     let container = docker.create_container(None, body).await.unwrap().id;
     spec.labels.insert("dev.stevedore.test.round".to_owned(), "3".to_owned());
-    let third = ensure_image(&docker, &spec).await;
+    let third = ensure_image(support::seam().await, &spec).await;
     let second_kept = exists(&docker, &second.id).await;
     let ours = images_labelled(&docker, &marker).await;
 

@@ -295,7 +295,7 @@ async fn flood_image(docker: &bollard::Docker) -> String {
     let dockerfile = format!("FROM {busybox}\nCOPY flood /flood\nLABEL {TEST_LABEL}=true\n");
     let ctx = tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("flood", 0o755, &std::fs::read(&bin).unwrap())]);
     let tag = format!("stevedore-test/flood:{:08x}", rand::random::<u32>());
-    stevedore::image::build_image_from_dir_tar(docker, &tag, ctx).await.unwrap();
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &tag, ctx).await.unwrap();
     tag
 }
 

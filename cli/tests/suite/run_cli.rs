@@ -218,7 +218,7 @@ async fn the_flags_people_reach_for() {
     assert_eq!(text(&o.stdout), "hello\n");
     // An image whose ENTRYPOINT needs no argv: stevedore's own worker image runs it alone
     // (stevedore without arguments prints its usage and exits 125, a usage error).
-    let image = support::worker_image(&support::engine().await.unwrap()).await;
+    let image = support::worker_image().await;
     let out = out_dir(&t, "c");
     let o = run(&["--worker", &w, "--image", &image, "--output", &out]);
     assert_eq!(o.status.code(), Some(125), "{}", text(&o.stderr));

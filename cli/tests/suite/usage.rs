@@ -122,7 +122,7 @@ async fn peak_memory_is_the_containers_high_water_mark() {
 async fn peak_memory_of_a_handler_in_the_worker_image() {
     let Some(docker) = support::engine().await else { return };
     let _serial = serial().await;
-    let image = support::worker_image(&docker).await;
+    let image = support::worker_image().await;
     let rung = support::rung_with(ContainerConfig::default().worker_image(image)).await;
     let w = support::worker("peak-handler");
     let t = tempfile::tempdir().unwrap();

@@ -12,6 +12,13 @@ const TEST_LABEL: &str = "dev.stevedore.test";
 const BUSYBOX_SHA_LABEL: &str = "dev.stevedore.test.busybox_sha256";
 const BUSYBOX: &str = "/bin/busybox";
 
+/// The examples' own client of the engine `DOCKER_HOST` names (else the local socket):
+/// what they check, they check without stevedore's help.
+pub async fn raw_docker() -> Result<Docker, String> {
+    let docker = Docker::connect_with_defaults().map_err(|e| format!("no engine: {e}"))?;
+    docker.negotiate_version().await.map_err(|e| format!("no engine: {e}"))
+}
+
 /// The containers and volumes in the engine labelled as `worker`'s.
 pub async fn leftovers(docker: &Docker, worker: &str) -> Result<Vec<String>, String> {
     let filters = labels::worker_filter(worker);
@@ -43,7 +50,7 @@ pub async fn leftovers(docker: &Docker, worker: &str) -> Result<Vec<String>, Str
 
 /// Builds the busybox image (`FROM scratch`, Debian's static busybox installed in /bin)
 /// unless it is there already for this very `/bin/busybox`.
-pub async fn build_busybox(docker: &Docker) -> Result<(), String> {
+pub async fn build_busybox(docker: &Docker, engine: &stevedore::engine::Engine) -> Result<(), String> {
     let file = std::fs::File::open(BUSYBOX)
         .map_err(|e| format!("{BUSYBOX} is needed (apt-get install busybox-static): {e}"))?;
     let hashed = stevedore::hash_reader(file, 0).map_err(|e| format!("reading {BUSYBOX}: {e}"))?;
@@ -63,7 +70,7 @@ pub async fn build_busybox(docker: &Docker) -> Result<(), String> {
     let busybox = std::fs::read(BUSYBOX).map_err(|e| format!("reading {BUSYBOX}: {e}"))?;
     let context = tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("busybox", 0o755, &busybox)])
         .map_err(|e| format!("the build context: {e}"))?;
-    stevedore::image::build_image_from_dir_tar(docker, BUSYBOX_IMAGE, context)
+    stevedore::image::build_image_from_dir_tar(engine, BUSYBOX_IMAGE, context)
         .await
         .map_err(|e| format!("building {BUSYBOX_IMAGE}: {e}"))?;
     Ok(())

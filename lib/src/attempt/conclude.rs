@@ -63,9 +63,14 @@ pub(crate) async fn conclude<S: Site>(
     };
     // The rung's main object (its container) was gone when the removal came: someone else's doing.
     witness.removed_externally |= removed.by_others.iter().any(|o| o == &ledger.name);
+    // Read by the rung once everything of the attempt had ended, so final: they replace the
+    // init's own figures.
+    if let (Some(c), Some(Ok(rec))) = (removed.counters.clone(), &mut ended.record) {
+        rec.cgroup = c;
+    }
     let delivered = reports::finish(reports).await;
     let mut ev = evidence(site, req, &ledger, &removed, &how);
-    let frame = site.account(&ledger, &mut ended, &removed, &mut ev);
+    let frame = site.account(&ledger, &ended, &mut ev);
     if let How::Unrecovered(_) = how {
         witness.why_no_record = "the takeover failed";
     }

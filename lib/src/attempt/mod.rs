@@ -102,3 +102,27 @@ impl<S: Site> HardStop for Stop<'_, S> {
         Box::pin(self.site.hard_stop(self.own))
     }
 }
+
+/// Removes the captures of `worker`'s attempts that are not in flight (`<name>.<stream>`,
+/// the name ending in the attempt id): what a previous life of the worker left.
+pub(crate) fn reclaim_captures(
+    base: &SiteBase,
+    worker: &str,
+    in_flight: &std::collections::HashSet<String>,
+    report: &mut crate::contract::ReclaimReport,
+) {
+    use crate::contract::{ObjectKind, ReclaimFailure};
+    let Ok(dir) = base.captures.of_worker(worker) else { return };
+    let Ok(files) = dir.files() else { return };
+    for name in files {
+        let attempt = name.split('.').next().and_then(|stem| stem.rsplit('-').next()).unwrap_or("");
+        if in_flight.contains(attempt) {
+            continue;
+        }
+        let path = dir.path().join(&name).display().to_string();
+        match dir.remove_file(&name) {
+            Ok(()) => report.paths_removed.push(path),
+            Err(e) => report.failed.push(ReclaimFailure { kind: ObjectKind::Path, id: path, error: e.to_string() }),
+        }
+    }
+}

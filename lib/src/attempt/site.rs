@@ -204,7 +204,7 @@ pub(crate) trait Site: Sync {
     fn witness(&self, own: &Self::Own, verified: bool) -> impl Future<Output = Witness> + Send;
     /// The rung's evidence of the attempt, after its removal, and the bounds its claims are
     /// checked against.
-    fn account(&self, ledger: &Ledger<Self::Own>, ended: &mut Ended, removed: &Removed, ev: &mut Evidence) -> Frame;
+    fn account(&self, ledger: &Ledger<Self::Own>, ended: &Ended, ev: &mut Evidence) -> Frame;
     /// The worker binary a handler attempt ran, for the error when it never spoke.
     fn worker_named(&self, own: &Self::Own) -> String;
     /// Whether a finished attempt with a verified record is removed after its outcome is

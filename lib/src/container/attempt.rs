@@ -8,7 +8,7 @@ use super::ledger::Own;
 use super::prepare::{Plan, prepare};
 use super::site::ContainerSite;
 use super::sizes::Sizes;
-use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Removed, Rung, Settings, Site, Teardown};
+use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site, Teardown};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, RecoverError, Request, Target, judge};
 use crate::link::judgement::{Frame, Witness};
 use crate::link::session::Transport;
@@ -183,7 +183,7 @@ impl Site for Arc<ContainerSite> {
         super::finish::witness(self, own, verified).await
     }
 
-    fn account(&self, ledger: &Ledger<Own>, ended: &mut Ended, _: &Removed, ev: &mut Evidence) -> Frame {
+    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Frame {
         super::finish::account(self, ledger, ended, ev)
     }
 

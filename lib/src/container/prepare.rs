@@ -172,11 +172,8 @@ fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) ->
 pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result<ImageFacts, LaunchError> {
     let api = &shared.engine.api;
     let policy = shared.config.pull;
-    let unavailable = |why: String, permanent: bool, source| LaunchError::ImageUnavailable {
-        image: image.to_owned(),
-        why,
-        permanent,
-        source,
+    let unavailable = |why: String, permanent: bool, source: Option<crate::engine::EngineError>| {
+        LaunchError::ImageUnavailable { image: image.to_owned(), why, permanent, source: source.map(Into::into) }
     };
     if policy == PullPolicy::Always {
         api.pull(image).await.map_err(|e| unavailable("the pull (policy always) failed".into(), false, Some(e)))?;

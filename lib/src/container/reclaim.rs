@@ -99,25 +99,6 @@ pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<Recl
         }
     }
 
-    // Captures of attempts that are not in flight: `sd-<worker>-<attempt id>.<stream>`.
-    if let Ok(base) = shared.base.captures.base()
-        && let Ok(dir) = base.subdir(worker)
-        && let Ok(files) = dir.files()
-    {
-        for name in files {
-            let attempt = name.split('.').next().and_then(|stem| stem.rsplit('-').next()).unwrap_or("");
-            if in_flight.contains(attempt) {
-                continue;
-            }
-            match dir.remove_file(&name) {
-                Ok(()) => report.paths_removed.push(dir.path().join(&name).display().to_string()),
-                Err(e) => report.failed.push(ReclaimFailure {
-                    kind: ObjectKind::Path,
-                    id: dir.path().join(&name).display().to_string(),
-                    error: e.to_string(),
-                }),
-            }
-        }
-    }
+    crate::attempt::reclaim_captures(&shared.base, worker, &in_flight, &mut report);
     Ok(report)
 }

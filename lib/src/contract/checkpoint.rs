@@ -130,6 +130,7 @@ pub enum RecoverError {
     #[error("the takeover failed: {0}")]
     Takeover(String),
     /// an engine call failed
+    #[cfg(feature = "docker")]
     #[error(transparent)]
     Engine(#[from] crate::engine::EngineError),
     /// the output dir cannot take the outputs

@@ -1,6 +1,7 @@
 //! Launch errors: attempts stopped before their sandbox ran the command.
 
 use super::RequestError;
+#[cfg(feature = "docker")]
 use crate::engine::EngineError;
 
 use crate::util::Cause;
@@ -13,6 +14,7 @@ pub enum LaunchError {
     #[error("invalid request: {0}")]
     InvalidRequest(#[from] RequestError),
     /// the engine cannot be reached
+    #[cfg(feature = "docker")]
     #[error("engine unreachable at {endpoint}")]
     EngineUnreachable {
         /// Where stevedore looked for it.
@@ -32,7 +34,7 @@ pub enum LaunchError {
         permanent: bool,
         /// The engine's error, when there is one.
         #[source]
-        source: Option<EngineError>,
+        source: Option<Cause>,
     },
     /// the image cannot run handlers
     #[error("image {image:?} is not a stevedore worker image: {why}")]
@@ -91,12 +93,14 @@ pub enum LaunchError {
         source: Cause,
     },
     /// an engine call failed before the sandbox started
+    #[cfg(feature = "docker")]
     #[error(transparent)]
     Engine(#[from] EngineError),
     /// the configuration does not allow the request
     #[error("not allowed by configuration: {0}")]
     NotAllowed(String),
     /// a host port the configuration publishes explicitly is already in use (no fallback)
+    #[cfg(feature = "docker")]
     #[error("host port {port} (container port {container_port}) of profile {profile:?} is taken")]
     PortTaken {
         /// The host port.
@@ -150,12 +154,13 @@ impl LaunchError {
     }
 
     /// The engine's error behind this one, if any (e.g. to ask `is_not_found()`).
+    #[cfg(feature = "docker")]
     pub fn engine_error(&self) -> Option<&EngineError> {
         match self {
             LaunchError::Engine(e)
             | LaunchError::EngineUnreachable { source: e, .. }
             | LaunchError::PortTaken { source: e, .. } => Some(e),
-            LaunchError::ImageUnavailable { source, .. } => source.as_ref(),
+            LaunchError::ImageUnavailable { source, .. } => source.as_ref()?.downcast_ref(),
             _ => None,
         }
     }

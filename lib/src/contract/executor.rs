@@ -55,6 +55,7 @@ pub enum ReclaimError {
     #[error("invalid worker id {0:?}")]
     WorkerId(String),
     /// the engine could not be listed
+    #[cfg(feature = "docker")]
     #[error("listing {what} failed")]
     List {
         /// What was listed.

@@ -113,6 +113,27 @@ pub(crate) struct Listed {
     pub labels: HashMap<String, String>,
 }
 
+/// An image as the engine describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ImageInfo {
+    pub id: String,
+    /// Its tags (`<none>:<none>` left out).
+    pub tags: Vec<String>,
+    pub labels: HashMap<String, String>,
+    /// Its configured user.
+    pub user: Option<String>,
+    pub size_bytes: i64,
+}
+
+/// What an image build or import made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Built {
+    /// The image, and its id when the engine said it.
+    Made(Option<String>),
+    /// The build itself failed (a Dockerfile step, a bad context): the builder's message.
+    Failed(String),
+}
+
 /// Who removed a container that `remove_container` made sure is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
@@ -166,6 +187,20 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     /// Uploads a tar into `path` of a (created, not necessarily started) container, under
     /// `timeout` instead of the per-call one (a large upload takes longer).
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, tar: ByteStream, timeout: Duration) -> Call<'a, ()>;
+    /// An image by reference or id, `None` when there is none.
+    fn image_info<'a>(&'a self, reference: &'a str) -> Call<'a, Option<ImageInfo>>;
+    /// Images matching `filters`, intermediate ones included.
+    fn list_images(&self, filters: HashMap<String, Vec<String>>) -> Call<'_, Vec<ImageInfo>>;
+    /// The ids of the images some container (running or not) was made from.
+    fn images_in_use(&self) -> Call<'_, std::collections::HashSet<String>>;
+    /// Removes an image (or one tag of it), never forced: one a container uses stays (409).
+    fn remove_image<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
+    /// Imports a root filesystem tar as a one-layer image `reference` with Dockerfile
+    /// `changes` applied. Not under the per-call timeout: it takes what the tar's size takes.
+    fn import_image<'a>(&'a self, reference: &'a str, rootfs: Vec<u8>, changes: Vec<String>) -> Call<'a, Built>;
+    /// Builds a Dockerfile context (a tar with `Dockerfile` at its root) into `tag` with the
+    /// engine's legacy builder. Not under the per-call timeout: its steps take what they take.
+    fn build_image<'a>(&'a self, tag: &'a str, context: Vec<u8>) -> Call<'a, Built>;
 }
 
 /// The real engine, through bollard.
@@ -233,6 +268,34 @@ fn gone_is_ok(r: Result<(), EngineError>) -> Result<(), EngineError> {
     match r {
         Err(e) if e.is_not_found() => Ok(()),
         r => r,
+    }
+}
+
+/// The builder's message of a failed build or import, if the error is one.
+fn build_failure(e: &bollard::errors::Error) -> Option<String> {
+    match e {
+        bollard::errors::Error::DockerStreamError { error: message }
+        | bollard::errors::Error::DockerResponseServerError { message, .. } => Some(message.trim().to_owned()),
+        _ => None,
+    }
+}
+
+/// `repo:tag` of a reference (`latest` when it has none; a registry's port is no tag).
+fn split_tag(reference: &str) -> (&str, &str) {
+    match reference.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
+        _ => (reference, "latest"),
+    }
+}
+
+fn image_info(i: bollard::models::ImageInspect) -> ImageInfo {
+    let cfg = i.config.unwrap_or_default();
+    ImageInfo {
+        id: i.id.unwrap_or_default(),
+        tags: i.repo_tags.unwrap_or_default().into_iter().filter(|t| !t.is_empty() && t != "<none>:<none>").collect(),
+        labels: cfg.labels.unwrap_or_default(),
+        user: cfg.user.filter(|u| !u.is_empty()),
+        size_bytes: i.size.unwrap_or(0),
     }
 }
 
@@ -473,5 +536,129 @@ impl EngineApi for BollardApi {
             let body = bollard::body_try_stream(tar);
             timed("upload archive", timeout, self.docker.upload_to_container(name, Some(opts), body)).await
         })
+    }
+
+    fn image_info<'a>(&'a self, reference: &'a str) -> Call<'a, Option<ImageInfo>> {
+        Box::pin(async move {
+            match self.call("inspect image", self.docker.inspect_image(reference)).await {
+                Ok(i) => Ok(Some(image_info(i))),
+                Err(e) if e.is_not_found() => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn list_images(&self, filters: HashMap<String, Vec<String>>) -> Call<'_, Vec<ImageInfo>> {
+        Box::pin(async move {
+            let opts = bollard::query_parameters::ListImagesOptionsBuilder::new().all(true).filters(&filters).build();
+            let images = self.call("list images", self.docker.list_images(Some(opts))).await?;
+            Ok(images
+                .into_iter()
+                .map(|i| ImageInfo {
+                    id: i.id,
+                    tags: i.repo_tags.into_iter().filter(|t| t != "<none>:<none>").collect(),
+                    labels: i.labels,
+                    user: None,
+                    size_bytes: i.size,
+                })
+                .collect())
+        })
+    }
+
+    fn images_in_use(&self) -> Call<'_, std::collections::HashSet<String>> {
+        Box::pin(async move {
+            let opts = ListContainersOptionsBuilder::default().all(true).build();
+            let c = self.call("list containers", self.docker.list_containers(Some(opts))).await?;
+            Ok(c.into_iter().filter_map(|c| c.image_id).collect())
+        })
+    }
+
+    fn remove_image<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
+        Box::pin(async move {
+            let opts = bollard::query_parameters::RemoveImageOptionsBuilder::new().force(false).noprune(false).build();
+            self.call("remove image", self.docker.remove_image(name, Some(opts), None)).await.map(|_| ())
+        })
+    }
+
+    fn import_image<'a>(&'a self, reference: &'a str, rootfs: Vec<u8>, changes: Vec<String>) -> Call<'a, Built> {
+        Box::pin(async move {
+            let (repo, tag) = split_tag(reference);
+            let opts = bollard::query_parameters::CreateImageOptionsBuilder::new()
+                .from_src("-")
+                .repo(repo)
+                .tag(tag)
+                .changes(changes)
+                .build();
+            let mut stream = self.docker.create_image(Some(opts), Some(bollard::body_full(rootfs.into())), None);
+            let started = std::time::Instant::now();
+            let mut id = None;
+            while let Some(item) = stream.next().await {
+                match item {
+                    // The import's one record carries the new image id as its status.
+                    Ok(info) => id = info.status.filter(|s| s.starts_with("sha256:")).or(id),
+                    Err(e) => match build_failure(&e) {
+                        Some(message) => return Ok(Built::Failed(message)),
+                        None => return Err(EngineError::Api { op: "import image", source: Box::new(e) }),
+                    },
+                }
+            }
+            tracing::debug!(op = "import image", ms = started.elapsed().as_secs_f64() * 1000.0, "engine call");
+            Ok(Built::Made(id))
+        })
+    }
+
+    fn build_image<'a>(&'a self, tag: &'a str, context: Vec<u8>) -> Call<'a, Built> {
+        Box::pin(async move {
+            let opts = bollard::query_parameters::BuildImageOptionsBuilder::new()
+                .dockerfile("Dockerfile")
+                .t(tag)
+                // Intermediate containers of RUN steps must not outlive the build, failed or not.
+                .rm(true)
+                .forcerm(true)
+                .build();
+            let mut stream = self.docker.build_image(opts, None, Some(bollard::body_full(context.into())));
+            let mut id = None;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(info) => {
+                        if let Some(line) = info.stream.as_deref().map(str::trim_end).filter(|l| !l.is_empty()) {
+                            tracing::debug!(tag, "build: {line}");
+                        }
+                        id = info.aux.and_then(|aux| aux.id).or(id);
+                    }
+                    Err(e) => match build_failure(&e) {
+                        Some(message) => return Ok(Built::Failed(message)),
+                        None => return Err(EngineError::Api { op: "build image", source: Box::new(e) }),
+                    },
+                }
+            }
+            Ok(Built::Made(id))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_tags() {
+        assert_eq!(split_tag("a/b:1"), ("a/b", "1"));
+        assert_eq!(split_tag("a/b"), ("a/b", "latest"));
+        assert_eq!(split_tag("host:5000/b"), ("host:5000/b", "latest"));
+    }
+
+    #[test]
+    fn only_real_tags_count() {
+        let tags = |t: &[&str]| {
+            let i = bollard::models::ImageInspect {
+                repo_tags: Some(t.iter().map(|s| (*s).to_owned()).collect()),
+                ..Default::default()
+            };
+            image_info(i).tags
+        };
+        assert!(tags(&[]).is_empty());
+        assert!(tags(&["<none>:<none>"]).is_empty());
+        assert_eq!(tags(&["<none>:<none>", "a/b:1"]), ["a/b:1"]);
     }
 }

@@ -107,7 +107,6 @@ pub struct Engine {
     pub(crate) api: Arc<dyn EngineApi>,
     endpoint: Endpoint,
     facts: EngineFacts,
-    docker: Option<Docker>,
     timeout: Duration,
 }
 
@@ -186,8 +185,8 @@ impl Engine {
             architecture: info.architecture.clone().unwrap_or_default(),
             features: features(&info),
         };
-        let api = Arc::new(BollardApi::new(docker.clone(), timeout));
-        Ok(Self { api, endpoint, facts, docker: Some(docker), timeout })
+        let api = Arc::new(BollardApi::new(docker, timeout));
+        Ok(Self { api, endpoint, facts, timeout })
     }
 
     /// An engine behind another implementation of the calls (tests use a fake).
@@ -200,7 +199,7 @@ impl Engine {
             cert_path: None,
             dial: "unix:///fake.sock".into(),
         };
-        Self { api, endpoint, facts, docker: None, timeout }
+        Self { api, endpoint, facts, timeout }
     }
 
     /// Where it is and how it is reached.
@@ -216,13 +215,5 @@ impl Engine {
     /// stevedore's own timeout per call.
     pub fn timeout(&self) -> Duration {
         self.timeout
-    }
-
-    /// The bollard client, for calls stevedore does not wrap (e.g. building images).
-    ///
-    /// # Panics
-    /// On an engine made with a fake API (tests only).
-    pub fn docker(&self) -> &Docker {
-        self.docker.as_ref().expect("a real engine has a bollard client")
     }
 }

@@ -175,6 +175,10 @@ impl FakeApi {
     fn not_found(op: &'static str, what: &str) -> EngineError {
         EngineError::Refused { op, status: 404, message: format!("no such object: {what}") }
     }
+
+    fn not_faked(op: &'static str, what: &str) -> EngineError {
+        EngineError::Refused { op, status: 501, message: format!("the fake engine does not do this: {what}") }
+    }
 }
 
 impl EngineApi for FakeApi {
@@ -415,6 +419,31 @@ impl EngineApi for FakeApi {
             }
             Ok(())
         })
+    }
+
+    // The rungs never touch images beyond `inspect_image`: packing is tested on real engines.
+    fn image_info<'a>(&'a self, reference: &'a str) -> Call<'a, Option<super::api::ImageInfo>> {
+        Box::pin(async move { Err(Self::not_faked("inspect image", reference)) })
+    }
+
+    fn list_images(&self, _: HashMap<String, Vec<String>>) -> Call<'_, Vec<super::api::ImageInfo>> {
+        Box::pin(async move { Err(Self::not_faked("list images", "")) })
+    }
+
+    fn images_in_use(&self) -> Call<'_, std::collections::HashSet<String>> {
+        Box::pin(async move { Err(Self::not_faked("list containers", "")) })
+    }
+
+    fn remove_image<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
+        Box::pin(async move { Err(Self::not_faked("remove image", name)) })
+    }
+
+    fn import_image<'a>(&'a self, reference: &'a str, _: Vec<u8>, _: Vec<String>) -> Call<'a, super::api::Built> {
+        Box::pin(async move { Err(Self::not_faked("import image", reference)) })
+    }
+
+    fn build_image<'a>(&'a self, tag: &'a str, _: Vec<u8>) -> Call<'a, super::api::Built> {
+        Box::pin(async move { Err(Self::not_faked("build image", tag)) })
     }
 }
 

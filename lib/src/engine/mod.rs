@@ -11,7 +11,7 @@ pub(crate) mod fake;
 #[cfg(test)]
 pub(crate) use api::EngineApi;
 pub use api::Removal;
-pub(crate) use api::{Attached, ByteStream, Chunk, ContainerState, ImageFacts, PathKind};
+pub(crate) use api::{Attached, Built, ByteStream, Chunk, ContainerState, ImageFacts, ImageInfo, PathKind};
 pub use client::{Engine, EngineFacts, client_max_api};
 pub use endpoint::{Connection, Endpoint, Transport};
 pub use error::EngineError;

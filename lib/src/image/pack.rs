@@ -10,9 +10,7 @@
 //! [`build_image_from_dir_tar`].
 
 use super::bundle::{ToolsBundle, ToolsError, append_bytes, append_dir};
-use bollard::Docker;
-use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuilder, RemoveImageOptionsBuilder};
-use futures_util::StreamExt;
+use crate::engine::{Built, Engine, EngineError, ImageInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -45,14 +43,8 @@ pub enum PackError {
     #[error("cannot write the build context")]
     Context(#[source] std::io::Error),
     /// an engine call failed
-    #[error("engine call {op} failed")]
-    Engine {
-        /// The call.
-        op: &'static str,
-        /// The cause.
-        #[source]
-        source: bollard::errors::Error,
-    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
     /// the build itself failed (a Dockerfile step, a missing file, ...)
     #[error("image build of {tag} failed: {message}")]
     Build {
@@ -272,27 +264,20 @@ pub fn write_rootfs(exe: &Path, dir: &Path, user: (u32, u32)) -> Result<Rootfs, 
 }
 
 /// Splits `name:tag` (a `:` in a registry host's port is not a tag).
-fn split_tag(reference: &str) -> (&str, &str) {
-    match reference.rsplit_once(':') {
-        Some((repo, tag)) if !tag.contains('/') => (repo, tag),
-        _ => (reference, "latest"),
-    }
-}
-
 /// Packs `spec.exe` into a `FROM scratch` image tagged `spec.tag`, always building. The
 /// image the tag pointed to before is removed when that left it without a tag and unused
 /// (see [`ensure_image`]).
-pub async fn pack_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImage, PackError> {
+pub async fn pack_image(engine: &Engine, spec: &PackSpec) -> Result<PackedImage, PackError> {
     let bundle = ToolsBundle::prepare_default(&spec.exe)?;
     // Two packs of one tag at once would each leave the other's image dangling.
     let _lock = lock_tag(&spec.tag).await?;
-    let previous = inspect_tag(docker, &spec.tag).await?.and_then(|image| image.id);
-    pack_bundle(docker, spec, &bundle, previous).await
+    let previous = engine.api.image_info(&spec.tag).await?.map(|image| image.id);
+    pack_bundle(engine, spec, &bundle, previous).await
 }
 
 /// Packs the bundle as `spec.tag`; `previous` is the image the tag pointed to before.
 async fn pack_bundle(
-    docker: &Docker,
+    engine: &Engine,
     spec: &PackSpec,
     bundle: &ToolsBundle,
     previous: Option<String>,
@@ -301,21 +286,12 @@ async fn pack_bundle(
     let labels = labels_for(spec, bundle, &entry);
     let changes = changes(spec, &entry, &labels)?;
     let rootfs = rootfs_tar(spec, bundle)?;
-    let id = import(docker, &spec.tag, rootfs, changes).await?;
+    let id = import(engine, &spec.tag, rootfs, changes).await?;
     if let Some(old) = previous.filter(|old| *old != id) {
-        let fate = remove_replaced(docker, &old).await;
+        let fate = remove_replaced(engine, &old).await;
         tracing::debug!(tag = %spec.tag, image = %old, ?fate, "the image the tag replaced");
     }
     Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: false })
-}
-
-/// The image `tag` names, if any.
-async fn inspect_tag(docker: &Docker, tag: &str) -> Result<Option<bollard::models::ImageInspect>, PackError> {
-    match docker.inspect_image(tag).await {
-        Ok(image) => Ok(Some(image)),
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
-        Err(source) => Err(PackError::Engine { op: "inspect image", source }),
-    }
 }
 
 /// What became of the image a tag pointed to before the tag was packed again.
@@ -334,30 +310,20 @@ enum Replaced {
     Failed(String),
 }
 
-/// Whether an image's `RepoTags` names a tag (`<none>:<none>` is none).
-fn has_tags(repo_tags: Option<&[String]>) -> bool {
-    repo_tags.unwrap_or_default().iter().any(|t| !t.is_empty() && t != "<none>:<none>")
-}
-
 /// Removes the image `id` that a tag pointed to before it was packed again, when that left
 /// it without a tag: never forced (an image a container uses stays) and never an image
 /// with another tag (removing by id would untag it).
-async fn remove_replaced(docker: &Docker, id: &str) -> Replaced {
-    let image = match docker.inspect_image(id).await {
-        Ok(image) => image,
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Replaced::Gone,
+async fn remove_replaced(engine: &Engine, id: &str) -> Replaced {
+    match engine.api.image_info(id).await {
+        Ok(None) => return Replaced::Gone,
+        Ok(Some(image)) if !image.tags.is_empty() => return Replaced::Tagged,
+        Ok(Some(_)) => {}
         Err(e) => return Replaced::Failed(crate::util::error_chain(&e)),
-    };
-    if has_tags(image.repo_tags.as_deref()) {
-        return Replaced::Tagged;
     }
-    let options = RemoveImageOptionsBuilder::new().force(false).noprune(false).build();
-    match docker.remove_image(id, Some(options), None).await {
-        Ok(_) => Replaced::Removed,
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Replaced::Gone,
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }) => {
-            Replaced::InUse(message)
-        }
+    match engine.api.remove_image(id).await {
+        Ok(()) => Replaced::Removed,
+        Err(e) if e.is_not_found() => Replaced::Gone,
+        Err(e) if e.is_conflict() => Replaced::InUse(e.message()),
         Err(e) => Replaced::Failed(crate::util::error_chain(&e)),
     }
 }
@@ -370,27 +336,23 @@ async fn remove_replaced(docker: &Docker, id: &str) -> Replaced {
 /// Processes on one host that ensure (or pack) the same tag at once (eight `stevedore run
 /// --handler` on first use) take turns on a lock file: the first packs, the others reuse
 /// its image, and no untagged duplicate is left behind.
-pub async fn ensure_image(docker: &Docker, spec: &PackSpec) -> Result<PackedImage, PackError> {
+pub async fn ensure_image(engine: &Engine, spec: &PackSpec) -> Result<PackedImage, PackError> {
     let _lock = lock_tag(&spec.tag).await?;
     let bundle = ToolsBundle::prepare_default(&spec.exe)?;
     let entry = bundle.argv(APP_DIR);
     let wanted = labels_for(spec, &bundle, &entry);
     let mut previous = None;
-    if let Some(image) = inspect_tag(docker, &spec.tag).await? {
-        let config = image.config.unwrap_or_default();
-        let have = config.labels.unwrap_or_default();
+    if let Some(ImageInfo { id, labels: have, user, .. }) = engine.api.image_info(&spec.tag).await? {
         let same_labels = wanted.iter().all(|(k, v)| have.get(k) == Some(v))
             // A fingerprint dropped from the spec must not survive on the image.
             && (spec.fingerprint.is_some() || !have.contains_key(LABEL_FINGERPRINT));
-        let same_user = config.user.as_deref() == Some(user_string(spec.user).as_str());
-        match image.id {
-            Some(id) if same_labels && same_user => {
-                return Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: true });
-            }
-            id => previous = id,
+        let same_user = user.as_deref() == Some(user_string(spec.user).as_str());
+        if same_labels && same_user && !id.is_empty() {
+            return Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: true });
         }
+        previous = Some(id).filter(|i| !i.is_empty());
     }
-    pack_bundle(docker, spec, &bundle, previous).await
+    pack_bundle(engine, spec, &bundle, previous).await
 }
 
 /// Takes the host-wide lock for `tag` (released when the returned file is dropped).
@@ -412,55 +374,20 @@ async fn lock_tag(tag: &str) -> Result<nix::fcntl::Flock<std::fs::File>, PackErr
         .map_err(|(_, errno)| err(&path, errno.into()))
 }
 
-/// Whether the engine is Podman answering the Docker API.
-async fn is_podman(docker: &Docker) -> bool {
-    docker
-        .version()
-        .await
-        .ok()
-        .and_then(|v| v.components)
-        .is_some_and(|c| c.iter().any(|c| c.name.to_ascii_lowercase().contains("podman")))
-}
-
 /// Imports a root filesystem tar as a one-layer image with `changes` applied.
-async fn import(docker: &Docker, reference: &str, rootfs: Vec<u8>, changes: Vec<String>) -> Result<String, PackError> {
-    if is_podman(docker).await {
+async fn import(engine: &Engine, reference: &str, rootfs: Vec<u8>, changes: Vec<String>) -> Result<String, PackError> {
+    if engine.facts().is_podman() {
         // Podman's compat import takes the newline-joined `changes` (how bollard sends them)
         // as one instruction; its builder is fast, so the same image is built instead.
-        return import_by_build(docker, reference, rootfs, &changes).await;
+        return import_by_build(engine, reference, rootfs, &changes).await;
     }
-    let (repo, tag) = split_tag(reference);
-    let options = CreateImageOptionsBuilder::new().from_src("-").repo(repo).tag(tag).changes(changes).build();
-    let mut stream = docker.create_image(Some(options), Some(bollard::body_full(rootfs.into())), None);
-    let mut id = None;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(info) => {
-                // The import's one record carries the new image id as its status.
-                if let Some(status) = info.status.filter(|s| s.starts_with("sha256:")) {
-                    id = Some(status);
-                }
-            }
-            Err(
-                bollard::errors::Error::DockerStreamError { error: message }
-                | bollard::errors::Error::DockerResponseServerError { message, .. },
-            ) => {
-                return Err(PackError::Build { tag: reference.to_owned(), message: message.trim().to_owned() });
-            }
-            Err(source) => {
-                return Err(PackError::Engine { op: "import image", source });
-            }
-        }
-    }
-    match id {
-        Some(id) => Ok(id),
-        None => inspect_id(docker, reference, String::new()).await,
-    }
+    let built = engine.api.import_image(reference, rootfs, changes).await?;
+    made(engine, reference, built).await
 }
 
 /// The same image as `import`: `FROM scratch`, the rootfs added, the changes applied.
 async fn import_by_build(
-    docker: &Docker,
+    engine: &Engine,
     reference: &str,
     rootfs: Vec<u8>,
     changes: &[String],
@@ -469,69 +396,27 @@ async fn import_by_build(
     let mut context = tar::Builder::new(Vec::new());
     append_bytes(&mut context, "Dockerfile", 0o644, dockerfile.as_bytes()).map_err(PackError::Context)?;
     append_bytes(&mut context, "rootfs.tar", 0o644, &rootfs).map_err(PackError::Context)?;
-    build(docker, reference, context.into_inner().map_err(PackError::Context)?).await
+    build_image_from_dir_tar(engine, reference, context.into_inner().map_err(PackError::Context)?).await
 }
 
 /// Builds any Dockerfile context (a tar with `Dockerfile` at its root) into `tag` with the
 /// engine's legacy builder; returns the image id.
-pub async fn build_image_from_dir_tar(docker: &Docker, tag: &str, context_tar: Vec<u8>) -> Result<String, PackError> {
-    build(docker, tag, context_tar).await
+pub async fn build_image_from_dir_tar(engine: &Engine, tag: &str, context_tar: Vec<u8>) -> Result<String, PackError> {
+    let built = engine.api.build_image(tag, context_tar).await?;
+    made(engine, tag, built).await
 }
 
-async fn build(docker: &Docker, tag: &str, context: Vec<u8>) -> Result<String, PackError> {
-    let options = BuildImageOptionsBuilder::new()
-        .dockerfile("Dockerfile")
-        .t(tag)
-        // Intermediate containers of RUN steps must not outlive the build, failed or not.
-        .rm(true)
-        .forcerm(true)
-        .build();
-    let mut stream = docker.build_image(options, None, Some(bollard::body_full(context.into())));
-    let mut id = None;
-    let mut last_lines = Vec::new();
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(info) => {
-                if let Some(line) = info.stream.as_deref().map(str::trim_end)
-                    && !line.is_empty()
-                {
-                    tracing::debug!(tag, "build: {line}");
-                    if last_lines.len() == 8 {
-                        last_lines.remove(0);
-                    }
-                    last_lines.push(line.to_owned());
-                }
-                if let Some(aux_id) = info.aux.and_then(|aux| aux.id) {
-                    id = Some(aux_id);
-                }
-            }
-            Err(bollard::errors::Error::DockerStreamError { error }) => {
-                return Err(PackError::Build { tag: tag.to_owned(), message: error.trim().to_owned() });
-            }
-            Err(bollard::errors::Error::DockerResponseServerError { message, .. }) => {
-                // The engine refused the build up front (e.g. a bad Dockerfile).
-                return Err(PackError::Build { tag: tag.to_owned(), message: message.trim().to_owned() });
-            }
-            Err(source) => {
-                return Err(PackError::Engine { op: "build image", source });
-            }
-        }
-    }
-    if let Some(id) = id {
-        return Ok(id);
-    }
-    // An engine that streams no aux record still tagged the result.
-    inspect_id(docker, tag, last_lines.join("\n")).await
-}
-
-/// The id of the image `tag` just made; its absence is a failed build with `message`.
-async fn inspect_id(docker: &Docker, tag: &str, message: String) -> Result<String, PackError> {
-    match docker.inspect_image(tag).await {
-        Ok(image) => image.id.ok_or_else(|| PackError::NoImageId { tag: tag.to_owned() }),
-        Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {
-            Err(PackError::Build { tag: tag.to_owned(), message })
-        }
-        Err(source) => Err(PackError::Engine { op: "inspect image", source }),
+/// The id of the image a build or import made as `tag`.
+async fn made(engine: &Engine, tag: &str, built: Built) -> Result<String, PackError> {
+    match built {
+        Built::Failed(message) => Err(PackError::Build { tag: tag.to_owned(), message }),
+        Built::Made(Some(id)) => Ok(id),
+        // An engine that streams no id still tagged the result.
+        Built::Made(None) => match engine.api.image_info(tag).await? {
+            Some(image) if !image.id.is_empty() => Ok(image.id),
+            Some(_) => Err(PackError::NoImageId { tag: tag.to_owned() }),
+            None => Err(PackError::Build { tag: tag.to_owned(), message: "the build made no image".into() }),
+        },
     }
 }
 
@@ -597,22 +482,5 @@ mod tests {
 
     fn changes_of(spec: &PackSpec, labels: &BTreeMap<String, String>) -> Result<Vec<String>, PackError> {
         changes(spec, &[], labels)
-    }
-
-    #[test]
-    fn only_real_tags_count() {
-        assert!(!has_tags(None));
-        assert!(!has_tags(Some(&[])));
-        assert!(!has_tags(Some(&["<none>:<none>".to_owned()])));
-        assert!(has_tags(Some(&["<none>:<none>".to_owned(), "a/b:1".to_owned()])));
-        assert!(has_tags(Some(&["a/b:1".to_owned()])));
-    }
-
-    #[test]
-    fn splits_tags() {
-        assert_eq!(split_tag("a/b:1"), ("a/b", "1"));
-        assert_eq!(split_tag("a/b"), ("a/b", "latest"));
-        assert_eq!(split_tag("host:5000/b"), ("host:5000/b", "latest"));
-        assert_eq!(split_tag("host:5000/b:2"), ("host:5000/b", "2"));
     }
 }

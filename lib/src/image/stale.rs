@@ -5,10 +5,9 @@
 //! them and [`remove_images`] removes what the caller chose.
 
 use super::pack::{LABEL_EXE_SHA256, LABEL_PACKED, PackError};
-use bollard::Docker;
-use bollard::query_parameters::{ListContainersOptionsBuilder, ListImagesOptionsBuilder, RemoveImageOptionsBuilder};
+use crate::engine::Engine;
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// A packed image that no container uses and that the caller does not keep.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -35,27 +34,19 @@ pub struct ImageRemoval {
 /// Lists the images stevedore packed (`dev.stevedore.packed=true`, plus every `labels`
 /// filter given as `key=value`) that no container, running or not, was created from, except
 /// those with a tag in `keep`.
-pub async fn stale_images(docker: &Docker, keep: &[String], labels: &[String]) -> Result<Vec<StaleImage>, PackError> {
+pub async fn stale_images(engine: &Engine, keep: &[String], labels: &[String]) -> Result<Vec<StaleImage>, PackError> {
     let mut label_filters = vec![format!("{LABEL_PACKED}=true")];
     label_filters.extend(labels.iter().cloned());
-    let filters = HashMap::from([("label", label_filters)]);
-    let images = docker
-        .list_images(Some(ListImagesOptionsBuilder::new().all(true).filters(&filters).build()))
-        .await
-        .map_err(|source| PackError::Engine { op: "list images", source })?;
-    let containers = docker
-        .list_containers(Some(ListContainersOptionsBuilder::new().all(true).build()))
-        .await
-        .map_err(|source| PackError::Engine { op: "list containers", source })?;
-    let in_use: HashSet<String> = containers.into_iter().filter_map(|c| c.image_id).collect();
+    let images = engine.api.list_images(HashMap::from([("label".to_owned(), label_filters)])).await?;
+    let in_use = engine.api.images_in_use().await?;
     Ok(images
         .into_iter()
         .filter(|i| !in_use.contains(&i.id))
-        .filter(|i| !i.repo_tags.iter().any(|t| keep.contains(t)))
+        .filter(|i| !i.tags.iter().any(|t| keep.contains(t)))
         .map(|i| StaleImage {
-            tags: i.repo_tags.into_iter().filter(|t| t != "<none>:<none>").collect(),
             exe_sha256: i.labels.get(LABEL_EXE_SHA256).cloned(),
-            size_bytes: i.size,
+            size_bytes: i.size_bytes,
+            tags: i.tags,
             id: i.id,
         })
         .collect())
@@ -63,16 +54,16 @@ pub async fn stale_images(docker: &Docker, keep: &[String], labels: &[String]) -
 
 /// Removes the given images (each tag, then the image); one failure does not stop the rest.
 /// Never forced: an image a container started using meanwhile stays.
-pub async fn remove_images(docker: &Docker, images: &[StaleImage]) -> ImageRemoval {
+pub async fn remove_images(engine: &Engine, images: &[StaleImage]) -> ImageRemoval {
     let mut out = ImageRemoval::default();
     for image in images {
         // By tag when tagged: removing by id refuses an image with several tags.
         let names = if image.tags.is_empty() { vec![image.id.clone()] } else { image.tags.clone() };
         let mut failed = None;
         for name in &names {
-            let options = RemoveImageOptionsBuilder::new().noprune(false).build();
-            match docker.remove_image(name, Some(options), None).await {
-                Ok(_) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            match engine.api.remove_image(name).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
                 Err(e) => failed = Some(crate::util::error_chain(&e)),
             }
         }

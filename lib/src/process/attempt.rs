@@ -6,7 +6,7 @@
 use super::cleanup::Cleanup;
 use super::ledger::Own;
 use super::site::ProcessSite;
-use crate::attempt::{self, Ledger, Ports, Removed, Rung, Settings, Site, Teardown};
+use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site, Teardown};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Level, Outcome, RecoverError, Request, Target};
 use crate::link::claims::Bounds;
 use crate::link::judgement::{Frame, Witness};
@@ -88,12 +88,7 @@ impl Site for Arc<ProcessSite> {
         Witness { why_no_record: "no record from the init", ..Witness::default() }
     }
 
-    fn account(&self, ledger: &Ledger<Own>, ended: &mut Ended, removed: &Removed, ev: &mut Evidence) -> Frame {
-        // Read once everything in the cgroup was gone, so final. The host read them itself, so
-        // they replace the init's (which has no cgroup of its own to read).
-        if let (Some(c), Some(Ok(rec))) = (removed.counters.clone(), &mut ended.record) {
-            rec.cgroup = c;
-        }
+    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Frame {
         let own = &ledger.own;
         ev.init = Some(format!("pid {} ({})", own.init_pid, self.init.display()));
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;

@@ -38,11 +38,13 @@ pub(crate) async fn reclaim(shared: &ProcessSite, worker: &str) -> Result<Reclai
         return Err(ReclaimError::WorkerId(worker.to_owned()));
     }
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
+    let in_flight = shared.base.in_flight().clone();
+    crate::attempt::reclaim_captures(&shared.base, worker, &in_flight, &mut report);
     let Ok(entries) = std::fs::read_dir(&shared.attempts) else { return Ok(report) };
     for entry in entries.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
         let Some(id) = attempt_of(&name, worker) else { continue };
-        if shared.base.in_flight().contains(&id) {
+        if in_flight.contains(&id) {
             report.kept_in_flight.push(name);
             continue;
         }

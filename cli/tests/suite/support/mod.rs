@@ -29,16 +29,29 @@ fn in_ci() -> bool {
 }
 
 /// The engine under test, negotiated: the one `DOCKER_HOST` (and `DOCKER_TLS_VERIFY`,
-/// `DOCKER_CERT_PATH`) name, as stevedore itself reads them, else the local socket. `None`
-/// (after printing `SKIP: ...`) when it is unreachable outside CI; under `CI=true` an
-/// unreachable engine fails the test.
+/// `DOCKER_CERT_PATH`) name, else the local socket. `None` (after printing `SKIP: ...`)
+/// when it is unreachable outside CI; under `CI=true` an unreachable engine fails the test.
+/// The tests' own client, beside stevedore's ([`seam`]): what a test checks, it checks
+/// without stevedore's help.
 pub async fn engine() -> Option<Docker> {
     let attempt = async {
-        let conn = stevedore::engine::Connection { allow_insecure_tcp: true, ..Default::default() };
-        let engine = stevedore::engine::Engine::connect(&conn, Duration::from_secs(60))
-            .await
-            .map_err(|e| stevedore::error_chain(&e))?;
-        Ok::<_, String>(engine.docker().clone())
+        seam_of().await?;
+        let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
+        let v = bollard::API_DEFAULT_VERSION;
+        let tls = std::env::var("DOCKER_TLS_VERIFY").is_ok_and(|t| !t.is_empty() && t != "0");
+        let docker = match host.split_once("://") {
+            Some(("unix", path)) => Docker::connect_with_unix(path, 120, v),
+            Some(("tcp", _)) if tls => {
+                let dir = std::path::PathBuf::from(std::env::var("DOCKER_CERT_PATH").unwrap_or_default());
+                let (key, cert, ca) = (dir.join("key.pem"), dir.join("cert.pem"), dir.join("ca.pem"));
+                Docker::connect_with_ssl(&host.replacen("tcp://", "https://", 1), &key, &cert, &ca, 120, v)
+            }
+            Some(("tcp", _)) => Docker::connect_with_http(&host, 120, v),
+            Some(("ssh", _)) => Docker::connect_with_ssh(&host, 120, v, None),
+            _ => return Err(format!("DOCKER_HOST={host} is not one the tests can reach")),
+        }
+        .map_err(|e| e.to_string())?;
+        docker.negotiate_version().await.map_err(|e| e.to_string())
     };
     match attempt.await {
         Ok(docker) => Some(docker),
@@ -50,6 +63,21 @@ pub async fn engine() -> Option<Docker> {
             None
         }
     }
+}
+
+/// stevedore's own connection to the engine under test (for `stevedore::image`), made once.
+/// Call it after [`engine`] said the engine is there.
+pub async fn seam() -> &'static stevedore::engine::Engine {
+    seam_of().await.expect("the engine was reachable a moment ago")
+}
+
+async fn seam_of() -> Result<&'static stevedore::engine::Engine, String> {
+    static SEAM: OnceCell<stevedore::engine::Engine> = OnceCell::const_new();
+    SEAM.get_or_try_init(|| async {
+        let conn = stevedore::engine::Connection { allow_insecure_tcp: true, ..Default::default() };
+        stevedore::engine::Engine::connect(&conn, Duration::from_secs(60)).await.map_err(|e| stevedore::error_chain(&e))
+    })
+    .await
 }
 
 /// Builds (once per test process, reused across processes while /bin/busybox is the
@@ -73,7 +101,7 @@ pub async fn busybox_image(docker: &Docker) -> String {
             );
             let busybox = std::fs::read(BUSYBOX).unwrap();
             let context = tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes()), ("busybox", 0o755, &busybox)]);
-            stevedore::image::build_image_from_dir_tar(docker, BUSYBOX_IMAGE, context)
+            stevedore::image::build_image_from_dir_tar(seam().await, BUSYBOX_IMAGE, context)
                 .await
                 .unwrap_or_else(|e| panic!("building {BUSYBOX_IMAGE}: {e:?}"));
             BUSYBOX_IMAGE.to_owned()
@@ -339,21 +367,19 @@ pub fn stripped_bin() -> std::path::PathBuf {
 
 /// Packs this build's `stevedore` binary (dynamic, stripped, `FROM scratch`) as `tag`,
 /// labelled with `fingerprint` as its handler set; reused while the binary is the same.
-pub async fn pack_worker(docker: &Docker, tag: &str, fingerprint: String) -> String {
+pub async fn pack_worker(tag: &str, fingerprint: String) -> String {
     let mut spec = stevedore::image::PackSpec::new(stripped_bin(), tag);
     spec.fingerprint = Some(fingerprint);
     spec.labels.insert(TEST_LABEL.to_owned(), "true".to_owned());
-    stevedore::image::ensure_image(docker, &spec).await.unwrap_or_else(|e| panic!("packing {tag}: {e}"));
+    stevedore::image::ensure_image(seam().await, &spec).await.unwrap_or_else(|e| panic!("packing {tag}: {e}"));
     tag.to_owned()
 }
 
 /// The worker image of the tests: this build's binary with its real handler-set fingerprint.
-pub async fn worker_image(docker: &Docker) -> String {
+pub async fn worker_image() -> String {
     static IMAGE: OnceCell<String> = OnceCell::const_new();
     IMAGE
-        .get_or_init(|| {
-            pack_worker(docker, "stevedore-test/worker:latest", stevedore::handlers::builtin().fingerprint())
-        })
+        .get_or_init(|| pack_worker("stevedore-test/worker:latest", stevedore::handlers::builtin().fingerprint()))
         .await
         .clone()
 }
