@@ -31,6 +31,7 @@ mod outdir;
 mod relay;
 pub mod report;
 mod run;
+pub mod tree;
 pub mod wire;
 
 pub use outdir::send as send_outputs;

@@ -10,15 +10,10 @@
 //! one huge (or sparse) file cannot push the real outputs out; past the file-count cap every
 //! further file is `over_cap`.
 
+use crate::tree::{self, Kind};
 use crate::wire::{OutputEnd, OutputSpec, Refused, escape_name};
-use nix::dir::{Dir, Type};
-use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
-use std::collections::BinaryHeap;
-use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
@@ -28,52 +23,6 @@ pub const MAX_REFUSED: usize = 1000;
 pub const MAX_DEPTH: usize = 128;
 /// Entries looked at in all, so a tree of millions of empty files ends in bounded time.
 pub const MAX_VISITED: u64 = 2_000_000;
-
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
-    Dir,
-    File,
-    Other(&'static str),
-    Unknown,
-}
-
-fn kind_of(st: &FileStat) -> Kind {
-    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
-        SFlag::S_IFDIR => Kind::Dir,
-        SFlag::S_IFREG => Kind::File,
-        SFlag::S_IFLNK => Kind::Other("symlink"),
-        SFlag::S_IFIFO => Kind::Other("fifo"),
-        SFlag::S_IFSOCK => Kind::Other("socket"),
-        SFlag::S_IFCHR | SFlag::S_IFBLK => Kind::Other("device"),
-        _ => Kind::Unknown,
-    }
-}
-
-impl From<Type> for Kind {
-    fn from(t: Type) -> Self {
-        match t {
-            Type::Directory => Kind::Dir,
-            Type::File => Kind::File,
-            Type::Symlink => Kind::Other("symlink"),
-            Type::Fifo => Kind::Other("fifo"),
-            Type::Socket => Kind::Other("socket"),
-            Type::CharacterDevice | Type::BlockDevice => Kind::Other("device"),
-        }
-    }
-}
-
-/// One directory entry, ordered so that visiting in this order yields full paths in byte
-/// order: a directory sorts as its name plus `/`, as its descendants' paths do.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Child {
-    key: Vec<u8>,
-    name: Vec<u8>,
-    kind: Kind,
-}
 
 /// Walks `spec.dir` and writes the tar of what fits the caps to `w`. Returns the end
 /// record: what was sent, what was refused, and the totals of everything seen.
@@ -101,9 +50,9 @@ pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
         visited: 0,
     };
     let mut tar = tar::Builder::new(w);
-    match Dir::open(Path::new(&spec.dir), dir_flags(), Mode::empty()) {
+    match tree::open_root(Path::new(&spec.dir), false) {
         Ok(root) => s.dir(&mut tar, root, b"", 0),
-        Err(e) => s.end.error = Some(format!("cannot open {}: {}", spec.dir, io::Error::from(e))),
+        Err(e) => s.end.error = Some(format!("cannot open {}: {e}", spec.dir)),
     }
     if let Err(e) = tar.finish() {
         s.end.error.get_or_insert_with(|| format!("writing the tar: {e}"));
@@ -144,50 +93,26 @@ impl Sender<'_> {
 
     /// The entries of `dir`, keeping only the first ones by order when there are more than
     /// the caps could ever use, so one huge directory cannot exhaust the init's memory.
-    fn children(&mut self, dir: &mut Dir) -> io::Result<(Vec<Child>, bool)> {
+    fn children(&mut self, dir: &OwnedFd) -> io::Result<(Vec<tree::Child>, bool)> {
         let keep = usize::try_from(self.spec.max_files).unwrap_or(usize::MAX).saturating_add(MAX_REFUSED + 1);
-        let mut heap = BinaryHeap::new();
-        let mut truncated = false;
-        let base = dir.as_fd().try_clone_to_owned()?;
-        for entry in dir.iter() {
-            let entry = entry?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
+        let (visited, seen) = (&mut self.visited, &mut self.end.seen);
+        tree::children(dir, keep, |c| {
+            *visited += 1;
+            if *visited > MAX_VISITED {
+                seen.truncated = true;
+                return false;
             }
-            self.visited += 1;
-            if self.visited > MAX_VISITED {
-                self.end.seen.truncated = true;
-                break;
+            if let (Kind::File, Some(st)) = (c.kind, c.stat) {
+                seen.files += 1;
+                seen.apparent_bytes = seen.apparent_bytes.saturating_add(st.size);
+                seen.written_bytes = seen.written_bytes.saturating_add(st.size.min(st.allocated));
             }
-            let st = fstatat(&base, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
-            let kind = match (&st, entry.file_type()) {
-                (Some(st), _) => kind_of(st),
-                (None, Some(t)) => Kind::from(t),
-                (None, None) => Kind::Unknown,
-            };
-            if let (Kind::File, Some(st)) = (kind, &st) {
-                let size = u64::try_from(st.st_size).unwrap_or(0);
-                let blocks = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
-                self.end.seen.files += 1;
-                self.end.seen.apparent_bytes = self.end.seen.apparent_bytes.saturating_add(size);
-                self.end.seen.written_bytes = self.end.seen.written_bytes.saturating_add(size.min(blocks));
-            }
-            let mut key = name.to_vec();
-            if kind == Kind::Dir {
-                key.push(b'/');
-            }
-            heap.push(Child { key, name: name.to_vec(), kind });
-            if heap.len() > keep {
-                heap.pop();
-                truncated = true;
-            }
-        }
-        Ok((heap.into_sorted_vec(), truncated))
+            true
+        })
     }
 
-    fn dir<W: Write>(&mut self, tar: &mut tar::Builder<W>, mut dir: Dir, prefix: &[u8], depth: usize) {
-        let (children, truncated) = match self.children(&mut dir) {
+    fn dir<W: Write>(&mut self, tar: &mut tar::Builder<W>, dir: OwnedFd, prefix: &[u8], depth: usize) {
+        let (children, truncated) = match self.children(&dir) {
             Ok(c) => c,
             Err(e) => {
                 let name = if prefix.is_empty() { b".".as_slice() } else { &prefix[..prefix.len() - 1] };
@@ -204,8 +129,7 @@ impl Sender<'_> {
             match child.kind {
                 Kind::File => self.file(tar, &dir, &child.name, &path),
                 Kind::Dir => self.subdir(tar, &dir, &child.name, path, depth),
-                Kind::Other(why) => self.refuse(&path, why),
-                Kind::Unknown => self.refuse(&path, "unreadable: unknown file type"),
+                other => self.refuse(&path, other.word()),
             }
             if self.end.error.is_some() {
                 return;
@@ -221,7 +145,7 @@ impl Sender<'_> {
     fn subdir<W: Write>(
         &mut self,
         tar: &mut tar::Builder<W>,
-        parent: &Dir,
+        parent: &OwnedFd,
         name: &[u8],
         mut path: Vec<u8>,
         depth: usize,
@@ -230,10 +154,9 @@ impl Sender<'_> {
             self.end.seen.truncated = true;
             return self.refuse(&path, "too_deep");
         }
-        let sub = match Dir::openat(parent, name, dir_flags(), Mode::empty()) {
+        let sub = match tree::open_dir(parent, name) {
             Ok(d) => d,
-            Err(Errno::ELOOP) => return self.refuse(&path, "symlink"),
-            Err(e) => return self.refuse(&path, format!("unreadable: {}", io::Error::from(e))),
+            Err(r) => return self.refuse(&path, r.why()),
         };
         path.push(b'/');
         let mut h = header(tar::EntryType::Directory, 0, 0o755, 0);
@@ -245,24 +168,11 @@ impl Sender<'_> {
         self.dir(tar, sub, &path, depth + 1);
     }
 
-    fn file<W: Write>(&mut self, tar: &mut tar::Builder<W>, parent: &Dir, name: &[u8], path: &[u8]) {
-        // O_NONBLOCK: nothing else runs any more, but an entry that is a FIFO must never hang.
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let fd = match openat(parent, name, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::ELOOP) => return self.refuse(path, "symlink"),
-            Err(Errno::ENXIO) => return self.refuse(path, "socket"),
-            Err(e) => return self.refuse(path, format!("unreadable: {}", io::Error::from(e))),
+    fn file<W: Write>(&mut self, tar: &mut tar::Builder<W>, parent: &OwnedFd, name: &[u8], path: &[u8]) {
+        let (file, st) = match tree::open_file(parent, name) {
+            Ok(f) => f,
+            Err(r) => return self.refuse(path, r.why()),
         };
-        let st = match fstat(&fd) {
-            Ok(st) => st,
-            Err(e) => return self.refuse(path, format!("unreadable: {}", io::Error::from(e))),
-        };
-        match kind_of(&st) {
-            Kind::File => {}
-            Kind::Other(why) => return self.refuse(path, why),
-            Kind::Dir | Kind::Unknown => return self.refuse(path, "unreadable: not a regular file"),
-        }
         let size = u64::try_from(st.st_size).unwrap_or(0);
         let room = self.budget.saturating_sub(self.end.bytes);
         if self.end.files >= self.spec.max_files || size > room {
@@ -281,7 +191,7 @@ impl Sender<'_> {
         let mut h = header(tar::EntryType::Regular, size, mode, mtime);
         let name_str = std::str::from_utf8(path).expect("checked component by component");
         // Exactly `size` bytes: the tar header promised them.
-        let mut content = Exactly { inner: File::from(fd).take(size), left: size };
+        let mut content = tree::Exactly::new(file.take(size), size);
         match tar.append_data(&mut h, name_str, &mut content) {
             Ok(()) => {
                 self.end.files += 1;
@@ -302,33 +212,6 @@ fn header(kind: tar::EntryType, size: u64, mode: u32, mtime: u64) -> tar::Header
     h.set_gid(0);
     h.set_mtime(mtime);
     h
-}
-
-/// Yields exactly `left` bytes: a file that shrank is padded with zeros (the header already
-/// promised its size); one that grew is cut.
-struct Exactly<R> {
-    inner: R,
-    left: u64,
-}
-
-impl<R: Read> Read for Exactly<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.left == 0 {
-            return Ok(0);
-        }
-        let want = buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
-        let n = match self.inner.read(&mut buf[..want]) {
-            Ok(0) => {
-                buf[..want].fill(0);
-                want
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        self.left -= n as u64;
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
@@ -364,7 +247,7 @@ mod tests {
         fs::write(d.join("a.txt"), b"alpha").unwrap();
         fs::write(d.join("b.txt"), b"b").unwrap();
         symlink("/etc/passwd", d.join("link")).unwrap();
-        nix::unistd::mkfifo(&d.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        nix::unistd::mkfifo(&d.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         fs::write(d.join(OsStr::from_bytes(b"bad\xff")), b"x").unwrap();
         let mut tar = Vec::new();
         let end = send(&spec(d, 100, 1 << 20), &mut tar);

@@ -7,14 +7,11 @@
 //! becomes an entry. The apparent size of everything is counted before the upload and
 //! checked against the limit as it is written.
 
-use nix::dir::Dir;
-use nix::errno::Errno;
-use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
-use std::fs::File;
+use nix::sys::stat::fstat;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use stevedore_init::tree::{self, Kind, Refusal, Stat};
 
 /// Deeper directories are refused: each level holds one open descriptor.
 const MAX_DEPTH: usize = 128;
@@ -68,14 +65,6 @@ pub enum StageError {
     Write(#[source] io::Error),
 }
 
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
-}
-
-fn is(st: &FileStat, kind: SFlag) -> bool {
-    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == kind
-}
-
 /// The input dir, opened once.
 #[derive(Debug)]
 pub struct InputDir {
@@ -85,9 +74,7 @@ pub struct InputDir {
 impl InputDir {
     /// Opens `path` (the caller's own path, so a symlink there is followed, once).
     pub fn open(path: &Path) -> Result<Self, StageError> {
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-        let root = openat(AT_FDCWD, path, flags, Mode::empty())
-            .map_err(|e| StageError::Io { path: path.to_owned(), source: e.into() })?;
+        let root = tree::open_root(path, true).map_err(|source| StageError::Io { path: path.to_owned(), source })?;
         Ok(Self { root })
     }
 
@@ -118,17 +105,11 @@ impl InputDir {
     }
 }
 
-fn entries(dir: &OwnedFd, rel: &Path) -> Result<Vec<Vec<u8>>, StageError> {
-    let io = |e: Errno| StageError::Io { path: rel.to_owned(), source: e.into() };
-    let mut d = Dir::openat(dir, ".", dir_flags(), Mode::empty()).map_err(io)?;
-    let mut names: Vec<Vec<u8>> = d
-        .iter()
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_bytes().to_vec())
-        .filter(|n| n != b"." && n != b"..")
-        .collect();
-    names.sort();
-    Ok(names)
+/// The entries of `dir`, in path order.
+fn entries(dir: &OwnedFd, rel: &Path) -> Result<Vec<tree::Child>, StageError> {
+    let (all, _) =
+        tree::children(dir, usize::MAX, |_| true).map_err(|source| StageError::Io { path: rel.to_owned(), source })?;
+    Ok(all)
 }
 
 fn rel_of(rel: &Path, name: &[u8]) -> PathBuf {
@@ -137,19 +118,20 @@ fn rel_of(rel: &Path, name: &[u8]) -> PathBuf {
 }
 
 fn walk_sizes(dir: &OwnedFd, rel: &Path, depth: usize, totals: &mut (u64, u64)) -> Result<(), StageError> {
-    for name in entries(dir, rel)? {
-        let path = rel_of(rel, &name);
-        let Ok(st) = fstatat(dir, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
-        if is(&st, SFlag::S_IFREG) {
-            totals.0 = totals.0.saturating_add(u64::try_from(st.st_size).unwrap_or(0));
-            totals.1 += 1;
-        } else if is(&st, SFlag::S_IFDIR) && depth < MAX_DEPTH {
-            match openat(dir, name.as_slice(), dir_flags(), Mode::empty()) {
+    for child in entries(dir, rel)? {
+        let path = rel_of(rel, &child.name);
+        match (child.kind, child.stat) {
+            (Kind::File, Some(st)) => {
+                totals.0 = totals.0.saturating_add(st.size);
+                totals.1 += 1;
+            }
+            (Kind::Dir, _) if depth < MAX_DEPTH => match tree::open_dir(dir, &child.name) {
                 Ok(sub) => walk_sizes(&sub, &path, depth + 1, totals)?,
                 // Swapped meanwhile: the staging pass names it.
-                Err(Errno::ELOOP | Errno::ENOTDIR) => {}
-                Err(e) => return Err(StageError::Io { path, source: e.into() }),
-            }
+                Err(Refusal::Symlink | Refusal::Not(_)) => {}
+                Err(Refusal::Io(e)) => return Err(StageError::Io { path, source: e.into() }),
+            },
+            _ => {}
         }
     }
     Ok(())
@@ -164,14 +146,14 @@ struct Stager<'a> {
 }
 
 impl Stager<'_> {
-    fn header(&self, st: &FileStat, kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    fn header(&self, st: &Stat, kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(kind);
         h.set_size(size);
         h.set_mode(mode);
         h.set_uid(self.uid.into());
         h.set_gid(self.gid.into());
-        h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
+        h.set_mtime(u64::try_from(st.mtime).unwrap_or(0));
         h
     }
 
@@ -188,43 +170,43 @@ impl Stager<'_> {
         rel: &Path,
         depth: usize,
     ) -> Result<(), StageError> {
-        for name in entries(dir, rel)? {
-            let path = rel_of(rel, &name);
-            let io = |e: Errno| StageError::Io { path: path.clone(), source: e.into() };
-            let st = match fstatat(dir, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                // Gone since it was listed: nothing to stage.
-                Err(Errno::ENOENT) => continue,
-                Err(e) => return Err(io(e)),
-            };
+        for child in entries(dir, rel)? {
+            let path = rel_of(rel, &child.name);
+            // Gone since it was listed: nothing to stage.
+            let Some(st) = child.stat else { continue };
             // Between looking and opening: where a swap would have to land.
             (self.hook)(&path);
-            let perm = st.st_mode & 0o777;
-            if is(&st, SFlag::S_IFDIR) {
-                if depth + 1 >= MAX_DEPTH {
-                    self.skip(&path);
-                    continue;
-                }
-                let sub = match openat(dir, name.as_slice(), dir_flags(), Mode::empty()) {
-                    Ok(fd) => fd,
-                    Err(Errno::ELOOP | Errno::ENOTDIR) => {
-                        return Err(StageError::Changed { path, why: "a directory became a symlink or a file".into() });
+            let perm = st.mode & 0o777;
+            match child.kind {
+                Kind::Dir => {
+                    if depth + 1 >= MAX_DEPTH {
+                        self.skip(&path);
+                        continue;
                     }
-                    Err(e) => return Err(io(e)),
-                };
-                let mut h = self.header(&st, tar::EntryType::Directory, perm | 0o700, 0);
-                b.append_data(&mut h, &path, io::empty()).map_err(StageError::Write)?;
-                self.report.entries += 1;
-                self.dir(b, &sub, &path, depth + 1)?;
-            } else if is(&st, SFlag::S_IFREG) {
-                self.file(b, dir, &name, &path, perm)?;
-            } else if is(&st, SFlag::S_IFLNK) {
-                let target = nix::fcntl::readlinkat(dir, name.as_slice()).map_err(io)?;
-                let mut h = self.header(&st, tar::EntryType::Symlink, 0o777, 0);
-                b.append_link(&mut h, &path, &target).map_err(StageError::Write)?;
-                self.report.entries += 1;
-            } else {
-                self.skip(&path);
+                    let sub = match tree::open_dir(dir, &child.name) {
+                        Ok(fd) => fd,
+                        Err(Refusal::Io(e)) => return Err(StageError::Io { path, source: e.into() }),
+                        Err(_) => {
+                            return Err(StageError::Changed {
+                                path,
+                                why: "a directory became a symlink or a file".into(),
+                            });
+                        }
+                    };
+                    let mut h = self.header(&st, tar::EntryType::Directory, perm | 0o700, 0);
+                    b.append_data(&mut h, &path, io::empty()).map_err(StageError::Write)?;
+                    self.report.entries += 1;
+                    self.dir(b, &sub, &path, depth + 1)?;
+                }
+                Kind::File => self.file(b, dir, &child.name, &path, perm)?,
+                Kind::Symlink => {
+                    let target = nix::fcntl::readlinkat(dir, child.name.as_slice())
+                        .map_err(|e| StageError::Io { path: path.clone(), source: e.into() })?;
+                    let mut h = self.header(&st, tar::EntryType::Symlink, 0o777, 0);
+                    b.append_link(&mut h, &path, &target).map_err(StageError::Write)?;
+                    self.report.entries += 1;
+                }
+                _ => self.skip(&path),
             }
         }
         Ok(())
@@ -238,26 +220,20 @@ impl Stager<'_> {
         path: &Path,
         perm: u32,
     ) -> Result<(), StageError> {
-        // O_NONBLOCK: an entry swapped for a FIFO must not hang the staging.
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let fd = match openat(dir, name, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::ELOOP) => {
-                return Err(StageError::Changed { path: path.to_owned(), why: "a file became a symlink".into() });
-            }
-            Err(e) => return Err(StageError::Io { path: path.to_owned(), source: e.into() }),
+        let changed = |why: &str| StageError::Changed { path: path.to_owned(), why: why.into() };
+        let (mut file, st) = match tree::open_file(dir, name) {
+            Ok(f) => f,
+            Err(Refusal::Symlink) => return Err(changed("a file became a symlink")),
+            Err(Refusal::Not(_)) => return Err(changed("it is no longer a regular file")),
+            Err(Refusal::Io(e)) => return Err(StageError::Io { path: path.to_owned(), source: e.into() }),
         };
-        let st = fstat(fd.as_fd()).map_err(|e| StageError::Io { path: path.to_owned(), source: e.into() })?;
-        if !is(&st, SFlag::S_IFREG) {
-            return Err(StageError::Changed { path: path.to_owned(), why: "it is no longer a regular file".into() });
-        }
-        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let st = Stat::from(&st);
+        let size = st.size;
         if self.report.bytes.saturating_add(size) > self.limit {
             return Err(StageError::TooLarge { limit: self.limit });
         }
         let mut h = self.header(&st, tar::EntryType::Regular, perm | 0o400, size);
-        let mut file = File::from(fd);
-        let mut content = Bounded { inner: (&mut file).take(size), left: size, short: false };
+        let mut content = tree::Exactly::new((&mut file).take(size), size);
         b.append_data(&mut h, path, &mut content).map_err(StageError::Write)?;
         let short = content.short;
         // One more byte, or a size that changed, means the file is not what the header said.
@@ -273,7 +249,7 @@ impl Stager<'_> {
         self.report.entries += 1;
         self.report.files += 1;
         self.report.bytes += size;
-        let allocated = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        let allocated = st.allocated;
         if allocated < size && self.report.sparse.len() < MAX_SKIPPED {
             self.report.sparse.push(crate::contract::SparseInput {
                 name: path.display().to_string(),
@@ -285,39 +261,11 @@ impl Stager<'_> {
     }
 }
 
-/// Yields exactly `left` bytes (zeros past a premature end, which is then reported as a
-/// change): the tar stays well-formed whatever the file does.
-struct Bounded<R> {
-    inner: R,
-    left: u64,
-    short: bool,
-}
-
-impl<R: Read> Read for Bounded<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.left == 0 {
-            return Ok(0);
-        }
-        let want = buf.len().min(usize::try_from(self.left).unwrap_or(usize::MAX));
-        let n = match self.inner.read(&mut buf[..want]) {
-            Ok(0) => {
-                self.short = true;
-                buf[..want].fill(0);
-                want
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        self.left -= n as u64;
-        Ok(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
+    use nix::sys::stat::Mode;
+    use std::fs::{self, File};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn tar_entries(bytes: &[u8]) -> Vec<(String, tar::EntryType, u32, u64, Vec<u8>)> {

@@ -11,7 +11,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use stevedore::image::bundle::{ToolsBundle, prune, sha256_file};
+use stevedore::image::bundle::{ExeBundle, prune, sha256_file};
 use stevedore::image::{PackSpec, ensure_image, pack_image};
 use support::{TEST_LABEL, engine};
 
@@ -56,7 +56,7 @@ fn entries(base: &Path) -> Vec<String> {
     names
 }
 
-fn name_of(bundle: &ToolsBundle) -> String {
+fn name_of(bundle: &ExeBundle) -> String {
     bundle.host_dir().file_name().unwrap().to_str().unwrap().to_owned()
 }
 
@@ -80,19 +80,19 @@ fn a_rebuilt_binary_supersedes_its_bundle() {
     let base = t.path().join("bundles");
     let exe = t.path().join("worker");
     let Some(one) = busybox_at(&exe, b"build one") else { return };
-    let first = ToolsBundle::prepare(&exe, &base).unwrap();
+    let first = ExeBundle::prepare(&exe, &base).unwrap();
     assert_eq!(first.exe_sha256(), one);
     let old = first.host_dir().to_owned();
     drop(first);
 
     let two = busybox_variant(&exe, b"build two");
-    let second = ToolsBundle::prepare(&exe, &base).unwrap();
+    let second = ExeBundle::prepare(&exe, &base).unwrap();
     assert_eq!(second.exe_sha256(), two);
     assert!(!old.exists(), "the bundle of the previous build is pruned");
     assert!(second.host_dir().exists());
     assert_eq!(entries(&base), [name_of(&second)], "nothing else, no temporary dir");
     // Preparing the current build again keeps its bundle.
-    let again = ToolsBundle::prepare(&exe, &base).unwrap();
+    let again = ExeBundle::prepare(&exe, &base).unwrap();
     assert_eq!(again, second);
     assert_eq!(entries(&base), [name_of(&second)]);
 }
@@ -104,8 +104,8 @@ fn a_bundle_whose_exe_is_gone_is_pruned() {
     let (kept, gone) = (t.path().join("kept"), t.path().join("gone"));
     let Some(_) = busybox_at(&kept, b"kept") else { return };
     busybox_variant(&gone, b"gone");
-    let doomed = name_of(&ToolsBundle::prepare(&gone, &base).unwrap());
-    let stays = name_of(&ToolsBundle::prepare(&kept, &base).unwrap());
+    let doomed = name_of(&ExeBundle::prepare(&gone, &base).unwrap());
+    let stays = name_of(&ExeBundle::prepare(&kept, &base).unwrap());
     assert_eq!(entries(&base).len(), 2, "both executables exist: both bundles stay");
     fs::remove_file(&gone).unwrap();
     let pruned = prune(&base).unwrap();
@@ -120,9 +120,9 @@ fn a_bundle_in_use_is_kept_until_released() {
     let base = t.path().join("bundles");
     let exe = t.path().join("worker");
     let Some(_) = busybox_at(&exe, b"one") else { return };
-    let held = ToolsBundle::prepare(&exe, &base).unwrap();
+    let held = ExeBundle::prepare(&exe, &base).unwrap();
     busybox_variant(&exe, b"two");
-    let current = ToolsBundle::prepare(&exe, &base).unwrap();
+    let current = ExeBundle::prepare(&exe, &base).unwrap();
     assert!(held.host_dir().exists(), "superseded but held: kept");
     let pruned = prune(&base).unwrap();
     assert!(pruned.removed.is_empty(), "{pruned:?}");
@@ -146,8 +146,8 @@ fn a_bundle_stays_while_any_of_its_paths_holds_its_binary() {
     let (a, b) = (t.path().join("a"), t.path().join("b"));
     let Some(_) = busybox_at(&a, b"same") else { return };
     busybox_variant(&b, b"same");
-    let shared = name_of(&ToolsBundle::prepare(&a, &base).unwrap());
-    assert_eq!(name_of(&ToolsBundle::prepare(&b, &base).unwrap()), shared, "one bundle per digest");
+    let shared = name_of(&ExeBundle::prepare(&a, &base).unwrap());
+    assert_eq!(name_of(&ExeBundle::prepare(&b, &base).unwrap()), shared, "one bundle per digest");
     busybox_variant(&a, b"rebuilt");
     assert!(prune(&base).unwrap().removed.is_empty(), "b still holds that binary");
     fs::remove_file(&b).unwrap();
@@ -171,7 +171,7 @@ fn a_rebuilt_build_leaves_one_bundle() {
     let started = Instant::now();
     for build in 0..3u8 {
         variant_of(&bin, &exe, &[build]).unwrap();
-        let bundle = ToolsBundle::prepare(&exe, &base).unwrap();
+        let bundle = ExeBundle::prepare(&exe, &base).unwrap();
         assert!(bundle.is_dynamic());
         sizes.push(du(bundle.host_dir()));
     }
@@ -200,7 +200,7 @@ fn child_prepares() {
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut rounds = 0;
     while Instant::now() < deadline {
-        let bundle = ToolsBundle::prepare(Path::new(&exe), Path::new(&base)).unwrap();
+        let bundle = ExeBundle::prepare(Path::new(&exe), Path::new(&base)).unwrap();
         let tar = bundle.to_tar().unwrap();
         let mut archive = tar::Archive::new(tar.as_slice());
         let mut entry = archive.entries().unwrap().next().unwrap().unwrap();
@@ -254,7 +254,7 @@ fn concurrent_prepares_across_processes() {
             eprintln!("{line}");
         }
     }
-    let last = ToolsBundle::prepare(&exe, &base).unwrap();
+    let last = ExeBundle::prepare(&exe, &base).unwrap();
     let left = entries(&base);
     // A temporary dir of a child that lost a race is removed by that child.
     assert_eq!(left, [name_of(&last)], "only the newest build's bundle");

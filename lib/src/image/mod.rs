@@ -9,6 +9,7 @@
 pub mod bundle;
 pub mod pack;
 pub mod stale;
+mod tarball;
 
 pub use pack::{
     PackError, PackSpec, PackedImage, Rootfs, build_image_from_dir_tar, ensure_image, pack_image, write_rootfs,

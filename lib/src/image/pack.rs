@@ -9,7 +9,8 @@
 //! and gives the same one-layer image. Arbitrary Dockerfiles still go through
 //! [`build_image_from_dir_tar`].
 
-use super::bundle::{ToolsBundle, ToolsError, append_bytes, append_dir};
+use super::bundle::{BundleError, ExeBundle};
+use super::tarball::{append_bytes, append_dir};
 use crate::engine::{Built, Engine, EngineError, ImageInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +39,7 @@ pub const USER_NAME: &str = "stevedore";
 pub enum PackError {
     /// the executable could not be bundled
     #[error("cannot bundle the executable")]
-    Tools(#[from] ToolsError),
+    Tools(#[from] BundleError),
     /// the build context could not be written
     #[error("cannot write the build context")]
     Context(#[source] std::io::Error),
@@ -126,7 +127,7 @@ pub struct PackedImage {
     pub reused: bool,
 }
 
-fn labels_for(spec: &PackSpec, bundle: &ToolsBundle, entry: &[String]) -> BTreeMap<String, String> {
+fn labels_for(spec: &PackSpec, bundle: &ExeBundle, entry: &[String]) -> BTreeMap<String, String> {
     let mut labels = spec.labels.clone();
     let mut own = |k: &str, v: String| {
         labels.insert(k.to_owned(), v);
@@ -159,7 +160,7 @@ fn passwd_and_group(user: (u32, u32)) -> (String, String) {
 }
 
 /// The image's root filesystem: the bundle under [`APP_DIR`] and the user's passwd/group.
-fn rootfs_tar(spec: &PackSpec, bundle: &ToolsBundle) -> Result<Vec<u8>, PackError> {
+fn rootfs_tar(spec: &PackSpec, bundle: &ExeBundle) -> Result<Vec<u8>, PackError> {
     let (passwd, group) = passwd_and_group(spec.user);
     let mut tar = tar::Builder::new(Vec::new());
     bundle.append_to_tar(&mut tar, APP_DIR.trim_start_matches('/'))?;
@@ -268,7 +269,7 @@ pub fn write_rootfs(exe: &Path, dir: &Path, user: (u32, u32)) -> Result<Rootfs, 
 /// image the tag pointed to before is removed when that left it without a tag and unused
 /// (see [`ensure_image`]).
 pub async fn pack_image(engine: &Engine, spec: &PackSpec) -> Result<PackedImage, PackError> {
-    let bundle = ToolsBundle::prepare_default(&spec.exe)?;
+    let bundle = ExeBundle::prepare_default(&spec.exe)?;
     // Two packs of one tag at once would each leave the other's image dangling.
     let _lock = lock_tag(&spec.tag).await?;
     let previous = engine.api.image_info(&spec.tag).await?.map(|image| image.id);
@@ -279,7 +280,7 @@ pub async fn pack_image(engine: &Engine, spec: &PackSpec) -> Result<PackedImage,
 async fn pack_bundle(
     engine: &Engine,
     spec: &PackSpec,
-    bundle: &ToolsBundle,
+    bundle: &ExeBundle,
     previous: Option<String>,
 ) -> Result<PackedImage, PackError> {
     let entry = bundle.argv(APP_DIR);
@@ -338,7 +339,7 @@ async fn remove_replaced(engine: &Engine, id: &str) -> Replaced {
 /// its image, and no untagged duplicate is left behind.
 pub async fn ensure_image(engine: &Engine, spec: &PackSpec) -> Result<PackedImage, PackError> {
     let _lock = lock_tag(&spec.tag).await?;
-    let bundle = ToolsBundle::prepare_default(&spec.exe)?;
+    let bundle = ExeBundle::prepare_default(&spec.exe)?;
     let entry = bundle.argv(APP_DIR);
     let wanted = labels_for(spec, &bundle, &entry);
     let mut previous = None;
@@ -428,7 +429,7 @@ mod tests {
     fn context_has_dockerfile_user_and_entry() {
         let exe = std::env::current_exe().unwrap();
         let base = tempfile::tempdir().unwrap();
-        let bundle = ToolsBundle::prepare(&exe, base.path()).unwrap();
+        let bundle = ExeBundle::prepare(&exe, base.path()).unwrap();
         let mut spec = PackSpec::new(&exe, "t:latest");
         spec.fingerprint = Some("fp1".to_owned());
         spec.labels.insert("x".to_owned(), "y".to_owned());

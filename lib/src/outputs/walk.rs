@@ -3,15 +3,10 @@
 use super::Caps;
 use super::hash::hash_reader;
 use crate::contract::{OutputFile, RefusedEntry};
-use nix::dir::{Dir, Type};
-use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
-use std::collections::BinaryHeap;
-use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::OwnedFd;
 use std::path::Path;
+use stevedore_init::tree::{self, Kind};
 use stevedore_init::wire::escape_name;
 use stevedore_parse::outputs::{SNIFF_LEN, content_type};
 
@@ -41,59 +36,13 @@ pub struct WalkReport {
 /// the first ones by name; the rest are named (up to a bound) as `over_cap`. Only a failure
 /// to open or read `dir` itself is an error; trouble below it becomes a refused entry.
 pub fn walk(dir: &Path, caps: &Caps) -> io::Result<WalkReport> {
-    let root = Dir::open(dir, dir_flags(), Mode::empty()).map_err(io::Error::from)?;
+    let root = tree::open_root(dir, false)?;
     let mut w = Walker { caps, report: WalkReport::default(), over_cap_named: 0 };
     w.dir(root, b"", 0)?;
     let mut report = w.report;
     report.files.sort_by(|a, b| a.name.cmp(&b.name));
     report.refused.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(report)
-}
-
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
-}
-
-/// One directory entry, ordered so that a depth-first visit in this order yields full paths
-/// in byte order: a directory sorts as its name plus `/`, like its descendants' paths do.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Child {
-    key: Vec<u8>,
-    name: Vec<u8>,
-    kind: Kind,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
-    Dir,
-    File,
-    Other(&'static str),
-    Unknown,
-}
-
-impl From<Type> for Kind {
-    fn from(t: Type) -> Self {
-        match t {
-            Type::Directory => Kind::Dir,
-            Type::File => Kind::File,
-            Type::Symlink => Kind::Other("symlink"),
-            Type::Fifo => Kind::Other("fifo"),
-            Type::Socket => Kind::Other("socket"),
-            Type::CharacterDevice | Type::BlockDevice => Kind::Other("device"),
-        }
-    }
-}
-
-fn kind_of(st: &FileStat) -> Kind {
-    match SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) {
-        SFlag::S_IFDIR => Kind::Dir,
-        SFlag::S_IFREG => Kind::File,
-        SFlag::S_IFLNK => Kind::Other("symlink"),
-        SFlag::S_IFIFO => Kind::Other("fifo"),
-        SFlag::S_IFSOCK => Kind::Other("socket"),
-        SFlag::S_IFCHR | SFlag::S_IFBLK => Kind::Other("device"),
-        _ => Kind::Unknown,
-    }
 }
 
 struct Walker<'a> {
@@ -124,40 +73,13 @@ impl Walker<'_> {
 
     /// Reads the entries of `dir`, keeping only the first ones by order when there are more
     /// than the caps could ever use, so one huge directory cannot exhaust memory.
-    fn children(&self, dir: &mut Dir) -> io::Result<(Vec<Child>, bool)> {
+    fn children(&self, dir: &OwnedFd) -> io::Result<(Vec<tree::Child>, bool)> {
         let keep = self.caps.max_files.saturating_add(MAX_REFUSED).saturating_add(1);
-        let mut heap = BinaryHeap::new();
-        let mut truncated = false;
-        // A second descriptor for classifying: the iterator holds `dir` borrowed.
-        let base = dir.as_fd().try_clone_to_owned()?;
-        for entry in dir.iter() {
-            let entry = entry?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            let kind = match entry.file_type() {
-                Some(t) => Kind::from(t),
-                None => match fstatat(&base, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-                    Ok(st) => kind_of(&st),
-                    Err(_) => Kind::Unknown,
-                },
-            };
-            let mut key = name.to_vec();
-            if kind == Kind::Dir {
-                key.push(b'/');
-            }
-            heap.push(Child { key, name: name.to_vec(), kind });
-            if heap.len() > keep {
-                heap.pop();
-                truncated = true;
-            }
-        }
-        Ok((heap.into_sorted_vec(), truncated))
+        tree::children(dir, keep, |_| true)
     }
 
-    fn dir(&mut self, mut dir: Dir, prefix: &[u8], depth: usize) -> io::Result<()> {
-        let (children, truncated) = self.children(&mut dir)?;
+    fn dir(&mut self, dir: OwnedFd, prefix: &[u8], depth: usize) -> io::Result<()> {
+        let (children, truncated) = self.children(&dir)?;
         for child in children {
             if self.done() {
                 return Ok(());
@@ -171,8 +93,7 @@ impl Walker<'_> {
             match child.kind {
                 Kind::File => self.file(&dir, &child.name, &path),
                 Kind::Dir => self.subdir(&dir, &child.name, path, depth),
-                Kind::Other(why) => self.refuse(&path, why),
-                Kind::Unknown => self.refuse(&path, "unreadable: unknown file type"),
+                other => self.refuse(&path, other.word()),
             }
         }
         // The dropped entries sort after every kept one, so the caps count from here on.
@@ -183,16 +104,15 @@ impl Walker<'_> {
         Ok(())
     }
 
-    fn subdir(&mut self, parent: &Dir, name: &[u8], mut path: Vec<u8>, depth: usize) {
+    fn subdir(&mut self, parent: &OwnedFd, name: &[u8], mut path: Vec<u8>, depth: usize) {
         if depth + 1 >= MAX_DEPTH {
             self.refuse(&path, "too_deep");
             return;
         }
-        let sub = match Dir::openat(parent, name, dir_flags(), Mode::empty()) {
+        let sub = match tree::open_dir(parent, name) {
             Ok(d) => d,
-            // Replaced by a symlink since it was listed.
-            Err(Errno::ELOOP) => return self.refuse(&path, "symlink"),
-            Err(e) => return self.refuse(&path, format!("unreadable: {}", io::Error::from(e))),
+            // Replaced since it was listed.
+            Err(r) => return self.refuse(&path, r.why()),
         };
         path.push(b'/');
         if let Err(e) = self.dir(sub, &path, depth + 1) {
@@ -201,37 +121,22 @@ impl Walker<'_> {
         }
     }
 
-    fn file(&mut self, parent: &Dir, name: &[u8], path: &[u8]) {
+    fn file(&mut self, parent: &OwnedFd, name: &[u8], path: &[u8]) {
         if self.report.limit_hit {
             return self.over_cap(path);
         }
-        // O_NONBLOCK: an entry swapped for a FIFO since it was listed must not hang the walk.
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let fd = match openat(parent, name, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::ELOOP) => return self.refuse(path, "symlink"),
-            Err(Errno::ENXIO) => return self.refuse(path, "socket"),
-            Err(e) => return self.refuse(path, format!("unreadable: {}", io::Error::from(e))),
-        };
         // The descriptor, not the name, decides: the entry may have changed since listing.
-        let st = match fstat(&fd) {
-            Ok(st) => st,
-            Err(e) => return self.refuse(path, format!("unreadable: {}", io::Error::from(e))),
+        let (file, st) = match tree::open_file(parent, name) {
+            Ok(f) => f,
+            Err(r) => return self.refuse(path, r.why()),
         };
-        match kind_of(&st) {
-            Kind::File => {}
-            Kind::Other(why) => return self.refuse(path, why),
-            Kind::Dir | Kind::Unknown => {
-                return self.refuse(path, "unreadable: not a regular file");
-            }
-        }
         let room = self.caps.max_total_bytes.saturating_sub(self.report.total_bytes);
         let size = u64::try_from(st.st_size).unwrap_or(0);
         if self.report.files.len() >= self.caps.max_files || size > room {
             return self.over_cap(path);
         }
         // Reading one byte past the room tells a file that grew since fstat from one that fits.
-        let hashed = match hash_reader(File::from(fd).take(room.saturating_add(1)), SNIFF_LEN) {
+        let hashed = match hash_reader(file.take(room.saturating_add(1)), SNIFF_LEN) {
             Ok(h) => h,
             Err(e) => return self.refuse(path, format!("unreadable: {e}")),
         };
@@ -248,10 +153,11 @@ impl Walker<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::stat::{makedev, mknod};
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
     use nix::unistd::mkfifo;
     use std::ffi::OsStr;
     use std::fs;
+    use std::fs::File;
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::symlink;
     use std::os::unix::net::UnixListener;

@@ -11,14 +11,13 @@
 use super::content_type::{SNIFF_LEN, content_type};
 use super::{Caps, OutputFile, RefusedEntry};
 use nix::errno::Errno;
-use nix::fcntl::{AT_FDCWD, OFlag, openat};
-use nix::sys::stat::{Mode, fchmod, mkdirat};
+use nix::sys::stat::{Mode, fchmod};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 use sha2::{Digest, Sha256};
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use stevedore_init::tree;
 use stevedore_init::wire::escape_name;
 use tar::EntryType;
 
@@ -46,7 +45,7 @@ pub struct ExtractReport {
 /// and `limit_hit` is set. A malformed stream is an error; what was extracted before it
 /// stays, and is listed in the error's report through [`extract_into`].
 pub fn extract_tar(r: impl Read, dest: &Path, caps: &Caps) -> io::Result<ExtractReport> {
-    let dest = openat(AT_FDCWD, dest, dir_flags(), Mode::empty())?;
+    let dest = tree::open_root(dest, false)?;
     let mut report = ExtractReport::default();
     extract_into(r, &dest, caps, &mut report)?;
     Ok(report)
@@ -76,10 +75,6 @@ pub(crate) fn extract_bounded(
     read
 }
 
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
-}
-
 /// Why one entry was not extracted.
 enum Fail {
     Skip(String),
@@ -95,6 +90,15 @@ impl Fail {
 
     fn unwritable(e: impl Into<io::Error>) -> Self {
         Fail::Skip(format!("unwritable: {}", e.into()))
+    }
+
+    /// A path component that is not a directory to go through (a symlink planted there, or
+    /// a file) is unsafe; anything else, unwritable.
+    fn of(r: tree::Refusal) -> Self {
+        match r {
+            tree::Refusal::Io(e) => Fail::unwritable(e),
+            _ => Fail::skip("unsafe_path"),
+        }
     }
 }
 
@@ -192,36 +196,14 @@ impl Extractor<'_> {
     fn open_dir(&self, dirs: &[&[u8]]) -> Result<OwnedFd, Fail> {
         let mut cur = self.root.try_clone().map_err(Fail::unwritable)?;
         for c in dirs {
-            let next = match openat(&cur, *c, dir_flags(), Mode::empty()) {
-                Err(Errno::ENOENT) => {
-                    match mkdirat(&cur, *c, Mode::from_bits_truncate(0o755)) {
-                        Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(e) => return Err(Fail::unwritable(e)),
-                    }
-                    openat(&cur, *c, dir_flags(), Mode::empty())
-                }
-                other => other,
-            };
-            cur = match next {
-                Ok(fd) => fd,
-                Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(Fail::skip("unsafe_path")),
-                Err(e) => return Err(Fail::unwritable(e)),
-            };
+            cur = tree::make_dir(&cur, c, 0o755).map_err(Fail::of)?;
         }
         Ok(cur)
     }
 
     fn dir(&mut self, dirs: &[&[u8]], name: &[u8]) -> Result<(), Fail> {
         let parent = self.open_dir(dirs)?;
-        match mkdirat(&parent, name, Mode::from_bits_truncate(0o755)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
-            Err(e) => return Err(Fail::unwritable(e)),
-        }
-        match openat(&parent, name, dir_flags(), Mode::empty()) {
-            Ok(_) => Ok(()),
-            Err(Errno::ELOOP | Errno::ENOTDIR) => Err(Fail::skip("unsafe_path")),
-            Err(e) => Err(Fail::unwritable(e)),
-        }
+        tree::make_dir(&parent, name, 0o755).map(drop).map_err(Fail::of)
     }
 
     fn file<R: Read>(
@@ -238,10 +220,8 @@ impl Extractor<'_> {
         let mode = entry.header().mode().unwrap_or(0o644);
         let mode = if mode & 0o100 != 0 { 0o755 } else { 0o644 };
         let parent = self.open_dir(dirs)?;
-        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = openat(&parent, name, flags, Mode::from_bits_truncate(0o600))
+        let mut file = tree::create_file(&parent, name, 0o600)
             .map_err(|e| if e == Errno::EEXIST { Fail::skip("duplicate") } else { Fail::unwritable(e) })?;
-        let mut file = File::from(fd);
         let copied = copy_hashing(entry, &mut file, room);
         let fail = |me: &Self, fail: Fail| {
             let _ = unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir);
@@ -443,7 +423,7 @@ mod tests {
         // Cut 300 bytes into b's content: a clean end of stream, not an error.
         let cut = &full[..4 * 512 + 512 + 300];
         let dest = tempfile::tempdir().unwrap();
-        let fd = openat(AT_FDCWD, dest.path(), dir_flags(), Mode::empty()).unwrap();
+        let fd = tree::open_root(dest.path(), false).unwrap();
         let mut r = ExtractReport::default();
         let err = extract_into(cut, &fd, &Caps::default(), &mut r).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
@@ -466,7 +446,7 @@ mod tests {
         let full = b.into_inner().unwrap();
         let stopped = full[..2 * 512 + 512 + 4096].chain(io::Cursor::new(Vec::new())).chain(Stopped);
         let dest = tempfile::tempdir().unwrap();
-        let fd = openat(AT_FDCWD, dest.path(), dir_flags(), Mode::empty()).unwrap();
+        let fd = tree::open_root(dest.path(), false).unwrap();
         let mut r = ExtractReport::default();
         assert!(extract_into(stopped, &fd, &Caps::default(), &mut r).is_err());
         assert_eq!(r.files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a"]);

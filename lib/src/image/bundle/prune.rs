@@ -1,0 +1,180 @@
+//! Pruning the base: which bundles, leftovers and remembered digests go, and why
+//! (`bundle`'s module doc says when).
+
+use super::*;
+
+/// What [`prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pruned {
+    /// The dirs removed from the base (bundles, and a crash's leftovers), with why.
+    pub removed: Vec<(String, &'static str)>,
+    /// The bundles kept because a process holds them.
+    pub in_use: Vec<String>,
+    /// The bytes of the regular files removed.
+    pub freed_bytes: u64,
+    /// The remembered digests removed.
+    pub digests_removed: usize,
+}
+
+/// What a recorded executable path holds now, compared with a bundle's executable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ExeState {
+    /// The same binary.
+    Same,
+    /// Another binary (a rebuild), or no regular file.
+    Other,
+    /// Nothing.
+    Gone,
+    /// Cannot tell (no permission, an I/O error): counts as the same.
+    Unknown,
+}
+
+pub(super) fn exe_state(path: &Path, digest: &str, base: &Path) -> ExeState {
+    match open_exe(path) {
+        Ok(file) => match digest_of(&file, path, base) {
+            Ok(d) if d == digest => ExeState::Same,
+            Ok(_) => ExeState::Other,
+            Err(_) => ExeState::Unknown,
+        },
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => ExeState::Other,
+        Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ENOENT | nix::libc::ENOTDIR)) => ExeState::Gone,
+        Err(_) => ExeState::Unknown,
+    }
+}
+
+/// The pruning rule for a bundle nobody holds: `None` keeps it, else why it goes.
+/// `exes` are the states of the paths it records (none for a bundle of an older stevedore).
+pub(super) fn verdict(manifest_ok: bool, idle: Duration, exes: &[ExeState]) -> Option<&'static str> {
+    if !manifest_ok {
+        return Some("damaged");
+    }
+    if idle > UNUSED_FOR || (exes.is_empty() && idle > UNRECORDED_UNUSED_FOR) {
+        return Some("unused");
+    }
+    if !exes.is_empty() && exes.iter().all(|s| matches!(s, ExeState::Gone | ExeState::Other)) {
+        return Some("superseded");
+    }
+    None
+}
+
+/// What an entry of the base is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entry {
+    /// `bundle-<16 hex>`.
+    Bundle,
+    /// A temporary dir of a preparer, or a dir moved aside to be removed.
+    Debris,
+    /// The remembered digests, or anything else: not ours to judge.
+    Other,
+}
+
+pub(super) fn classify(name: &str) -> Entry {
+    match name.strip_prefix("bundle-") {
+        Some(hex) if hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) => {
+            Entry::Bundle
+        }
+        // Older versions moved a damaged bundle aside as `bundle-<hex>.damaged-<rand>`.
+        Some(rest) if rest.contains(".damaged-") => Entry::Debris,
+        _ if name.starts_with(".tmp-bundle-") || name.starts_with(".trash-") => Entry::Debris,
+        _ => Entry::Other,
+    }
+}
+
+/// Prunes the bundle base `base` (see the module's doc): removes the bundles nobody holds
+/// whose executables were all rebuilt or removed, or that were not used for
+/// [`UNUSED_FOR`], and a crash's leftovers. [`ExeBundle::prepare`] does this each time.
+pub fn prune(base: &Path) -> Result<Pruned, BundleError> {
+    let base_fd = open_base(base)?;
+    Ok(prune_at(&base_fd, base))
+}
+
+pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> Pruned {
+    let now = SystemTime::now();
+    let mut out = Pruned::default();
+    let names = match names_in(base_fd) {
+        Ok(names) => names,
+        Err(e) => {
+            tracing::warn!(base = %base.display(), error = %e, "cannot list the tools bundles to prune them");
+            return out;
+        }
+    };
+    for name in names {
+        let Some(text) = name.to_str() else { continue };
+        let entry = classify(text);
+        if entry == Entry::Other {
+            continue;
+        }
+        // Only a real dir of ours (a symlink fails O_NOFOLLOW), held by nobody.
+        let Ok(fd) = openat(base_fd, name.as_os_str(), dir_flags(), Mode::empty()) else { continue };
+        let Ok(st) = fstat(&fd) else { continue };
+        let old_enough = now.duration_since(mtime_of(&st)).unwrap_or_default() >= DEBRIS_AGE;
+        // A fresh temporary dir is a preparer's at work: not even locked, so it never waits.
+        if st.st_uid != geteuid().as_raw() || (entry == Entry::Debris && !old_enough) {
+            continue;
+        }
+        let lock = match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => lock,
+            Err(_) => {
+                if entry == Entry::Bundle {
+                    out.in_use.push(text.to_owned());
+                }
+                continue;
+            }
+        };
+        if !same_entry(base_fd, &name, &lock) {
+            continue;
+        }
+        let why = match entry {
+            Entry::Debris => Some("leftover"),
+            _ => bundle_verdict(&lock, text, &st, now, base),
+        };
+        let Some(why) = why else { continue };
+        match remove_locked(base_fd, &name, &lock, entry == Entry::Bundle) {
+            Ok(freed) => {
+                tracing::debug!(dir = %base.join(&name).display(), why, freed, "pruned a tools bundle");
+                out.freed_bytes += freed;
+                out.removed.push((text.to_owned(), why));
+            }
+            Err(e) => tracing::warn!(dir = %base.join(&name).display(), error = %e, "cannot prune a tools bundle"),
+        }
+    }
+    prune_digests(base_fd, now, &mut out);
+    out
+}
+
+/// Why the bundle `name`, open and exclusively locked as `dir`, goes (`None`: it stays).
+pub(super) fn bundle_verdict(
+    dir: &OwnedFd,
+    name: &str,
+    st: &FileStat,
+    now: SystemTime,
+    base: &Path,
+) -> Option<&'static str> {
+    let manifest = read_manifest(dir).filter(|m| is_digest(&m.exe_sha256) && name[7..] == m.exe_sha256[..16]);
+    let last_use = lstat_at(dir, MARKER).map_or_else(|_| mtime_of(st), |m| mtime_of(&m));
+    let idle = now.duration_since(last_use).unwrap_or_default();
+    let exes = match &manifest {
+        Some(m) if idle <= UNUSED_FOR => read_records(dir).iter().map(|p| exe_state(p, &m.exe_sha256, base)).collect(),
+        _ => Vec::new(),
+    };
+    verdict(manifest.is_some(), idle, &exes)
+}
+
+/// Removes the remembered digests unused for [`UNUSED_FOR`] (and stray temporary files).
+pub(super) fn prune_digests(base_fd: &OwnedFd, now: SystemTime, out: &mut Pruned) {
+    let Ok(dir) = openat(base_fd, DIGESTS, dir_flags(), Mode::empty()) else { return };
+    if fstat(&dir).map_or(true, |st| st.st_uid != geteuid().as_raw()) {
+        return;
+    }
+    for name in names_in(&dir).unwrap_or_default() {
+        let Ok(st) = lstat_at(&dir, name.as_os_str()) else { continue };
+        let limit = if name.as_bytes().starts_with(b".") { DEBRIS_AGE } else { UNUSED_FOR };
+        if kind_is(&st, nix::libc::S_IFREG)
+            && now.duration_since(mtime_of(&st)).unwrap_or_default() > limit
+            && unlinkat(&dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir).is_ok()
+        {
+            out.digests_removed += 1;
+        }
+    }
+}
