@@ -39,7 +39,7 @@ fn busybox_variant(path: &Path, tail: &[u8]) -> String {
 /// saying why the test is skipped.
 fn busybox_at(path: &Path, tail: &[u8]) -> Option<String> {
     if !Path::new(BUSYBOX).exists() {
-        eprintln!("SKIP: {BUSYBOX} missing (install busybox-static)");
+        support::skip(format!("{BUSYBOX} missing (install busybox-static)"));
         return None;
     }
     Some(busybox_variant(path, tail))
@@ -333,7 +333,7 @@ async fn a_replaced_image_with_another_tag_or_a_container_stays() {
     let other = format!("stevedore-test/repack-other:{marker}");
     let mut spec = spec_for(Path::new(BUSYBOX), &tag, &marker);
     if !Path::new(BUSYBOX).exists() {
-        eprintln!("SKIP: {BUSYBOX} missing (install busybox-static)");
+        support::skip(format!("{BUSYBOX} missing (install busybox-static)"));
         return;
     }
 

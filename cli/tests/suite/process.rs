@@ -20,6 +20,7 @@ fn root() -> bool {
 }
 
 fn config(cg: Delegation) -> ProcessConfig {
+    support::time_limit();
     let cfg = ProcessConfig::default().cgroup(cg).worker_exe(BIN);
     if root() { cfg } else { cfg.as_worker_uid() }
 }
@@ -186,7 +187,7 @@ async fn without_a_cgroup_cpu_comes_from_rusage_and_peak_memory_is_unknown() {
 #[tokio::test]
 async fn with_a_cgroup_usage_is_the_kernels_and_an_oom_kill_is_seen() {
     if !root() {
-        eprintln!("SKIP: cgroups per attempt need root");
+        support::skip("cgroups per attempt need root");
         return;
     }
     let r = rung(Delegation::Auto);
@@ -341,7 +342,12 @@ async fn reclaim_stops_what_a_killed_worker_left_and_removes_its_dir() {
     child.wait().unwrap();
     let r = rung(Delegation::Auto);
     let report = r.reclaim(&w).await.unwrap();
-    assert_eq!(report.paths_removed.len(), 1, "{report:?}");
+    // The attempt's dir and its two captures, nothing else.
+    let attempts = r.attempts_dir().display().to_string();
+    let (dirs, captures): (Vec<_>, Vec<_>) = report.paths_removed.iter().partition(|p| p.starts_with(&attempts));
+    assert_eq!(dirs.len(), 1, "{report:?}");
+    assert_eq!(captures.iter().filter(|p| p.ends_with(".stdout") || p.ends_with(".stderr")).count(), 2, "{report:?}");
+    assert_eq!(captures.len(), 2, "{report:?}");
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the command {pid} was stopped");
     nothing_left(&r, &w);
 }
@@ -364,7 +370,7 @@ fn dir_of(r: &ProcessExecutor, w: &str) -> std::path::PathBuf {
 #[tokio::test]
 async fn attempts_side_by_side_cannot_reach_each_other() {
     if !root() {
-        eprintln!("SKIP: one uid without root: the rung then runs one attempt at a time");
+        support::skip("one uid without root: the rung then runs one attempt at a time");
         return;
     }
     let r = rung(Delegation::None);
@@ -433,7 +439,7 @@ async fn a_descriptor_the_worker_leaks_never_reaches_the_command() {
 #[tokio::test]
 async fn no_other_uid_can_reach_the_takeover_socket() {
     if !root() {
-        eprintln!("SKIP: needs root to connect as another uid");
+        support::skip("needs root to connect as another uid");
         return;
     }
     let r = rung(Delegation::None);
@@ -483,7 +489,7 @@ async fn no_other_uid_can_reach_the_takeover_socket() {
 #[tokio::test]
 async fn what_an_attempt_leaves_in_the_shared_dirs_is_swept() {
     if !root() {
-        eprintln!("SKIP: without root there is no dedicated uid to sweep");
+        support::skip("without root there is no dedicated uid to sweep");
         return;
     }
     let r = rung(Delegation::None);
@@ -506,7 +512,7 @@ async fn what_an_attempt_leaves_in_the_shared_dirs_is_swept() {
 #[tokio::test]
 async fn one_fixed_uid_takes_turns_unless_sharing_is_allowed() {
     if !root() {
-        eprintln!("SKIP: needs root to run as a fixed uid");
+        support::skip("needs root to run as a fixed uid");
         return;
     }
     let base = tempfile::tempdir().unwrap();

@@ -213,7 +213,7 @@ fn start_frame(
             job_id: req.job_id.clone(),
             attempt: req.attempt,
             inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{}/{}", layout.in_dir, v.display()))).collect(),
-            prior_outputs: req.prior_outputs.iter().map(Into::into).collect(),
+            prior_outputs: req.prior_outputs.iter().map(crate::link::convert::prior_out).collect(),
             deadline_ms: req.deadline_from(started).map(|d| ms(d.saturating_duration_since(Instant::now()))),
         }),
         Task::Command(_) => None,

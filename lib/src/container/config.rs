@@ -80,7 +80,7 @@ pub struct ContainerConfig {
     /// its `allow_networks`.
     pub network_choices: Option<BTreeSet<String>>,
     /// Limits for what a request leaves out (default: none, and the rung's own
-    /// [`FALLBACK`](super::spec::FALLBACK) fills the rest: memory 1 GiB, pids 512, disk 512 MiB,
+    /// fallback (`container/sizes.rs`) fills the rest: memory 1 GiB, pids 512, disk 512 MiB,
     /// nofile 4096, no CPU cap).
     pub defaults: Limits,
     /// The most an attempt gets per dimension; a request asking for more is narrowed, and the

@@ -88,40 +88,6 @@ impl SandboxReport {
     }
 }
 
-// The link's own report types (the init's) stay behind the link: the contract's are
-// converted at the edge, so a change to the protocol is not a change of this API.
-impl From<stevedore_init::report::Report> for Report {
-    fn from(r: stevedore_init::report::Report) -> Self {
-        use stevedore_init::report::ReportKind as K;
-        let kind = match r.kind {
-            K::Progress => ReportKind::Progress,
-            K::Heartbeat => ReportKind::Heartbeat,
-            K::Note => ReportKind::Note,
-            K::Data => ReportKind::Data,
-        };
-        Self { kind, percent: r.percent, text: r.text, value: r.value }
-    }
-}
-
-impl From<Report> for stevedore_init::report::Report {
-    fn from(r: Report) -> Self {
-        use stevedore_init::report::ReportKind as K;
-        let kind = match r.kind {
-            ReportKind::Progress => K::Progress,
-            ReportKind::Heartbeat => K::Heartbeat,
-            ReportKind::Note => K::Note,
-            ReportKind::Data => K::Data,
-        };
-        Self { kind, percent: r.percent, text: r.text, value: r.value, job_id: None, attempt: None }
-    }
-}
-
-impl From<stevedore_init::report::Forwarded> for SandboxReport {
-    fn from(f: stevedore_init::report::Forwarded) -> Self {
-        Self { seq: f.seq, at_ms: f.at_ms, report: f.report.into() }
-    }
-}
-
 /// The attempt a hook call is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptRef {

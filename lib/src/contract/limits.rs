@@ -1,6 +1,6 @@
 //! Resource limits: the request's map (dimension → amount, the contract's form, custom keys
 //! allowed), the typed [`Limits`] everything else uses, and the one rule that resolves what
-//! a rung applies ([`resolve`]). Sizes, CPU amounts and durations as people type them are
+//! a rung applies (`resolve`). Sizes, CPU amounts and durations as people type them are
 //! parsed by `stevedore_parse::limits` (re-exported here).
 
 use super::NarrowedLimit;

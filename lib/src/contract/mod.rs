@@ -22,15 +22,17 @@ pub use executor::{Executor, ObjectKind, ReclaimError, ReclaimFailure, ReclaimRe
 pub use hooks::{
     AttemptRef, HOOK_TIMEOUT, HookError, HookResult, HookSet, Hooks, Report, ReportKind, SandboxReport, StartedInfo,
 };
-pub use judge::{Judgement, judge};
+pub(crate) use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{Limits, ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub use live::{LiveChunk, LiveOutput, Stream};
+pub(crate) use outcome::unix_ms_now;
 pub use outcome::{
     CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome,
-    OutputFile, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage, unix_ms_now,
+    OutputFile, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};
 pub use request::{MAX_PAYLOAD_BYTES, PriorOutput, Request, RequestError, Task, valid_job_id, valid_worker_id};
-pub use status::{Exit, Facts, LaunchFailure, Reason, Record, Status, Verdict, decide};
+pub(crate) use status::{Exit, Facts, LaunchFailure, Record};
+pub use status::{Reason, Status};

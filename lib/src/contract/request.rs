@@ -22,18 +22,6 @@ pub struct PriorOutput {
     pub reference: String,
 }
 
-impl From<&PriorOutput> for stevedore_init::wire::PriorOutput {
-    fn from(p: &PriorOutput) -> Self {
-        Self { name: p.name.clone(), reference: p.reference.clone() }
-    }
-}
-
-impl From<stevedore_init::wire::PriorOutput> for PriorOutput {
-    fn from(p: stevedore_init::wire::PriorOutput) -> Self {
-        Self { name: p.name, reference: p.reference }
-    }
-}
-
 /// What the attempt runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Task {

@@ -4,6 +4,7 @@
 
 mod capture;
 pub(crate) mod claims;
+pub(crate) mod convert;
 pub(crate) mod judgement;
 pub(crate) mod reports;
 pub(crate) mod session;

@@ -50,7 +50,7 @@ impl ReportRoute {
             Ok(r) if r.seq <= self.last_seq => self.refuse(format!("sequence {} after {}", r.seq, self.last_seq)),
             Ok(r) => match r.report.clone().check(&self.scope) {
                 Ok(_) => {
-                    self.pass(r.into());
+                    self.pass(super::convert::sandbox_report(r));
                 }
                 Err(why) => self.refuse(why),
             },
@@ -96,7 +96,7 @@ impl Direct {
 
     /// Checks, limits and routes one report; `false` when it was not taken.
     pub fn take(&mut self, report: crate::contract::Report) -> bool {
-        let report = match stevedore_init::report::Report::from(report).check(&self.route.scope) {
+        let report = match super::convert::report_out(report).check(&self.route.scope) {
             Ok(r) => r,
             Err(why) => {
                 self.limiter.refuse(why);
@@ -109,7 +109,7 @@ impl Direct {
         }
         self.route.seen.received += 1;
         let at_ms = u64::try_from(now.saturating_duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
-        self.route.pass(SandboxReport::new(self.limiter.counts.forwarded, at_ms, report.into()))
+        self.route.pass(SandboxReport::new(self.limiter.counts.forwarded, at_ms, super::convert::report_in(report)))
     }
 
     /// The limiter's counts and what the route saw.

@@ -184,12 +184,14 @@ fn prepare(
         input_dir: in_dir.to_path_buf(),
         output_dir: out_dir.to_path_buf(),
         inputs,
-        prior_outputs: req.prior_outputs.into_iter().map(Into::into).collect(),
+        prior_outputs: req.prior_outputs.into_iter().map(crate::link::convert::prior_in).collect(),
         deadline: req.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
         cancel,
         // The init's report socket, which this process inherited (fd 3).
         reporter: match stevedore_init::report::socket_from_env() {
-            Ok(fd) => crate::handlers::Reporter::new(move |r| stevedore_init::report::send_on(fd, &r.into()).is_ok()),
+            Ok(fd) => crate::handlers::Reporter::new(move |r| {
+                stevedore_init::report::send_on(fd, &crate::link::convert::report_out(r)).is_ok()
+            }),
             Err(_) => crate::handlers::Reporter::none(),
         },
     };

@@ -16,6 +16,9 @@ use std::path::Path;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
+mod guard;
+pub use guard::{skip, time_limit};
+
 /// The tag of the cached busybox test image.
 pub const BUSYBOX_IMAGE: &str = "stevedore-test/busybox:latest";
 /// The label every test image and container carries (never `dev.stevedore.managed`:
@@ -34,6 +37,7 @@ fn in_ci() -> bool {
 /// The tests' own client, beside stevedore's ([`seam`]): what a test checks, it checks
 /// without stevedore's help.
 pub async fn engine() -> Option<Docker> {
+    time_limit();
     let attempt = async {
         seam_of().await?;
         let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
@@ -60,6 +64,7 @@ pub async fn engine() -> Option<Docker> {
         }
         Err(why) => {
             eprintln!("SKIP: no Docker engine ({why})");
+            skip("no Docker engine");
             None
         }
     }
