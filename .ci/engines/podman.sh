@@ -58,6 +58,15 @@ service_alive() {
         tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "unix://$SOCK"
 }
 
+# Whether the service this script just started still runs: its pid (our child) is there and
+# not a zombie. Its command line is not looked at: right after the fork it is still this
+# shell's, until setsid has exec'd podman (on a busy machine that takes a while).
+child_running() {
+    local pid state
+    pid=$(service_pid)
+    [ -n "$pid" ] && state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) && [ "$state" != Z ]
+}
+
 ping() { curl -fsS --max-time 5 --unix-socket "$SOCK" http://d/_ping 2>/dev/null | grep -qx OK; }
 
 # Rootful Podman gives every container nofile and nproc limits of 1048576 unless told
@@ -94,7 +103,7 @@ start_service() {
     echo $! >"$RUN_DIR/podman.pid"
     local deadline=$(($(date +%s) + START_TIMEOUT))
     until ping; do
-        service_alive || {
+        child_running || {
             tail -n 20 "$RUN_DIR/service.log" >&2 || true
             die "podman system service exited (log: $RUN_DIR/service.log)"
         }

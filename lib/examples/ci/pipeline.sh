@@ -4,8 +4,8 @@
 # dependencies across steps and runs, and a failing step stops the pipeline with its own
 # exit status and the tail of its log.
 #
-#   bash examples/ci/pipeline.sh                 # fetch → build → test, all green
-#   FAIL_AT=test bash examples/ci/pipeline.sh    # the test step fails: exit 3, log tail shown
+#   bash lib/examples/ci/pipeline.sh                 # fetch → build → test, all green
+#   FAIL_AT=test bash lib/examples/ci/pipeline.sh    # the test step fails: exit 3, log tail shown
 #
 # STEVEDORE (default target/debug/stevedore) and IMAGE (default the tests' busybox image,
 # stevedore-test/busybox:latest; `cargo test` builds it) can be overridden.

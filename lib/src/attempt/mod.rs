@@ -42,13 +42,7 @@ pub(crate) async fn run<S: Site>(
 ) -> Result<Outcome, LaunchError> {
     let mut running = match begin::begin(site, req, plan, prov).await {
         Ok(r) => r,
-        Err(e) => {
-            let removed = teardown.remove().await;
-            if !removed.errors.is_empty() {
-                tracing::warn!(errors = ?removed.errors, "cleanup after a launch error left things behind");
-            }
-            return Err(e);
-        }
+        Err(e) => return Err(abandon(teardown, e).await),
     };
     tracing::Span::current().record("target", describe(&site.target(&running.ledger.own)));
     let ended = supervised(site, &mut running.link, req, &running.ledger.own, cancel).await;
@@ -62,6 +56,15 @@ pub(crate) async fn run<S: Site>(
         return Err(LaunchError::HandlerProtocol { worker, detail });
     }
     Ok(conclude::deliver(req, outcome).await)
+}
+
+/// Removes what an attempt that never ran made; the launch error, to return.
+pub(crate) async fn abandon(teardown: impl Teardown, e: LaunchError) -> LaunchError {
+    let removed = teardown.remove().await;
+    if !removed.errors.is_empty() {
+        tracing::warn!(errors = ?removed.errors, "cleanup after a launch error left things behind");
+    }
+    e
 }
 
 /// The target as the span shows it.

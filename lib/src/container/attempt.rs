@@ -8,7 +8,7 @@ use super::ledger::Own;
 use super::prepare::{Plan, prepare};
 use super::site::ContainerSite;
 use super::sizes::Sizes;
-use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site, Teardown};
+use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, RecoverError, Request, Target, judge};
 use crate::link::judgement::{Frame, Witness};
 use crate::link::session::Transport;
@@ -65,13 +65,7 @@ async fn in_container(
     };
     let ready = match launched {
         Ok(r) => r,
-        Err(e) => {
-            let removed = cleanup.remove().await;
-            if !removed.errors.is_empty() {
-                tracing::warn!(errors = ?removed.errors, "cleanup after a launch error left objects behind");
-            }
-            return Err(e);
-        }
+        Err(e) => return Err(attempt::abandon(cleanup, e).await),
     };
     let prov = provisioned(&site, &plan, &cleanup, ready);
     let common = attempt::Plan {

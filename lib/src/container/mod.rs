@@ -1,9 +1,12 @@
 //! The container rung: each attempt in a fresh container on a Docker-API engine.
 //!
-//! Pure parts (tested without an engine): `config`, `labels`, `env`, `spec`. Parts that talk
-//! to the engine or the host: `executor` (admission), the attempt's phases (`attempt`:
-//! `prepare`, `launch`, supervision (`link::supervise`), `finish`, with `cleanup`), `tools` (the init in the
-//! engine), `staging` (inputs), `reclaim`.
+//! Pure parts (tested without an engine): `config`, `sizes` (limits in the engine's terms),
+//! `spec` (every container body: the attempt's, the staging helper's, the tools filler's,
+//! the probe's), `labels`, `env`, `ledger`. Shared state: `site` (imports no sibling but
+//! `config` and `sizes`). The attempt: `prepare`, `mounts` (the image's paths checked),
+//! `launch` (cold) or `pool` (warm), then the shared `attempt` through this rung's `Site`
+//! (`attempt`, `finish`, `cleanup`, `recover`); `tools` (the init in the engine), `caches`,
+//! `reclaim`. `executor` is the rung's face: nothing imports it.
 
 mod attempt;
 pub mod caches;

@@ -6,7 +6,7 @@
 use super::cleanup::Cleanup;
 use super::ledger::Own;
 use super::site::ProcessSite;
-use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site, Teardown};
+use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Level, Outcome, RecoverError, Request, Target};
 use crate::link::claims::Bounds;
 use crate::link::judgement::{Frame, Witness};
@@ -34,13 +34,7 @@ async fn as_process(site: Arc<ProcessSite>, req: &Request, cancel: CancellationT
     let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
     let prov = match super::provision::provision(&site, req, &plan, &mut cleanup, &cancel).await {
         Ok(p) => p,
-        Err(e) => {
-            let removed = cleanup.remove().await;
-            if !removed.errors.is_empty() {
-                tracing::warn!(errors = ?removed.errors, "cleanup after a launch error left things behind");
-            }
-            return Err(e);
-        }
+        Err(e) => return Err(attempt::abandon(cleanup, e).await),
     };
     let env = super::prepare::env(&site.config, req, &prov.own.dir, &site.init);
     let cwd = prov.own.dir.tmp.display().to_string();
