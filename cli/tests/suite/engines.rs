@@ -84,6 +84,18 @@ async fn outputs_hashes_exit_codes_and_signals() {
     let on_disk = support::sha256_of(&t.path().join("a/d/x.txt")).unwrap();
     assert_eq!((o.outputs[0].name.as_str(), o.outputs[0].hash.clone()), ("d/x.txt", format!("sha256:{on_disk}")));
     assert_eq!(support::stdout_of(&o), "hi\n");
+    // Where the time went, every phase of a cold attempt without inputs, in order.
+    let p = &o.evidence.phases;
+    let phases = [
+        p.prepared_ms,
+        p.created_ms,
+        p.started_ms,
+        p.command_started_ms,
+        p.command_ended_ms,
+        p.outputs_collected_ms,
+        p.concluded_ms,
+    ];
+    assert!(phases.iter().all(Option::is_some) && phases.windows(2).all(|w| w[0] <= w[1]), "{p:?}");
     let o = run(&rung, &cmd(&image, &w, &t.path().join("b"), "exit 3")).await;
     assert_eq!((o.status, o.exit_code), (Status::HandlerError, Some(3)), "{}", o.to_json());
     let o = run(&rung, &cmd(&image, &w, &t.path().join("c"), "kill -9 $$")).await;

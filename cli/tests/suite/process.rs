@@ -140,6 +140,12 @@ async fn the_command_runs_as_another_uid_with_only_its_environment_and_read_only
     let req = sh(&w, out.path(), &script).input_dir(inputs.path()).env("MINE", "1");
     let o = run(&r, &req).await;
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    // The same phases as the container rung's, the inputs' copy among them, in order.
+    let p = &o.evidence.phases;
+    let phases = [p.prepared_ms, p.inputs_staged_ms, p.created_ms, p.started_ms, p.command_started_ms];
+    let end = [p.command_ended_ms, p.outputs_collected_ms, p.concluded_ms];
+    let all: Vec<_> = phases.iter().chain(&end).collect();
+    assert!(all.iter().all(|x| x.is_some()) && all.windows(2).all(|w| w[0] <= w[1]), "{p:?}");
     let lines: Vec<String> = stdout_of(&o).lines().map(str::to_owned).collect();
     if root() {
         let range = stevedore::process::DEFAULT_UIDS;

@@ -146,6 +146,7 @@ struct Captured {
 /// The attempt's ledger: what it must keep, whatever happens to this process.
 fn ledger_of<O>(req: &Request, plan: &Plan<'_>, cfg: &Settings, got: Captured, own: O) -> Ledger<O> {
     let Captured { captures, inputs, enforcement, skipped, ports } = got;
+    let phases = crate::contract::Phases { started_ms: super::site::since(plan.started_ms), ..plan.phases.clone() };
     Ledger {
         attempt_id: plan.attempt_id.to_owned(),
         name: plan.name.to_owned(),
@@ -160,6 +161,7 @@ fn ledger_of<O>(req: &Request, plan: &Plan<'_>, cfg: &Settings, got: Captured, o
         skipped,
         inputs,
         ports,
+        phases,
         own,
     }
 }

@@ -74,6 +74,7 @@ pub(crate) async fn conclude<S: Site>(
     if let How::Unrecovered(_) = how {
         witness.why_no_record = "the takeover failed";
     }
+    ev.phases = phases(&ledger, &ended);
     let (mut j, silent) = judgement::judgement(&ended, &frame, witness, delivered, ev);
     if let How::Unrecovered(why) = &how {
         j.error_text = format!("the takeover failed: {why}");
@@ -122,6 +123,18 @@ fn evidence<S: Site>(site: &S, req: &Request, ledger: &Ledger<S::Own>, removed: 
     };
     ev.notes.extend(removed.errors.iter().map(|e| format!("cleanup: {e}")));
     ev
+}
+
+/// Every phase's offset from the attempt's start, the rung's and the link's.
+fn phases<O>(ledger: &Ledger<O>, ended: &Ended) -> crate::contract::Phases {
+    let at = |unix: Option<u64>| unix.map(|t| t.saturating_sub(ledger.started_ms));
+    crate::contract::Phases {
+        command_started_ms: at(ended.command_started_at),
+        command_ended_ms: at(ended.record_at),
+        outputs_collected_ms: at(ended.outputs_at),
+        concluded_ms: super::site::since(ledger.started_ms),
+        ..ledger.phases.clone()
+    }
 }
 
 /// What was seen of a handler runner that never spoke: its exit, and the end of its stderr.

@@ -12,7 +12,7 @@ pub(crate) mod site;
 
 pub(crate) use begin::scope;
 pub(crate) use recover::recover;
-pub(crate) use site::InFlight;
+pub(crate) use site::{InFlight, since};
 pub(crate) use site::{Layout, Ledger, Plan, Ports, Provisioned, Removed, Rung, Settings, Site, SiteBase, Teardown};
 
 use crate::contract::{LaunchError, Outcome, Request};

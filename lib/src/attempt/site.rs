@@ -4,7 +4,7 @@
 //! knows when no record arrives. Everything else of an attempt is `attempt`'s, once.
 
 use crate::contract::{
-    Checkpoint, EnvOverride, Evidence, InputsStaged, LaunchError, Level, NarrowedLimit, RecoverError, Target,
+    Checkpoint, EnvOverride, Evidence, InputsStaged, LaunchError, Level, NarrowedLimit, Phases, RecoverError, Target,
 };
 use crate::hostdir::Captures;
 use crate::link::LinkConfig;
@@ -109,6 +109,8 @@ pub(crate) struct Plan<'a> {
     pub cwd: &'a str,
     pub narrowed: &'a [NarrowedLimit],
     pub started_ms: u64,
+    /// The phases the rung timed before handing over (prepared, inputs staged, created).
+    pub phases: Phases,
 }
 
 /// A sandbox the rung provisioned: the init waits for its Start frame on `transport`.
@@ -146,6 +148,11 @@ pub(crate) struct Layout {
     pub mounts: Vec<String>,
 }
 
+/// Milliseconds from `started_ms` (unix) to now: a phase's offset.
+pub(crate) fn since(started_ms: u64) -> Option<u64> {
+    Some(crate::contract::unix_ms_now().saturating_sub(started_ms))
+}
+
 /// What one attempt's removal found.
 #[derive(Debug, Default)]
 pub(crate) struct Removed {
@@ -181,6 +188,9 @@ pub(crate) struct Ledger<O> {
     pub skipped: BTreeMap<String, String>,
     pub inputs: Option<InputsStaged>,
     pub ports: BTreeMap<String, String>,
+    /// The phases timed until the command was told to start.
+    #[serde(default)]
+    pub phases: Phases,
     pub own: O,
 }
 

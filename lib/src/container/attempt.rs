@@ -9,7 +9,7 @@ use super::prepare::{Plan, prepare};
 use super::site::ContainerSite;
 use super::sizes::Sizes;
 use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
-use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, RecoverError, Request, Target, judge};
+use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, Phases, RecoverError, Request, Target, judge};
 use crate::link::judgement::{Frame, Witness};
 use crate::link::session::Transport;
 use crate::link::supervise::Ended;
@@ -46,6 +46,7 @@ async fn in_container(
     if let Some(r) = super::mounts::check(&site, &image_id, probe, plan.probe_labels.clone(), &plan.mounts).await? {
         return Ok(redirected(&site, req, &plan, &r));
     }
+    let prepared_ms = attempt::since(plan.started_ms);
     let warm = super::pool::claim(&site, &plan);
     if let super::pool::Claim::Hit(p) = &warm {
         // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
@@ -67,6 +68,12 @@ async fn in_container(
         Ok(r) => r,
         Err(e) => return Err(attempt::abandon(cleanup, e).await),
     };
+    let phases = Phases {
+        prepared_ms,
+        inputs_staged_ms: ready.staged_at.map(|t| t.saturating_sub(plan.started_ms)),
+        created_ms: attempt::since(plan.started_ms),
+        ..Phases::default()
+    };
     let prov = provisioned(&site, &plan, &cleanup, ready);
     let common = attempt::Plan {
         attempt_id: &plan.attempt_id,
@@ -78,6 +85,7 @@ async fn in_container(
         cwd: &plan.cwd,
         narrowed: &plan.applied.narrowed,
         started_ms: plan.started_ms,
+        phases,
     };
     attempt::run(&site, req, common, prov, cleanup, &cancel).await
 }
@@ -85,7 +93,7 @@ async fn in_container(
 /// The ready container as the shared attempt takes it: its transport, its facts, the
 /// sandbox's layout.
 fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Ready) -> Provisioned<Own> {
-    let Ready { container_id, attached, running, enforcement, skipped, tools, inputs, caches, warm } = ready;
+    let Ready { container_id, attached, running, enforcement, skipped, tools, inputs, caches, warm, .. } = ready;
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),
@@ -157,8 +165,13 @@ impl Site for Arc<ContainerSite> {
 
     async fn start(&self, own: &Own, running: bool) -> Result<Ports, LaunchError> {
         if !running && let Err(err) = self.engine.api.start(&own.container_id).await {
-            self.tools_suspect().await;
-            return Err(super::spec::port_taken(&self.config, err));
+            // No answer in time: the engine may have started it all the same. What it says
+            // now decides; a container that runs is this attempt's to supervise.
+            if !(err.is_timeout() && super::launch::runs(self, &own.container_id).await) {
+                self.tools_suspect().await;
+                return Err(super::spec::port_taken(&self.config, err));
+            }
+            tracing::warn!(error = %err, "the start was answered late; the container runs and is supervised");
         }
         Ok(super::launch::published(self, &own.container_id).await)
     }

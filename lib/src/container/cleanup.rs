@@ -64,8 +64,10 @@ pub(crate) async fn created<T>(rx: tokio::sync::oneshot::Receiver<Result<T, Engi
 }
 
 /// Removes what `left` lists. Each object leaves the list only once its removal was tried,
-/// so a removal interrupted by a dropped future leaves the rest to the backstop.
-async fn remove_all(shared: &ContainerSite, left: &mut Leftovers) -> Removed {
+/// so a removal interrupted by a dropped future leaves the rest to the backstop. What the
+/// engine could not remove for a reason that may pass (no answer, a lost connection, its
+/// own failure) goes back into `retry`.
+async fn remove_all(shared: &ContainerSite, left: &mut Leftovers, retry: &mut Leftovers) -> Removed {
     for handle in std::mem::take(&mut left.creating) {
         let _ = handle.await;
     }
@@ -76,17 +78,49 @@ async fn remove_all(shared: &ContainerSite, left: &mut Leftovers) -> Removed {
         match api.remove_container(c).await {
             Ok(Removal::Removed) => {}
             Ok(Removal::ByOthers) => removed.by_others.push(c.clone()),
-            Err(err) => removed.errors.push(format!("container {c}: {}", err.message())),
+            Err(err) => {
+                removed.errors.push(format!("container {c}: {}", err.message()));
+                if err.is_transient() {
+                    retry.containers.push(c.clone());
+                }
+            }
         }
         left.containers.remove(0);
     }
     while let Some(v) = left.volumes.first() {
         if let Err(err) = api.remove_volume(v).await {
             removed.errors.push(format!("volume {v}: {}", err.message()));
+            // A volume a container still holds goes once the container is gone.
+            if err.is_transient() || !retry.containers.is_empty() {
+                retry.volumes.push(v.clone());
+            }
         }
         left.volumes.remove(0);
     }
     removed
+}
+
+/// How long the removal of what an attempt left is tried again while the process lives
+/// (what is still left after it is `reclaim`'s, by its labels).
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Tries the removal of `left` again with backoff (1 s, doubling, at most a minute apart)
+/// for [`RETRY_FOR`]; `entry` stays in flight until it ends.
+async fn retry_removal(shared: Arc<ContainerSite>, mut left: Leftovers, entry: InFlight) {
+    let until = std::time::Instant::now() + RETRY_FOR;
+    let mut wait = std::time::Duration::from_secs(1);
+    while !(left.containers.is_empty() && left.volumes.is_empty()) {
+        if std::time::Instant::now() + wait > until {
+            tracing::warn!(attempt_id = %entry.id, ?left, "gave up removing; the worker's reclaim removes them by their labels");
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(std::time::Duration::from_secs(60));
+        let mut again = Leftovers::default();
+        let removed = remove_all(&shared, &mut left, &mut again).await;
+        tracing::debug!(attempt_id = %entry.id, errors = ?removed.errors, "removal tried again");
+        left = again;
+    }
 }
 
 /// Removes the attempt's objects. Explicit cleanup awaits [`Cleanup::run`]; if the attempt's
@@ -115,9 +149,15 @@ impl Cleanup {
 impl Teardown for Cleanup {
     /// Removes everything now (also what `Teardown::run` does).
     async fn remove(mut self) -> Removed {
-        let removed = remove_all(&self.shared, &mut self.left).await;
+        let mut retry = Leftovers::default();
+        let mut removed = remove_all(&self.shared, &mut self.left, &mut retry).await;
         // Only now: dropped halfway, `Drop` must still see what is left.
-        self.entry = None;
+        let entry = self.entry.take();
+        if let Some(entry) = entry.filter(|_| !(retry.containers.is_empty() && retry.volumes.is_empty())) {
+            removed.errors.push("tried again in the background while this process lives".into());
+            let retrying = retry_removal(self.shared.clone(), retry, entry);
+            self.shared.base.backstop(retrying);
+        }
         removed
     }
 }
@@ -129,10 +169,12 @@ impl Drop for Cleanup {
         let shared = self.shared.clone();
         let mut left = std::mem::take(&mut self.left);
         let removal = async move {
-            let removed = remove_all(&shared, &mut left).await;
+            let mut retry = Leftovers::default();
+            let removed = remove_all(&shared, &mut left, &mut retry).await;
             if !removed.errors.is_empty() {
                 tracing::warn!(attempt_id = %entry.id, errors = ?removed.errors, "backstop cleanup left objects behind");
             }
+            retry_removal(shared, retry, entry).await;
         };
         if !self.shared.base.backstop(removal) {
             tracing::warn!(attempt_id = %id, "attempt dropped without a runtime; reclaim will remove its objects");

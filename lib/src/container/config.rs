@@ -102,8 +102,14 @@ pub struct ContainerConfig {
     pub pull: PullPolicy,
     /// Hardening items.
     pub hardening: Hardening,
-    /// Timeout of stevedore's own on every engine call (default 30 s).
+    /// Timeout of stevedore's own on every engine call that only reads (inspect, list,
+    /// attach; default 30 s).
     pub engine_timeout: Duration,
+    /// Timeout of stevedore's own on an engine call that changes state (create, start,
+    /// update, kill, remove, upload; default 10 min): a slow engine is waited for, never
+    /// abandoned halfway; past it the rung asks the engine what happened
+    /// (`docs/outcome.md`, "A slow engine").
+    pub engine_change_timeout: Duration,
     /// Attempts in flight at once (default 8).
     pub max_in_flight: usize,
     /// When the bound is reached: wait (default) or refuse.
@@ -170,6 +176,7 @@ impl Default for ContainerConfig {
             pull: PullPolicy::IfMissing,
             hardening: Hardening::default(),
             engine_timeout: Duration::from_secs(30),
+            engine_change_timeout: crate::engine::CHANGE_TIMEOUT,
             max_in_flight: 8,
             wait_for_admission: true,
             ports: BTreeMap::new(),
@@ -278,9 +285,14 @@ impl ContainerConfig {
         self.link.host_loss = host_loss;
         self
     }
-    /// Sets the engine call timeout.
+    /// Sets the timeout of engine calls that only read.
     pub fn engine_timeout(mut self, timeout: Duration) -> Self {
         self.engine_timeout = timeout;
+        self
+    }
+    /// Sets the timeout of engine calls that change state.
+    pub fn engine_change_timeout(mut self, timeout: Duration) -> Self {
+        self.engine_change_timeout = timeout;
         self
     }
     /// Sets an environment variable of the rung's layer (below the request's).

@@ -26,7 +26,8 @@ impl ContainerExecutor {
     /// Connects to the engine, negotiates the API version and learns what the engine is.
     /// Every rung of a process shares the process's incarnation.
     pub async fn connect(config: ContainerConfig) -> Result<Self, LaunchError> {
-        let engine = Engine::connect(&config.connection, config.engine_timeout).await.map_err(|source| {
+        let timeouts = (config.engine_timeout, config.engine_change_timeout);
+        let engine = Engine::connect_with(&config.connection, timeouts.0, timeouts.1).await.map_err(|source| {
             let endpoint = match crate::engine::endpoint::resolve(&config.connection, |k| std::env::var(k).ok()) {
                 Ok(e) => e.url,
                 Err(_) => config

@@ -35,6 +35,8 @@ pub(crate) struct Ready {
     pub caches: Vec<(String, String, String)>,
     /// `Some(true)`: from the warm pool; `Some(false)`: the pool could not serve it.
     pub warm: Option<bool>,
+    /// When (unix ms) the inputs were in their volume.
+    pub staged_at: Option<u64>,
 }
 
 /// The cold path: the init, the inputs, the caches, the container created and attached.
@@ -86,6 +88,7 @@ pub(crate) async fn provision(
         let created_id = created(container).await;
         let report = report?;
         inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
+        let staged_at = Some(crate::contract::unix_ms_now());
         let container_id = created_id?;
         let attached = shared.engine.api.attach(&plan.name).await?;
         return Ok(Ready {
@@ -98,11 +101,24 @@ pub(crate) async fn provision(
             inputs,
             caches,
             warm: None,
+            staged_at,
         });
     }
     let container_id = created(container).await?;
     let attached = shared.engine.api.attach(&plan.name).await?;
-    Ok(Ready { container_id, attached, running: false, enforcement, skipped, tools, inputs, caches, warm: None })
+    let staged_at = None;
+    Ok(Ready {
+        container_id,
+        attached,
+        running: false,
+        enforcement,
+        skipped,
+        tools,
+        inputs,
+        caches,
+        warm: None,
+        staged_at,
+    })
 }
 
 /// After this long, the rung checks that its tools volume is still its own before it mounts
@@ -245,4 +261,16 @@ pub(crate) async fn published(site: &ContainerSite, id: &str) -> BTreeMap<String
         ports.insert(container_port, shown);
     }
     ports
+}
+
+/// Whether the container runs, as the engine says now (asked again while it cannot say).
+pub(crate) async fn runs(site: &ContainerSite, id: &str) -> bool {
+    for wait in [1, 2, 4, 8, 16] {
+        match site.engine.api.inspect_container(id).await {
+            Ok(state) => return state.running,
+            Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_secs(wait)).await,
+            Err(_) => return false,
+        }
+    }
+    false
 }

@@ -146,9 +146,11 @@ pub(crate) async fn ready(
         }
     }
     let mut inputs = None;
+    let mut staged_at = None;
     if let Some((dir, staged)) = plan.inputs.take() {
         let report = super::launch::upload_inputs(shared, &p.helper, dir, staged.bytes).await?;
         inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
+        staged_at = Some(crate::contract::unix_ms_now());
         enforcement
             .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}", p.input_volume));
     }
@@ -163,6 +165,7 @@ pub(crate) async fn ready(
         inputs,
         caches: Vec::new(),
         warm: Some(true),
+        staged_at,
     })
 }
 

@@ -526,3 +526,39 @@ async fn a_stalled_collection_keeps_what_came_whole_at_its_deadline() {
     let c = o.evidence.collection.clone().unwrap();
     assert!(c.cut && c.deadline_ms <= 2, "{c:?}");
 }
+
+#[tokio::test]
+async fn a_start_answered_after_its_timeout_is_supervised_not_abandoned() {
+    // The engine started the container but said so too late: the rung asks it, finds the
+    // container running, and the attempt goes on to its true end.
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    s.fake.answer_late("start container");
+    let o = run(&s, &request(&s)).await.expect("the attempt ran");
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert!(s.fake.calls().iter().any(|c| c.starts_with("inspect container")), "{:?}", s.fake.calls());
+}
+
+#[tokio::test]
+async fn a_removal_the_engine_fails_for_a_while_is_tried_again_until_it_goes() {
+    // The attempt's container's removal fails twice with the engine's own error (500; the
+    // tools filler and the image probe go first): the Outcome says the removal goes on in
+    // the background, and once `close` returns nothing is left (`run` checks).
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    s.fake.fail_times("remove container", 2, 2, 500);
+    let o = run(&s, &request(&s)).await.expect("the attempt ran");
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert!(o.evidence.notes.iter().any(|n| n.contains("in the background")), "{:?}", o.evidence.notes);
+    let removals = s.fake.calls().iter().filter(|c| c.starts_with("remove container")).count();
+    assert!(removals >= 3, "tried again: {:?}", s.fake.calls());
+}
+
+#[tokio::test]
+async fn the_phases_are_timed_in_order() {
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    let o = run(&s, &request(&s)).await.expect("the attempt ran");
+    let p = &o.evidence.phases;
+    let order = [p.prepared_ms, p.created_ms, p.started_ms, p.command_ended_ms, p.outputs_collected_ms, p.concluded_ms];
+    assert!(order.iter().all(Option::is_some), "every phase of a cold attempt without inputs: {p:?}");
+    assert!(order.windows(2).all(|w| w[0] <= w[1]), "in order: {p:?}");
+    assert_eq!(p.inputs_staged_ms, None, "no inputs, no staging");
+}

@@ -29,7 +29,7 @@ pub use live::{LiveChunk, LiveOutput, Stream};
 pub(crate) use outcome::unix_ms_now;
 pub use outcome::{
     CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome,
-    OutputFile, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage,
+    OutputFile, Phases, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

@@ -371,9 +371,52 @@ pub struct Evidence {
     /// `collection_deadline`). Absent when the init sent no record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub collection: Option<CollectionSeen>,
+    /// Where the attempt's time went (`docs/outcome.md`, "Phases").
+    #[serde(skip_serializing_if = "Phases::is_empty")]
+    pub phases: Phases,
     /// Other facts worth a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+}
+
+/// When an attempt reached each phase: milliseconds since the rung took it (right after
+/// admission, `started_at_unix_ms`). A phase the rung does not have, or the attempt never
+/// reached, is absent. Later rungs add phases; none is ever renamed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Phases {
+    /// Everything decided (image resolved, limits, names), nothing made yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prepared_ms: Option<u64>,
+    /// The inputs where the command will find them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs_staged_ms: Option<u64>,
+    /// The sandbox made (a container created, or claimed from the pool; the init spawned).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+    /// The sandbox started and told to start the command.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// The init said the command runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_started_ms: Option<u64>,
+    /// The init's record arrived: the command and its stragglers ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command_ended_ms: Option<u64>,
+    /// The outputs came back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outputs_collected_ms: Option<u64>,
+    /// The sandbox removed and the Outcome judged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concluded_ms: Option<u64>,
+}
+
+impl Phases {
+    /// Whether no phase was timed.
+    pub fn is_empty(&self) -> bool {
+        *self == Phases::default()
+    }
 }
 
 /// The collection of the outputs, timed.

@@ -207,15 +207,19 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub(crate) struct BollardApi {
     docker: Docker,
+    /// The bound of a call that only reads.
     timeout: Duration,
+    /// The bound of a call that changes state: longer, so a slow engine is not abandoned
+    /// halfway through something it will then finish alone.
+    change: Duration,
 }
 
 impl BollardApi {
-    pub fn new(docker: Docker, timeout: Duration) -> Self {
-        Self { docker, timeout }
+    pub fn new(docker: Docker, timeout: Duration, change: Duration) -> Self {
+        Self { docker, timeout, change }
     }
 
-    /// Runs one call under stevedore's own timeout.
+    /// Runs one call that only reads under stevedore's own timeout.
     async fn call<T>(
         &self,
         op: &'static str,
@@ -224,9 +228,18 @@ impl BollardApi {
         timed(op, self.timeout, fut).await
     }
 
+    /// Runs one call that changes state under the longer bound.
+    async fn change<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, bollard::errors::Error>>,
+    ) -> Result<T, EngineError> {
+        timed(op, self.change, fut).await
+    }
+
     async fn remove(&self, name: &str) -> Result<(), EngineError> {
         let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
-        self.call("remove container", self.docker.remove_container(name, Some(opts))).await
+        self.change("remove container", self.docker.remove_container(name, Some(opts))).await
     }
 
     /// Waits (under stevedore's timeout) until the container no longer exists.
@@ -333,7 +346,7 @@ impl EngineApi for BollardApi {
 
     fn create_volume(&self, req: VolumeCreateRequest) -> Call<'_, Listed> {
         Box::pin(async move {
-            let v = self.call("create volume", self.docker.create_volume(req)).await?;
+            let v = self.change("create volume", self.docker.create_volume(req)).await?;
             Ok(Listed { id: v.name.clone(), name: v.name, labels: v.labels })
         })
     }
@@ -351,7 +364,7 @@ impl EngineApi for BollardApi {
     fn remove_volume<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
         Box::pin(async move {
             let opts = RemoveVolumeOptionsBuilder::default().force(true).build();
-            gone_is_ok(self.call("remove volume", self.docker.remove_volume(name, Some(opts))).await)
+            gone_is_ok(self.change("remove volume", self.docker.remove_volume(name, Some(opts))).await)
         })
     }
 
@@ -370,7 +383,7 @@ impl EngineApi for BollardApi {
     fn create_container<'a>(&'a self, name: &'a str, body: ContainerCreateBody) -> Call<'a, String> {
         Box::pin(async move {
             let opts = CreateContainerOptionsBuilder::default().name(name).build();
-            let created = self.call("create container", self.docker.create_container(Some(opts), body)).await?;
+            let created = self.change("create container", self.docker.create_container(Some(opts), body)).await?;
             Ok(created.id)
         })
     }
@@ -453,7 +466,7 @@ impl EngineApi for BollardApi {
     }
 
     fn start<'a>(&'a self, name: &'a str) -> Call<'a, ()> {
-        Box::pin(async move { self.call("start container", self.docker.start_container(name, None)).await })
+        Box::pin(async move { self.change("start container", self.docker.start_container(name, None)).await })
     }
 
     fn update<'a>(&'a self, name: &'a str, memory: u64, nano_cpus: Option<u64>, pids: u64) -> Call<'a, ()> {
@@ -467,7 +480,7 @@ impl EngineApi for BollardApi {
                 pids_limit: Some(clamp(pids)),
                 ..Default::default()
             };
-            self.call("update container", self.docker.update_container(name, body)).await
+            self.change("update container", self.docker.update_container(name, body)).await
         })
     }
 
@@ -494,7 +507,7 @@ impl EngineApi for BollardApi {
     fn kill<'a>(&'a self, name: &'a str, signal: &'a str) -> Call<'a, ()> {
         Box::pin(async move {
             let opts = KillContainerOptionsBuilder::default().signal(signal).build();
-            self.call("kill container", self.docker.kill_container(name, Some(opts))).await
+            self.change("kill container", self.docker.kill_container(name, Some(opts))).await
         })
     }
 
@@ -534,7 +547,8 @@ impl EngineApi for BollardApi {
         Box::pin(async move {
             let opts = UploadToContainerOptionsBuilder::default().path(path).build();
             let body = bollard::body_try_stream(tar);
-            timed("upload archive", timeout, self.docker.upload_to_container(name, Some(opts), body)).await
+            let bound = timeout.max(self.change);
+            timed("upload archive", bound, self.docker.upload_to_container(name, Some(opts), body)).await
         })
     }
 

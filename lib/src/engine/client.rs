@@ -101,6 +101,10 @@ fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
     f.into_iter().map(str::to_owned).collect()
 }
 
+/// How long an engine call that changes state may take by default (`connect_with` sets
+/// another): long enough for an engine slowed by load, never forever.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// A negotiated connection to one engine, with per-call timeouts.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -108,6 +112,7 @@ pub struct Engine {
     endpoint: Endpoint,
     facts: EngineFacts,
     timeout: Duration,
+    change: Duration,
 }
 
 impl Engine {
@@ -115,8 +120,19 @@ impl Engine {
     /// `DOCKER_CERT_PATH`, else the local socket), negotiates the API version (an old engine
     /// speaks 1.41, Docker 29 wants ≥ 1.44) and reads what the engine is.
     pub async fn connect(connection: &Connection, timeout: Duration) -> Result<Self, EngineError> {
+        Self::connect_with(connection, timeout, CHANGE_TIMEOUT.max(timeout)).await
+    }
+
+    /// As [`Engine::connect`], with `timeout` for calls that only read and `change` for calls
+    /// that change state (create, start, update, kill, remove, upload).
+    pub async fn connect_with(
+        connection: &Connection,
+        timeout: Duration,
+        change: Duration,
+    ) -> Result<Self, EngineError> {
         let endpoint = super::endpoint::resolve(connection, |k| std::env::var(k).ok())?;
-        let secs = timeout.as_secs().max(1);
+        // bollard's own bound on a request: never shorter than stevedore's own per class.
+        let secs = change.max(timeout).as_secs().max(1);
         let url = endpoint.dial.clone();
         let shown = endpoint.url.clone();
         let connect_err = |source| EngineError::Connect { endpoint: shown.clone(), source: Box::new(source) };
@@ -185,8 +201,8 @@ impl Engine {
             architecture: info.architecture.clone().unwrap_or_default(),
             features: features(&info),
         };
-        let api = Arc::new(BollardApi::new(docker, timeout));
-        Ok(Self { api, endpoint, facts, timeout })
+        let api = Arc::new(BollardApi::new(docker, timeout, change.max(timeout)));
+        Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout) })
     }
 
     /// An engine behind another implementation of the calls (tests use a fake).
@@ -199,7 +215,7 @@ impl Engine {
             cert_path: None,
             dial: "unix:///fake.sock".into(),
         };
-        Self { api, endpoint, facts, timeout }
+        Self { api, endpoint, facts, timeout, change: timeout }
     }
 
     /// Where it is and how it is reached.
@@ -212,8 +228,13 @@ impl Engine {
         &self.facts
     }
 
-    /// stevedore's own timeout per call.
+    /// stevedore's own timeout per call that only reads.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// stevedore's own timeout per call that changes state.
+    pub fn change_timeout(&self) -> Duration {
+        self.change
     }
 }

@@ -61,6 +61,23 @@ impl EngineError {
         }
     }
 
+    /// Whether stevedore stopped waiting: the engine may still do (or have done) the call.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, EngineError::Timeout { .. })
+    }
+
+    /// Whether trying again later may succeed: no answer in time, a connection lost or
+    /// refused, or the engine's own failure (5xx), never its refusal of the call (4xx).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            EngineError::Timeout { .. } | EngineError::Connect { .. } => true,
+            EngineError::Api { .. } | EngineError::Refused { .. } => {
+                self.status().is_none_or(|(status, _)| status >= 500)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the engine said the object does not exist.
     pub fn is_not_found(&self) -> bool {
         self.status().is_some_and(|(s, _)| s == 404)

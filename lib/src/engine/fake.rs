@@ -47,6 +47,10 @@ struct State {
     calls: Vec<String>,
     /// op → how many more calls of it succeed before one fails (then the failure is removed).
     fail: HashMap<&'static str, (usize, u16)>,
+    /// op → after how many more successes, how many calls in a row fail with that status.
+    fail_times: HashMap<&'static str, (usize, usize, u16)>,
+    /// Ops that are done, then answered as a timeout (the engine was slow to say so).
+    late: std::collections::HashSet<&'static str>,
     /// (op, object) → the status every such call fails with.
     /// What was uploaded into each volume (the tar, as sent).
     /// Per container: the stdin to hand to the script at start, and the output sender.
@@ -123,6 +127,21 @@ impl FakeApi {
         self.state.lock().unwrap().fail.insert(op, (after, status));
     }
 
+    /// Makes `times` calls of `op` in a row fail with `status`, after `after` more successes.
+    pub fn fail_times(&self, op: &'static str, after: usize, times: usize, status: u16) {
+        self.state.lock().unwrap().fail_times.insert(op, (after, times, status));
+    }
+
+    /// Makes `op` do its work, then answer with a timeout (once).
+    pub fn answer_late(&self, op: &'static str) {
+        self.state.lock().unwrap().late.insert(op);
+    }
+
+    /// Whether `op` is to be answered late (and no longer, once asked).
+    fn late(&self, op: &'static str) -> bool {
+        self.state.lock().unwrap().late.remove(op)
+    }
+
     /// The volumes that exist.
     pub fn volume_names(&self) -> Vec<String> {
         self.state.lock().unwrap().volumes.keys().cloned().collect()
@@ -162,6 +181,13 @@ impl FakeApi {
     fn enter(&self, op: &'static str, what: &str) -> Result<(), EngineError> {
         let mut s = self.state.lock().unwrap();
         s.calls.push(format!("{op} {what}"));
+        if let Some((after, times, status)) = s.fail_times.get(op).copied().filter(|(_, n, _)| *n > 0) {
+            if after == 0 {
+                s.fail_times.insert(op, (0, times - 1, status));
+                return Err(EngineError::Refused { op, status, message: format!("injected failure of {op}") });
+            }
+            s.fail_times.insert(op, (after - 1, times, status));
+        }
         if let Some((after, status)) = s.fail.get(op).copied() {
             if after == 0 {
                 s.fail.remove(op);
@@ -360,6 +386,9 @@ impl EngineApi for FakeApi {
             let script = self.script.lock().unwrap().clone().expect("a scripted init");
             let engine = self.me.lock().unwrap().as_ref().and_then(std::sync::Weak::upgrade).expect("alive");
             tokio::spawn(script(InitSide { stdin, out, name: name.to_owned(), engine }));
+            if self.late("start container") {
+                return Err(EngineError::Timeout { op: "start container", after: Duration::from_secs(1) });
+            }
             Ok(())
         })
     }
@@ -376,7 +405,12 @@ impl EngineApi for FakeApi {
             self.enter("inspect container", name)?;
             let s = self.state.lock().unwrap();
             let c = s.containers.get(name).ok_or_else(|| Self::not_found("inspect container", name))?;
-            Ok(ContainerState { exit_code: c.exit_code, oom_killed: c.oom_killed, ..ContainerState::default() })
+            Ok(ContainerState {
+                running: c.started && c.exit_code.is_none(),
+                exit_code: c.exit_code,
+                oom_killed: c.oom_killed,
+                ..ContainerState::default()
+            })
         })
     }
 

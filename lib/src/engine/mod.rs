@@ -12,6 +12,6 @@ pub(crate) mod fake;
 pub(crate) use api::EngineApi;
 pub use api::Removal;
 pub(crate) use api::{Attached, Built, ByteStream, Chunk, ContainerState, ImageFacts, ImageInfo, PathKind};
-pub use client::{Engine, EngineFacts, client_max_api};
+pub use client::{CHANGE_TIMEOUT, Engine, EngineFacts, client_max_api};
 pub use endpoint::{Connection, Endpoint, Transport};
 pub use error::EngineError;

@@ -89,6 +89,10 @@ pub(crate) struct Ended {
     pub cancelled_by_hook: bool,
     /// Polls of the cancellation hook that failed (the first few).
     pub poll_failures: Vec<String>,
+    /// When (unix ms) the init said the command runs, its record came, the outputs ended.
+    pub command_started_at: Option<u64>,
+    pub record_at: Option<u64>,
+    pub outputs_at: Option<u64>,
 }
 
 /// Past the init's own deadline, how long the host still reads (a fifth more, at least 5 s).
@@ -163,6 +167,7 @@ pub(crate) async fn supervise(
             ev = r.events.recv() => match ev {
                 Some(Event::Record(rec)) => {
                     ended.host_wall = r.started.elapsed();
+                    ended.record_at = Some(crate::contract::unix_ms_now());
                     // The init's own deadline, worked out from the same figures it used (a
                     // record that lies about them moves it at most to the byte cap's).
                     let fs = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref());
@@ -175,8 +180,14 @@ pub(crate) async fn supervise(
                     ended.record = Some(rec);
                     kill_at = None;
                 }
-                Some(Event::OutputsDone) => break,
-                Some(Event::Started(s)) => tracing::debug!(pid = s.pid, init = %s.init_version, "command started"),
+                Some(Event::OutputsDone) => {
+                    ended.outputs_at = Some(crate::contract::unix_ms_now());
+                    break;
+                }
+                Some(Event::Started(s)) => {
+                    ended.command_started_at = Some(crate::contract::unix_ms_now());
+                    tracing::debug!(pid = s.pid, init = %s.init_version, "command started");
+                }
                 Some(Event::Closed) | None => {
                     closed = true;
                     break;

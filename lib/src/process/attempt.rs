@@ -7,7 +7,7 @@ use super::cleanup::Cleanup;
 use super::ledger::Own;
 use super::site::ProcessSite;
 use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site};
-use crate::contract::{Checkpoint, Evidence, LaunchError, Level, Outcome, RecoverError, Request, Target};
+use crate::contract::{Checkpoint, Evidence, LaunchError, Level, Outcome, Phases, RecoverError, Request, Target};
 use crate::link::claims::Bounds;
 use crate::link::judgement::{Frame, Witness};
 use crate::link::session::Transport;
@@ -31,8 +31,9 @@ pub(crate) async fn run(
 
 async fn as_process(site: Arc<ProcessSite>, req: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
     let plan = super::prepare::prepare(req, &site.config, || site.worker_exe())?;
+    let prepared_ms = attempt::since(plan.started_ms);
     let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
-    let prov = match super::provision::provision(&site, req, &plan, &mut cleanup, &cancel).await {
+    let (prov, staged_at) = match super::provision::provision(&site, req, &plan, &mut cleanup, &cancel).await {
         Ok(p) => p,
         Err(e) => return Err(attempt::abandon(cleanup, e).await),
     };
@@ -48,6 +49,12 @@ async fn as_process(site: Arc<ProcessSite>, req: &Request, cancel: CancellationT
         cwd: &cwd,
         narrowed: &plan.limits.narrowed,
         started_ms: plan.started_ms,
+        phases: Phases {
+            prepared_ms,
+            inputs_staged_ms: staged_at.map(|t| t.saturating_sub(plan.started_ms)),
+            created_ms: attempt::since(plan.started_ms),
+            ..Phases::default()
+        },
     };
     attempt::run(&site, req, common, prov, cleanup, &cancel).await
 }

@@ -27,7 +27,7 @@ pub(crate) async fn provision(
     plan: &Plan,
     cleanup: &mut Cleanup,
     cancel: &CancellationToken,
-) -> Result<Provisioned<Own>, LaunchError> {
+) -> Result<(Provisioned<Own>, Option<u64>), LaunchError> {
     let cfg = &site.config;
     cleanup.lease = lease_uid(site).await?;
     let identity = prepare::identity(cfg, cleanup.lease.as_ref().map(|l| l.uid), site.euid);
@@ -40,6 +40,7 @@ pub(crate) async fn provision(
         }
         None => (None, None),
     };
+    let staged_at = inputs.as_ref().map(|_| crate::contract::unix_ms_now());
     let limits = plan.limits.limits;
     let cg = cgroup::create(&cfg.cgroup, &plan.name, limits);
     let seen = Seen { config: cfg, euid: site.euid, leased: site.uids.is_some() };
@@ -71,7 +72,7 @@ pub(crate) async fn provision(
         cpu_millis: limits.cpu_millis,
         uid: identity.map(|(u, _)| u),
     };
-    Ok(Provisioned { transport, running: true, own, layout, enforcement, skipped, inputs })
+    Ok((Provisioned { transport, running: true, own, layout, enforcement, skipped, inputs }, staged_at))
 }
 
 /// Spawns the init as the command's uid, in the attempt's cgroup, with only its pipes and
