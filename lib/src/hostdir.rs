@@ -8,7 +8,7 @@
 //! never written into or emptied.
 
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, fchmod, fstat, mkdirat};
 use nix::unistd::{UnlinkatFlags, geteuid, unlinkat};
 use std::fs::File;
@@ -181,6 +181,31 @@ impl PrivateDir {
         })
     }
 
+    /// Replaces the file `name` with `bytes` whole (written to a new file, then renamed over
+    /// it): a reader sees the old content or the new, never half of either.
+    pub fn replace_file(&self, name: &str, bytes: &[u8]) -> Result<(), HostDirError> {
+        use std::io::Write;
+        let tmp = format!("{name}.new-{:08x}", rand::random::<u32>());
+        let io = |op, e: std::io::Error| HostDirError::Io { op, path: self.path.join(name), source: e };
+        let mut f = self.create_file(&tmp)?;
+        if let Err(e) = f.write_all(bytes) {
+            let _ = self.remove_file(&tmp);
+            return Err(io("write", e));
+        }
+        nix::fcntl::renameat(&self.fd, tmp.as_str(), &self.fd, name).map_err(|e| io("rename", e.into()))
+    }
+
+    /// Reads the file `name` (at most `cap` bytes), never through a symlink.
+    pub fn read_file(&self, name: &str, cap: u64) -> Result<Vec<u8>, HostDirError> {
+        use std::io::Read;
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let io = |op, e: std::io::Error| HostDirError::Io { op, path: self.path.join(name), source: e };
+        let fd = openat(&self.fd, name, flags, Mode::empty()).map_err(|e| io("open", e.into()))?;
+        let mut out = Vec::new();
+        File::from(fd).take(cap).read_to_end(&mut out).map_err(|e| io("read", e))?;
+        Ok(out)
+    }
+
     /// Opens the file `name` for writing, creating it (0600) when missing; never through a
     /// symlink (for lock files).
     pub fn open_file(&self, name: &str) -> Result<File, HostDirError> {
@@ -208,18 +233,14 @@ impl PrivateDir {
 
     /// The names of its regular files (only safe names; anything else is left alone).
     pub fn files(&self) -> Result<Vec<String>, HostDirError> {
-        let io = |e: Errno| HostDirError::Io { op: "list", path: self.path.clone(), source: e.into() };
-        let mut dir = nix::dir::Dir::openat(&self.fd, ".", dir_flags(), Mode::empty()).map_err(io)?;
-        let mut names = Vec::new();
-        for entry in dir.iter() {
-            let entry = entry.map_err(io)?;
-            let Ok(name) = entry.file_name().to_str() else { continue };
-            let is_file = nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG);
-            if safe_name(name) && is_file {
-                names.push(name.to_owned());
-            }
-        }
+        let (all, _) = stevedore_init::tree::children(&self.fd, usize::MAX, |_| true)
+            .map_err(|source| HostDirError::Io { op: "list", path: self.path.clone(), source })?;
+        let mut names: Vec<String> = all
+            .into_iter()
+            .filter(|c| c.kind == stevedore_init::tree::Kind::File)
+            .filter_map(|c| String::from_utf8(c.name).ok())
+            .filter(|n| safe_name(n))
+            .collect();
         names.sort();
         Ok(names)
     }

@@ -53,7 +53,7 @@ async fn in_container(
         plan.attempt_id = p.attempt_id.clone();
         plan.name = p.name.clone();
     }
-    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
+    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone(), &req.worker_id);
     let launched = match warm {
         super::pool::Claim::Hit(parked) => super::pool::ready(&site, &mut plan, &mut cleanup.left, *parked).await,
         other => provision(&site, req, &mut plan, &mut cleanup.left, &cancel).await.map(|mut ready| {

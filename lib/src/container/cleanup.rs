@@ -2,6 +2,7 @@
 //! its end, or, if its future is dropped, by a `Drop` backstop that hands what is left to
 //! the rung's tracked tasks (`close` waits for them) and never blocks or panics.
 
+use super::journal::{Entry, Journal};
 use super::site::ContainerSite;
 use crate::attempt::{InFlight, Removed, Teardown};
 use crate::contract::LaunchError;
@@ -15,6 +16,33 @@ pub(crate) struct Leftovers {
     pub volumes: Vec<String>,
     /// Tracked tasks running calls that create objects; removal waits for them.
     pub creating: Vec<tokio::task::JoinHandle<()>>,
+    /// The attempt's record in the state dir, kept as these lists change.
+    pub journal: Option<std::sync::Arc<Journal>>,
+}
+
+impl Leftovers {
+    /// Records a container the attempt is about to make (before the call that makes it).
+    pub fn container(&mut self, name: impl Into<String>) {
+        self.containers.push(name.into());
+        self.record();
+    }
+
+    /// Records a volume the attempt is about to make.
+    pub fn volume(&mut self, name: impl Into<String>) {
+        self.volumes.push(name.into());
+        self.record();
+    }
+
+    /// Writes the lists to the attempt's record.
+    pub fn record(&self) {
+        if let Some(j) = &self.journal {
+            j.write(&Entry { containers: self.containers.clone(), volumes: self.volumes.clone() });
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.containers.is_empty() && self.volumes.is_empty()
+    }
 }
 
 /// Runs an engine call that creates an object on the rung's tracked tasks, so that it
@@ -109,16 +137,18 @@ const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 async fn retry_removal(shared: Arc<ContainerSite>, mut left: Leftovers, entry: InFlight) {
     let until = std::time::Instant::now() + RETRY_FOR;
     let mut wait = std::time::Duration::from_secs(1);
-    while !(left.containers.is_empty() && left.volumes.is_empty()) {
+    left.record();
+    while !left.is_empty() {
         if std::time::Instant::now() + wait > until {
             tracing::warn!(attempt_id = %entry.id, ?left, "gave up removing; the worker's reclaim removes them by their labels");
             return;
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(std::time::Duration::from_secs(60));
-        let mut again = Leftovers::default();
+        let mut again = Leftovers { journal: left.journal.clone(), ..Leftovers::default() };
         let removed = remove_all(&shared, &mut left, &mut again).await;
         tracing::debug!(attempt_id = %entry.id, errors = ?removed.errors, "removal tried again");
+        again.record();
         left = again;
     }
 }
@@ -139,18 +169,21 @@ impl std::fmt::Debug for Cleanup {
 }
 
 impl Cleanup {
-    /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
-    pub fn new(shared: Arc<ContainerSite>, attempt_id: String) -> Self {
+    /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed,
+    /// and keeps what it makes on record in `worker`'s state dir (`journal`).
+    pub fn new(shared: Arc<ContainerSite>, attempt_id: String, worker: &str) -> Self {
+        let journal = Journal::open(worker, &attempt_id).map(std::sync::Arc::new);
         let entry = Some(shared.base.enter(attempt_id));
-        Self { shared, entry, left: Leftovers::default() }
+        Self { shared, entry, left: Leftovers { journal, ..Leftovers::default() } }
     }
 }
 
 impl Teardown for Cleanup {
     /// Removes everything now (also what `Teardown::run` does).
     async fn remove(mut self) -> Removed {
-        let mut retry = Leftovers::default();
+        let mut retry = Leftovers { journal: self.left.journal.clone(), ..Leftovers::default() };
         let mut removed = remove_all(&self.shared, &mut self.left, &mut retry).await;
+        retry.record();
         // Only now: dropped halfway, `Drop` must still see what is left.
         let entry = self.entry.take();
         if let Some(entry) = entry.filter(|_| !(retry.containers.is_empty() && retry.volumes.is_empty())) {
@@ -169,8 +202,9 @@ impl Drop for Cleanup {
         let shared = self.shared.clone();
         let mut left = std::mem::take(&mut self.left);
         let removal = async move {
-            let mut retry = Leftovers::default();
+            let mut retry = Leftovers { journal: left.journal.clone(), ..Leftovers::default() };
             let removed = remove_all(&shared, &mut left, &mut retry).await;
+            retry.record();
             if !removed.errors.is_empty() {
                 tracing::warn!(attempt_id = %entry.id, errors = ?removed.errors, "backstop cleanup left objects behind");
             }

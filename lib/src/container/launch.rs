@@ -77,7 +77,7 @@ pub(crate) async fn provision(
         publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
         caches: &caches,
     });
-    left.containers.push(plan.name.clone());
+    left.container(plan.name.clone());
     let s = shared.clone();
     let name = plan.name.clone();
     let container = creating_later(shared, left, async move { s.engine.api.create_container(&name, body).await });
@@ -192,14 +192,14 @@ async fn prepare_staging(
         labels: Some(plan.input_labels.clone()),
         ..Default::default()
     };
-    left.volumes.push(volume.to_owned());
+    left.volume(volume.to_owned());
     let s = shared.clone();
     creating(shared, left, async move { s.engine.api.create_volume(req).await }).await?;
     let helper = format!("{}-stage", plan.name);
     let body = spec::staging_helper(&plan.image_ref, volume, plan.stage_labels.clone());
     // The helper stays in `left` and goes with the attempt's cleanup: removing it here would
     // put an engine call in front of every attempt with inputs.
-    left.containers.push(helper.clone());
+    left.container(helper.clone());
     let s = shared.clone();
     let h = helper.clone();
     creating(shared, left, async move { s.engine.api.create_container(&h, body).await }).await?;

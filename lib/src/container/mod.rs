@@ -15,6 +15,7 @@ pub mod config;
 pub(crate) mod env;
 mod executor;
 mod finish;
+mod journal;
 pub mod labels;
 mod launch;
 mod ledger;

@@ -120,9 +120,9 @@ pub(crate) async fn ready(
     left: &mut Leftovers,
     p: Parked,
 ) -> Result<Ready, LaunchError> {
-    left.containers.push(p.name.clone());
-    left.containers.push(p.helper.clone());
-    left.volumes.push(p.input_volume.clone());
+    left.container(p.name.clone());
+    left.container(p.helper.clone());
+    left.volume(p.input_volume.clone());
     let a = &plan.applied;
     let t = &shared.pool.as_ref().and_then(|pool| pool.template.get()).expect("a claim means a template").applied;
     // The engine changes a running container's limits; the call is skipped when they are
@@ -231,7 +231,7 @@ async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
         let input_volume = format!("{name}-in");
         let helper = format!("{name}-stage");
         let api = &shared.engine.api;
-        left.volumes.push(input_volume.clone());
+        left.volume(input_volume.clone());
         api.create_volume(VolumeCreateRequest {
             name: Some(input_volume.clone()),
             driver: Some("local".into()),
@@ -239,7 +239,7 @@ async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
             ..Default::default()
         })
         .await?;
-        left.containers.push(helper.clone());
+        left.container(helper.clone());
         api.create_container(&helper, spec::staging_helper(&t.image, &input_volume, l.for_kind(Kind::Pool, "stage")))
             .await?;
         let facts = shared.engine.facts();
@@ -256,7 +256,7 @@ async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
             publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
             caches: &[],
         });
-        left.containers.push(name.clone());
+        left.container(name.clone());
         let container_id = api.create_container(&name, body).await?;
         let attached = api.attach(&name).await?;
         api.start(&name).await?;

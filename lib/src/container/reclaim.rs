@@ -43,6 +43,51 @@ fn in_flight_here(l: &HashMap<String, String>, incarnation: &str, in_flight: &Ha
         && l.get(labels::ATTEMPT_ID).is_some_and(|a| in_flight.contains(a))
 }
 
+/// Removes what `worker`'s attempts not in flight put on record in the state dir
+/// (`journal`), by name; a record is forgotten once everything it names is gone.
+async fn recorded(shared: &ContainerSite, worker: &str, in_flight: &HashSet<String>, report: &mut ReclaimReport) {
+    let api = &shared.engine.api;
+    for (attempt, entry) in super::journal::recorded(worker) {
+        if in_flight.contains(&attempt) {
+            continue;
+        }
+        let mut left = 0;
+        for c in &entry.containers {
+            match api.remove_container(c).await {
+                Ok(crate::engine::Removal::Removed) => report.containers_removed.push(c.clone()),
+                Ok(crate::engine::Removal::ByOthers) => {}
+                Err(e) => {
+                    left += 1;
+                    report.failed.push(ReclaimFailure {
+                        kind: ObjectKind::Container,
+                        id: c.clone(),
+                        error: e.message(),
+                    });
+                }
+            }
+        }
+        for v in &entry.volumes {
+            // Counted as removed only when it was there to remove.
+            let removed = match api.inspect_volume(v).await {
+                Ok(None) => Ok(false),
+                Ok(Some(_)) => api.remove_volume(v).await.map(|()| true),
+                Err(e) => Err(e),
+            };
+            match removed {
+                Ok(true) => report.volumes_removed.push(v.clone()),
+                Ok(false) => {}
+                Err(e) => {
+                    left += 1;
+                    report.failed.push(ReclaimFailure { kind: ObjectKind::Volume, id: v.clone(), error: e.message() });
+                }
+            }
+        }
+        if left == 0 {
+            super::journal::forget(worker, &attempt);
+        }
+    }
+}
+
 /// Sweeps the engine (and the host capture area) for `worker`.
 pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<ReclaimReport, ReclaimError> {
     if !crate::contract::valid_worker_id(worker) {
@@ -52,6 +97,8 @@ pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<Recl
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
     let in_flight: HashSet<String> = shared.base.in_flight().clone();
     let mine = |l: &HashMap<String, String>| in_flight_here(l, &shared.base.incarnation, &in_flight);
+    // First what the worker's attempts put on record: it needs no listing from the engine.
+    recorded(shared, worker, &in_flight, &mut report).await;
 
     let containers = api
         .list_containers(labels::worker_filter(worker))

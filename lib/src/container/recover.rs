@@ -44,9 +44,10 @@ pub(crate) async fn reattach(
         return Err(RecoverError::Invalid("the checkpoint is not of a container".into()));
     };
     let cleanup = || {
-        let mut c = Cleanup::new(site.clone(), ledger.attempt_id.clone());
+        let mut c = Cleanup::new(site.clone(), ledger.attempt_id.clone(), &cp.worker);
         c.left.containers = ledger.own.containers.clone();
         c.left.volumes = ledger.own.volumes.clone();
+        c.left.record();
         c
     };
     // The engine says what the container is: a checkpoint cannot point stevedore at

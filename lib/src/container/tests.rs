@@ -562,3 +562,51 @@ async fn the_phases_are_timed_in_order() {
     assert!(order.windows(2).all(|w| w[0] <= w[1]), "in order: {p:?}");
     assert_eq!(p.inputs_staged_ms, None, "no inputs, no staging");
 }
+
+#[tokio::test]
+async fn what_a_crash_left_is_reclaimed_by_its_record_even_when_the_engine_cannot_list() {
+    // An attempt whose process "dies" mid-command (its future forgotten: no teardown, no
+    // backstop); another process of the same worker reclaims while the engine fails every
+    // listing. The state dir's record names the objects, and they go.
+    let fake = FakeApi::new(IMAGE);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+    fake.script(Arc::new(move |side: InitSide| {
+        let tx = tx.clone();
+        Box::pin(async move {
+            // The link stays open (its output sender held): the command "runs".
+            let InitSide { mut stdin, out, .. } = side;
+            let _ = read_start(&mut stdin).await;
+            if let Some(tx) = tx.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            std::future::pending::<()>().await;
+            drop(out);
+        })
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let worker = format!("w-journal-{:08x}", rand::random::<u32>());
+    let cfg = || ContainerConfig::default().log_dir(dir.path().join("logs"));
+    let dead = ContainerExecutor::on(fake.engine(), cfg().incarnation("dead-process"));
+    let mut req = Request::command("job-1", ["true"], dir.path().join("out")).worker(&worker).image(IMAGE);
+    req.input_dir = Some(dir.path().to_owned());
+    let mut attempt = Box::pin(dead.run(&req, CancellationToken::new()));
+    tokio::select! {
+        r = &mut attempt => panic!("the attempt ended: {r:?}"),
+        _ = rx => {}
+    }
+    std::mem::forget(attempt);
+    let ours = |objects: Vec<String>| -> Vec<String> {
+        objects.into_iter().filter(|o| o.starts_with(&format!("sd-{worker}"))).collect()
+    };
+    let left = ours(fake.objects());
+    assert_eq!(left.len(), 3, "the container, its staging helper, its input volume: {left:?}");
+    fake.fail_times("list containers", 0, 10, 500);
+    fake.fail_times("list volumes", 0, 10, 500);
+    let restarted = ContainerExecutor::on(fake.engine(), cfg().incarnation("restarted"));
+    let report = restarted.reclaim(&worker).await;
+    assert!(report.is_err(), "the engine lists nothing: {report:?}");
+    assert!(ours(fake.objects()).is_empty(), "left behind: {:?}", fake.objects());
+    assert!(super::journal::recorded(&worker).is_empty(), "the record is forgotten once all is gone");
+    restarted.close().await;
+}
