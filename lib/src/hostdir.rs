@@ -183,6 +183,7 @@ impl PrivateDir {
 
     /// Replaces the file `name` with `bytes` whole (written to a new file, then renamed over
     /// it): a reader sees the old content or the new, never half of either.
+    #[cfg(feature = "docker")]
     pub fn replace_file(&self, name: &str, bytes: &[u8]) -> Result<(), HostDirError> {
         use std::io::Write;
         let tmp = format!("{name}.new-{:08x}", rand::random::<u32>());
@@ -196,6 +197,7 @@ impl PrivateDir {
     }
 
     /// Reads the file `name` (at most `cap` bytes), never through a symlink.
+    #[cfg(feature = "docker")]
     pub fn read_file(&self, name: &str, cap: u64) -> Result<Vec<u8>, HostDirError> {
         use std::io::Read;
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
