@@ -233,6 +233,20 @@ impl PrivateDir {
         }
     }
 
+    /// Removes the subdirectory `name` when it is empty; whether it did. A subdirectory
+    /// that is not empty, or already gone, stays as it is.
+    #[cfg(feature = "docker")]
+    pub fn remove_subdir_if_empty(&self, name: &str) -> Result<bool, HostDirError> {
+        if !safe_name(name) {
+            return Err(HostDirError::BadName(name.to_owned()));
+        }
+        match unlinkat(&self.fd, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => Ok(false),
+            Err(e) => Err(HostDirError::Io { op: "remove", path: self.path.join(name), source: e.into() }),
+        }
+    }
+
     /// The names of its regular files (only safe names; anything else is left alone).
     pub fn files(&self) -> Result<Vec<String>, HostDirError> {
         let (all, _) = stevedore_init::tree::children(&self.fd, usize::MAX, |_| true)

@@ -36,7 +36,7 @@ impl Leftovers {
     /// Writes the lists to the attempt's record.
     pub fn record(&self) {
         if let Some(j) = &self.journal {
-            j.write(&Entry { containers: self.containers.clone(), volumes: self.volumes.clone() });
+            j.write(&Entry { containers: self.containers.clone(), volumes: self.volumes.clone(), incarnation: None });
         }
     }
 
@@ -172,7 +172,7 @@ impl Cleanup {
     /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed,
     /// and keeps what it makes on record in `worker`'s state dir (`journal`).
     pub fn new(shared: Arc<ContainerSite>, attempt_id: String, worker: &str) -> Self {
-        let journal = Journal::open(worker, &attempt_id).map(std::sync::Arc::new);
+        let journal = Journal::open(worker, &attempt_id, &shared.base.incarnation).map(std::sync::Arc::new);
         let entry = Some(shared.base.enter(attempt_id));
         Self { shared, entry, left: Leftovers { journal, ..Leftovers::default() } }
     }

@@ -44,13 +44,21 @@ fn in_flight_here(l: &HashMap<String, String>, incarnation: &str, in_flight: &Ha
 }
 
 /// Removes what `worker`'s attempts not in flight put on record in the state dir
-/// (`journal`), by name; a record is forgotten once everything it names is gone.
-async fn recorded(shared: &ContainerSite, worker: &str, in_flight: &HashSet<String>, report: &mut ReclaimReport) {
+/// (`journal`), by name; a record is forgotten once everything it names is gone. Adds the
+/// processes that made them to `gone`.
+async fn recorded(
+    shared: &ContainerSite,
+    worker: &str,
+    in_flight: &HashSet<String>,
+    gone: &mut HashSet<String>,
+    report: &mut ReclaimReport,
+) {
     let api = &shared.engine.api;
     for (attempt, entry) in super::journal::recorded(worker) {
         if in_flight.contains(&attempt) {
             continue;
         }
+        gone.extend(entry.incarnation.clone());
         let mut left = 0;
         for c in &entry.containers {
             match api.remove_container(c).await {
@@ -97,16 +105,16 @@ pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<Recl
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
     let in_flight: HashSet<String> = shared.base.in_flight().clone();
     let mine = |l: &HashMap<String, String>| in_flight_here(l, &shared.base.incarnation, &in_flight);
+    // The incarnations whose attempts are reclaimed: what they left of their tools goes too.
+    let mut gone: HashSet<String> = HashSet::new();
     // First what the worker's attempts put on record: it needs no listing from the engine.
-    recorded(shared, worker, &in_flight, &mut report).await;
+    recorded(shared, worker, &in_flight, &mut gone, &mut report).await;
 
     let containers = api
         .list_containers(labels::worker_filter(worker))
         .await
         .map_err(|source| ReclaimError::List { what: "containers", source })?;
     let mut targets = Vec::new();
-    // The incarnations whose attempts are reclaimed: what they left of their tools goes too.
-    let mut gone: HashSet<String> = HashSet::new();
     for c in containers.into_iter().filter(|c| labels::reclaimable_by(&c.labels, worker)) {
         if mine(&c.labels) {
             report.kept_in_flight.push(c.id);
@@ -118,7 +126,7 @@ pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<Recl
     let (removed, failed) =
         remove_each(targets, ObjectKind::Container, |id| async move { api.remove_container(&id).await.map(|_| ()) })
             .await;
-    report.containers_removed = removed;
+    report.containers_removed.extend(removed);
     report.failed.extend(failed);
 
     let volumes = api
@@ -135,7 +143,7 @@ pub(crate) async fn reclaim(shared: &ContainerSite, worker: &str) -> Result<Recl
     }
     let (removed, failed) =
         remove_each(targets, ObjectKind::Volume, |name| async move { api.remove_volume(&name).await }).await;
-    report.volumes_removed = removed;
+    report.volumes_removed.extend(removed);
     report.failed.extend(failed);
     // Their tools volumes, unless another of their containers still mounts one.
     let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
