@@ -7,6 +7,8 @@
 #   .ci/engines/vm.sh down     stop qemu, remove the per-run overlay
 #   .ci/engines/vm.sh status   prints "up ENV_FILE" (exit 0) or "down" (exit 1)
 #   .ci/engines/vm.sh key      prints the cache key of the current recipe
+#   .ci/engines/vm.sh exec CMD runs CMD as root in the VM over ssh (the tests' engine faults:
+#                              `systemctl restart docker`, filling /var/lib/docker)
 #
 # STEVEDORE_VM_REBUILD=1 .ci/engines/vm.sh up   rebuilds the disk even if it is cached.
 #
@@ -503,13 +505,22 @@ cmd_status() {
     fi
 }
 
+cmd_exec() {
+    qemu_alive && [ -f "$RUN_DIR/ssh/config" ] || die "the VM is not up"
+    exec ssh -F "$RUN_DIR/ssh/config" "$SSH_ALIAS" "$@"
+}
+
 case "${1:-}" in
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
 key) recipe_key ;;
+exec)
+    shift
+    cmd_exec "$@"
+    ;;
 *)
-    echo "usage: $0 up|down|status|key" >&2
+    echo "usage: $0 up|down|status|key|exec CMD..." >&2
     exit 2
     ;;
 esac

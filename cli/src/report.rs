@@ -22,6 +22,8 @@ pub fn exit_code(o: &Outcome) -> u8 {
         },
         Status::Killed => match (o.reason, o.signal) {
             (Some(Reason::Panicked), _) => 101,
+            // The engine's doing, as docker's own failures are 125, whatever signal it sent.
+            (Some(Reason::EngineLost), _) => 125,
             (
                 Some(Reason::RemovedExternally | Reason::InitLost | Reason::RecordInvalid | Reason::NoResultRecord),
                 None,
@@ -87,6 +89,9 @@ pub fn summary(o: &Outcome, grace: Duration, out_dir: &Path) -> String {
         }
         (Status::Killed, Some(Reason::Cancelled)) => {
             format!("killed after {wall}: cancelled, {}", stop_story(o, grace))
+        }
+        (Status::Killed, Some(Reason::EngineLost)) => {
+            format!("killed after {wall} (engine_lost): {}", first_line(&o.handler_error))
         }
         (Status::Killed, Some(r)) if o.signal.is_some() => {
             format!("killed after {wall} by {} ({r})", signal_name(o.signal.unwrap_or(0)))
@@ -156,6 +161,7 @@ mod tests {
         for r in [Reason::RemovedExternally, Reason::InitLost, Reason::RecordInvalid, Reason::NoResultRecord] {
             assert_eq!(exit_code(&o(Status::Killed, Some(r), None, None)), 125, "{r}");
         }
+        assert_eq!(exit_code(&o(Status::Killed, Some(Reason::EngineLost), None, Some(15))), 125);
         assert_eq!(exit_code(&o(Status::OomKilled, Some(Reason::Oom), None, Some(9))), 137);
         assert_eq!(exit_code(&o(Status::Timeout, Some(Reason::Deadline), None, Some(9))), 124);
         assert_eq!(exit_code(&o(Status::LaunchFailed, Some(Reason::CommandNotFound), None, None)), 127);

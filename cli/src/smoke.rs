@@ -13,7 +13,7 @@ pub async fn smoke(g: &Global, handlers: &Handlers) -> u8 {
             0
         }
         Err(why) => {
-            println!("drain: failed {why}");
+            println!("drain: failed {}", stevedore_init::wire::printable(&why));
             1
         }
     }

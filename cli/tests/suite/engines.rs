@@ -321,3 +321,125 @@ async fn reports_and_a_takeover_through_the_engines_exec() {
     assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "r\n");
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
+
+/// A command prefix that runs a shell command as root on the engine's host
+/// (`.ci/engines/vm.sh exec`), for the engine faults; `None` where no harness gives one.
+fn engine_shell() -> Option<String> {
+    std::env::var("STEVEDORE_TEST_ENGINE_SHELL").ok().filter(|s| !s.trim().is_empty())
+}
+
+/// Runs `script` on the engine's host; whether it succeeded.
+fn on_engine_host(shell: &str, script: &str) -> bool {
+    let status = Command::new("sh").arg("-c").arg(format!("{shell} {script}")).status().expect("run the engine shell");
+    status.success()
+}
+
+/// The engine restarted mid-attempt (`systemctl restart docker`: its shutdown closes the API,
+/// then sends the command SIGTERM): the Outcome says the engine went away (`engine_lost`,
+/// exit 125), never a signal from nobody; the outputs the init sent are kept; once the
+/// engine is back, nothing of the attempt is left.
+#[tokio::test]
+async fn an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left() {
+    use std::io::{BufRead, BufReader, Read};
+    let Some(shell) = engine_shell() else {
+        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: this engine cannot be restarted by the test");
+        return;
+    };
+    let Some((docker, image)) = setup().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left", Instant::now());
+    let w = support::worker("e-restart");
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("o");
+    let mut child = Command::new(support::BIN)
+        .args(["run", "--outcome", "-", "--worker", &w, "--image", &image, "--output"])
+        .arg(&out)
+        .args(["--", "sh", "-c", "echo kept > /out/kept; echo ready >&2; exec sleep 600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let ready = line.contains("ready");
+        said.push(line);
+        if ready {
+            break;
+        }
+    }
+    assert!(said.last().is_some_and(|l| l.contains("ready")), "the command never started: {said:?}");
+    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    assert!(on_engine_host(&shell, "systemctl restart docker"), "the engine did not restart");
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    let stderr = drain.join().unwrap().join("\n");
+    let outcome: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(
+        (outcome["status"].as_str(), outcome["reason"].as_str()),
+        (Some("killed"), Some("engine_lost")),
+        "{outcome}\n{stderr}"
+    );
+    assert!(outcome["handler_error"].as_str().is_some_and(|e| e.contains("engine")), "{outcome}");
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(
+        outcome["outputs"].as_array().is_some_and(|o| o.iter().any(|f| f["name"] == "kept")),
+        "what the init sent is kept: {outcome}"
+    );
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// Frees what [`an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing`] filled,
+/// however the test ends.
+struct Filled<'a>(&'a str);
+
+const FILL: &str = "/var/lib/docker/stevedore-test-fill";
+
+impl Drop for Filled<'_> {
+    fn drop(&mut self) {
+        on_engine_host(self.0, &format!("rm -f {FILL}"));
+    }
+}
+
+/// The engine's disk is full (its `/var/lib/docker` filled, root's reserve included): the
+/// attempt is a launch error that names the cause (ENOSPC, exit 125), and once there is room
+/// again nothing of it is left.
+#[tokio::test]
+async fn an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing() {
+    let Some(shell) = engine_shell() else {
+        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: this engine's disk cannot be filled by the test");
+        return;
+    };
+    let Some((docker, image)) = setup().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing", Instant::now());
+    let w = support::worker("e-enospc");
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("in")).unwrap();
+    std::fs::write(t.path().join("in/data"), vec![7u8; 4 << 20]).unwrap();
+    // One word for the engine host's shell (single-quoted here, run there as it is).
+    let fill = format!(
+        "'b=$(stat -f -c %f /var/lib/docker); s=$(stat -f -c %S /var/lib/docker); fallocate -l $(( (b - 16) * s )) {FILL}'"
+    );
+    let filled = Filled(&shell);
+    assert!(on_engine_host(&shell, &fill), "the engine's disk could not be filled");
+    let run = Command::new(support::BIN)
+        .args(["run", "--worker", &w, "--image", &image, "--input"])
+        .arg(t.path().join("in"))
+        .arg("--output")
+        .arg(t.path().join("o"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    drop(filled);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("no space left on device"), "the cause is named: {stderr}");
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}

@@ -9,7 +9,7 @@
 //! with its Outcome.
 
 use super::site::{Ledger, Removed, Site, Teardown};
-use crate::contract::{Evidence, Exit, Outcome, Request, Source, judge};
+use crate::contract::{Evidence, Exit, Outcome, Record, Request, Source, judge};
 use crate::link::judgement;
 use crate::link::reports::{self, Delivered};
 use crate::link::supervise::Ended;
@@ -76,6 +76,17 @@ pub(crate) async fn conclude<S: Site>(
     }
     ev.phases = phases(&ledger, &ended);
     let (mut j, silent) = judgement::judgement(&ended, &frame, witness, delivered, ev);
+    // Only an end the engine's going away explains makes the question worth a call.
+    let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_));
+    if explained
+        && !j.facts.deadline_fired
+        && !j.facts.cancelled
+        && let Some(lost) = site.engine_lost(&ledger.own).await
+    {
+        j.facts.engine_lost = true;
+        j.evidence.notes.push(lost.clone());
+        j.error_text = if j.error_text.is_empty() { lost } else { format!("{lost}; {}", j.error_text) };
+    }
     if let How::Unrecovered(why) = &how {
         j.error_text = format!("the takeover failed: {why}");
         j.usage.wall_time_ms = None;

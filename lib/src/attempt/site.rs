@@ -212,6 +212,12 @@ pub(crate) trait Site: Sync {
     /// What the rung saw of the end, asked before the removal (`verified`: a verified record
     /// arrived, and only the rung's cheap facts are worth having).
     fn witness(&self, own: &Self::Own, verified: bool) -> impl Future<Output = Witness> + Send;
+    /// What the engine's going away looked like, if it went away while the attempt ran;
+    /// asked only when the end is one that explains (a signal, no verified record). A rung
+    /// without an engine to lose has nothing to say.
+    fn engine_lost(&self, _own: &Self::Own) -> impl Future<Output = Option<String>> + Send {
+        std::future::ready(None)
+    }
     /// The rung's evidence of the attempt, after its removal, and the bounds its claims are
     /// checked against.
     fn account(&self, ledger: &Ledger<Self::Own>, ended: &Ended, ev: &mut Evidence) -> Frame;

@@ -118,6 +118,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         volumes: cleanup.left.volumes.clone(),
         caches,
         warm,
+        engine_mark: site.engine.mark(),
     };
     Provisioned { transport: super::launch::transport(attached), running, own, layout, enforcement, skipped, inputs }
 }
@@ -188,6 +189,10 @@ impl Site for Arc<ContainerSite> {
 
     async fn witness(&self, own: &Own, verified: bool) -> Witness {
         super::finish::witness(self, own, verified).await
+    }
+
+    async fn engine_lost(&self, own: &Own) -> Option<String> {
+        self.engine.lost_since(own.engine_mark).await
     }
 
     fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Frame {

@@ -24,4 +24,8 @@ pub(crate) struct Own {
     pub caches: Vec<(String, String, String)>,
     /// Whether the attempt came from the warm pool (`None`: the rung has none).
     pub warm: Option<bool>,
+    /// The engine's life when the attempt started (this process's; a recovered attempt
+    /// counts from the process's start).
+    #[serde(skip)]
+    pub engine_mark: crate::engine::Mark,
 }

@@ -35,14 +35,15 @@ pub(crate) fn of(req: &ResourceLimits, cfg: &ContainerConfig) -> Sizes {
     let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };
     let a = limits::resolve(req, rung);
     let l = a.limits;
-    // The fallback gives these, and a ceiling only lowers them.
-    let memory = l.memory_bytes.unwrap_or(1 << 30);
+    // `resolve` fills these from the fallback (a ceiling only lowers them): never `None`.
+    let given = |v: Option<u64>, fallback: Option<u64>| v.or(fallback).unwrap_or(0);
+    let memory = given(l.memory_bytes, FALLBACK.memory_bytes);
     Sizes {
         memory,
-        pids: l.pids.unwrap_or(512),
-        disk: l.disk_bytes.unwrap_or(512 << 20),
+        pids: given(l.pids, FALLBACK.pids),
+        disk: given(l.disk_bytes, FALLBACK.disk_bytes),
         cpu_millis: l.cpu_millis,
-        nofile: l.nofile.unwrap_or(4096),
+        nofile: given(l.nofile, FALLBACK.nofile),
         tmp: cfg.max_tmp_bytes.min(memory),
         gpus: l.gpu_millis.map(|m| m.div_ceil(1000)),
         narrowed: a.narrowed,

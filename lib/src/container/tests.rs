@@ -67,6 +67,9 @@ struct Behaviour {
     /// Send only this many bytes of the outputs tar, then say nothing more (a transport that
     /// stalls).
     stall_after: Option<usize>,
+    /// The engine goes away before the record is sent (the engine's shutdown signals the
+    /// command).
+    lose_engine: bool,
 }
 
 fn init(b: Behaviour) -> Script {
@@ -81,6 +84,9 @@ fn init(b: Behaviour) -> Script {
             }
             if b.vanish {
                 engine.remove_externally(&name);
+            }
+            if b.lose_engine {
+                engine.lose();
             }
             let Some(rec) = b.record else {
                 // The init died: its streams end with no record.
@@ -119,6 +125,7 @@ fn honest(rec: InitRecord) -> Behaviour {
         exit: None,
         vanish: false,
         stall_after: None,
+        lose_engine: false,
     }
 }
 
@@ -189,6 +196,36 @@ async fn engine_failures_before_the_start_leave_nothing() {
         let err = run(&s, &request(&s)).await.unwrap_err();
         assert!(matches!(err, LaunchError::Engine(_)), "{op}: {err}");
     }
+}
+
+/// The engine's shutdown sends the command SIGTERM: the Outcome says the engine went away
+/// (`engine_lost`, its error in `handler_error`), never a signal from nobody; an exit code
+/// the command gave before is its own answer; without a loss a signal stays `signalled`.
+#[tokio::test]
+async fn an_engine_that_went_away_is_named_as_the_end() {
+    let s = setup(Behaviour { lose_engine: true, ..honest(record(WaitStatus::Signal(15))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.reason, o.signal), (Status::Killed, Some(Reason::EngineLost), Some(15)));
+    assert!(o.handler_error.contains("the engine"), "{}", o.handler_error);
+    assert_eq!(o.outputs.len(), 1, "what the init sent is kept");
+    assert!(!o.permanent);
+
+    let s = setup(Behaviour { lose_engine: true, ..honest(record(WaitStatus::Code(0))) });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.reason), (Status::Ok, None), "{}", o.handler_error);
+
+    let s = setup(Behaviour {
+        record: None,
+        exit: Some((137, false)),
+        lose_engine: true,
+        ..honest(record(WaitStatus::Code(0)))
+    });
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::EngineLost)), "{}", o.handler_error);
+
+    let s = setup(honest(record(WaitStatus::Signal(15))));
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::Signalled)), "{}", o.handler_error);
 }
 
 #[tokio::test]

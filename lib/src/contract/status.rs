@@ -89,6 +89,9 @@ pub enum Reason {
     /// would follow it and put the mount elsewhere (over stevedore's own, or out of a limit's
     /// reach), so the attempt is not run.
     MountRedirected,
+    /// The engine went away mid-attempt (restarted, stopped, or the connection to it was
+    /// cut), and that explains the end: the engine's error is in `handler_error`.
+    EngineLost,
 }
 
 impl Reason {
@@ -112,6 +115,7 @@ impl Reason {
             Reason::InitLost => "init_lost",
             Reason::RecordInvalid => "record_invalid",
             Reason::MountRedirected => "mount_redirected",
+            Reason::EngineLost => "engine_lost",
         }
     }
 
@@ -134,6 +138,7 @@ impl Reason {
         Reason::InitLost,
         Reason::RecordInvalid,
         Reason::MountRedirected,
+        Reason::EngineLost,
     ];
 }
 
@@ -227,6 +232,9 @@ pub struct Facts {
     pub output_limit: bool,
     /// The container was removed by someone else.
     pub removed_externally: bool,
+    /// The engine went away while the attempt ran (asked only when the end is not the
+    /// command's own exit code).
+    pub engine_lost: bool,
     /// The sandbox's own record.
     pub record: Record,
 }
@@ -269,6 +277,11 @@ pub fn decide(f: &Facts) -> Verdict {
     if !succeeded && f.oom_kills > 0 {
         return verdict(Status::OomKilled, Some(Reason::Oom));
     }
+    // An exit code is the command's own answer, whatever the engine did afterwards; a signal
+    // or a lost record is what an engine going away does to an attempt.
+    if f.engine_lost && (f.record != Record::Present || !matches!(f.exit, Exit::Code(_))) {
+        return verdict(Status::Killed, Some(Reason::EngineLost));
+    }
     let lost = match f.record {
         Record::Present => None,
         Record::Missing => Some(Reason::InitLost),
@@ -302,6 +315,22 @@ pub fn decide(f: &Facts) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engine_gone_away_explains_a_signal_or_a_lost_record_never_an_exit_code() {
+        let lost = |exit, record| Facts { engine_lost: true, exit, record, ..Facts::default() };
+        let engine_lost = verdict(Status::Killed, Some(Reason::EngineLost));
+        assert_eq!(decide(&lost(Exit::Signal(15), Record::Present)), engine_lost);
+        assert_eq!(decide(&lost(Exit::Unknown, Record::Missing)), engine_lost);
+        assert_eq!(decide(&lost(Exit::Signal(9), Record::Invalid)), engine_lost);
+        assert_eq!(decide(&lost(Exit::Code(0), Record::Present)), verdict(Status::Ok, None));
+        assert_eq!(decide(&lost(Exit::Code(3), Record::Present)), verdict(Status::HandlerError, None));
+        // What stevedore did itself, and what the kernel counted, come first.
+        let f = Facts { deadline_fired: true, ..lost(Exit::Signal(15), Record::Present) };
+        assert_eq!(decide(&f), verdict(Status::Timeout, Some(Reason::Deadline)));
+        let f = Facts { oom_kills: 1, ..lost(Exit::Signal(9), Record::Present) };
+        assert_eq!(decide(&f), verdict(Status::OomKilled, Some(Reason::Oom)));
+    }
 
     fn ok_facts() -> Facts {
         Facts { exit: Exit::Code(0), ..Facts::default() }

@@ -23,6 +23,10 @@ use tokio::io::AsyncWrite;
 /// What a call returns.
 pub(crate) type Call<'a, T> = BoxFuture<'a, Result<T, EngineError>>;
 
+/// A subscription to the engine's events, as far as a watcher cares: an item per event, an
+/// end (or an error) when the engine or the connection to it goes away.
+pub(crate) type Watch = Pin<Box<dyn Stream<Item = Result<(), EngineError>> + Send>>;
+
 /// A byte stream the engine produces.
 pub(crate) type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 
@@ -156,6 +160,11 @@ async fn log_chunk(item: Result<bollard::container::LogOutput, bollard::errors::
 
 /// The calls the rungs make.
 pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
+    /// Whether the engine answers (under the call timeout).
+    fn ping(&self) -> Call<'_, ()>;
+    /// Subscribes to the engine's daemon events: a stream that stays idle while the engine
+    /// is up (no timeout applies to it), ended by the engine's going away.
+    fn watch(&self) -> Watch;
     fn inspect_image<'a>(&'a self, image: &'a str) -> Call<'a, ImageFacts>;
     /// Pulls an image from its registry (under the call timeout, so a slow registry fails).
     fn pull<'a>(&'a self, image: &'a str) -> Call<'a, ()>;
@@ -313,6 +322,18 @@ fn image_info(i: bollard::models::ImageInspect) -> ImageInfo {
 }
 
 impl EngineApi for BollardApi {
+    fn ping(&self) -> Call<'_, ()> {
+        Box::pin(async move { self.call("ping", self.docker.ping()).await.map(|_| ()) })
+    }
+
+    fn watch(&self) -> Watch {
+        let filters = HashMap::from([("type".to_owned(), vec!["daemon".to_owned()])]);
+        let opts = bollard::query_parameters::EventsOptionsBuilder::default().filters(&filters).build();
+        Box::pin(self.docker.events(Some(opts)).map(|item| {
+            item.map(|_| ()).map_err(|source| EngineError::Api { op: "watch events", source: Box::new(source) })
+        }))
+    }
+
     fn inspect_image<'a>(&'a self, image: &'a str) -> Call<'a, ImageFacts> {
         Box::pin(async move {
             let i = self.call("inspect image", self.docker.inspect_image(image)).await?;

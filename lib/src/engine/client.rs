@@ -113,6 +113,8 @@ pub struct Engine {
     facts: EngineFacts,
     timeout: Duration,
     change: Duration,
+    /// Whether the engine went away while an attempt ran (`watch`).
+    watcher: Arc<super::watch::Watcher>,
 }
 
 impl Engine {
@@ -202,7 +204,7 @@ impl Engine {
             features: features(&info),
         };
         let api = Arc::new(BollardApi::new(docker, timeout, change.max(timeout)));
-        Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout) })
+        Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout), watcher: Arc::default() })
     }
 
     /// An engine behind another implementation of the calls (tests use a fake).
@@ -215,7 +217,7 @@ impl Engine {
             cert_path: None,
             dial: "unix:///fake.sock".into(),
         };
-        Self { api, endpoint, facts, timeout, change: timeout }
+        Self { api, endpoint, facts, timeout, change: timeout, watcher: Arc::default() }
     }
 
     /// Where it is and how it is reached.
@@ -236,5 +238,33 @@ impl Engine {
     /// stevedore's own timeout per call that changes state.
     pub fn change_timeout(&self) -> Duration {
         self.change
+    }
+
+    /// Marks now in the engine's life (and starts watching it, once): see
+    /// [`Engine::lost_since`].
+    pub(crate) fn mark(&self) -> super::Mark {
+        self.watcher.mark(&self.api)
+    }
+
+    /// What the engine's going away looked like, if it went away after `mark`: its event
+    /// stream ended and a ping failed, or it does not answer a ping now.
+    pub(crate) async fn lost_since(&self, mark: super::Mark) -> Option<String> {
+        if let Some(lost) = self.watcher.lost_since(mark, self.timeout).await {
+            return Some(lost);
+        }
+        match self.api.ping().await {
+            Err(e) => {
+                let what = format!("the engine did not answer a ping after the attempt's end ({})", e.message());
+                // Every attempt that ran through this is told, not only the one that asked.
+                self.watcher.lost(what.clone());
+                Some(what)
+            }
+            // A stream that ended just now has been decided by the time a ping comes back.
+            Ok(()) => {
+                let lost = self.watcher.lost_since(mark, self.timeout).await;
+                self.watcher.back();
+                lost
+            }
+        }
     }
 }

@@ -64,6 +64,8 @@ pub(crate) struct FakeApi {
     me: Mutex<Option<std::sync::Weak<FakeApi>>>,
     /// While set, uploads wait until it is closed (an upload the engine is slow to take).
     upload_gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    /// The engine went away (`lose`): pings fail, watch streams end.
+    lost: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for FakeApi {
@@ -80,6 +82,7 @@ impl FakeApi {
             script: Mutex::new(None),
             me: Mutex::new(None),
             upload_gate: Mutex::new(None),
+            lost: tokio::sync::watch::Sender::new(false),
         });
         *api.me.lock().unwrap() = Some(Arc::downgrade(&api));
         api.state.lock().unwrap().images.insert(
@@ -103,6 +106,17 @@ impl FakeApi {
             ..EngineFacts::default()
         };
         Engine::with_api(self.clone(), facts, Duration::from_secs(5))
+    }
+
+    /// The engine goes away: its event streams end and pings fail until [`Self::restore`]
+    /// (the other calls still work, so that what the attempt made can be looked at).
+    pub fn lose(&self) {
+        self.lost.send_replace(true);
+    }
+
+    /// The engine is back.
+    pub fn restore(&self) {
+        self.lost.send_replace(false);
     }
 
     /// Makes uploads wait until [`Self::release_uploads`].
@@ -208,6 +222,26 @@ impl FakeApi {
 }
 
 impl EngineApi for FakeApi {
+    fn ping(&self) -> Call<'_, ()> {
+        Box::pin(async move {
+            self.enter("ping", "")?;
+            if *self.lost.borrow() {
+                return Err(EngineError::Timeout { op: "ping", after: Duration::from_secs(5) });
+            }
+            Ok(())
+        })
+    }
+
+    fn watch(&self) -> super::api::Watch {
+        let mut lost = self.lost.subscribe();
+        Box::pin(
+            futures_util::stream::once(async move {
+                let _ = lost.wait_for(|l| *l).await;
+            })
+            .filter_map(|()| std::future::ready(None)),
+        )
+    }
+
     fn inspect_image<'a>(&'a self, image: &'a str) -> Call<'a, ImageFacts> {
         Box::pin(async move {
             self.enter("inspect image", image)?;

@@ -7,6 +7,7 @@ pub mod endpoint;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake;
+mod watch;
 
 #[cfg(test)]
 pub(crate) use api::EngineApi;
@@ -15,3 +16,4 @@ pub(crate) use api::{Attached, Built, ByteStream, Chunk, ContainerState, ImageFa
 pub use client::{CHANGE_TIMEOUT, Engine, EngineFacts, client_max_api};
 pub use endpoint::{Connection, Endpoint, Transport};
 pub use error::EngineError;
+pub(crate) use watch::Mark;
