@@ -401,7 +401,7 @@ const FILL: &str = "/var/lib/docker/stevedore-test-fill";
 
 impl Drop for Filled<'_> {
     fn drop(&mut self) {
-        on_engine_host(self.0, &format!("rm -f {FILL}"));
+        on_engine_host(self.0, &format!("rm -f {FILL}.1 {FILL}.2 {FILL}.3"));
     }
 }
 
@@ -422,8 +422,12 @@ async fn an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing() {
     std::fs::create_dir(t.path().join("in")).unwrap();
     std::fs::write(t.path().join("in/data"), vec![7u8; 4 << 20]).unwrap();
     // One word for the engine host's shell (single-quoted here, run there as it is).
+    // Most of it at once, the last blocks by writing until the disk refuses.
     let fill = format!(
-        "'b=$(stat -f -c %f /var/lib/docker); s=$(stat -f -c %S /var/lib/docker); fallocate -l $(( (b - 16) * s )) {FILL}'"
+        "'b=$(stat -f -c %f /var/lib/docker); s=$(stat -f -c %S /var/lib/docker); \
+         fallocate -l $(( (b - 8192) * s )) {FILL}.1 && \
+         {{ dd if=/dev/zero of={FILL}.2 bs=1M 2>/dev/null; dd if=/dev/zero of={FILL}.3 bs=4k 2>/dev/null; \
+         ! dd if=/dev/zero of={FILL}.3 bs=4k count=1 oflag=append conv=notrunc 2>/dev/null; }}'"
     );
     let filled = Filled(&shell);
     assert!(on_engine_host(&shell, &fill), "the engine's disk could not be filled");
