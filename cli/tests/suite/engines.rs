@@ -447,3 +447,186 @@ async fn an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing() {
     assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
+
+/// Cuts the engine's connections on its host: every established connection to the plain-tcp
+/// endpoint reset, new ones refused, for 10 s (the refusal is lifted by a timer on the
+/// engine's host, so a lost ssh session cannot leave it in place); returns once lifted.
+fn cut_connections(shell: &str) -> bool {
+    let rule = "INPUT -p tcp --dport 2375 -j REJECT --reject-with tcp-reset";
+    on_engine_host(
+        shell,
+        &format!(
+            "'systemd-run --quiet --on-active=10s --timer-property=AccuracySec=100ms /usr/sbin/iptables -D {rule} && iptables -I {rule} && \\
+             ss -K \"( sport = :2375 )\" >/dev/null && \\
+             while iptables -C {rule} 2>/dev/null; do sleep 0.2; done'"
+        ),
+    )
+}
+
+/// The connection to the engine cut mid-attempt (reset, then refused for 10 s): the attach
+/// ends, the init loses its host, and the Outcome names the lost engine (`engine_lost`, exit
+/// 125) rather than a signal from nobody; once the engine is reachable, nothing is left.
+#[tokio::test]
+async fn a_cut_connection_mid_attempt_is_engine_lost_and_nothing_is_left() {
+    use std::io::{BufRead, BufReader, Read};
+    let Some(shell) = engine_shell() else {
+        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: this engine's connections cannot be cut by the test");
+        return;
+    };
+    let Some((docker, image)) = setup().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("a_cut_connection_mid_attempt_is_engine_lost_and_nothing_is_left", Instant::now());
+    let w = support::worker("e-cut");
+    let t = tempfile::tempdir().unwrap();
+    let mut child = Command::new(support::BIN)
+        .args(["run", "--outcome", "-", "--worker", &w, "--image", &image, "--output"])
+        .arg(t.path().join("o"))
+        .args(["--", "sh", "-c", "echo ready >&2; exec sleep 600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("ready")), "the command never started");
+    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    assert!(cut_connections(&shell), "the connections could not be cut");
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    let stderr = drain.join().unwrap().join("\n");
+    let outcome: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(
+        (outcome["status"].as_str(), outcome["reason"].as_str()),
+        (Some("killed"), Some("engine_lost")),
+        "{outcome}\n{stderr}"
+    );
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// This process's resident memory, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next());
+    kib.and_then(|k| k.parse::<u64>().ok()).unwrap_or(0) * 1024
+}
+
+/// Load and faults together: mixed attempts in flight through an engine restart and a cut
+/// (`STEVEDORE_SOAK=full`: 100 attempts, 8 in flight, two of each; else 20, 4 in flight, one of
+/// each). Every attempt either gives its command's own answer (status, exit code, output) or
+/// says the engine went away (`engine_lost`), or never ran (a launch error a job engine
+/// requeues); nothing is left after `reclaim`; this process's memory does not grow with the
+/// attempts.
+#[tokio::test]
+async fn a_soak_through_restarts_and_cuts_gives_right_answers_or_engine_lost() {
+    use futures_util::StreamExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(shell) = engine_shell() else {
+        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: faults cannot be injected into this engine");
+        return;
+    };
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("a_soak_through_restarts_and_cuts_gives_right_answers_or_engine_lost", Instant::now());
+    let full = std::env::var("STEVEDORE_SOAK").is_ok_and(|v| v == "full");
+    let (attempts, in_flight, rounds) = if full { (100, 8, 2) } else { (20, 4, 1) };
+    let w = support::worker("e-soak");
+    let t = tempfile::tempdir().unwrap();
+    let began = Instant::now();
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, mut progress) = tokio::sync::watch::channel(0usize);
+    // The faults, each when a share of the attempts has ended (never at a time of day).
+    let faults = {
+        let shell = shell.clone();
+        let mut progress = progress.clone();
+        tokio::spawn(async move {
+            let mut injected = Vec::new();
+            for round in 0..rounds {
+                for (k, fault) in ["restart", "cut"].into_iter().enumerate() {
+                    let at = attempts * (1 + 2 * round + k) / (2 * rounds + 2);
+                    let _ = progress.wait_for(|n| *n >= at).await;
+                    let shell = shell.clone();
+                    eprintln!("soak: {fault} at {:.1} s", began.elapsed().as_secs_f64());
+                    let ok = tokio::task::spawn_blocking(move || match fault {
+                        "restart" => on_engine_host(&shell, "systemctl restart docker"),
+                        _ => cut_connections(&shell),
+                    })
+                    .await
+                    .unwrap();
+                    eprintln!("soak: {fault} over at {:.1} s", began.elapsed().as_secs_f64());
+                    injected.push((fault, at, ok));
+                }
+            }
+            injected
+        })
+    };
+    let rss_early = Arc::new(std::sync::Mutex::new(None));
+    let results: Vec<(usize, Result<stevedore::Outcome, stevedore::LaunchError>)> =
+        futures_util::stream::iter(0..attempts)
+            .map(|i| {
+                let (rung, image, w, out) = (&rung, &image, &w, t.path().join(format!("o{i}")));
+                let (done, tx, rss_early) = (done.clone(), tx.clone(), rss_early.clone());
+                async move {
+                    // Three kinds: ok with an output, a non-zero exit, ok after a while.
+                    let script = match i % 3 {
+                        0 => format!("echo {i} > /out/i"),
+                        1 => format!("echo {i} > /out/i; exit 3"),
+                        _ => format!("sleep 2; echo {i} > /out/i"),
+                    };
+                    let r = rung.run(&cmd(image, w, &out, &script), CancellationToken::new()).await;
+                    if let Err(e) = &r {
+                        eprintln!("soak: attempt {i} failed at {:.1} s: {e}", began.elapsed().as_secs_f64());
+                    }
+                    let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+                    if n == attempts / 4 {
+                        *rss_early.lock().unwrap() = Some(rss());
+                    }
+                    tx.send_replace(n);
+                    (i, r)
+                }
+            })
+            .buffer_unordered(in_flight)
+            .collect()
+            .await;
+    let _ = progress.wait_for(|n| *n >= attempts).await;
+    let injected = faults.await.unwrap();
+    assert!(injected.iter().all(|(_, _, ok)| *ok), "a fault could not be injected: {injected:?}");
+    let (mut right, mut lost, mut never_ran) = (0, 0, 0);
+    for (i, r) in &results {
+        match r {
+            Ok(o) if o.reason == Some(Reason::EngineLost) => {
+                eprintln!("soak: attempt {i}: engine_lost: {}", o.handler_error);
+                lost += 1;
+            }
+            Ok(o) => {
+                let want = if i % 3 == 1 { (Status::HandlerError, Some(3)) } else { (Status::Ok, Some(0)) };
+                assert_eq!((o.status, o.exit_code), want, "attempt {i}: {}", o.to_json());
+                let got = std::fs::read_to_string(t.path().join(format!("o{i}/i"))).unwrap_or_default();
+                assert_eq!(got.trim(), i.to_string(), "attempt {i}'s output: {}", o.to_json());
+                right += 1;
+            }
+            Err(e) => {
+                eprintln!("soak: attempt {i} never ran: {}", stevedore::error_chain(e));
+                assert_eq!(e.next(), stevedore::Next::Requeue, "attempt {i}: {e}");
+                assert!(e.engine_error().is_some(), "attempt {i} failed for another reason than the engine: {e}");
+                never_ran += 1;
+            }
+        }
+    }
+    rung.close().await;
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    let (early, late) = (rss_early.lock().unwrap().unwrap_or(0), rss());
+    eprintln!(
+        "soak: {attempts} attempts, {in_flight} in flight, faults {injected:?}: {right} right, {lost} engine_lost, \
+         {never_ran} never ran; rss {:.1} MiB at a quarter, {:.1} MiB at the end",
+        early as f64 / MIB as f64,
+        late as f64 / MIB as f64
+    );
+    assert!(right >= attempts / 2, "most attempts ran between the faults: {right} of {attempts}");
+    assert!(late <= early + 64 * MIB, "memory grew with the attempts: {early} → {late} bytes");
+}

@@ -178,7 +178,27 @@ pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result
     if policy == PullPolicy::Always {
         api.pull(image).await.map_err(|e| unavailable("the pull (policy always) failed".into(), false, Some(e)))?;
     }
-    match api.inspect_image(image).await {
+    // The engine is away (restarting, or its connection cut): nothing of the attempt exists
+    // yet, so it waits for the engine (as long as a read may take) rather than failing at
+    // once; an attempt that failed fast here would only be requeued into the same outage.
+    // The first calls after an outage may still meet connections it broke: asked again.
+    let until = tokio::time::Instant::now() + shared.engine.timeout();
+    let first = loop {
+        match api.inspect_image(image).await {
+            Err(e)
+                if e.is_transient()
+                    && !e.is_timeout()
+                    && shared
+                        .engine
+                        .answers_again(until.saturating_duration_since(tokio::time::Instant::now()))
+                        .await =>
+            {
+                tracing::debug!(error = %e, "the engine is back: the image is asked again");
+            }
+            other => break other,
+        }
+    };
+    match first {
         Ok(facts) => Ok(facts),
         Err(e) if e.is_not_found() && policy == PullPolicy::Never => Err(unavailable(
             "not found locally (`docker images` lists what this engine has), and the pull policy is never".into(),

@@ -228,6 +228,19 @@ async fn an_engine_that_went_away_is_named_as_the_end() {
     assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::Signalled)), "{}", o.handler_error);
 }
 
+/// The engine drops the attempt's first call (a restart under way): nothing exists yet, so
+/// the attempt waits until the engine answers a ping and goes on, instead of failing at once.
+#[tokio::test]
+async fn an_attempt_that_starts_while_the_engine_is_away_waits_for_it() {
+    let s = setup(honest(record(WaitStatus::Code(0))));
+    s.fake.fail_times("inspect image", 0, 1, 503);
+    let o = run(&s, &request(&s)).await.unwrap();
+    assert_eq!(o.status, Status::Ok);
+    let calls = s.fake.calls();
+    let first_ping = calls.iter().position(|c| c.starts_with("ping")).expect("the engine was asked");
+    assert!(calls[first_ping + 1..].iter().any(|c| c.starts_with("inspect image")), "then asked again: {calls:?}");
+}
+
 #[tokio::test]
 async fn a_forged_record_is_refused_and_never_ok() {
     let s = setup(Behaviour { forge: true, ..honest(record(WaitStatus::Code(0))) });

@@ -246,6 +246,26 @@ impl Engine {
         self.watcher.mark(&self.api)
     }
 
+    /// Waits (at most `within`, pinging with backoff) until the engine answers; whether it
+    /// did.
+    pub(crate) async fn answers_again(&self, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match tokio::time::timeout_at(until, self.api.ping()).await {
+                Ok(Ok(())) => {
+                    self.watcher.back();
+                    return true;
+                }
+                Ok(Err(_)) if tokio::time::Instant::now() + wait < until => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                _ => return false,
+            }
+        }
+    }
+
     /// What the engine's going away looked like, if it went away after `mark`: its event
     /// stream ended and a ping failed, or it does not answer a ping now.
     pub(crate) async fn lost_since(&self, mark: super::Mark) -> Option<String> {
