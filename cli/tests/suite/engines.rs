@@ -630,3 +630,47 @@ async fn a_soak_through_restarts_and_cuts_gives_right_answers_or_engine_lost() {
     assert!(right >= attempts / 2, "most attempts ran between the faults: {right} of {attempts}");
     assert!(late <= early + 64 * MIB, "memory grew with the attempts: {early} → {late} bytes");
 }
+
+/// A slow engine is waited for, never given up on: cold attempts at once, each a process of
+/// its own as people start them (8; `STEVEDORE_SOAK=full`: 16, with two busy loops on the
+/// engine's host when the test can start them), all end `ok` with their output, and nothing
+/// of theirs is left, none running.
+#[tokio::test]
+async fn cold_attempts_at_once_on_a_slow_engine_all_end_ok_and_leave_nothing() {
+    let Some((docker, image)) = setup().await else { return };
+    let _one = serial().await;
+    let _timed = Timed("cold_attempts_at_once_on_a_slow_engine_all_end_ok_and_leave_nothing", Instant::now());
+    let full = std::env::var("STEVEDORE_SOAK").is_ok_and(|v| v == "full");
+    let n = if full { 16 } else { 8 };
+    let shell = engine_shell();
+    if full && let Some(shell) = &shell {
+        // Killed by their own timeout, whatever becomes of this test.
+        let busy =
+            "'for i in 1 2; do setsid timeout 900 sh -c \"while :; do :; done\" </dev/null >/dev/null 2>&1 & done'";
+        assert!(on_engine_host(shell, busy), "the busy loops did not start");
+    }
+    let w = support::worker("e-many");
+    let t = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            Command::new(support::BIN)
+                .args(["run", "-q", "--worker", &w, "--image", &image, "--output"])
+                .arg(t.path().join(format!("o{i}")))
+                .args(["--", "sh", "-c", &format!("echo {i} > /out/i; sleep 1")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let ended: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    if full && let Some(shell) = &shell {
+        on_engine_host(shell, "'pkill -f \"while :; do :; done\" || true'");
+    }
+    for (i, o) in ended.iter().enumerate() {
+        assert_eq!(o.status.code(), Some(0), "attempt {i}: {}", String::from_utf8_lossy(&o.stderr));
+        let got = std::fs::read_to_string(t.path().join(format!("o{i}/i"))).unwrap();
+        assert_eq!(got.trim(), i.to_string());
+    }
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
