@@ -105,6 +105,32 @@ fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
 /// another): long enough for an engine slowed by load, never forever.
 pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The bound of each of the connection's first calls (negotiation, version, info): four
+/// reads' worth, within what a change may take.
+fn connect_timeout(timeout: Duration, change: Duration) -> Duration {
+    (timeout * 4).min(change.max(timeout))
+}
+
+/// One of the connection's first calls: each try under `per_try`, tried again while no
+/// answer came, for `total` in all.
+async fn first_call<T, F, Fut>(op: &'static str, per_try: Duration, total: Duration, call: F) -> Result<T, EngineError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, bollard::errors::Error>>,
+{
+    let until = tokio::time::Instant::now() + total;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(per_try.min(left), call()).await {
+            Ok(r) => return r.map_err(|source| EngineError::Api { op, source: Box::new(source) }),
+            Err(_) if tokio::time::Instant::now() < until => {
+                tracing::debug!(op, "no answer from the engine in {per_try:?}: asked again");
+            }
+            Err(_) => return Err(EngineError::Timeout { op, after: total }),
+        }
+    }
+}
+
 /// A negotiated connection to one engine, with per-call timeouts.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -156,17 +182,15 @@ impl Engine {
             Transport::Ssh => Docker::connect_with_ssh(&url, secs, version, None),
         }
         .map_err(connect_err)?;
-        let call = |op: &'static str| move |source| EngineError::Api { op, source: Box::new(source) };
-        let timed = |op: &'static str| move |_| EngineError::Timeout { op, after: timeout };
-        let docker = tokio::time::timeout(timeout, docker.negotiate_version())
-            .await
-            .map_err(timed("negotiate version"))?
-            .map_err(call("negotiate version"))?;
-        let version = tokio::time::timeout(timeout, docker.version())
-            .await
-            .map_err(timed("version"))?
-            .map_err(call("version"))?;
-        let info = tokio::time::timeout(timeout, docker.info()).await.map_err(timed("info"))?.map_err(call("info"))?;
+        // Nothing exists yet, so a slow engine is waited for longer than one read (an engine
+        // that is not there refuses at once; only one that answers slowly meets this bound),
+        // and a request that got no answer within a read's bound is sent again on a new
+        // connection (a burst of new connections can lose one on the way, e.g. through
+        // qemu's user network: it then waits for ever).
+        let first = connect_timeout(timeout, change);
+        let docker = first_call("negotiate version", timeout, first, || docker.clone().negotiate_version()).await?;
+        let version = first_call("version", timeout, first, || docker.version()).await?;
+        let info = first_call("info", timeout, first, || docker.info()).await?;
         // Podman names itself in its components (its platform name is the OS); Docker in its
         // platform name, which a distribution's build may leave empty.
         let components: Vec<String> = version.components.iter().flatten().map(|c| c.name.clone()).collect();
