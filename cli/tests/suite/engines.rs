@@ -334,35 +334,51 @@ fn on_engine_host(shell: &str, script: &str) -> bool {
     status.success()
 }
 
-/// The engine restarted mid-attempt (`systemctl restart docker`: its shutdown closes the API,
-/// then sends the command SIGTERM): the Outcome says the engine went away (`engine_lost`,
-/// exit 125), never a signal from nobody; the outputs the init sent are kept; once the
-/// engine is back, nothing of the attempt is left.
-#[tokio::test]
-async fn an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left() {
-    use std::io::{BufRead, BufReader, Read};
+/// The start of a test that injects faults: the engine shell (else a skip that says the
+/// engine cannot `what`), the engine and its image, the suite's turn, the case's timer.
+async fn with_faults(
+    case: &'static str,
+    what: &str,
+) -> Option<(String, bollard::Docker, String, MutexGuard<'static, ()>, Timed)> {
     let Some(shell) = engine_shell() else {
-        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: this engine cannot be restarted by the test");
-        return;
+        support::skip(format!("no STEVEDORE_TEST_ENGINE_SHELL: this engine cannot {what} by the test"));
+        return None;
     };
-    let Some((docker, image)) = setup().await else { return };
-    let _one = serial().await;
-    let _timed = Timed("an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left", Instant::now());
-    let w = support::worker("e-restart");
+    let (docker, image) = setup().await?;
+    let turn = serial().await;
+    Some((shell, docker, image, turn, Timed(case, Instant::now())))
+}
+
+/// What an attempt through a fault left: its Outcome, exit status and stderr.
+struct ThroughAFault {
+    outcome: serde_json::Value,
+    code: Option<i32>,
+    stderr: String,
+}
+
+/// Runs `sh -c script` (which says `ready` on stderr once it runs) through `stevedore run`
+/// for `w`, injects `fault` once it is ready, and returns what it ended with; then checks
+/// that once `reclaim` ran, nothing of the attempt is left.
+async fn through_a_fault(
+    docker: &bollard::Docker,
+    image: &str,
+    w: &str,
+    script: &str,
+    fault: impl FnOnce() -> bool,
+) -> ThroughAFault {
+    use std::io::{BufRead, BufReader, Read};
     let t = tempfile::tempdir().unwrap();
-    let out = t.path().join("o");
     let mut child = Command::new(support::BIN)
-        .args(["run", "--outcome", "-", "--worker", &w, "--image", &image, "--output"])
-        .arg(&out)
-        .args(["--", "sh", "-c", "echo kept > /out/kept; echo ready >&2; exec sleep 600"])
+        .args(["run", "--outcome", "-", "--worker", w, "--image", image, "--output"])
+        .arg(t.path().join("o"))
+        .args(["--", "sh", "-c", script])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut said = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
+    for line in lines.by_ref().map_while(Result::ok) {
         let ready = line.contains("ready");
         said.push(line);
         if ready {
@@ -371,26 +387,50 @@ async fn an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left() {
     }
     assert!(said.last().is_some_and(|l| l.contains("ready")), "the command never started: {said:?}");
     let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
-    assert!(on_engine_host(&shell, "systemctl restart docker"), "the engine did not restart");
+    assert!(fault(), "the fault could not be injected");
     let mut stdout = String::new();
     child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    let status = child.wait().unwrap();
+    let code = child.wait().unwrap().code();
     let stderr = drain.join().unwrap().join("\n");
     let outcome: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", w]).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(docker, w).await, NOTHING, "left after reclaim: {outcome}");
+    ThroughAFault { outcome, code, stderr }
+}
+
+/// Asserts that `got` says the engine went away (`killed`, `engine_lost`, exit 125).
+fn assert_engine_lost(got: &ThroughAFault) {
+    let ThroughAFault { outcome, code, stderr } = got;
     assert_eq!(
         (outcome["status"].as_str(), outcome["reason"].as_str()),
         (Some("killed"), Some("engine_lost")),
         "{outcome}\n{stderr}"
     );
     assert!(outcome["handler_error"].as_str().is_some_and(|e| e.contains("engine")), "{outcome}");
-    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert_eq!(*code, Some(125), "{stderr}");
+}
+
+/// The engine restarted mid-attempt (`systemctl restart docker`: its shutdown closes the API,
+/// then sends the command SIGTERM): the Outcome says the engine went away (`engine_lost`,
+/// exit 125), never a signal from nobody; the outputs the init sent are kept; once the
+/// engine is back, nothing of the attempt is left.
+#[tokio::test]
+async fn an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left() {
+    let Some((shell, docker, image, _one, _timed)) =
+        with_faults("an_engine_restarted_mid_attempt_is_engine_lost_and_nothing_is_left", "be restarted").await
+    else {
+        return;
+    };
+    let w = support::worker("e-restart");
+    let script = "echo kept > /out/kept; echo ready >&2; exec sleep 600";
+    let got = through_a_fault(&docker, &image, &w, script, || on_engine_host(&shell, "systemctl restart docker")).await;
+    assert_engine_lost(&got);
     assert!(
-        outcome["outputs"].as_array().is_some_and(|o| o.iter().any(|f| f["name"] == "kept")),
-        "what the init sent is kept: {outcome}"
+        got.outcome["outputs"].as_array().is_some_and(|o| o.iter().any(|f| f["name"] == "kept")),
+        "what the init sent is kept: {}",
+        got.outcome
     );
-    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
-    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
-    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
 
 /// Frees what [`an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing`] filled,
@@ -410,13 +450,12 @@ impl Drop for Filled<'_> {
 /// again nothing of it is left.
 #[tokio::test]
 async fn an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing() {
-    let Some(shell) = engine_shell() else {
-        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: this engine's disk cannot be filled by the test");
+    let Some((shell, docker, image, _one, _timed)) =
+        with_faults("an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing", "have its disk filled")
+            .await
+    else {
         return;
     };
-    let Some((docker, image)) = setup().await else { return };
-    let _one = serial().await;
-    let _timed = Timed("an_engine_whose_disk_is_full_refuses_with_enospc_and_leaves_nothing", Instant::now());
     let w = support::worker("e-enospc");
     let t = tempfile::tempdir().unwrap();
     std::fs::create_dir(t.path().join("in")).unwrap();
@@ -468,42 +507,15 @@ fn cut_connections(shell: &str) -> bool {
 /// 125) rather than a signal from nobody; once the engine is reachable, nothing is left.
 #[tokio::test]
 async fn a_cut_connection_mid_attempt_is_engine_lost_and_nothing_is_left() {
-    use std::io::{BufRead, BufReader, Read};
-    let Some(shell) = engine_shell() else {
-        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: this engine's connections cannot be cut by the test");
+    let Some((shell, docker, image, _one, _timed)) =
+        with_faults("a_cut_connection_mid_attempt_is_engine_lost_and_nothing_is_left", "have its connections cut")
+            .await
+    else {
         return;
     };
-    let Some((docker, image)) = setup().await else { return };
-    let _one = serial().await;
-    let _timed = Timed("a_cut_connection_mid_attempt_is_engine_lost_and_nothing_is_left", Instant::now());
     let w = support::worker("e-cut");
-    let t = tempfile::tempdir().unwrap();
-    let mut child = Command::new(support::BIN)
-        .args(["run", "--outcome", "-", "--worker", &w, "--image", &image, "--output"])
-        .arg(t.path().join("o"))
-        .args(["--", "sh", "-c", "echo ready >&2; exec sleep 600"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    assert!(lines.by_ref().map_while(Result::ok).any(|l| l.contains("ready")), "the command never started");
-    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
-    assert!(cut_connections(&shell), "the connections could not be cut");
-    let mut stdout = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    let status = child.wait().unwrap();
-    let stderr = drain.join().unwrap().join("\n");
-    let outcome: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    assert_eq!(
-        (outcome["status"].as_str(), outcome["reason"].as_str()),
-        (Some("killed"), Some("engine_lost")),
-        "{outcome}\n{stderr}"
-    );
-    assert_eq!(status.code(), Some(125), "{stderr}");
-    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
-    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
-    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+    let script = "echo ready >&2; exec sleep 600";
+    assert_engine_lost(&through_a_fault(&docker, &image, &w, script, || cut_connections(&shell)).await);
 }
 
 /// This process's resident memory, in bytes.
@@ -524,13 +536,13 @@ async fn a_soak_through_restarts_and_cuts_gives_right_answers_or_engine_lost() {
     use futures_util::StreamExt;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let Some(shell) = engine_shell() else {
-        support::skip("no STEVEDORE_TEST_ENGINE_SHELL: faults cannot be injected into this engine");
+    let Some((shell, docker, image, _one, _timed)) =
+        with_faults("a_soak_through_restarts_and_cuts_gives_right_answers_or_engine_lost", "have faults injected")
+            .await
+    else {
         return;
     };
-    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
-    let _one = serial().await;
-    let _timed = Timed("a_soak_through_restarts_and_cuts_gives_right_answers_or_engine_lost", Instant::now());
+    let rung = support::rung().await;
     let full = std::env::var("STEVEDORE_SOAK").is_ok_and(|v| v == "full");
     let (attempts, in_flight, rounds) = if full { (100, 8, 2) } else { (20, 4, 1) };
     let w = support::worker("e-soak");
