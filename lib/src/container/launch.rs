@@ -82,31 +82,19 @@ pub(crate) async fn provision(
     let name = plan.name.clone();
     let container = creating_later(shared, left, async move { s.engine.api.create_container(&name, body).await });
     let mut inputs = None;
-    if let Some((_, helper, dir, staged)) = staging {
-        let report = upload_inputs(shared, &helper, dir, staged.bytes).await;
-        // The create runs on; its result is awaited even when the upload failed.
-        let created_id = created(container).await;
-        let report = report?;
-        inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
-        let staged_at = Some(crate::contract::unix_ms_now());
-        let container_id = created_id?;
-        let attached = shared.engine.api.attach(&plan.name).await?;
-        return Ok(Ready {
-            container_id,
-            attached,
-            running: false,
-            enforcement,
-            skipped,
-            tools,
-            inputs,
-            caches,
-            warm: None,
-            staged_at,
-        });
-    }
-    let container_id = created(container).await?;
+    let (container_id, staged_at) = match staging {
+        Some((_, helper, dir, staged)) => {
+            let report = upload_inputs(shared, &helper, dir, staged.bytes).await;
+            // The create runs on; its result is awaited even when the upload failed.
+            let created_id = created(container).await;
+            let report = report?;
+            inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
+            let staged_at = Some(crate::contract::unix_ms_now());
+            (created_id?, staged_at)
+        }
+        None => (created(container).await?, None),
+    };
     let attached = shared.engine.api.attach(&plan.name).await?;
-    let staged_at = None;
     Ok(Ready {
         container_id,
         attached,
