@@ -458,11 +458,11 @@ async fn no_other_uid_can_reach_the_takeover_socket() {
     );
     let mut watch = support::watch([&mut req]);
     let cancel = CancellationToken::new();
-    let running = tokio::spawn({
+    let mut running = tokio::spawn({
         let (r, req, cancel) = (r.clone(), req.clone(), cancel.clone());
         async move { r.run(&req, cancel).await }
     });
-    watch.until("ready").await;
+    watch.until_or_end("ready", &mut running).await;
     let ctl = dir_of(&r, &w).join("ctl");
     let md = std::fs::metadata(&ctl).unwrap();
     assert_eq!((md.uid(), md.mode() & 0o777), (0, 0o700), "only the worker may enter");
@@ -537,11 +537,11 @@ async fn one_fixed_uid_takes_turns_unless_sharing_is_allowed() {
     let mut first = sh(&w, &out.path().join("a"), "echo ready; exec sleep 120");
     let mut watch = support::watch([&mut first]);
     let cancel = CancellationToken::new();
-    let running = tokio::spawn({
+    let mut running = tokio::spawn({
         let (r, first, cancel) = (r.clone(), first.clone(), cancel.clone());
         async move { r.run(&first, cancel).await }
     });
-    watch.until("ready").await;
+    watch.until_or_end("ready", &mut running).await;
     let err = r.run(&sh(&w, &out.path().join("b"), "true"), CancellationToken::new()).await.unwrap_err();
     assert!(matches!(err, stevedore::LaunchError::AdmissionRefused(_)), "{err}");
     assert!(err.to_string().contains("share_uid"), "{err}");

@@ -52,7 +52,7 @@ pub(crate) async fn provision(
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
-    let (transport, init_pid, ticks) = spawn_init(site, &dir, identity, cleanup)?;
+    let (transport, init_pid, ticks) = spawn_init(site, &dir, identity, cleanup).await?;
     let layout = Layout {
         in_dir: dir.input.display().to_string(),
         out_dir: dir.output.display().to_string(),
@@ -78,7 +78,7 @@ pub(crate) async fn provision(
 /// Spawns the init as the command's uid, in the attempt's cgroup, with only its pipes and
 /// its takeover socket open; names it in the attempt's pid file (for `reclaim` after a
 /// crash). Its transport, pid and start ticks.
-fn spawn_init(
+async fn spawn_init(
     site: &ProcessSite,
     dir: &AttemptDir,
     identity: Option<(u32, u32)>,
@@ -97,7 +97,9 @@ fn spawn_init(
     }
     let listener = dir.takeover_listener().map_err(|e| staging("the attempt's takeover socket", e))?;
     super::spawn::with_takeover_fd(&mut cmd, listener);
-    let mut child = cmd.spawn().map_err(|e| staging(format!("starting the init {}", site.init.display()), e))?;
+    let mut child = super::spawn::spawn_when_not_busy(&mut cmd)
+        .await
+        .map_err(|e| staging(format!("starting the init {}", site.init.display()), e))?;
     // Closes this process's copy of the takeover socket: the init holds it now.
     drop(cmd);
     let init_pid = child.id().map_or(0, |p| p as i32);

@@ -208,6 +208,8 @@ pub async fn remove_image(docker: &Docker, image: &str) {
 
 /// A worker ID unique to one test.
 pub fn worker(tag: &str) -> String {
+    // Every test names a worker: each is then under the time limit, whatever else it uses.
+    time_limit();
     format!("t-{tag}-{:08x}", rand::random::<u32>())
 }
 
@@ -279,6 +281,16 @@ impl Watch {
             if chunk.stream == stevedore::Stream::Stdout {
                 self.stdout.push_str(&String::from_utf8_lossy(&chunk.bytes));
             }
+        }
+    }
+
+    /// Waits until stdout carries `word`, or fails the test with what `task` (the attempt
+    /// that should say it) ended with, should it end first: a request keeps its own sender,
+    /// so the output alone would never end.
+    pub async fn until_or_end<T: std::fmt::Debug>(&mut self, word: &str, task: &mut tokio::task::JoinHandle<T>) {
+        tokio::select! {
+            () = self.until(word) => {}
+            ended = task => panic!("the attempt ended before it said {word:?}: {ended:?} (stdout so far: {:?})", self.stdout),
         }
     }
 
