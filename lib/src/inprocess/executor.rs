@@ -91,6 +91,61 @@ impl InProcessExecutor {
     async fn attempt(&self, request: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
         // Taken before the check so that `close` either refuses this attempt or waits for it.
         let _in_flight = self.tracker.token();
+        let name = self.admit(request, &cancel)?;
+        let start = Instant::now();
+        let mut j = Judgement {
+            evidence: self.evidence_for(request),
+            usage: usage_for(),
+            in_process: true,
+            ..Judgement::default()
+        };
+        let handler = match crate::handlers::check(&self.handlers, &self.fingerprint, name, None) {
+            Ok(h) => h,
+            Err((why, text)) => {
+                j.facts.launch_failed = Some(launch_failure(why));
+                j.error_text = text;
+                j.usage.sources.disk_written_bytes = Some(Source::unavailable("the handler did not run"));
+                return Ok(finish(request, j, start));
+            }
+        };
+        let output_dir = request.open_output_dir()?;
+        drop(output_dir);
+
+        let cancel = cancel.child_token();
+        let (hooks, reporter) = HookWiring::new(request, &cancel);
+        let deadline = request.deadline_from(start);
+        let end = if deadline.is_some_and(|d| d <= start) {
+            // Not started at all, so nothing of it can still be running.
+            End::Deadline { still_running: false }
+        } else {
+            let mut ctx = context(request, cancel.child_token());
+            ctx.deadline = deadline;
+            ctx.reporter = reporter;
+            let handler_cancel = ctx.cancel.clone();
+            let caller_cancel = cancel.clone();
+            let task = tokio::spawn(async move {
+                // Called inside the task, so that a handler panicking before its first
+                // await is caught like any other panic.
+                let result = handler(ctx).await;
+                Returned { result, at: Instant::now(), cancelled: caller_cancel.is_cancelled() }
+            });
+            let settle = SETTLE.min(request.policy.grace());
+            wait(task, deadline, &cancel, &handler_cancel, settle).await
+        };
+        record_end(end, &mut j);
+        hooks.stop_polling(&mut j.evidence);
+        // Outputs are listed for every attempt whose handler ran, whatever its status.
+        record_outputs(&mut j, self.walk(request.output_dir.clone()).await);
+        hooks.finish(&mut j.evidence).await;
+        let mut outcome = finish(request, j, start);
+        if let Some(h) = &request.hooks {
+            h.deliver_outcome(&mut outcome).await;
+        }
+        Ok(outcome)
+    }
+
+    /// What is refused before anything runs; the handler's name.
+    fn admit<'r>(&self, request: &'r Request, cancel: &CancellationToken) -> Result<&'r str, LaunchError> {
         if self.tracker.is_closed() {
             return Err(LaunchError::Closed(self.name.clone()));
         }
@@ -114,123 +169,7 @@ impl InProcessExecutor {
         if cancel.is_cancelled() {
             return Err(LaunchError::CancelledBeforeStart);
         }
-        let start = Instant::now();
-        let mut j = Judgement {
-            evidence: self.evidence_for(request),
-            usage: usage_for(),
-            in_process: true,
-            ..Judgement::default()
-        };
-        let handler = match crate::handlers::check(&self.handlers, &self.fingerprint, name, None) {
-            Ok(h) => h,
-            Err((why, text)) => {
-                j.facts.launch_failed = Some(launch_failure(why));
-                j.error_text = text;
-                j.usage.sources.disk_written_bytes = Some(Source::unavailable("the handler did not run"));
-                return Ok(finish(request, j, start));
-            }
-        };
-        let output_dir = request.open_output_dir()?;
-        drop(output_dir);
-
-        // The engine's hooks: reports through the same checks and limits as a sandbox's, and
-        // a cancellation poll that cancels like the caller does.
-        let scope = stevedore_init::wire::Scope { job_id: request.job_id.clone(), attempt: request.attempt };
-        let (report_tx, report_task) = match &request.hooks {
-            Some(h) => {
-                let (tx, task) = reports::forward(h.clone(), request.attempt_ref());
-                (Some(tx), Some(task))
-            }
-            None => (None, None),
-        };
-        let direct = Arc::new(Mutex::new(reports::Direct::new(scope, report_tx)));
-        let reporter = {
-            let d = direct.clone();
-            Reporter::new(move |r| d.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(r))
-        };
-        let cancel = cancel.child_token();
-        let asked = Arc::new(AtomicBool::new(false));
-        let poller = request.hooks.clone().map(|h| {
-            let (token, asked, attempt) = (cancel.clone(), asked.clone(), request.attempt_ref());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(h.0.poll_every()).await;
-                    if let Ok(Ok(true)) = tokio::time::timeout(HOOK_TIMEOUT, h.0.cancellation_requested(&attempt)).await
-                    {
-                        asked.store(true, Ordering::SeqCst);
-                        token.cancel();
-                        return;
-                    }
-                }
-            })
-        });
-        let deadline = request.deadline_from(start);
-        let end = if deadline.is_some_and(|d| d <= start) {
-            // Not started at all, so nothing of it can still be running.
-            End::Deadline { still_running: false }
-        } else {
-            let mut ctx = context(request, cancel.child_token());
-            ctx.deadline = deadline;
-            ctx.reporter = reporter;
-            let handler_cancel = ctx.cancel.clone();
-            let caller_cancel = cancel.clone();
-            let task = tokio::spawn(async move {
-                // Called inside the task, so that a handler panicking before its first
-                // await is caught like any other panic.
-                let result = handler(ctx).await;
-                Returned { result, at: Instant::now(), cancelled: caller_cancel.is_cancelled() }
-            });
-            let settle = SETTLE.min(request.policy.grace());
-            wait(task, deadline, &cancel, &handler_cancel, settle).await
-        };
-
-        let facts = &mut j.facts;
-        match end {
-            End::Returned(result) => {
-                facts.exit = Exit::Code(0);
-                if let Err(e) = result {
-                    let text = cap_text(&error_chain(&e), MAX_ERROR_TEXT);
-                    facts.handler_error = Some(text.clone());
-                    j.error_text = text;
-                    j.permanent = e.permanent;
-                    j.cause = Some(Arc::new(e));
-                }
-            }
-            End::Panicked(text) => {
-                facts.panicked = true;
-                j.error_text = cap_text(&text, MAX_ERROR_TEXT);
-            }
-            End::Deadline { still_running } | End::Cancelled { still_running } => {
-                facts.deadline_fired = matches!(end, End::Deadline { .. });
-                facts.cancelled = !facts.deadline_fired;
-                if still_running {
-                    j.evidence.still_running = true;
-                    j.evidence.notes.push(
-                        "the handler was cancelled but has not returned; an in-process handler cannot be killed".into(),
-                    );
-                }
-            }
-        }
-        if let Some(p) = poller {
-            p.abort();
-        }
-        if asked.load(Ordering::SeqCst) {
-            j.evidence.notes.push("the engine's cancellation hook asked for the stop".into());
-        }
-        // Outputs are listed for every attempt whose handler ran, whatever its status.
-        record_outputs(&mut j, self.walk(request.output_dir.clone()).await);
-        // The handler's reporter (which holds the hook's queue) may outlive the attempt in a
-        // handler that keeps running; the queue is closed by dropping the route here.
-        let (init_like, host) = direct.lock().unwrap_or_else(std::sync::PoisonError::into_inner).counts();
-        *direct.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            reports::Direct::new(stevedore_init::wire::Scope::default(), None);
-        let delivered = reports::finish(report_task).await;
-        j.evidence.reports = reports::seen(Some(&init_like), &host, delivered, &mut j.evidence.hook_failures);
-        let mut outcome = finish(request, j, start);
-        if let Some(h) = &request.hooks {
-            h.deliver_outcome(&mut outcome).await;
-        }
-        Ok(outcome)
+        Ok(name)
     }
 
     /// The evidence known before the handler runs.
@@ -398,5 +337,101 @@ impl Executor for InProcessExecutor {
             self.tracker.close();
             self.tracker.wait().await;
         })
+    }
+}
+
+/// The engine's hooks for one attempt: reports through the same checks and limits as a
+/// sandbox's, and a cancellation poll that cancels like the caller does.
+struct HookWiring {
+    direct: Arc<Mutex<reports::Direct>>,
+    report_task: Option<JoinHandle<reports::Delivered>>,
+    poller: Option<JoinHandle<()>>,
+    asked: Arc<AtomicBool>,
+}
+
+impl HookWiring {
+    /// The wiring, and the reporter the handler gets.
+    fn new(request: &Request, cancel: &CancellationToken) -> (Self, Reporter) {
+        let scope = stevedore_init::wire::Scope { job_id: request.job_id.clone(), attempt: request.attempt };
+        let (report_tx, report_task) = match &request.hooks {
+            Some(h) => {
+                let (tx, task) = reports::forward(h.clone(), request.attempt_ref());
+                (Some(tx), Some(task))
+            }
+            None => (None, None),
+        };
+        let direct = Arc::new(Mutex::new(reports::Direct::new(scope, report_tx)));
+        let reporter = {
+            let d = direct.clone();
+            Reporter::new(move |r| d.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take(r))
+        };
+        let asked = Arc::new(AtomicBool::new(false));
+        let poller = request.hooks.clone().map(|h| {
+            let (token, asked, attempt) = (cancel.clone(), asked.clone(), request.attempt_ref());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(h.0.poll_every()).await;
+                    if let Ok(Ok(true)) = tokio::time::timeout(HOOK_TIMEOUT, h.0.cancellation_requested(&attempt)).await
+                    {
+                        asked.store(true, Ordering::SeqCst);
+                        token.cancel();
+                        return;
+                    }
+                }
+            })
+        });
+        (Self { direct, report_task, poller, asked }, reporter)
+    }
+
+    /// The handler has ended (or been given up on): no more polls.
+    fn stop_polling(&self, ev: &mut Evidence) {
+        if let Some(p) = &self.poller {
+            p.abort();
+        }
+        if self.asked.load(Ordering::SeqCst) {
+            ev.notes.push("the engine's cancellation hook asked for the stop".into());
+        }
+    }
+
+    /// The reports as seen and delivered.
+    async fn finish(self, ev: &mut Evidence) {
+        // The handler's reporter (which holds the hook's queue) may outlive the attempt in a
+        // handler that keeps running; the queue is closed by dropping the route here.
+        let (init_like, host) = self.direct.lock().unwrap_or_else(std::sync::PoisonError::into_inner).counts();
+        *self.direct.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            reports::Direct::new(stevedore_init::wire::Scope::default(), None);
+        let delivered = reports::finish(self.report_task).await;
+        ev.reports = reports::seen(Some(&init_like), &host, delivered, &mut ev.hook_failures);
+    }
+}
+
+/// How the handler ended, into the facts.
+fn record_end(end: End, j: &mut Judgement) {
+    let facts = &mut j.facts;
+    match end {
+        End::Returned(result) => {
+            facts.exit = Exit::Code(0);
+            if let Err(e) = result {
+                let text = cap_text(&error_chain(&e), MAX_ERROR_TEXT);
+                facts.handler_error = Some(text.clone());
+                j.error_text = text;
+                j.permanent = e.permanent;
+                j.cause = Some(Arc::new(e));
+            }
+        }
+        End::Panicked(text) => {
+            facts.panicked = true;
+            j.error_text = cap_text(&text, MAX_ERROR_TEXT);
+        }
+        End::Deadline { still_running } | End::Cancelled { still_running } => {
+            facts.deadline_fired = matches!(end, End::Deadline { .. });
+            facts.cancelled = !facts.deadline_fired;
+            if still_running {
+                j.evidence.still_running = true;
+                j.evidence.notes.push(
+                    "the handler was cancelled but has not returned; an in-process handler cannot be killed".into(),
+                );
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@ use super::claims::{self, Bounds};
 use super::reports::{self, Delivered};
 use super::supervise::Ended;
 use crate::contract::{Evidence, Exit, Judgement, Record, RefusedEntry, Source};
+use stevedore_init::wire::InitRecord;
 
 /// What the rung itself knows of the end, for when the init left no verified record.
 #[derive(Debug, Default)]
@@ -41,6 +42,26 @@ pub(crate) fn judgement(
     delivered: Option<Delivered>,
     mut ev: Evidence,
 ) -> (Judgement, bool) {
+    link_evidence(ended, frame, &mut ev);
+    ev.engine_oom_killed = witness.oom_killed;
+    let mut j = Judgement::default();
+    let mut handler_silent = false;
+    match &ended.record {
+        Some(Ok(rec)) => handler_silent = from_record(rec, ended, frame, &mut j, &mut ev),
+        other => without_record(other.as_ref().map(|r| r.as_ref().map(|_| ())), ended, witness, &mut j, &mut ev),
+    }
+    let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);
+    ev.reports = reports::seen(init_reports, &ended.received.reports, delivered, &mut ev.hook_failures);
+    outputs(ended, &mut j, &mut ev);
+    if let Some(why) = frame.no_peak_memory {
+        j.usage.sources.peak_memory_bytes = Some(Source::unavailable(why));
+    }
+    j.evidence = ev;
+    (j, handler_silent)
+}
+
+/// What the host saw of the link and the attempt's end, into the evidence.
+fn link_evidence(ended: &Ended, frame: &Frame, ev: &mut Evidence) {
     let got = &ended.received;
     ev.logs.stdout = got.stdout.clone();
     ev.logs.stderr = got.stderr.clone();
@@ -75,54 +96,52 @@ pub(crate) fn judgement(
     if got.live_dropped > 0 {
         ev.notes.push(format!("{} bytes of live output did not fit the caller's channel", got.live_dropped));
     }
-    ev.engine_oom_killed = witness.oom_killed;
-    let mut j = Judgement::default();
-    let mut handler_silent = false;
-    match &ended.record {
-        Some(Ok(rec)) => {
-            let c =
-                claims::apply(rec, frame.bounds, frame.expects_handler, ended.deadline_fired, ended.cancelled, &mut ev);
-            handler_silent = frame.expects_handler && c.handler_silent;
-            j.facts = c.facts;
-            j.usage = c.usage;
-            j.error_text = c.error_text;
-            j.permanent = c.permanent;
-            if j.facts.oom_kills == 0 && ev.oom_kills.is_none() && ev.engine_oom_killed == Some(true) {
-                claims::oom_from_engine(&mut ev, &mut j.facts, &mut j.usage, "no cgroup count");
-            }
-            if let (Some(fs), Some(disk)) = (&rec.out_fs, frame.disk_limit)
-                && fs.free_bytes < (1 << 20).max(fs.total_bytes / 100)
-                && fs.total_bytes.saturating_sub(fs.free_bytes) + (2 << 20) >= disk
-            {
-                j.facts.disk_full = true;
-            }
-        }
-        other => {
-            if let Some(Err(why)) = other {
-                ev.refused_claims.push(format!("init record: {why}"));
-            }
-            j.facts.record = if other.is_some() { Record::Invalid } else { Record::Missing };
-            j.facts.deadline_fired = ended.deadline_fired;
-            j.facts.cancelled = ended.cancelled;
-            j.facts.removed_externally = witness.removed_externally;
-            j.facts.exit = witness.exit;
-            if ev.engine_oom_killed == Some(true) {
-                claims::oom_from_engine(&mut ev, &mut j.facts, &mut j.usage, "the init left no record");
-            }
-            j.usage.wall_time_ms = Some(ended.host_wall.as_millis() as u64);
-            j.usage.sources.wall_time_ms = Some(Source::HostClock);
-            j.usage.sources.cpu_time_ms = Some(Source::unavailable(witness.why_no_record));
-            j.usage.sources.peak_memory_bytes = Some(Source::unavailable(witness.why_no_record));
-        }
+}
+
+/// The facts and usage from a verified record; whether a handler runner never spoke the
+/// protocol.
+fn from_record(rec: &InitRecord, ended: &Ended, frame: &Frame, j: &mut Judgement, ev: &mut Evidence) -> bool {
+    let c = claims::apply(rec, frame.bounds, frame.expects_handler, ended.deadline_fired, ended.cancelled, ev);
+    j.facts = c.facts;
+    j.usage = c.usage;
+    j.error_text = c.error_text;
+    j.permanent = c.permanent;
+    if j.facts.oom_kills == 0 && ev.oom_kills.is_none() && ev.engine_oom_killed == Some(true) {
+        claims::oom_from_engine(ev, &mut j.facts, &mut j.usage, "no cgroup count");
     }
-    let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);
-    ev.reports = reports::seen(init_reports, &got.reports, delivered, &mut ev.hook_failures);
-    outputs(ended, &mut j, &mut ev);
-    if let Some(why) = frame.no_peak_memory {
-        j.usage.sources.peak_memory_bytes = Some(Source::unavailable(why));
+    if let (Some(fs), Some(disk)) = (&rec.out_fs, frame.disk_limit)
+        && fs.free_bytes < (1 << 20).max(fs.total_bytes / 100)
+        && fs.total_bytes.saturating_sub(fs.free_bytes) + (2 << 20) >= disk
+    {
+        j.facts.disk_full = true;
     }
-    j.evidence = ev;
-    (j, handler_silent)
+    frame.expects_handler && c.handler_silent
+}
+
+/// The facts from what the rung saw when no record came (`None`) or one was refused
+/// (`Some(Err(why))`).
+fn without_record(
+    record: Option<Result<(), &String>>,
+    ended: &Ended,
+    witness: Witness,
+    j: &mut Judgement,
+    ev: &mut Evidence,
+) {
+    if let Some(Err(why)) = record {
+        ev.refused_claims.push(format!("init record: {why}"));
+    }
+    j.facts.record = if record.is_some() { Record::Invalid } else { Record::Missing };
+    j.facts.deadline_fired = ended.deadline_fired;
+    j.facts.cancelled = ended.cancelled;
+    j.facts.removed_externally = witness.removed_externally;
+    j.facts.exit = witness.exit;
+    if ev.engine_oom_killed == Some(true) {
+        claims::oom_from_engine(ev, &mut j.facts, &mut j.usage, "the init left no record");
+    }
+    j.usage.wall_time_ms = Some(ended.host_wall.as_millis() as u64);
+    j.usage.sources.wall_time_ms = Some(Source::HostClock);
+    j.usage.sources.cpu_time_ms = Some(Source::unavailable(witness.why_no_record));
+    j.usage.sources.peak_memory_bytes = Some(Source::unavailable(witness.why_no_record));
 }
 
 /// The outputs as extracted (hashed once, on the way in), and what the init saw of the

@@ -223,8 +223,8 @@ pub(crate) async fn read(
     setup: ReaderSetup,
     events: mpsc::UnboundedSender<Event>,
 ) -> Received {
-    let ReaderSetup { key, mut stdout, mut stderr, mut live, outputs, mut reports, stop } = setup;
-    let accept = |k: Kind| {
+    let stop = setup.stop.clone();
+    let mut decoder = Decoder::new(|k: Kind| {
         matches!(
             k,
             Kind::Started
@@ -236,13 +236,8 @@ pub(crate) async fn read(
                 | Kind::Report
                 | Kind::Diag
         )
-    };
-    let mut decoder = Decoder::new(accept);
-    let mut got = Received::default();
-    let mut init_stderr = Tail::new(16 << 10);
-    let mut outputs = Some(outputs);
-    let mut extraction: Option<Extraction> = None;
-    let mut record_seen = false;
+    });
+    let mut router = Router::new(setup, events);
     let mut cut = None;
     'read: loop {
         let item = tokio::select! {
@@ -259,87 +254,132 @@ pub(crate) async fn read(
         let bytes = match item {
             Ok(Inbound::Link(b)) => b,
             Ok(Inbound::InitStderr(b)) => {
-                init_stderr.push(&b);
+                router.init_stderr.push(&b);
                 continue;
             }
             Err(e) => {
-                got.link_error = Some(format!("the transport failed: {e}"));
+                router.got.link_error = Some(format!("the transport failed: {e}"));
                 break;
             }
         };
         decoder.feed(&bytes);
         loop {
-            let frame = match decoder.next_frame() {
-                Ok(Some(f)) => f,
+            let routed = match decoder.next_frame() {
+                Ok(Some(frame)) => router.route(frame).await,
                 Ok(None) => break,
-                Err(e) => {
-                    got.link_error = Some(format!("the link is broken: {e}"));
-                    break 'read;
-                }
+                Err(e) => Err(format!("the link is broken: {e}")),
             };
-            match frame.kind {
-                Kind::Stdout => {
-                    stdout.write(&frame.body);
-                    live.offer(Stream::Stdout, &frame.body);
-                }
-                Kind::Stderr => {
-                    stderr.write(&frame.body);
-                    live.offer(Stream::Stderr, &frame.body);
-                }
-                Kind::Started => {
-                    if let Ok(s) = wire::parse_claim::<Started>(&frame.body, Kind::Started.max_body()) {
-                        let _ = events.send(Event::Started(s));
-                    }
-                }
-                Kind::Diag => {
-                    if got.diag.len() < 32 {
-                        got.diag.push(String::from_utf8_lossy(&frame.body).into_owned());
-                    }
-                }
-                Kind::Report => reports.take(&frame.body),
-                Kind::Record if !record_seen => {
-                    record_seen = true;
-                    let parsed = wire::open_sealed(&key, &frame.body)
-                        .and_then(|json| wire::parse_claim::<InitRecord>(json, 2 * wire::MAX_RECORD_BYTES))
-                        .map(Box::new)
-                        .map_err(|e| e.to_string());
-                    let _ = events.send(Event::Record(parsed));
-                }
-                Kind::Output if record_seen => {
-                    if extraction.is_none()
-                        && let Some(sink) = outputs.take()
-                    {
-                        extraction = Some(Extraction::start(sink));
-                    }
-                    if let Some(x) = &mut extraction {
-                        x.feed(frame.body).await;
-                    }
-                }
-                Kind::OutputEnd if record_seen => {
-                    let end = wire::parse_claim::<OutputEnd>(&frame.body, Kind::OutputEnd.max_body()).ok();
-                    let x = extraction.take().or_else(|| outputs.take().map(Extraction::start));
-                    if let Some(x) = x {
-                        got.outputs = Some(x.finish(end, None).await);
-                    }
-                    let _ = events.send(Event::OutputsDone);
-                }
-                other => {
-                    got.link_error = Some(format!("unexpected {other:?} frame"));
-                    break 'read;
-                }
+            if let Err(e) = routed {
+                router.got.link_error = Some(e);
+                break 'read;
             }
         }
     }
-    if let Some(x) = extraction.take() {
-        got.outputs = Some(x.finish(None, Some(cut.unwrap_or("the link ended inside the outputs tar"))).await);
+    router.finish(cut).await
+}
+
+/// The reader's state between frames: where each kind goes, and what it gathered.
+struct Router {
+    key: [u8; KEY_LEN],
+    stdout: CappedLog,
+    stderr: CappedLog,
+    live: LiveSink,
+    reports: ReportRoute,
+    events: mpsc::UnboundedSender<Event>,
+    /// The sink until the first output frame (or the end) starts the extraction.
+    outputs: Option<OutputsSink>,
+    extraction: Option<Extraction>,
+    record_seen: bool,
+    init_stderr: Tail,
+    got: Received,
+}
+
+impl Router {
+    fn new(setup: ReaderSetup, events: mpsc::UnboundedSender<Event>) -> Self {
+        let ReaderSetup { key, stdout, stderr, live, outputs, reports, stop: _ } = setup;
+        Self {
+            key,
+            stdout,
+            stderr,
+            live,
+            reports,
+            events,
+            outputs: Some(outputs),
+            extraction: None,
+            record_seen: false,
+            init_stderr: Tail::new(16 << 10),
+            got: Received::default(),
+        }
     }
-    got.stdout = stdout.capture();
-    got.stderr = stderr.capture();
-    got.live_dropped = live.dropped;
-    got.init_stderr = init_stderr.text();
-    got.reports = reports.seen;
-    let _ = events.send(Event::Closed);
-    got
+
+    /// Routes one frame; `Err` says why the link cannot be trusted past it.
+    async fn route(&mut self, frame: wire::Frame) -> Result<(), String> {
+        match frame.kind {
+            Kind::Stdout => {
+                self.stdout.write(&frame.body);
+                self.live.offer(Stream::Stdout, &frame.body);
+            }
+            Kind::Stderr => {
+                self.stderr.write(&frame.body);
+                self.live.offer(Stream::Stderr, &frame.body);
+            }
+            Kind::Started => {
+                if let Ok(s) = wire::parse_claim::<Started>(&frame.body, Kind::Started.max_body()) {
+                    let _ = self.events.send(Event::Started(s));
+                }
+            }
+            Kind::Diag => {
+                if self.got.diag.len() < 32 {
+                    self.got.diag.push(String::from_utf8_lossy(&frame.body).into_owned());
+                }
+            }
+            Kind::Report => self.reports.take(&frame.body),
+            Kind::Record if !self.record_seen => {
+                self.record_seen = true;
+                let parsed = wire::open_sealed(&self.key, &frame.body)
+                    .and_then(|json| wire::parse_claim::<InitRecord>(json, 2 * wire::MAX_RECORD_BYTES))
+                    .map(Box::new)
+                    .map_err(|e| e.to_string());
+                let _ = self.events.send(Event::Record(parsed));
+            }
+            Kind::Output if self.record_seen => {
+                if self.extraction.is_none()
+                    && let Some(sink) = self.outputs.take()
+                {
+                    self.extraction = Some(Extraction::start(sink));
+                }
+                if let Some(x) = &mut self.extraction {
+                    x.feed(frame.body).await;
+                }
+            }
+            Kind::OutputEnd if self.record_seen => {
+                let end = wire::parse_claim::<OutputEnd>(&frame.body, Kind::OutputEnd.max_body()).ok();
+                let x = self.extraction.take().or_else(|| self.outputs.take().map(Extraction::start));
+                if let Some(x) = x {
+                    self.got.outputs = Some(x.finish(end, None).await);
+                }
+                let _ = self.events.send(Event::OutputsDone);
+            }
+            other => return Err(format!("unexpected {other:?} frame")),
+        }
+        Ok(())
+    }
+
+    /// The link ended (or was cut: `cut` says why): an extraction under way keeps what it
+    /// received whole.
+    async fn finish(mut self, cut: Option<&str>) -> Received {
+        if let Some(x) = self.extraction.take() {
+            self.got.outputs = Some(x.finish(None, Some(cut.unwrap_or("the link ended inside the outputs tar"))).await);
+        }
+        let mut got = self.got;
+        got.stdout = self.stdout.capture();
+        got.stderr = self.stderr.capture();
+        got.live_dropped = self.live.dropped;
+        got.init_stderr = self.init_stderr.text();
+        got.reports = self.reports.seen;
+        let _ = self.events.send(Event::Closed);
+        got
+    }
 }
 
 /// A transport to an init's takeover socket: what it delivers, and a sender on it.

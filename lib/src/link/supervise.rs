@@ -156,82 +156,44 @@ pub(crate) async fn supervise(
     let deadline = req.deadline_from(r.started).map(Instant::from_std);
     let grace = req.policy.grace();
     let mut ended = Ended::default();
-    let mut kill_at: Option<Instant> = None;
-    let mut collect_by: Option<Instant> = None;
-    let mut collecting: Option<(Instant, Duration)> = None;
-    let mut closed = false;
-    loop {
-        let stopping = kill_at.is_some();
+    let mut t = Timers::default();
+    let closed = loop {
+        // A stop is asked for once: not while one is under way, nor after the record.
+        let may_stop = t.kill_at.is_none() && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled;
         tokio::select! {
             biased;
-            ev = r.events.recv() => match ev {
-                Some(Event::Record(rec)) => {
-                    ended.host_wall = r.started.elapsed();
-                    ended.record_at = Some(crate::contract::unix_ms_now());
-                    // The init's own deadline, worked out from the same figures it used (a
-                    // record that lies about them moves it at most to the byte cap's).
-                    let fs = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref());
-                    let budget = fs.map_or(rules.max_output_bytes, |f| rules.max_output_bytes.min(f.total_bytes));
-                    let used = fs.map_or(budget, |f| f.total_bytes.saturating_sub(f.free_bytes)).min(budget);
-                    let spec = rules.collection.spec(String::new(), crate::outputs::Caps { max_files: 0, max_total_bytes: budget });
-                    let deadline = spec.deadline(used).unwrap_or(rules.collection.min);
-                    collecting = Some((Instant::now(), deadline));
-                    collect_by = Some(Instant::now() + deadline + collection_margin(deadline));
-                    ended.record = Some(rec);
-                    kill_at = None;
-                }
-                Some(Event::OutputsDone) => {
-                    ended.outputs_at = Some(crate::contract::unix_ms_now());
-                    break;
-                }
-                Some(Event::Started(s)) => {
-                    ended.command_started_at = Some(crate::contract::unix_ms_now());
-                    tracing::debug!(pid = s.pid, init = %s.init_version, "command started");
-                }
-                Some(Event::Closed) | None => {
-                    closed = true;
-                    break;
-                }
+            ev = r.events.recv() => if let Some(closed) = heard(ev, r.started, &rules, &mut ended, &mut t) {
+                break closed;
             },
-            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await },
-                if deadline.is_some() && !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() && may_stop => {
                 ended.deadline_fired = true;
-                let _ = r.sender.frame(Kind::Stop, b"").await;
-                kill_at = Some(Instant::now() + grace + rules.kill_margin);
+                t.kill_at = Some(ask_to_stop(&r.sender, grace + rules.kill_margin).await);
             }
-            _ = cancel.cancelled(), if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+            _ = cancel.cancelled(), if may_stop => {
                 ended.cancelled = true;
-                let _ = r.sender.frame(Kind::Stop, b"").await;
-                kill_at = Some(Instant::now() + grace + rules.kill_margin);
+                t.kill_at = Some(ask_to_stop(&r.sender, grace + rules.kill_margin).await);
             }
-            _ = async { tokio::time::sleep_until(kill_at.expect("guarded")).await }, if kill_at.is_some() => {
+            _ = async { tokio::time::sleep_until(t.kill_at.expect("guarded")).await }, if t.kill_at.is_some() => {
                 ended.hard_killed = true;
-                kill_at = None;
+                t.kill_at = None;
                 stop.hard_stop().await;
             }
-            _ = async { tokio::time::sleep_until(collect_by.expect("guarded")).await }, if collect_by.is_some() => {
+            _ = async { tokio::time::sleep_until(t.collect_by.expect("guarded")).await }, if t.collect_by.is_some() => {
                 ended.collection_timed_out = true;
-                break;
+                break false;
             }
             _ = async { tokio::time::sleep_until(next_poll.expect("guarded")).await },
-                if next_poll.is_some() && polling.is_none() && !stopping && ended.record.is_none() => {
-                let h = hooks.as_ref().expect("a poll time means hooks");
-                let asked = h.0.cancellation_requested(&aref);
-                polling = Some(Box::pin(async move {
-                    tokio::time::timeout(HOOK_TIMEOUT, asked)
-                        .await
-                        .unwrap_or_else(|_| Err(HookError::new(format!("no answer within {}s", HOOK_TIMEOUT.as_secs()))))
-                }));
+                if next_poll.is_some() && polling.is_none() && t.kill_at.is_none() && ended.record.is_none() => {
+                polling = Some(ask_the_hook(hooks.as_ref().expect("a poll time means hooks"), &aref));
             }
             asked = async { polling.as_mut().expect("guarded").await }, if polling.is_some() => {
                 polling = None;
                 next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
                 match asked {
-                    Ok(true) if !stopping && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled => {
+                    Ok(true) if may_stop => {
                         ended.cancelled = true;
                         ended.cancelled_by_hook = true;
-                        let _ = r.sender.frame(Kind::Stop, b"").await;
-                        kill_at = Some(Instant::now() + grace + rules.kill_margin);
+                        t.kill_at = Some(ask_to_stop(&r.sender, grace + rules.kill_margin).await);
                     }
                     Ok(_) => {}
                     Err(e) if ended.poll_failures.len() < 4 => ended.poll_failures.push(format!("cancellation_requested: {e}")),
@@ -239,10 +201,93 @@ pub(crate) async fn supervise(
                 }
             }
         }
-    }
+    };
     if ended.record.is_none() {
         ended.host_wall = r.started.elapsed();
     }
+    if let Some((since, deadline)) = t.collecting {
+        ended.collection = Some((deadline, since.elapsed()));
+    }
+    finish(r, ended, closed, rules.call_timeout).await
+}
+
+/// The clocks of one supervision.
+#[derive(Debug, Default)]
+struct Timers {
+    /// When the rung stops everything itself, once a stop was asked for.
+    kill_at: Option<Instant>,
+    /// When the host stops reading the outputs.
+    collect_by: Option<Instant>,
+    /// When the collection began, and its deadline.
+    collecting: Option<(Instant, Duration)>,
+}
+
+/// What the reader said, into `ended`; `Some(closed)` once supervision is over (`closed`:
+/// the link ended, so there is nobody to ack).
+fn heard(
+    ev: Option<Event>,
+    started: std::time::Instant,
+    rules: &Rules,
+    ended: &mut Ended,
+    t: &mut Timers,
+) -> Option<bool> {
+    match ev {
+        Some(Event::Record(rec)) => {
+            ended.host_wall = started.elapsed();
+            ended.record_at = Some(crate::contract::unix_ms_now());
+            let deadline = collection_deadline(&rec, rules);
+            t.collecting = Some((Instant::now(), deadline));
+            t.collect_by = Some(Instant::now() + deadline + collection_margin(deadline));
+            ended.record = Some(rec);
+            t.kill_at = None;
+            None
+        }
+        Some(Event::OutputsDone) => {
+            ended.outputs_at = Some(crate::contract::unix_ms_now());
+            Some(false)
+        }
+        Some(Event::Started(s)) => {
+            ended.command_started_at = Some(crate::contract::unix_ms_now());
+            tracing::debug!(pid = s.pid, init = %s.init_version, "command started");
+            None
+        }
+        Some(Event::Closed) | None => Some(true),
+    }
+}
+
+/// The init's own collection deadline, worked out from the same figures it used (a record
+/// that lies about them moves it at most to the byte cap's).
+fn collection_deadline(rec: &Result<Box<InitRecord>, String>, rules: &Rules) -> Duration {
+    let fs = rec.as_ref().ok().and_then(|r| r.out_fs.as_ref());
+    let budget = fs.map_or(rules.max_output_bytes, |f| rules.max_output_bytes.min(f.total_bytes));
+    let used = fs.map_or(budget, |f| f.total_bytes.saturating_sub(f.free_bytes)).min(budget);
+    let spec = rules.collection.spec(String::new(), crate::outputs::Caps { max_files: 0, max_total_bytes: budget });
+    spec.deadline(used).unwrap_or(rules.collection.min)
+}
+
+/// Sends the init a Stop frame (a link already gone changes nothing); when the rung must
+/// stop everything itself.
+async fn ask_to_stop(sender: &Sender, grace_and_margin: Duration) -> Instant {
+    let _ = sender.frame(Kind::Stop, b"").await;
+    Instant::now() + grace_and_margin
+}
+
+/// One poll of the engine's cancellation hook, bounded by [`HOOK_TIMEOUT`].
+fn ask_the_hook<'a>(
+    hooks: &'a crate::contract::HookSet,
+    aref: &'a crate::contract::AttemptRef,
+) -> crate::contract::HookResult<'a, bool> {
+    let asked = hooks.0.cancellation_requested(aref);
+    Box::pin(async move {
+        tokio::time::timeout(HOOK_TIMEOUT, asked)
+            .await
+            .unwrap_or_else(|_| Err(HookError::new(format!("no answer within {}s", HOOK_TIMEOUT.as_secs()))))
+    })
+}
+
+/// Once the loop ended: the heartbeat stops, the init gets its ack (it may exit now), and
+/// the reader's end is awaited within the rung's call timeout.
+async fn finish(r: &mut Linked, mut ended: Ended, closed: bool, call_timeout: Duration) -> Ended {
     if let Some(h) = r.heartbeat.take() {
         h.abort();
     }
@@ -250,14 +295,11 @@ pub(crate) async fn supervise(
     if !closed {
         let _ = r.sender.frame(Kind::Ack, b"").await;
     }
-    if let Some((since, deadline)) = collecting {
-        ended.collection = Some((deadline, since.elapsed()));
-    }
     if ended.collection_timed_out {
         // The reader keeps every output it received whole, and ends.
         r.stop.cancel();
     }
-    ended.received = match tokio::time::timeout(rules.call_timeout, &mut r.reader).await {
+    ended.received = match tokio::time::timeout(call_timeout, &mut r.reader).await {
         Ok(Ok(got)) => got,
         _ => {
             r.reader.abort();
