@@ -87,6 +87,10 @@ pub mod profiles;
 pub mod sandbox;
 mod util;
 
+/// The Docker API client: [`engine::EngineError`]'s `Connect` and `Api` carry its error as
+/// their cause, so a caller who matches on it names the same crate and version.
+#[cfg(feature = "docker")]
+pub use bollard;
 #[cfg(feature = "docker")]
 pub use container::{ContainerConfig, ContainerExecutor};
 pub use contract::{

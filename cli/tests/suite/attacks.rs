@@ -437,6 +437,38 @@ async fn refused_for(link: &str, target: &str, cache: Option<&str>, with_inputs:
     }
 }
 
+/// A fresh named cache starts empty, whatever the image holds at its path: the engine would
+/// otherwise fill the new volume from the image (no `NoCopy`), and the image's files would be
+/// every later attempt's cache.
+#[tokio::test]
+async fn a_fresh_cache_is_never_filled_from_the_image() {
+    let Some((docker, _)) = setup().await else { return };
+    let busybox = support::busybox_image(&docker).await;
+    let dockerfile =
+        format!("FROM {busybox}\nCOPY root/ /\nLABEL {}=true\n# {:08x}\n", support::TEST_LABEL, rand::random::<u32>());
+    let ctx = context(
+        &[("Dockerfile", dockerfile.as_bytes()), ("root/var/cache/app/FROM-THE-IMAGE", b"planted by the image")],
+        &[],
+    );
+    let image = format!("stevedore-test/cache-fill:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &image, ctx).await.expect("building the image");
+    let mut cfg = ContainerConfig::default();
+    cfg.caches.push(stevedore::container::CacheMount::parse("fill:/var/cache/app").unwrap());
+    let rung = rung_with(cfg).await;
+    let w = support::worker("cache-fill");
+    let t = tempfile::tempdir().unwrap();
+    let app = format!("fill-{:08x}", rand::random::<u32>());
+    let req = cmd(&image, &w, &t.path().join("o"), "ls -A /var/cache/app > /out/ls").scope(Some(app.clone()), None);
+    let o = run(&rung, &req).await;
+    rung.close().await;
+    support::remove_image(&docker, &image).await;
+    let _ = Command::new(BIN).args(["cache", "rm", "fill", "--app", &app]).output();
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let listed = std::fs::read_to_string(t.path().join("o/ls")).unwrap();
+    assert_eq!(listed, "", "the new cache volume holds the image's files");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
 #[tokio::test]
 async fn a_cache_laid_over_the_tools_is_refused_and_the_planted_init_never_runs() {
     refused_for("/var/cache/app/pip", "/.stevedore/tools", Some("/var/cache/app/pip"), false).await;

@@ -752,6 +752,40 @@ fn a_takeover_without_the_key_is_refused_and_the_attempt_goes_on() {
     assert!(f.stdout.contains("done"), "the rightful host kept the link");
 }
 
+/// Where the engine lets the relay run as a uid of its own (the container rung's relay runs
+/// as root, `Start.takeover_uid` 0), the init takes a takeover from that uid only: even a
+/// right proof from another uid is refused, said to the host, and the attempt goes on.
+#[test]
+fn a_right_proof_from_another_uid_is_refused_when_one_uid_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let id = LINK_ID();
+    let me = nix::unistd::geteuid().as_raw();
+    let only = if me == 54321 { 54322 } else { 54321 };
+    let mut init = launch(|o| Start { takeover_uid: Some(only), ..gated(&gate, "echo done", o, &id, 30_000) }, b"");
+    init.stdout_until("ready");
+    let mut other = connect(&id);
+    // The init may close the connection as soon as it sees the peer's uid, before the proof
+    // is written: then the write fails, and the read gets nothing either way.
+    let nonce = [7u8; wire::NONCE_LEN];
+    let proof = wire::takeover_proof(&wire::parse_key(KEY).unwrap(), &id, &nonce, 0);
+    let _ = other.write_all(&wire::encode(Kind::Takeover, &proof));
+    let mut rest = Vec::new();
+    let _ = other.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "a peer of another uid gets nothing of the link: {rest:?}");
+    let said = loop {
+        let f = init.next().expect("the init says why it refused");
+        if f.kind == Kind::Diag {
+            break String::from_utf8_lossy(&f.body).into_owned();
+        }
+    };
+    assert!(said.contains(&format!("a takeover from uid {me} (only {only} may)")), "{said}");
+    std::fs::write(&gate, b"").unwrap();
+    let f = init.finish();
+    assert_eq!((f.record.wait.clone(), f.record.takeovers), (WaitStatus::Code(0), 0));
+    assert!(f.stdout.contains("done"), "the rightful host kept the link");
+}
+
 /// What a command in the sandbox can do against the takeover socket: fill the init's listen
 /// backlog and candidate slots with connections that never prove anything, as fast as it
 /// can. The host's proof comes with its connection, so the takeover still succeeds; and a

@@ -382,7 +382,13 @@ async fn attempts_side_by_side_cannot_reach_each_other() {
     let r = rung(Delegation::None);
     let wb = worker("proc-victim");
     let out_b = tempfile::tempdir().unwrap();
-    let mut b = sh(&wb, &out_b.path().join("o"), "echo $$ $(id -u); exec sleep 120").env("SECRET", "b-secret-value");
+    let b_input = out_b.path().join("in");
+    std::fs::create_dir(&b_input).unwrap();
+    std::fs::write(b_input.join("f"), b"b's input").unwrap();
+    // Its pid, its uid and its parent's: the init, which the neighbour must not kill either.
+    let mut b = sh(&wb, &out_b.path().join("o"), "echo $$ $(id -u) $PPID; exec sleep 120")
+        .env("SECRET", "b-secret-value")
+        .input_dir(&b_input);
     let mut watch = support::watch([&mut b]);
     let cancel_b = CancellationToken::new();
     let b_run = tokio::spawn({
@@ -390,8 +396,13 @@ async fn attempts_side_by_side_cannot_reach_each_other() {
         async move { r.run(&b, cancel).await }
     });
     let said = watch.next_stdout().await.expect("b says its pid");
-    let (b_pid, b_uid) = said.trim().split_once(' ').unwrap();
+    let [b_pid, b_uid, b_init]: [&str; 3] = said.split_whitespace().collect::<Vec<_>>().try_into().unwrap();
     let b_out = dir_of(&r, &wb).join("out");
+    let b_in = dir_of(&r, &wb).join("in");
+    // What the neighbour is denied is there: b's input copy, and b's init as its parent.
+    assert_eq!(std::fs::read(b_in.join("f")).unwrap(), b"b's input");
+    let comm = std::fs::read_to_string(format!("/proc/{b_init}/comm")).unwrap();
+    assert!(comm.starts_with("stevedore-init"), "b's parent is {comm:?}");
     let wa = worker("proc-neighbour");
     let out_a = tempfile::tempdir().unwrap();
     let script = format!(
@@ -399,8 +410,12 @@ async fn attempts_side_by_side_cannot_reach_each_other() {
          cat /proc/{b_pid}/environ >/dev/null 2>&1 && echo environ-read || echo environ-denied; \
          cat /proc/{b_pid}/maps >/dev/null 2>&1 && echo maps-read || echo maps-denied; \
          ls /proc/{b_pid}/fd >/dev/null 2>&1 && echo fds-read || echo fds-denied; \
+         head -c1 /proc/{b_pid}/mem >/dev/null 2>&1 && echo mem-read || echo mem-denied; \
          kill -0 {b_pid} 2>/dev/null && echo signal-reaches || echo signal-denied; \
+         kill -9 {b_init} 2>/dev/null && echo init-killed || echo init-kill-denied; \
+         cat {}/f >/dev/null 2>&1 && echo input-read || echo input-denied; \
          echo forged > {}/forged 2>/dev/null && echo wrote || echo write-denied",
+        b_in.display(),
         b_out.display()
     );
     let a = run(&r, &sh(&wa, out_a.path(), &script)).await;
@@ -409,7 +424,19 @@ async fn attempts_side_by_side_cannot_reach_each_other() {
     assert_eq!(a.status, Status::Ok, "{}", a.to_json());
     let lines: Vec<String> = stdout_of(&a).lines().map(str::to_owned).collect();
     assert_ne!(lines[0], b_uid, "two attempts in flight never share a uid");
-    assert_eq!(&lines[1..], ["environ-denied", "maps-denied", "fds-denied", "signal-denied", "write-denied"]);
+    assert_eq!(
+        &lines[1..],
+        [
+            "environ-denied",
+            "maps-denied",
+            "fds-denied",
+            "mem-denied",
+            "signal-denied",
+            "init-kill-denied",
+            "input-denied",
+            "write-denied"
+        ]
+    );
     assert_eq!((b.status, b.reason), (Status::Killed, Some(Reason::Cancelled)), "{}", b.to_json());
     assert!(b.outputs.is_empty(), "the neighbour wrote b's outputs: {:?}", b.outputs);
     assert!(b.evidence.enforcement["between_attempts"].contains("no other attempt has uid"), "{:?}", b.evidence);

@@ -70,12 +70,12 @@ pub(crate) async fn conclude<S: Site>(
     }
     let delivered = reports::finish(reports).await;
     let mut ev = evidence(site, req, &ledger, &removed, &how);
-    let frame = site.account(&ledger, &ended, &mut ev);
+    let account = site.account(&ledger, &ended, &mut ev);
     if let How::Unrecovered(_) = how {
         witness.why_no_record = "the takeover failed";
     }
     ev.phases = phases(&ledger, &ended);
-    let (mut j, silent) = judgement::judgement(&ended, &frame, witness, delivered, ev);
+    let (mut j, silent) = judgement::judgement(&ended, &account, witness, delivered, ev);
     // Only an end the engine's going away explains makes the question worth a call.
     let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_));
     if explained

@@ -8,7 +8,7 @@ use crate::contract::{
 };
 use crate::hostdir::Captures;
 use crate::link::LinkConfig;
-use crate::link::judgement::{Frame, Witness};
+use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
 use crate::link::supervise::Ended;
 use serde::{Deserialize, Serialize};
@@ -220,7 +220,7 @@ pub(crate) trait Site: Sync {
     }
     /// The rung's evidence of the attempt, after its removal, and the bounds its claims are
     /// checked against.
-    fn account(&self, ledger: &Ledger<Self::Own>, ended: &Ended, ev: &mut Evidence) -> Frame;
+    fn account(&self, ledger: &Ledger<Self::Own>, ended: &Ended, ev: &mut Evidence) -> Account;
     /// The worker binary a handler attempt ran, for the error when it never spoke.
     fn worker_named(&self, own: &Self::Own) -> String;
     /// Whether a finished attempt with a verified record is removed after its outcome is

@@ -10,7 +10,7 @@ use super::site::ContainerSite;
 use super::sizes::Sizes;
 use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, Phases, RecoverError, Request, Target, judge};
-use crate::link::judgement::{Frame, Witness};
+use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
 use crate::link::supervise::Ended;
 use std::sync::Arc;
@@ -195,7 +195,7 @@ impl Site for Arc<ContainerSite> {
         self.engine.lost_since(own.engine_mark).await
     }
 
-    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Frame {
+    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
         super::finish::account(self, ledger, ended, ev)
     }
 

@@ -6,8 +6,7 @@
 use super::labels;
 use super::site::ContainerSite;
 use crate::contract::{LaunchError, Request};
-use bollard::models::{ContainerCreateBody, HostConfig, VolumeCreateRequest};
-use stevedore_init::wire::{INIT_NAME, TOOLS_DIR};
+use bollard::models::VolumeCreateRequest;
 
 /// The caches an attempt mounts: (name, volume, path).
 pub(crate) async fn ensure(
@@ -85,26 +84,14 @@ async fn hand_over(
     })?;
     let (uid, gid) = shared.config.uid_gid();
     let helper = format!("{volume}-own-{:08x}", rand::random::<u32>());
-    let body = ContainerCreateBody {
-        image: Some(image.to_owned()),
-        entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
-        cmd: Some(vec!["chown-dir".into(), "/cache".into(), uid.to_string(), gid.to_string()]),
-        user: Some("0:0".into()),
-        labels: Some(labels::cache(name, app, org)),
-        network_disabled: Some(true),
-        host_config: Some(HostConfig {
-            network_mode: Some("none".into()),
-            cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
-            mounts: Some(vec![
-                super::spec::tools_mount(&tools, Some(&shared.base.incarnation)),
-                super::spec::cache_mount(volume, "/cache"),
-            ]),
-            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let body = super::spec::cache_owner(
+        image,
+        &tools,
+        &shared.base.incarnation,
+        volume,
+        (uid, gid),
+        labels::cache(name, app, org),
+    );
     api.create_container(&helper, body).await?;
     let ran = async {
         api.start(&helper).await?;

@@ -91,7 +91,7 @@ impl ContainerExecutor {
     /// incarnation, mounted by no container); this rung's own is kept. An idle live rung of
     /// another process cannot be told from a crashed one: it makes a new volume when its own
     /// is gone.
-    pub async fn prune_tools(&self) -> Result<super::tools::Pruned, crate::engine::EngineError> {
+    pub async fn prune_tools(&self) -> Result<super::tools::ToolsPruned, crate::engine::EngineError> {
         super::tools::prune(&self.shared.engine, &self.shared.base.incarnation).await
     }
 

@@ -8,7 +8,7 @@ use crate::attempt::Ledger;
 use crate::contract::{CacheUse, Evidence, Exit};
 use crate::engine::ContainerState;
 use crate::link::claims::{self, Bounds};
-use crate::link::judgement::{Frame, Witness};
+use crate::link::judgement::{Account, Witness};
 use crate::link::supervise::Ended;
 
 /// What the engine says of the container, before it is removed. Without a verified record
@@ -38,7 +38,7 @@ pub(crate) async fn witness(site: &ContainerSite, own: &Own, verified: bool) -> 
 }
 
 /// The rung's evidence, and the bounds the record's claims are checked against.
-pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Frame {
+pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
     let cfg = &site.config;
     let engine = site.engine.facts();
     let own = &ledger.own;
@@ -64,7 +64,7 @@ pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended,
     }
     let ncpu = engine.ncpu.max(1) as f64;
     let cpus = own.cpu_millis.map_or(ncpu, |m| m as f64 / 1000.0);
-    Frame {
+    Account {
         expects_handler: ledger.expects_handler,
         bounds: Bounds {
             host_wall: ended.host_wall,

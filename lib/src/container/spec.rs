@@ -296,6 +296,36 @@ pub(crate) fn staging_helper(image: &str, volume: &str, labels: HashMap<String, 
     never_started(image, "helper", labels, Some(volume_mount(volume, IN_DIR, false)))
 }
 
+/// The throwaway container that runs stevedore's init as root with a new cache volume at
+/// `/cache`, to give the volume's root to the sandbox user (`owner`): no network, no logs,
+/// only the capabilities a chown needs.
+pub(crate) fn cache_owner(
+    image: &str,
+    tools: &ToolsVolume,
+    incarnation: &str,
+    volume: &str,
+    owner: (u32, u32),
+    labels: HashMap<String, String>,
+) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
+        entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
+        cmd: Some(vec!["chown-dir".into(), "/cache".into(), owner.0.to_string(), owner.1.to_string()]),
+        user: Some("0:0".into()),
+        labels: Some(labels),
+        network_disabled: Some(true),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
+            mounts: Some(vec![tools_mount(tools, Some(incarnation)), cache_mount(volume, "/cache")]),
+            log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 /// Network, read-only root, capabilities, privileges, user, runtime, seccomp: each applied
 /// or skipped as configured, and said so.
 fn hardening(

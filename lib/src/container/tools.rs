@@ -191,7 +191,7 @@ async fn fill(
 
 /// What `prune` removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Pruned {
+pub struct ToolsPruned {
     /// Volumes removed.
     pub volumes_removed: Vec<String>,
     /// Volumes kept because a container uses them.
@@ -201,10 +201,10 @@ pub struct Pruned {
 /// Removes the tools volumes of other incarnations than `own` that are older than
 /// [`STALE_AFTER`] (or carry no age) and that no container uses (the engine refuses to
 /// remove a mounted volume).
-pub async fn prune(engine: &Engine, own: &str) -> Result<Pruned, EngineError> {
+pub async fn prune(engine: &Engine, own: &str) -> Result<ToolsPruned, EngineError> {
     let api = &engine.api;
     let now_s = crate::contract::unix_ms_now() / 1000;
-    let mut out = Pruned::default();
+    let mut out = ToolsPruned::default();
     for v in api.list_volumes(labels::tools_filter()).await? {
         if v.labels.get(labels::INCARNATION).map(String::as_str) == Some(own) {
             continue;

@@ -23,7 +23,7 @@ pub(crate) struct Witness {
 
 /// What the rung says about the attempt, beyond the record.
 #[derive(Debug)]
-pub(crate) struct Frame {
+pub(crate) struct Account {
     pub expects_handler: bool,
     pub bounds: Bounds,
     /// The disk limit, when a filesystem of that size holds `/out`.
@@ -37,23 +37,23 @@ pub(crate) struct Frame {
 /// The judge's inputs, and whether a handler runner never spoke the protocol.
 pub(crate) fn judgement(
     ended: &Ended,
-    frame: &Frame,
+    account: &Account,
     witness: Witness,
     delivered: Option<Delivered>,
     mut ev: Evidence,
 ) -> (Judgement, bool) {
-    link_evidence(ended, frame, &mut ev);
+    link_evidence(ended, account, &mut ev);
     ev.engine_oom_killed = witness.oom_killed;
     let mut j = Judgement::default();
     let mut handler_silent = false;
     match &ended.record {
-        Some(Ok(rec)) => handler_silent = from_record(rec, ended, frame, &mut j, &mut ev),
+        Some(Ok(rec)) => handler_silent = from_record(rec, ended, account, &mut j, &mut ev),
         other => without_record(other.as_ref().map(|r| r.as_ref().map(|_| ())), ended, witness, &mut j, &mut ev),
     }
     let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);
     ev.reports = reports::seen(init_reports, &ended.received.reports, delivered, &mut ev.hook_failures);
     outputs(ended, &mut j, &mut ev);
-    if let Some(why) = frame.no_peak_memory {
+    if let Some(why) = account.no_peak_memory {
         j.usage.sources.peak_memory_bytes = Some(Source::unavailable(why));
     }
     j.evidence = ev;
@@ -61,7 +61,7 @@ pub(crate) fn judgement(
 }
 
 /// What the host saw of the link and the attempt's end, into the evidence.
-fn link_evidence(ended: &Ended, frame: &Frame, ev: &mut Evidence) {
+fn link_evidence(ended: &Ended, account: &Account, ev: &mut Evidence) {
     let got = &ended.received;
     ev.logs.stdout = got.stdout.clone();
     ev.logs.stderr = got.stderr.clone();
@@ -74,7 +74,7 @@ fn link_evidence(ended: &Ended, frame: &Frame, ev: &mut Evidence) {
         ev.notes.push(e.clone());
     }
     if ended.hard_killed {
-        ev.notes.push(format!("the init did not finish within the grace; {}", frame.hard_stop));
+        ev.notes.push(format!("the init did not finish within the grace; {}", account.hard_stop));
     }
     if ended.collection_timed_out {
         ev.notes.push(
@@ -100,8 +100,8 @@ fn link_evidence(ended: &Ended, frame: &Frame, ev: &mut Evidence) {
 
 /// The facts and usage from a verified record; whether a handler runner never spoke the
 /// protocol.
-fn from_record(rec: &InitRecord, ended: &Ended, frame: &Frame, j: &mut Judgement, ev: &mut Evidence) -> bool {
-    let c = claims::apply(rec, frame.bounds, frame.expects_handler, ended.deadline_fired, ended.cancelled, ev);
+fn from_record(rec: &InitRecord, ended: &Ended, account: &Account, j: &mut Judgement, ev: &mut Evidence) -> bool {
+    let c = claims::apply(rec, account.bounds, account.expects_handler, ended.deadline_fired, ended.cancelled, ev);
     j.facts = c.facts;
     j.usage = c.usage;
     j.error_text = c.error_text;
@@ -109,13 +109,13 @@ fn from_record(rec: &InitRecord, ended: &Ended, frame: &Frame, j: &mut Judgement
     if j.facts.oom_kills == 0 && ev.oom_kills.is_none() && ev.engine_oom_killed == Some(true) {
         claims::oom_from_engine(ev, &mut j.facts, &mut j.usage, "no cgroup count");
     }
-    if let (Some(fs), Some(disk)) = (&rec.out_fs, frame.disk_limit)
+    if let (Some(fs), Some(disk)) = (&rec.out_fs, account.disk_limit)
         && fs.free_bytes < (1 << 20).max(fs.total_bytes / 100)
         && fs.total_bytes.saturating_sub(fs.free_bytes) + (2 << 20) >= disk
     {
         j.facts.disk_full = true;
     }
-    frame.expects_handler && c.handler_silent
+    account.expects_handler && c.handler_silent
 }
 
 /// The facts from what the rung saw when no record came (`None`) or one was refused

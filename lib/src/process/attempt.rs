@@ -9,7 +9,7 @@ use super::site::ProcessSite;
 use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Level, Outcome, Phases, RecoverError, Request, Target};
 use crate::link::claims::Bounds;
-use crate::link::judgement::{Frame, Witness};
+use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
 use crate::link::supervise::Ended;
 use std::sync::Arc;
@@ -89,11 +89,11 @@ impl Site for Arc<ProcessSite> {
         Witness { why_no_record: "no record from the init", ..Witness::default() }
     }
 
-    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Frame {
+    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
         let own = &ledger.own;
         ev.init = Some(format!("pid {} ({})", own.init_pid, self.init.display()));
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        Frame {
+        Account {
             expects_handler: ledger.expects_handler,
             bounds: Bounds {
                 host_wall: ended.host_wall,

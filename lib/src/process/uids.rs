@@ -519,4 +519,48 @@ mod tests {
         let after = fs::metadata("/etc/passwd").unwrap();
         assert_eq!((after.len(), after.modified().unwrap()), (target.len(), target.modified().unwrap()));
     }
+
+    /// A uid a process uses is never leased; a released uid's leftover process is killed;
+    /// one that still owns an IPC object is kept back (`dirty`) until it owns nothing.
+    #[test]
+    #[expect(unsafe_code, reason = "SysV shmget/shmctl, to give a segment to the uid under test (nix has no SysV shm)")]
+    fn a_uid_is_leased_only_when_nothing_of_it_is_left() {
+        use std::os::unix::process::{CommandExt, ExitStatusExt};
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: needs root to run processes as another uid");
+            return;
+        }
+        let uid = 0x6300_0000 + (rand::random::<u32>() % 100_000);
+        let t = tempfile::tempdir().unwrap();
+        let uids = Uids::new(UidRange { first: uid, count: 1 }, true, t.path().join("uids")).unwrap();
+        let sleeper = || std::process::Command::new("/bin/sleep").arg("1000").uid(uid).gid(uid).spawn().unwrap();
+
+        // A process of that uid that no lease knows of: the uid is busy.
+        let mut stranger = sleeper();
+        let err = uids.lease().unwrap_err();
+        assert!(matches!(err, UidError::Exhausted { busy: 1, dirty: 0, .. }), "{err}");
+        stranger.kill().unwrap();
+        stranger.wait().unwrap();
+
+        // An attempt that leaves a process and a SysV segment behind.
+        let lease = uids.lease().unwrap();
+        let mut left = sleeper();
+        // SAFETY: plain SysV calls on a segment this test makes and removes.
+        let shm = unsafe { nix::libc::shmget(nix::libc::IPC_PRIVATE, 4096, 0o600) };
+        assert!(shm >= 0, "shmget: {}", io::Error::last_os_error());
+        let mut ds: nix::libc::shmid_ds = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_STAT, &mut ds) }, 0);
+        ds.shm_perm.uid = uid;
+        assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_SET, &mut ds) }, 0);
+        assert!(!lease.release(), "the segment is still the uid's");
+        assert_eq!(left.wait().unwrap().signal(), Some(nix::libc::SIGKILL), "the leftover process was killed");
+        let err = uids.lease().unwrap_err();
+        assert!(matches!(err, UidError::Exhausted { busy: 0, dirty: 1, .. }), "{err}");
+
+        // Once nothing of it is left, the next lease sweeps it and takes it.
+        assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_RMID, std::ptr::null_mut()) }, 0);
+        let again = uids.lease().expect("a clean uid is leased again");
+        assert_eq!(again.uid, uid);
+        assert!(again.release());
+    }
 }

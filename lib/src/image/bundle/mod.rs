@@ -68,7 +68,7 @@ use ldd::*;
 pub use place::default_base;
 use place::*;
 use prune::*;
-pub use prune::{Pruned, prune};
+pub use prune::{BundlesPruned, prune};
 
 /// The bundle's bookkeeping file; hidden so it cannot collide with an exe name in practice.
 const MANIFEST: &str = ".bundle.json";

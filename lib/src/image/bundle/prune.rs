@@ -6,7 +6,7 @@ use super::*;
 /// What [`prune`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Pruned {
+pub struct BundlesPruned {
     /// The dirs removed from the base (bundles, and a crash's leftovers), with why.
     pub removed: Vec<(String, &'static str)>,
     /// The bundles kept because a process holds them.
@@ -84,14 +84,14 @@ pub(super) fn classify(name: &str) -> Entry {
 /// Prunes the bundle base `base` (see the module's doc): removes the bundles nobody holds
 /// whose executables were all rebuilt or removed, or that were not used for
 /// [`UNUSED_FOR`], and a crash's leftovers. [`ExeBundle::prepare`] does this each time.
-pub fn prune(base: &Path) -> Result<Pruned, BundleError> {
+pub fn prune(base: &Path) -> Result<BundlesPruned, BundleError> {
     let base_fd = open_base(base)?;
     Ok(prune_at(&base_fd, base))
 }
 
-pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> Pruned {
+pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> BundlesPruned {
     let now = SystemTime::now();
-    let mut out = Pruned::default();
+    let mut out = BundlesPruned::default();
     let names = match names_in(base_fd) {
         Ok(names) => names,
         Err(e) => {
@@ -162,7 +162,7 @@ pub(super) fn bundle_verdict(
 }
 
 /// Removes the remembered digests unused for [`UNUSED_FOR`] (and stray temporary files).
-pub(super) fn prune_digests(base_fd: &OwnedFd, now: SystemTime, out: &mut Pruned) {
+pub(super) fn prune_digests(base_fd: &OwnedFd, now: SystemTime, out: &mut BundlesPruned) {
     let Ok(dir) = openat(base_fd, DIGESTS, dir_flags(), Mode::empty()) else { return };
     if fstat(&dir).map_or(true, |st| st.st_uid != geteuid().as_raw()) {
         return;
