@@ -38,5 +38,25 @@ pub fn check_cache(name: &str, path: &str) -> Result<(), String> {
     {
         return Err(format!("cache path {path:?}: give an absolute path outside /in, /out, /tmp and /.stevedore"));
     }
+    // The engine takes a cache as a bind, `volume:path:nocopy`: a ':' would split it.
+    if path.contains(':') || path.chars().any(char::is_control) {
+        return Err(format!("cache path {path:?}: ':' and control characters are not allowed"));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_cache;
+
+    #[test]
+    fn a_cache_path_is_absolute_outside_stevedores_own_and_fits_a_bind() {
+        assert_eq!(check_cache("pip", "/var/cache/pip"), Ok(()));
+        for bad in ["var/cache", "/", "/out/x", "/in", "/tmp/c", "/.stevedore/tools", "/a/../b", "/a:b", "/a\nb"] {
+            assert!(check_cache("pip", bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            check_cache("Pip", "/c").is_err() && check_cache("", "/c").is_err() && check_cache("-p", "/c").is_err()
+        );
+    }
 }

@@ -79,13 +79,12 @@ pub(crate) fn tools_mount(tools: &ToolsVolume, incarnation: Option<&str>) -> Mou
     }
 }
 
-/// A named cache's mount, read-write. `NoCopy`: an engine never fills a cache volume from
-/// what the image holds at that path (a cache is the attempts' own, never the image's).
-pub(crate) fn cache_mount(volume: &str, path: &str) -> Mount {
-    Mount {
-        volume_options: Some(MountVolumeOptions { no_copy: Some(true), ..Default::default() }),
-        ..volume_mount(volume, path, false)
-    }
+/// A named cache's bind, read-write and `nocopy`: an engine never fills a cache volume from
+/// what the image holds at that path (a cache is the attempts' own, never the image's). A
+/// bind, not a mount: Podman 4's Docker API ignores a mount's `NoCopy` and honours a bind's
+/// (both seen with 4.3.1; Docker honours both). The path holds no `:` (`check_cache`).
+pub(crate) fn cache_bind(volume: &str, path: &str) -> String {
+    format!("{volume}:{path}:nocopy")
 }
 
 fn tmpfs_mount(target: &str, size: u64, mode: i64, read_only: bool) -> Mount {
@@ -126,8 +125,10 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     let mut enforcement = BTreeMap::new();
     let mut skipped = BTreeMap::new();
     let mounts = mounts(input, &mut enforcement);
+    let binds: Vec<String> = input.caches.iter().map(|(_, volume, path)| cache_bind(volume, path)).collect();
     let mut host = HostConfig {
         mounts: Some(mounts),
+        binds: (!binds.is_empty()).then_some(binds),
         memory: Some(clamp(a.memory)),
         memory_swap: Some(clamp(a.memory)),
         pids_limit: Some(clamp(a.pids)),
@@ -187,7 +188,6 @@ fn mounts(input: &SpecInput<'_>, enforcement: &mut BTreeMap<String, String>) -> 
     mounts.push(tmpfs_mount(OUT_DIR, a.disk, 0o777, false));
     mounts.push(tmpfs_mount(TMP_DIR, a.tmp, 0o1777, false));
     for (name, volume, path) in input.caches {
-        mounts.push(cache_mount(volume, path));
         put(
             enforcement,
             &format!("cache.{name}"),
@@ -296,9 +296,11 @@ pub(crate) fn staging_helper(image: &str, volume: &str, labels: HashMap<String, 
     never_started(image, "helper", labels, Some(volume_mount(volume, IN_DIR, false)))
 }
 
-/// The throwaway container that runs stevedore's init as root with a new cache volume at
-/// `/cache`, to give the volume's root to the sandbox user (`owner`): no network, no logs,
-/// only the capabilities a chown needs.
+/// The throwaway container that runs stevedore's init as root with a new cache volume, to
+/// give the volume's root to the sandbox user (`owner`): no network, no logs, only the
+/// capabilities a chown needs. The volume is bound `nocopy` at a fresh path the image
+/// cannot hold (`/.stevedore-cache-<random>`): nothing of the image is copied into it, and no
+/// symlink of the image's can move the chown.
 pub(crate) fn cache_owner(
     image: &str,
     tools: &ToolsVolume,
@@ -307,10 +309,11 @@ pub(crate) fn cache_owner(
     owner: (u32, u32),
     labels: HashMap<String, String>,
 ) -> ContainerCreateBody {
+    let at = format!("/.stevedore-cache-{:016x}", rand::random::<u64>());
     ContainerCreateBody {
         image: Some(image.to_owned()),
         entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
-        cmd: Some(vec!["chown-dir".into(), "/cache".into(), owner.0.to_string(), owner.1.to_string()]),
+        cmd: Some(vec!["chown-dir".into(), at.clone(), owner.0.to_string(), owner.1.to_string()]),
         user: Some("0:0".into()),
         labels: Some(labels),
         network_disabled: Some(true),
@@ -318,7 +321,8 @@ pub(crate) fn cache_owner(
             network_mode: Some("none".into()),
             cap_drop: Some(vec!["ALL".into()]),
             cap_add: Some(vec!["CHOWN".into(), "FOWNER".into()]),
-            mounts: Some(vec![tools_mount(tools, Some(incarnation)), cache_mount(volume, "/cache")]),
+            mounts: Some(vec![tools_mount(tools, Some(incarnation))]),
+            binds: Some(vec![cache_bind(volume, &at)]),
             log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()
         }),
@@ -445,6 +449,22 @@ mod tests {
             publish_ip: "127.0.0.1",
             caches: &[],
         }
+    }
+
+    /// A cache is a `nocopy` bind on every engine (a mount's `NoCopy` Podman 4 ignores), and
+    /// no mount of stevedore's own, nor a masked image volume, lands at its path.
+    #[test]
+    fn a_cache_is_bound_nocopy() {
+        let cfg = ContainerConfig::default();
+        let applied = sizes::of(&ResourceLimits::new(), &cfg);
+        let caches = [("pip".to_owned(), "sd-cache-pip".to_owned(), "/data".to_owned())];
+        let s = build(&SpecInput { caches: &caches, ..input(&cfg, None, &applied) });
+        let h = s.body.host_config.as_ref().unwrap();
+        assert_eq!(h.binds.as_deref(), Some(&["sd-cache-pip:/data:nocopy".to_owned()][..]));
+        let at_data = h.mounts.as_ref().unwrap().iter().filter(|m| m.target.as_deref() == Some("/data")).count();
+        assert_eq!(at_data, 0, "the image's VOLUME /data is the cache, not masked");
+        assert!(s.enforcement["cache.pip"].contains("sd-cache-pip"), "{:?}", s.enforcement);
+        assert_eq!(build(&input(&cfg, None, &applied)).body.host_config.unwrap().binds, None, "no cache, no bind");
     }
 
     #[test]
