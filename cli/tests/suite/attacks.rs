@@ -616,6 +616,21 @@ async fn what_stevedore_prints_escapes_what_the_sandbox_wrote() {
     let ours: Vec<&str> = stderr.lines().filter(|l| l.starts_with("stevedore: ")).collect();
     assert_eq!(ours.len(), 1, "one line of stevedore's own, not a forged second: {stderr}");
     assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+
+    // Reports from the command: one whose text turns the terminal's writing direction (the
+    // init admits it; stevedore's line shows it escaped), one with ESC (the init refuses it).
+    let script = r#"for t in "$(printf 'abc\342\200\256def')" "$(printf 'x\033[2Jy')"; do "$STEVEDORE_INIT" report note "$t"; done"#;
+    let out = Command::new(BIN)
+        .args(["run", "--image", &busybox, "--output"])
+        .arg(t.path().join("r"))
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: Vec<&str> = stderr.lines().filter(|l| l.starts_with("stevedore: report")).collect();
+    assert_eq!(report, ["stevedore: report note abc\\u{202e}def"], "{stderr}");
+    assert!(!stderr.contains('\u{1b}') && !stderr.contains('\u{202e}'), "{stderr:?}");
 }
 
 /// A sparse file larger than `/out` can hold is refused from its size, whatever the caps;
