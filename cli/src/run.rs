@@ -147,8 +147,17 @@ pub struct RunArgs {
     /// Expected handler-set fingerprint
     #[arg(long, value_name = "FP", help_heading = "Handler")]
     fingerprint: Option<String>,
-    /// The command to run (after the image's ENTRYPOINT); `--` before it is optional
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGV")]
+    /// Accepted as docker's: every attempt's container is removed anyway
+    #[arg(long, help_heading = "Attempt")]
+    rm: bool,
+    /// Refused: stevedore names each attempt's container itself (so `reclaim` finds it); name
+    /// the attempt with --job
+    #[arg(long, value_name = "NAME", help_heading = "Attempt")]
+    name: Option<String>,
+    /// The command to run (after the image's ENTRYPOINT); `--` before it is optional. A word
+    /// that starts with `-` before the command is one of stevedore's flags: an unknown one is
+    /// an error, never the command
+    #[arg(trailing_var_arg = true, value_name = "ARGV")]
     argv: Vec<OsString>,
 }
 
@@ -222,6 +231,12 @@ fn argv_strings(argv: &[OsString]) -> Result<Vec<String>, String> {
 }
 
 fn request(a: &RunArgs) -> Result<Request, String> {
+    if let Some(name) = &a.name {
+        return Err(format!(
+            "--name {name:?}: stevedore names each attempt's container itself, so that reclaim finds what a \
+             crash left; name the attempt with --job"
+        ));
+    }
     let job = a.job.clone().unwrap_or_else(|| format!("run-{:08x}", rand::random::<u32>()));
     let argv = argv_strings(&a.argv)?;
     let mut req = match (&a.handler, argv.is_empty()) {

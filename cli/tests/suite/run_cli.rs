@@ -454,3 +454,36 @@ async fn bad_input_gets_a_message_a_person_can_act_on() {
     assert!(err.contains("No such file") && err.contains("--config"), "{err}");
     assert!(msg(&["--image", BUSYBOX_IMAGE, "--output", &out, "-u", "nobody", "--", "true"]).contains("numeric"));
 }
+
+/// docker's habits: a word starting with `-` before the command is a flag, so a typo is an
+/// error naming the nearest flag (never the command, nor a missing `--output`); `--rm` is
+/// accepted (every attempt is removed); `--name` is refused with why; after the command's
+/// first word, words are the command's, dashes and all.
+#[tokio::test]
+async fn docker_flags_are_flags_and_a_typo_is_named() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    for (args, says) in [
+        (
+            vec!["--image", BUSYBOX_IMAGE, "--memroy", "1g", "--output", "OUT", "true"],
+            "similar argument exists: '--memory'",
+        ),
+        (
+            vec!["--image", BUSYBOX_IMAGE, "--output", "OUT", "--memroy", "1g", "true"],
+            "similar argument exists: '--memory'",
+        ),
+        (vec!["--name", "web", "--image", BUSYBOX_IMAGE, "--output", "OUT", "true"], "name the attempt with --job"),
+    ] {
+        let out = out_dir(&t, &format!("{:08x}", rand::random::<u32>()));
+        let args: Vec<&str> = args.iter().map(|a| if *a == "OUT" { out.as_str() } else { a }).collect();
+        let o = run(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("applet not found"), "a flag ran as the command: {err}");
+    }
+    let out = out_dir(&t, "rm");
+    let o = run(&["--rm", "--image", BUSYBOX_IMAGE, "--output", &out, "sh", "-c", "echo $0 $1", "-x", "--y"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "-x --y\n");
+}
