@@ -77,9 +77,11 @@ pub fn summary(o: &Outcome, grace: Duration, out_dir: &Path) -> String {
         (Status::Ok, Some(r)) => format!("ok in {wall} ({r})"),
         (Status::HandlerError, _) => match o.exit_code {
             Some(c) if o.handler_error.is_empty() || o.handler_error == format!("exited with code {c}") => {
-                format!("handler_error: exited with code {c} after {wall}")
+                // The user's words, not the status's: a CI log reads "failed" (the Outcome
+                // keeps `handler_error`).
+                format!("failed: exited with code {c} after {wall}")
             }
-            _ => format!("handler_error after {wall}: {}", first_line(&o.handler_error)),
+            _ => format!("failed after {wall}: {}", first_line(&o.handler_error)),
         },
         (Status::Timeout, _) => format!("timeout after {wall}: {}", stop_story(o, grace)),
         (Status::OomKilled, _) => {
@@ -186,7 +188,7 @@ mod tests {
         h.usage.peak_memory_bytes = Some(3 << 20);
         assert_eq!(
             summary(&h, Duration::from_secs(30), Path::new("o")),
-            "handler_error: exited with code 3 after 500 ms (peak 3.0 MiB, 0 outputs in o)"
+            "failed: exited with code 3 after 500 ms (peak 3.0 MiB, 0 outputs in o)"
         );
         let mut m = o(Status::OomKilled, Some(Reason::Oom), None, Some(9));
         m.evidence.oom_kills = Some(1);

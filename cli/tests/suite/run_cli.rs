@@ -458,9 +458,9 @@ async fn bad_input_gets_a_message_a_person_can_act_on() {
 /// docker's habits: a word starting with `-` before the command is a flag, so a typo is an
 /// error naming the nearest flag (never the command, nor a missing `--output`); `--rm` is
 /// accepted (every attempt is removed); `--name` is refused with why; after the command's
-/// first word, words are the command's, dashes and all.
+/// first word, words are the command's, dashes and all; a failure is said in the user's words.
 #[tokio::test]
-async fn docker_flags_are_flags_and_a_typo_is_named() {
+async fn docker_habits_flags_are_flags_and_a_failure_is_said_plainly() {
     let Some(_) = setup().await else { return };
     let t = tempfile::tempdir().unwrap();
     for (args, says) in [
@@ -486,4 +486,11 @@ async fn docker_flags_are_flags_and_a_typo_is_named() {
     let o = run(&["--rm", "--image", BUSYBOX_IMAGE, "--output", &out, "sh", "-c", "echo $0 $1", "-x", "--y"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "-x --y\n");
+    // A command that fails is announced in the user's words; the Outcome keeps its status.
+    let out = out_dir(&t, "fails");
+    let o = run(&["--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-", "sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(text(&o.stderr).contains("stevedore: failed: exited with code 3 after"), "{}", text(&o.stderr));
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(outcome["status"], "handler_error");
 }
