@@ -292,14 +292,23 @@ impl Request {
         self.prior_outputs.push(PriorOutput { name: name.into(), reference: reference.into() });
         self
     }
-    /// Sets the policy.
-    pub fn policy(mut self, policy: Policy) -> Self {
+    /// Sets the policy. What it leaves unset (an empty `image`, no grace) keeps what
+    /// [`Request::image`] and [`Request::grace`] set, so the order of the builder's calls
+    /// never drops a value; what both set, the later call decides.
+    pub fn policy(mut self, mut policy: Policy) -> Self {
+        if policy.image.is_empty() {
+            policy.image = std::mem::take(&mut self.policy.image);
+        }
+        if policy.grace_period_ms <= 0 {
+            policy.grace_period_ms = self.policy.grace_period_ms;
+        }
         self.policy = policy;
         self
     }
-    /// Sets the limits.
+    /// Adds `limits` to those already set ([`Request::memory`] and the like); a dimension
+    /// both set takes `limits`' value.
     pub fn limits(mut self, limits: ResourceLimits) -> Self {
-        self.limits = limits;
+        self.limits.0.extend(limits.0);
         self
     }
     /// Sets an environment variable.
@@ -565,6 +574,34 @@ fn writable(dir: &Path) -> Result<(), RequestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The builder's order never drops a value: an image or grace set before a policy that
+    /// leaves them unset is kept, and limits add up.
+    #[test]
+    fn the_order_of_builder_calls_drops_nothing() {
+        use crate::contract::Level;
+        let p = Policy::at_least(Level::Sandboxed);
+        let grace = std::time::Duration::from_secs(3);
+        let a = Request::command("j", ["true"], "/o")
+            .image("x:1")
+            .grace(grace)
+            .policy(p.clone())
+            .memory(64)
+            .limits(ResourceLimits::new().with(super::super::limits::key::PIDS, 10));
+        let b = Request::command("j", ["true"], "/o")
+            .limits(ResourceLimits::new().with(super::super::limits::key::PIDS, 10))
+            .policy(p)
+            .memory(64)
+            .grace(grace)
+            .image("x:1");
+        for r in [&a, &b] {
+            assert_eq!((r.policy.image.as_str(), r.policy.grace(), r.policy.level), ("x:1", grace, Level::Sandboxed));
+            assert_eq!(r.limits, ResourceLimits::new().with("memory", 64).with("pids", 10));
+        }
+        let later =
+            Request::command("j", ["true"], "/o").image("a").policy(Policy { image: "b".into(), ..Policy::default() });
+        assert_eq!(later.policy.image, "b", "what both set, the later call decides");
+    }
 
     fn base(dir: &Path) -> Request {
         Request::command("job-1", ["true"], dir.join("out")).worker("w1")
