@@ -548,6 +548,15 @@ mod tests {
         // SAFETY: plain SysV calls on a segment this test makes and removes.
         let shm = unsafe { nix::libc::shmget(nix::libc::IPC_PRIVATE, 4096, 0o600) };
         assert!(shm >= 0, "shmget: {}", io::Error::last_os_error());
+        // The segment goes with the test, whichever assertion fails.
+        struct Segment(i32);
+        impl Drop for Segment {
+            fn drop(&mut self) {
+                // SAFETY: removes the segment this test made; a second removal only fails.
+                unsafe { nix::libc::shmctl(self.0, nix::libc::IPC_RMID, std::ptr::null_mut()) };
+            }
+        }
+        let segment = Segment(shm);
         let mut ds: nix::libc::shmid_ds = unsafe { std::mem::zeroed() };
         assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_STAT, &mut ds) }, 0);
         ds.shm_perm.uid = uid;
@@ -559,6 +568,7 @@ mod tests {
 
         // Once nothing of it is left, the next lease sweeps it and takes it.
         assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_RMID, std::ptr::null_mut()) }, 0);
+        std::mem::forget(segment);
         let again = uids.lease().expect("a clean uid is leased again");
         assert_eq!(again.uid, uid);
         assert!(again.release());
