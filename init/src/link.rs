@@ -408,15 +408,66 @@ impl Takeover {
             match self.check(key, &mut c) {
                 Ok(Some(resume)) => return Some(Won { socket: c.fd, pid: c.pid, resume }),
                 Ok(None) => {
-                    if self.candidates.len() >= MAX_CANDIDATES {
-                        self.candidates.pop_front();
-                        self.refuse("a silent takeover connection was evicted".into());
-                    }
+                    let oldest =
+                        if self.candidates.len() >= MAX_CANDIDATES { self.candidates.pop_front() } else { None };
                     self.candidates.push_back(c);
+                    // The oldest gets a last look first: a host whose proof came after it was
+                    // accepted, while the flood kept the init busy accepting, still wins.
+                    if let Some(mut oldest) = oldest {
+                        match self.check(key, &mut oldest) {
+                            Ok(Some(resume)) => return Some(Won { socket: oldest.fd, pid: oldest.pid, resume }),
+                            Ok(None) => self.refuse("a silent takeover connection was evicted".into()),
+                            Err(e) => self.refuse(e),
+                        }
+                    }
                 }
                 Err(e) => self.refuse(e),
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+
+    fn link_id() -> String {
+        let mut b = [0u8; 16];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut b).unwrap();
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn connect(id: &str) -> UnixStream {
+        let addr = SocketAddr::from_abstract_name(wire::takeover_socket_name(id)).unwrap();
+        UnixStream::connect_addr(&addr).unwrap()
+    }
+
+    /// The host connected while the init was busy accepting a flood, so its connection was
+    /// taken in before its proof came; when the flood pushes it out of the candidates, the
+    /// proof that has come since is still read, and the host wins instead of being closed.
+    #[test]
+    fn a_candidate_evicted_by_a_flood_gets_a_last_look() {
+        let id = link_id();
+        let key = [7u8; KEY_LEN];
+        let mut t = Takeover::bind(&id, None, None).unwrap();
+        let mut host = connect(&id);
+        assert!(t.ready(&key, &[]).is_none(), "nothing proven yet");
+        assert_eq!(t.candidates.len(), 1);
+        let silent: Vec<_> = (1..MAX_CANDIDATES).map(|_| connect(&id)).collect();
+        // Only the listener is said to be readable: the candidates were not looked at again.
+        let listener_only = [Some(PollFlags::POLLIN)];
+        assert!(t.ready(&key, &listener_only).is_none());
+        assert_eq!(t.candidates.len(), MAX_CANDIDATES);
+        host.write_all(&wire::encode(Kind::Takeover, &wire::takeover_proof(&key, &id, &[1; wire::NONCE_LEN], 5)))
+            .unwrap();
+        let _one_more = connect(&id);
+        let won = t.ready(&key, &listener_only).expect("the host's proof is read before it is evicted");
+        assert_eq!(won.resume, 5);
+        assert_eq!(t.refused_count, 0, "{:?}", t.refused);
+        drop(silent);
     }
 }

@@ -51,6 +51,20 @@ const BUSY: &str = "i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done; times";
 const BUSY_THROTTLED: &str = "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; \
     for f in /sys/fs/cgroup/cpu.stat /sys/fs/cgroup/cpu/cpu.stat /sys/fs/cgroup/cpu,cpuacct/cpu.stat; do \
     [ -r $f ] && grep -m1 '^nr_throttled' $f && break; done";
+/// Two busy loops at once, eight rounds (about 1.4 s of CPU, so about 3 s at half a core:
+/// long enough that one period's burst hardly counts), and on until the kernel says it
+/// throttled the cgroup (at most 400 rounds): a busy host can keep a container under its
+/// quota for a while, so the work waits for the kernel's count instead of guessing how much
+/// is enough. Then the count and the quota the kernel holds (`cpu.max`, or v1's
+/// `cpu.cfs_quota_us` and `cpu.cfs_period_us`).
+const BUSY_UNTIL_THROTTLED: &str = "for d in /sys/fs/cgroup /sys/fs/cgroup/cpu /sys/fs/cgroup/cpu,cpuacct; do \
+    [ -r $d/cpu.stat ] && break; done; \
+    busy() { i=0; while [ $i -lt 40000 ]; do i=$((i+1)); done; }; \
+    n=0; while [ $n -lt 400 ] && { [ $n -lt 8 ] || ! grep -q '^nr_throttled [1-9]' $d/cpu.stat; }; do \
+    busy & busy; wait; n=$((n+1)); done; \
+    grep -m1 '^nr_throttled' $d/cpu.stat; \
+    if [ -r $d/cpu.max ]; then echo \"quota $(cat $d/cpu.max)\"; \
+    else echo \"quota $(cat $d/cpu.cfs_quota_us) $(cat $d/cpu.cfs_period_us)\"; fi";
 
 /// `nr_throttled N` from the command's stdout.
 fn throttled(o: &stevedore::Outcome) -> u64 {
@@ -174,11 +188,14 @@ async fn cpu_time_is_what_the_kernel_counted_and_half_a_core_is_throttled() {
     // container, and did not throttle the same work without a limit.
     let full = run(&rung, &sh(&image, &w, &t.path().join("f"), BUSY_THROTTLED, ResourceLimits::new())).await;
     let half = ResourceLimits::new().with(key::CPU, 500);
-    let o = run(&rung, &sh(&image, &w, &t.path().join("h"), BUSY_THROTTLED, half)).await;
+    let o = run(&rung, &sh(&image, &w, &t.path().join("h"), BUSY_UNTIL_THROTTLED, half)).await;
     assert_eq!((full.status, o.status), (Status::Ok, Status::Ok), "{}", o.to_json());
     let (cpu, wall) = (o.usage.cpu_time_ms.unwrap(), o.usage.wall_time_ms.unwrap());
     let share = cpu as f64 / wall as f64;
     eprintln!("--cpus 0.5: cpu {cpu} ms / wall {wall} ms = {share:.2}; throttled {} periods", throttled(&o));
+    let quota = stdout_of(&o).lines().find_map(|l| l.strip_prefix("quota ").map(str::to_owned));
+    let quota: Vec<u64> = quota.as_deref().unwrap_or("").split_whitespace().filter_map(|n| n.parse().ok()).collect();
+    assert!(matches!(quota[..], [q, p] if q * 2 == p), "the kernel does not hold half a core: {}", stdout_of(&o));
     assert!(share <= 0.6, "cpu/wall {share:.2} with half a core");
     assert!(throttled(&o) > 0, "the kernel never throttled the half core: {}", stdout_of(&o));
     assert_eq!(throttled(&full), 0, "no quota, no throttling: {}", stdout_of(&full));
