@@ -132,7 +132,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", help_heading = "Recovery")]
     checkpoint: Option<PathBuf>,
     /// How long the attempt keeps running after this process is gone, waiting for
-    /// `stevedore recover` (default 0: it is stopped at once)
+    /// `stevedore recover`, or after its connection to the engine was cut, for this process
+    /// to resume it (default 0: it is stopped at once)
     #[arg(long, value_name = "DUR", help_heading = "Recovery")]
     host_loss_grace: Option<String>,
     /// Run this handler of the worker image instead of a command

@@ -106,13 +106,35 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     let oom_rx = raw::prepare(&mut cmd, start.child_oom_score_adj, report_theirs, &start.rlimits)
         .map_err(|e| other(format!("cannot set up {prog}: {e}")))?;
     let started = Instant::now();
-    let child = cmd.spawn().map_err(|e| SpawnFailure { kind: classify(&e), message: format!("{prog}: {e}") })?;
+    let child = spawn_when_not_busy(&mut cmd)
+        .map_err(|e| SpawnFailure { kind: classify(&e), message: format!("{prog}: {e}") })?;
     // Closes the parent's copies of the child's ends (stream write ends, socket, errno pipe),
     // so EOF on ours means the command's side is gone.
     drop(cmd);
     let pid = Pid::from_raw(child.id() as i32);
     let oom_guard = start.child_oom_score_adj.zip(oom_rx).map(|(n, rx)| oom_report(n, pid, rx));
     Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, report, oom_guard })
+}
+
+/// How long a program may be busy (`ETXTBSY`) before that is its failure.
+const BUSY_FOR_AT_MOST: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Spawns `cmd`, again while its program is busy: a copy the host has just written (the
+/// process rung's worker) may still be open for writing in a child another thread of the
+/// host forked meanwhile, until that child execs, and an exec meets `ETXTBSY` for that
+/// short while. The same rule as the host's own (`lib/src/process/spawn.rs`).
+fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
+    let started = Instant::now();
+    let mut pause = std::time::Duration::from_millis(2);
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && started.elapsed() < BUSY_FOR_AT_MOST => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn oom_report(n: i32, pid: Pid, rx: OwnedFd) -> String {

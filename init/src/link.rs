@@ -24,6 +24,9 @@ pub(crate) const HIGH_WATER: usize = 1 << 20;
 /// How long a connection on the takeover socket has to prove the key (a real host's proof
 /// arrives with its connection).
 const PROVE_WITHIN: Duration = Duration::from_secs(2);
+/// Bytes of frames that went out that are kept for a resume until the host counts them;
+/// while this many wait, the command's pipes are not read (as for a slow reader).
+pub(crate) const RETAIN_CAP: usize = 4 << 20;
 /// Connections without a proof kept at once; past it, the oldest is evicted.
 const MAX_CANDIDATES: usize = 64;
 /// Connections accepted in one pass, so a flood cannot keep the init from its other work.
@@ -42,6 +45,11 @@ fn host_kinds(k: Kind) -> bool {
 }
 
 /// The link to the host.
+///
+/// What goes out is a sequence of numbered frames (`docs/link.md`, "Resuming a cut link"):
+/// the host counts what it received and says so in its heartbeats, and a host that comes
+/// back through a takeover says how many it has, so what went out but never arrived is
+/// sent again, once.
 #[derive(Debug)]
 pub(crate) struct Link {
     input: OwnedFd,
@@ -50,10 +58,24 @@ pub(crate) struct Link {
     pub in_open: bool,
     /// Writes failed for good (no reader at all): what is queued waits for a takeover.
     pub out_dead: bool,
-    out: Vec<u8>,
-    out_at: usize,
-    /// A frame boundary at or before `out_at`.
-    boundary: usize,
+    /// Frames numbered from `base`: the first `written` went out whole and are kept until
+    /// the host counts them (when `retain`), then one of which `partial` bytes went out,
+    /// then those queued.
+    frames: VecDeque<Vec<u8>>,
+    base: u64,
+    written: usize,
+    partial: usize,
+    /// Bytes of the first `written` frames.
+    kept_bytes: usize,
+    /// Bytes of numbered frames not written yet.
+    queued_bytes: usize,
+    /// An unnumbered frame that goes first on a new connection (a takeover's `Started`).
+    hello: Vec<u8>,
+    /// Whether frames that went out are kept for a resume (a host may come back).
+    pub retain: bool,
+    /// Frames that went out and were dropped before the host counted them (past
+    /// [`RETAIN_CAP`]): a resume from before them has a gap.
+    pub dropped_unacked: u64,
     pub last_heard: Instant,
     /// Bytes of a frame cut off by a takeover (the old host got its start, never its end).
     pub cut_bytes: u64,
@@ -82,9 +104,15 @@ impl Link {
             decoder: Decoder::new(host_kinds),
             in_open: true,
             out_dead: false,
-            out: Vec::new(),
-            out_at: 0,
-            boundary: 0,
+            frames: VecDeque::new(),
+            base: 0,
+            written: 0,
+            partial: 0,
+            kept_bytes: 0,
+            queued_bytes: 0,
+            hello: Vec::new(),
+            retain: false,
+            dropped_unacked: 0,
             last_heard: Instant::now(),
             cut_bytes: 0,
         }
@@ -98,48 +126,98 @@ impl Link {
         self.output.as_fd()
     }
 
+    /// Bytes waiting to be written.
     pub fn queued(&self) -> usize {
-        self.out.len() - self.out_at
+        self.queued_bytes + self.hello.len()
+    }
+
+    /// Bytes that went out and wait for the host's count.
+    pub fn kept(&self) -> usize {
+        self.kept_bytes
+    }
+
+    /// The number the next frame pushed gets.
+    pub fn next_number(&self) -> u64 {
+        self.base + self.frames.len() as u64
     }
 
     pub fn push(&mut self, kind: Kind, body: &[u8]) {
-        wire::encode_into(&mut self.out, kind, body);
+        let mut frame = Vec::with_capacity(HEADER_LEN + body.len());
+        wire::encode_into(&mut frame, kind, body);
+        self.queued_bytes += frame.len();
+        self.frames.push_back(frame);
     }
 
-    /// Moves `boundary` to the last frame start at or before `out_at`.
-    fn advance_boundary(&mut self) {
-        while self.boundary + HEADER_LEN <= self.out.len() {
-            let len = u32::from_be_bytes(self.out[self.boundary + 1..self.boundary + 5].try_into().expect("4 bytes"));
-            let end = self.boundary + HEADER_LEN + len as usize;
-            if end > self.out_at {
-                break;
+    /// Sends `kind` first on the current connection, outside the numbering.
+    pub fn hello(&mut self, kind: Kind, body: &[u8]) {
+        self.hello.clear();
+        wire::encode_into(&mut self.hello, kind, body);
+    }
+
+    /// The host has the first `count` frames: they need not be kept.
+    pub fn ack(&mut self, count: u64) {
+        while self.base < count && self.written > 0 {
+            self.pop_kept();
+        }
+    }
+
+    fn pop_kept(&mut self) {
+        let f = self.frames.pop_front().expect("a written frame is there");
+        self.kept_bytes -= f.len();
+        self.base += 1;
+        self.written -= 1;
+    }
+
+    /// `n` more bytes went out.
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let rest = self.frames[self.written].len() - self.partial;
+            if n < rest {
+                self.partial += n;
+                self.queued_bytes -= n;
+                return;
             }
-            self.boundary = end;
+            n -= rest;
+            self.queued_bytes -= rest;
+            self.kept_bytes += self.frames[self.written].len();
+            self.written += 1;
+            self.partial = 0;
+        }
+    }
+
+    /// Drops what went out and need not (or cannot) be kept.
+    fn trim(&mut self) {
+        while self.written > 0 && (!self.retain || self.kept_bytes > RETAIN_CAP) {
+            if self.retain {
+                self.dropped_unacked += 1;
+            }
+            self.pop_kept();
         }
     }
 
     /// Writes what it can without blocking.
     pub fn flush_some(&mut self) {
-        while self.queued() > 0 && !self.out_dead {
-            match nix::unistd::write(&self.output, &self.out[self.out_at..]) {
-                Ok(n) => self.out_at += n,
-                Err(Errno::EINTR) => {}
+        while !self.out_dead {
+            let wrote = if !self.hello.is_empty() {
+                nix::unistd::write(&self.output, &self.hello).map(|n| {
+                    self.hello.drain(..n);
+                })
+            } else if self.written < self.frames.len() {
+                let first = &self.frames[self.written][self.partial..];
+                let slices: Vec<io::IoSlice<'_>> = std::iter::once(io::IoSlice::new(first))
+                    .chain(self.frames.range(self.written + 1..).take(63).map(|f| io::IoSlice::new(f)))
+                    .collect();
+                nix::sys::uio::writev(&self.output, &slices).map(|n| self.advance(n))
+            } else {
+                break;
+            };
+            match wrote {
+                Ok(()) | Err(Errno::EINTR) => {}
                 Err(Errno::EAGAIN) => break,
                 Err(_) => self.out_dead = true,
             }
         }
-        if self.queued() == 0 {
-            self.out.clear();
-            self.out_at = 0;
-            self.boundary = 0;
-        } else if self.out_at >= HIGH_WATER {
-            // What was written is dropped as it goes (up to a frame boundary, so a takeover
-            // can resume on a whole frame).
-            self.advance_boundary();
-            self.out.drain(..self.boundary);
-            self.out_at -= self.boundary;
-            self.boundary = 0;
-        }
+        self.trim();
     }
 
     /// Writes everything, blocking (unless the host is gone for good).
@@ -175,28 +253,55 @@ impl Link {
         }
     }
 
-    /// Moves the link to `socket`, a host that proved the key. What the old host was sent
-    /// in part is cut at the next frame boundary; everything after it is sent to the new one.
-    pub fn take_over(&mut self, socket: OwnedFd) -> io::Result<()> {
+    /// Moves the link to `socket`, a host that proved the key and has the first `resume`
+    /// frames; returns the number of the first frame it will be sent. A host with none
+    /// (`resume` 0: a restarted worker) gets what had not gone out yet, a frame the old host
+    /// got only part of cut; a host with some gets everything after them that is still
+    /// kept (a gap, if the cap dropped some).
+    pub fn take_over(&mut self, socket: OwnedFd, resume: u64) -> io::Result<u64> {
         let output = socket.try_clone()?;
         set_nonblocking(socket.as_fd(), true);
-        self.advance_boundary();
-        let mut from = self.boundary;
-        while from < self.out_at {
-            let len = u32::from_be_bytes(self.out[from + 1..from + 5].try_into().expect("4 bytes"));
-            from += HEADER_LEN + len as usize;
+        if resume == 0 || !self.retain {
+            while self.written > 0 {
+                self.pop_kept();
+            }
+            if self.partial > 0 {
+                let f = self.frames.pop_front().expect("a frame in part");
+                self.cut_bytes += (f.len() - self.partial) as u64;
+                self.queued_bytes -= f.len() - self.partial;
+                self.base += 1;
+                self.partial = 0;
+            }
+        } else {
+            self.queued_bytes += self.kept_bytes + self.partial;
+            self.kept_bytes = 0;
+            self.written = 0;
+            self.partial = 0;
+            while self.base < resume.min(self.next_number()) {
+                let f = self.frames.pop_front().expect("below next_number");
+                self.queued_bytes -= f.len();
+                self.base += 1;
+            }
         }
-        self.cut_bytes += (from - self.out_at) as u64;
-        self.out.drain(..from.min(self.out.len()));
-        self.out_at = 0;
-        self.boundary = 0;
+        self.hello.clear();
         self.input = socket;
         self.output = output;
         self.decoder = Decoder::new(host_kinds);
         self.in_open = true;
         self.out_dead = false;
         self.last_heard = Instant::now();
-        Ok(())
+        Ok(self.base)
+    }
+
+    /// Drops the queued frames numbered `from` on (none of them went out on this
+    /// connection), so that what is pushed next is numbered `from`: a delivery that starts
+    /// again after a takeover replaces the one that was cut.
+    pub fn truncate_to(&mut self, from: u64) {
+        let sent = self.written + usize::from(self.partial > 0);
+        while self.next_number() > from && self.frames.len() > sent {
+            let f = self.frames.pop_back().expect("more than sent");
+            self.queued_bytes -= f.len();
+        }
     }
 }
 
@@ -469,5 +574,101 @@ mod tests {
         assert_eq!(won.resume, 5);
         assert_eq!(t.refused_count, 0, "{:?}", t.refused);
         drop(silent);
+    }
+
+    fn pair() -> (OwnedFd, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (OwnedFd::from(a), b)
+    }
+
+    /// The frames `peer` has, in order: (kind, body).
+    fn frames_on(peer: &mut UnixStream) -> Vec<(Kind, Vec<u8>)> {
+        peer.set_nonblocking(true).unwrap();
+        let mut d = Decoder::new(|_| true);
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(peer, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            d.feed(&buf[..n]);
+        }
+        std::iter::from_fn(|| d.next_frame().unwrap()).map(|f| (f.kind, f.body)).collect()
+    }
+
+    fn link_on(fd: OwnedFd) -> Link {
+        let mut l = Link::new(fd.try_clone().unwrap(), fd);
+        l.retain = true;
+        l
+    }
+
+    /// What went out is kept until the host counts it; a host that comes back with a count
+    /// gets a hello, then exactly the frames after it, once.
+    #[test]
+    fn a_resume_sends_what_the_host_did_not_count_once() {
+        let (fd, mut old) = pair();
+        let mut l = link_on(fd);
+        for b in [b"a", b"b", b"c"] {
+            l.push(Kind::Stdout, b);
+        }
+        l.flush_some();
+        assert_eq!(frames_on(&mut old).len(), 3);
+        assert_eq!((l.kept(), l.queued()), (3 * (HEADER_LEN + 1), 0));
+        l.ack(1);
+        assert_eq!(l.kept(), 2 * (HEADER_LEN + 1), "the counted frame is dropped");
+        l.push(Kind::Stdout, b"d");
+        // Cut before "d" went out; the host had "a" and "b" only.
+        let (fd, mut new) = pair();
+        assert_eq!(l.take_over(fd, 2).unwrap(), 2);
+        l.hello(Kind::Started, b"{}");
+        l.flush_some();
+        let got = frames_on(&mut new);
+        let bodies: Vec<&[u8]> = got.iter().map(|(_, b)| b.as_slice()).collect();
+        assert_eq!(bodies, [&b"{}"[..], b"c", b"d"]);
+        assert_eq!(got[0].0, Kind::Started);
+        assert_eq!(l.next_number(), 4);
+    }
+
+    /// A restarted worker (count 0) gets only what had not gone out, never the old stream
+    /// again; a delivery cut by a takeover is replaced, numbered from where it began.
+    #[test]
+    fn a_fresh_host_gets_what_had_not_gone_out_and_a_delivery_starts_again() {
+        let (fd, mut old) = pair();
+        let mut l = link_on(fd);
+        l.push(Kind::Stdout, b"out");
+        l.flush_some();
+        frames_on(&mut old);
+        drop(old);
+        let record = l.next_number();
+        l.push(Kind::Record, b"r1");
+        l.push(Kind::Output, b"tar");
+        l.flush_some();
+        assert!(l.out_dead, "nobody reads the old link");
+        let (fd, mut new) = pair();
+        assert_eq!(l.take_over(fd, 0).unwrap(), 1);
+        l.truncate_to(record);
+        assert_eq!(l.next_number(), record);
+        l.push(Kind::Record, b"r2");
+        l.flush_some();
+        let got = frames_on(&mut new);
+        assert_eq!(got, [(Kind::Record, b"r2".to_vec())]);
+    }
+
+    /// Past the cap, the oldest frames that went out are dropped and counted: a resume from
+    /// before them starts later, and says so by its number.
+    #[test]
+    fn past_the_cap_the_oldest_kept_go_and_a_resume_says_where_it_starts() {
+        let (fd, mut old) = pair();
+        let mut l = link_on(fd);
+        let chunk = vec![0u8; 1 << 16];
+        let n = RETAIN_CAP / chunk.len() + 4;
+        for _ in 0..n {
+            l.push(Kind::Stdout, &chunk);
+            l.flush_all();
+            frames_on(&mut old);
+        }
+        assert!(l.kept() <= RETAIN_CAP);
+        assert!(l.dropped_unacked >= 4, "{}", l.dropped_unacked);
+        let (fd, _new) = pair();
+        assert_eq!(l.take_over(fd, 1).unwrap(), l.dropped_unacked);
     }
 }

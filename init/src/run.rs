@@ -10,7 +10,7 @@
 
 use crate::child::{self, Spawned};
 use crate::handler::HandlerSocket;
-use crate::link::{HIGH_WATER, Link, Takeover, set_nonblocking};
+use crate::link::{HIGH_WATER, Link, RETAIN_CAP, Takeover, set_nonblocking};
 use crate::report::Inbox;
 use crate::wire::{
     self, Decoder, FsSpace, HandlerChannel, InitRecord, KEY_LEN, Kind, Start, Started, StoppedBy, WaitStatus,
@@ -218,6 +218,9 @@ struct Init {
     /// The process carrying the link since a takeover (`stevedore-init relay`, run by the
     /// engine's exec in the same pid namespace): spared when everything else is killed.
     relay: Option<Pid>,
+    /// The number of the record's frame once a delivery began: a delivery a takeover
+    /// interrupts starts again from there.
+    record_number: Option<u64>,
 }
 
 /// What running the command found out.
@@ -269,6 +272,7 @@ impl Init {
             takeovers: 0,
             command_pid: 0,
             relay: None,
+            record_number: None,
         }
     }
 
@@ -306,6 +310,8 @@ impl Init {
                 Err(e) => self.diag(&format!("no takeover for this attempt: {e}")),
             }
         }
+        // Only a host that may come back needs what went out kept.
+        self.link.retain = self.may_wait(&start);
         let ended = match child::spawn(&start) {
             Ok(spawned) => self.supervise(&start, spawned),
             Err(failure) => {
@@ -405,7 +411,7 @@ impl Init {
                 set_nonblocking(fd.as_fd(), true);
             }
         }
-        self.push_started(false);
+        self.push_started();
         let mut buf = vec![0u8; CHUNK];
         // The command may have ended before the first SIGCHLD could be read.
         sup.reap_ready();
@@ -415,7 +421,7 @@ impl Init {
             if sup.end.is_some() {
                 break;
             }
-            let flow = self.link.queued() < HIGH_WATER;
+            let flow = self.link.queued() < HIGH_WATER && self.link.kept() < RETAIN_CAP;
             let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
             let mut slots = vec![Slot::Signals];
             if self.link.in_open {
@@ -521,12 +527,13 @@ impl Init {
         }
     }
 
-    fn push_started(&mut self, ended: bool) {
+    fn push_started(&mut self) {
         let started = Started {
             pid: self.command_pid,
             init_version: env!("CARGO_PKG_VERSION").to_owned(),
-            resumed: self.takeovers > 0,
-            ended,
+            resumed: false,
+            ended: false,
+            from: 0,
         };
         self.link.push(Kind::Started, &serde_json::to_vec(&started).expect("serialises"));
     }
@@ -545,21 +552,36 @@ impl Init {
             self.diag(&format!("{} more takeover connections refused", count - refused.len() as u64));
         }
         let Some(won) = won else { return false };
-        if let Err(e) = self.link.take_over(won.socket) {
-            self.diag(&format!("a takeover could not be completed: {e}"));
-            return false;
+        let from = match self.link.take_over(won.socket, won.resume) {
+            Ok(from) => from,
+            Err(e) => {
+                self.diag(&format!("a takeover could not be completed: {e}"));
+                return false;
+            }
+        };
+        // A delivery under way starts again, whole, for the new host.
+        if let Some(n) = self.record_number {
+            self.link.truncate_to(n);
         }
+        let hello = Started {
+            pid: self.command_pid,
+            init_version: env!("CARGO_PKG_VERSION").to_owned(),
+            resumed: true,
+            ended,
+            from,
+        };
+        self.link.hello(Kind::Started, &serde_json::to_vec(&hello).expect("serialises"));
         self.takeovers += 1;
         // Whoever held the link before is gone or replaced: the record says the host was lost,
         // even when the new one came before the old one's end was read.
         self.host_lost_ever = true;
         self.relay = won.pid.map(Pid::from_raw);
-        if won.resume > 0 {
-            self.diag(&format!("the new host has {} frames already; what this init kept is sent again", won.resume));
+        if from > won.resume && won.resume > 0 {
+            let text = format!("{} frames the new host did not have were no longer kept", from - won.resume);
+            self.diag(&text);
         }
         self.host_lost = false;
         self.abandon_at = None;
-        self.push_started(ended);
         if self.link.cut_bytes > 0 {
             let text = format!("{} bytes of a frame to the previous host were cut", self.link.cut_bytes);
             self.diag(&text);
@@ -570,11 +592,11 @@ impl Init {
     fn host_frames(&mut self, sup: &mut Supervisor) {
         loop {
             match self.link.decoder.next_frame() {
-                Ok(Some(f)) => {
-                    if f.kind == Kind::Stop {
-                        self.begin_stop(sup, StoppedBy::Term, sup.grace);
-                    }
-                }
+                Ok(Some(f)) => match f.kind {
+                    Kind::Stop => self.begin_stop(sup, StoppedBy::Term, sup.grace),
+                    Kind::Heartbeat => self.link.ack(wire::heartbeat_count(&f.body)),
+                    _ => {}
+                },
                 Ok(None) => break,
                 Err(e) => {
                     let text = format!("the link from the host is broken: {e}");
@@ -770,6 +792,7 @@ impl Init {
                 } else if !self.may_wait(start) {
                     // Nobody will take over: the record goes out for whoever still reads
                     // the old link; the outputs would only be written into the void.
+                    self.record_number.get_or_insert(self.link.next_number());
                     self.link.push(Kind::Record, &sealed);
                     self.link.flush_all();
                     return;
@@ -783,6 +806,7 @@ impl Init {
     }
 
     fn send_record(&mut self, start: &Start, sealed: &[u8]) {
+        self.record_number.get_or_insert(self.link.next_number());
         self.link.push(Kind::Record, sealed);
         self.link.flush_all();
         if self.link.out_dead {
@@ -810,6 +834,7 @@ impl Init {
             loop {
                 match self.link.decoder.next_frame() {
                     Ok(Some(f)) if f.kind == Kind::Ack => return AfterRecord::Acked,
+                    Ok(Some(f)) if f.kind == Kind::Heartbeat => self.link.ack(wire::heartbeat_count(&f.body)),
                     Ok(Some(_)) => {}
                     Ok(None) => break,
                     Err(_) => {

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 4;
+pub const PROTOCOL: u32 = 5;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -183,7 +183,8 @@ impl Kind {
     pub fn max_body(self) -> usize {
         match self {
             Kind::Start => 4 + (4 << 20) + MAX_PAYLOAD_BYTES,
-            Kind::Heartbeat | Kind::Stop | Kind::Ack => 0,
+            Kind::Heartbeat => 8,
+            Kind::Stop | Kind::Ack => 0,
             Kind::Started | Kind::HandlerHello => 4 << 10,
             Kind::Stdout | Kind::Stderr | Kind::Output => MAX_CHUNK,
             Kind::Record => MAC_LEN + 2 * MAX_RECORD_BYTES,
@@ -817,6 +818,22 @@ pub struct Started {
     /// On a takeover: whether the command had already ended.
     #[serde(default)]
     pub ended: bool,
+    /// On a takeover: the number of the first frame the new host is sent after this one
+    /// (frames are numbered from 0 on the attempt's link; this `Started` is outside the
+    /// numbering). Below the count the host gave: what it has is sent again; above it: the
+    /// frames between were lost.
+    #[serde(default)]
+    pub from: u64,
+}
+
+/// A heartbeat's body: how many of the init's frames the host has received.
+pub fn heartbeat_body(count: u64) -> [u8; 8] {
+    count.to_be_bytes()
+}
+
+/// The count a heartbeat carries (an empty one counts nothing).
+pub fn heartbeat_count(body: &[u8]) -> u64 {
+    body.try_into().map_or(0, u64::from_be_bytes)
 }
 
 /// One output entry that was not sent, with why.

@@ -173,7 +173,7 @@ fn seeds() -> Vec<Seed> {
     link.extend(wire::encode(Kind::Ack, b""));
     let mut out = wire::encode(
         Kind::Started,
-        &json(&wire::Started { pid: 7, init_version: "0.1.0".into(), resumed: false, ended: false }),
+        &json(&wire::Started { pid: 7, init_version: "0.1.0".into(), resumed: false, ended: false, from: 0 }),
     );
     out.extend(wire::encode(Kind::Stdout, b"hello\n"));
     out.extend(wire::encode(Kind::Stderr, b"warning: x\n"));
@@ -222,7 +222,7 @@ fn seeds() -> Vec<Seed> {
         (
             "record",
             "started",
-            json(&wire::Started { pid: 7, init_version: "0.1.0".into(), resumed: true, ended: true }),
+            json(&wire::Started { pid: 7, init_version: "0.1.0".into(), resumed: true, ended: true, from: 0 }),
         ),
         (
             "record",

@@ -518,6 +518,75 @@ async fn a_cut_connection_mid_attempt_is_engine_lost_and_nothing_is_left() {
     assert_engine_lost(&through_a_fault(&docker, &image, &w, script, || cut_connections(&shell)).await);
 }
 
+/// The connection cut for 10 s, shorter than the host-loss grace (60 s here): the link is
+/// resumed through the takeover (`docs/link.md`, "Resuming a cut link"). The command never
+/// notices: every line it printed arrives once and in order, its outputs come back, and the
+/// Outcome is its own (`ok`, exit 0), saying the link was resumed with nothing lost.
+#[tokio::test]
+async fn a_cut_shorter_than_the_host_loss_grace_is_resumed_with_nothing_lost_or_twice() {
+    use std::io::{BufRead, BufReader, Read};
+    let case = "a_cut_shorter_than_the_host_loss_grace_is_resumed_with_nothing_lost_or_twice";
+    let Some((shell, docker, image, _one, _timed)) = with_faults(case, "have its connections cut").await else {
+        return;
+    };
+    let w = support::worker("e-resume");
+    let t = tempfile::tempdir().unwrap();
+    let outcome_file = t.path().join("outcome.json");
+    // Lines before, through and after the cut (about 30 s of them); if the command is done
+    // before the link is back, its record and outputs wait for the resumed link instead.
+    const LINES: usize = 600;
+    let script = format!(
+        "echo ready >&2; i=0; while [ $i -lt {LINES} ]; do i=$((i+1)); echo line $i; sleep 0.05; done; \
+         echo done > /out/done"
+    );
+    let mut child = Command::new(support::BIN)
+        .args(["run", "--outcome"])
+        .arg(&outcome_file)
+        .args(["--worker", &w, "--image", &image, "--host-loss-grace", "60s", "--output"])
+        .arg(t.path().join("o"))
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut s = String::new();
+        out.read_to_string(&mut s).unwrap();
+        s
+    });
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let said: Vec<String> = lines.by_ref().map_while(Result::ok).take_while(|l| !l.contains("ready")).collect();
+    let stderr = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    assert!(cut_connections(&shell), "the fault could not be injected");
+    let code = child.wait().unwrap().code();
+    let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&outcome_file).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no outcome ({e}); before ready: {said:?}\n{stderr}"));
+    assert_eq!(
+        (outcome["status"].as_str(), code),
+        (Some("ok"), Some(0)),
+        "the attempt is its command's own: {outcome}\n{stderr}"
+    );
+    let want: String = (1..=LINES).map(|i| format!("line {i}\n")).collect();
+    if stdout != want {
+        let got: Vec<&str> = stdout.lines().collect();
+        let first = got.iter().enumerate().find(|(i, l)| **l != format!("line {}", i + 1));
+        panic!("{} lines, the first out of place: {first:?}; {outcome}", got.len());
+    }
+    let resumed = &outcome["evidence"]["link_resumed"];
+    eprintln!("resumed: {resumed}; notes: {}", outcome["evidence"]["notes"]);
+    assert!(resumed["times"].as_u64().is_some_and(|n| n >= 1), "the link was resumed: {outcome}");
+    assert_eq!((resumed["frames_lost"].as_u64(), outcome["evidence"]["live_dropped_bytes"].as_u64()), (Some(0), None));
+    assert!(
+        outcome["outputs"].as_array().is_some_and(|o| o.iter().any(|f| f["name"] == "done")),
+        "the outputs came back: {outcome}"
+    );
+    let reclaim = Command::new(support::BIN).args(["reclaim", "--worker", &w]).output().unwrap();
+    assert!(reclaim.status.success(), "{}", String::from_utf8_lossy(&reclaim.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING, "left after reclaim: {outcome}");
+}
+
 /// This process's resident memory, in bytes.
 fn rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();

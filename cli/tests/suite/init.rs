@@ -80,6 +80,8 @@ struct Init {
     /// The command's streams as received so far.
     cmd_stdout: Vec<u8>,
     cmd_stderr: Vec<u8>,
+    /// Frames received whole on the link (the count a host's heartbeats and proofs carry).
+    frames: u64,
 }
 
 struct Finished {
@@ -129,6 +131,7 @@ fn launch_raw(out: TempDir, bytes: &[u8]) -> Init {
         _out: out,
         cmd_stdout: Vec::new(),
         cmd_stderr: Vec::new(),
+        frames: 0,
     }
 }
 
@@ -138,6 +141,7 @@ impl Init {
         let mut buf = [0u8; 65536];
         loop {
             if let Some(f) = self.decoder.next_frame().expect("only the init writes the link") {
+                self.frames += 1;
                 match f.kind {
                     Kind::Stdout => self.cmd_stdout.extend_from_slice(&f.body),
                     Kind::Stderr => self.cmd_stderr.extend_from_slice(&f.body),
@@ -652,8 +656,13 @@ fn prove(sock: &mut std::os::unix::net::UnixStream, key: &str, link_id: &str) {
 
 /// [`prove`], false when the init had closed the connection already.
 fn try_prove(sock: &mut std::os::unix::net::UnixStream, key: &str, link_id: &str) -> bool {
+    prove_with(sock, key, link_id, 0)
+}
+
+/// [`try_prove`] for a host that has the first `resume` frames.
+fn prove_with(sock: &mut std::os::unix::net::UnixStream, key: &str, link_id: &str, resume: u64) -> bool {
     let nonce: [u8; wire::NONCE_LEN] = rand_u128().to_ne_bytes().repeat(2).try_into().unwrap();
-    let proof = wire::takeover_proof(&wire::parse_key(key).unwrap(), link_id, &nonce, 0);
+    let proof = wire::takeover_proof(&wire::parse_key(key).unwrap(), link_id, &nonce, resume);
     match sock.write_all(&wire::encode(Kind::Takeover, &proof)) {
         Ok(()) => true,
         Err(e) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => false,
@@ -706,6 +715,41 @@ fn a_restarted_host_takes_over_a_running_command() {
     assert_eq!((f.record.takeovers, f.record.host_lost, f.record.stopped_by), (1, true, None));
     assert!(f.stdout.contains("after"), "output after the takeover reaches the new host: {:?}", f.stdout);
     assert_eq!(tar_names(&f.tar), ["x"]);
+}
+
+/// A cut link (`docs/link.md`, "Resuming a cut link"): the init wrote more than the host
+/// received (what was in flight is lost with the old link); a host that comes back with the
+/// count of frames it has gets the init's hello naming that count, then every frame after
+/// it, once: the command's output is whole and in order.
+#[test]
+fn a_host_back_with_its_count_gets_every_frame_after_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let id = LINK_ID();
+    const LINES: usize = 3000;
+    let lines = format!("i=0; while [ $i -lt {LINES} ]; do i=$((i+1)); echo line $i; done");
+    let mut init = launch(|o| gated(&gate, &lines, o, &id, 30_000), b"");
+    init.stdout_until("ready");
+    std::fs::write(&gate, b"").unwrap();
+    init.stdout_until("line 100\n");
+    let have = init.frames;
+    // Everything the init wrote after these frames stays in the old pipe, never read.
+    init.drop_old_link();
+    let mut sock = connect(&id);
+    assert!(prove_with(&mut sock, KEY, &id, have));
+    init.stdin = Some(Box::new(sock.try_clone().unwrap()));
+    init.stdout = Box::new(sock);
+    init.decoder = Decoder::new(|k| !matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack));
+    let hello = init.next().expect("the init's hello");
+    assert_eq!(hello.kind, Kind::Started);
+    let hello: Started = serde_json::from_slice(&hello.body).unwrap();
+    assert!(hello.resumed && !hello.ended);
+    assert_eq!(hello.from, have, "it goes on from the host's count");
+    let f = init.finish();
+    assert_eq!(f.record.wait, WaitStatus::Code(0));
+    let want: String =
+        std::iter::once("ready\n".to_owned()).chain((1..=LINES).map(|i| format!("line {i}\n"))).collect();
+    assert!(f.stdout == want, "{} bytes, not the {} of every line once", f.stdout.len(), want.len());
 }
 
 #[test]

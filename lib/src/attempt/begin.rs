@@ -8,9 +8,10 @@ use crate::contract::{
     Task,
 };
 use crate::link::reports::{self, ReportRoute};
-use crate::link::session::{self, OutputsSink, ReaderSetup, Sender};
-use crate::link::supervise::Linked;
+use crate::link::session::{self, FrameCount, OutputsSink, ReaderSetup, Sender};
+use crate::link::supervise::{Linked, Rejoin};
 use crate::link::{CappedLog, LiveSink};
+use std::sync::Arc;
 use std::time::Instant;
 use stevedore_init::wire::{self, HandlerRequest, KEY_LEN, Start};
 use tokio::sync::mpsc;
@@ -69,6 +70,8 @@ pub(crate) async fn begin<S: Site>(
     let link_id = hex(&rand::random::<[u8; 16]>());
     let (report_tx, report_task) = report_forwarding(req);
     let started_tx = report_tx.clone();
+    let count = Arc::new(FrameCount::default());
+    let (rejoin, more) = rejoin(&cfg, key, &link_id);
     let setup = ReaderSetup {
         key,
         stdout: capture(&captures[0])?,
@@ -80,6 +83,9 @@ pub(crate) async fn begin<S: Site>(
         },
         reports: ReportRoute::new(scope(req), report_tx),
         stop: Default::default(),
+        count: count.clone(),
+        more,
+        taking_over: false,
     };
     let stop = setup.stop.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
@@ -116,8 +122,8 @@ pub(crate) async fn begin<S: Site>(
         // The init then sees no start and exits; the attempt ends as "no record".
         tracing::warn!(error = %e, "could not send the start to the init");
     }
-    let heartbeat = heartbeats(&sender, &cfg);
-    let link = Linked { started, sender, stop, events, reader, heartbeat };
+    let heartbeat = heartbeats(&sender, &cfg, count);
+    let link = Linked { started, sender, stop, events, reader, heartbeat, rejoin };
     Ok(Running { ledger, link, reports: report_task })
 }
 
@@ -129,9 +135,30 @@ async fn checkpointed(hooks: &crate::contract::HookSet, cp: &Checkpoint) -> Resu
     }
 }
 
-/// The heartbeats the link's settings ask for.
-pub(crate) fn heartbeats(sender: &Sender, cfg: &Settings) -> Option<tokio::task::JoinHandle<()>> {
-    cfg.link.host_loss.heartbeat_timeout.map(|_| sender.heartbeats(cfg.link.host_loss.heartbeat_every))
+/// The heartbeats the link's settings ask for: for the init's liveness check, and for its
+/// count of what it may stop keeping when a host may come back.
+pub(crate) fn heartbeats(
+    sender: &Sender,
+    cfg: &Settings,
+    count: Arc<FrameCount>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let loss = &cfg.link.host_loss;
+    (loss.heartbeat_timeout.is_some() || !loss.grace.is_zero()).then(|| sender.heartbeats(loss.heartbeat_every, count))
+}
+
+/// How a cut link is resumed, when the settings let the init wait for a host (a host-loss
+/// grace): the supervisor's half and the reader's.
+pub(crate) fn rejoin(
+    cfg: &Settings,
+    key: [u8; KEY_LEN],
+    link_id: &str,
+) -> (Option<Rejoin>, Option<mpsc::Receiver<session::InboundStream>>) {
+    let within = cfg.link.host_loss.grace;
+    if within.is_zero() {
+        return (None, None);
+    }
+    let (more, rx) = mpsc::channel(1);
+    (Some(Rejoin { key, link_id: link_id.to_owned(), more, within }), Some(rx))
 }
 
 /// What `begin` learnt of the attempt on its way to the ledger.

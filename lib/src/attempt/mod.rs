@@ -16,7 +16,7 @@ pub(crate) use site::{InFlight, since};
 pub(crate) use site::{Layout, Ledger, Plan, Ports, Provisioned, Removed, Rung, Settings, Site, SiteBase, Teardown};
 
 use crate::contract::{LaunchError, Outcome, Request};
-use crate::link::supervise::{Ended, HardStop, Rules, supervise};
+use crate::link::supervise::{Ended, Reach, Rules, supervise};
 use tokio_util::sync::CancellationToken;
 
 /// The span every attempt runs in; the rung's target is recorded once it exists.
@@ -45,7 +45,7 @@ pub(crate) async fn run<S: Site>(
         Err(e) => return Err(abandon(teardown, e).await),
     };
     tracing::Span::current().record("target", describe(&site.target(&running.ledger.own)));
-    let ended = supervised(site, &mut running.link, req, &running.ledger.own, cancel).await;
+    let ended = supervised(site, &mut running.link, req, &running.ledger, cancel).await;
     let begin::Running { ledger, link, reports } = running;
     drop(link);
     let worker = site.worker_named(&ledger.own);
@@ -81,7 +81,7 @@ async fn supervised<S: Site>(
     site: &S,
     link: &mut crate::link::supervise::Linked,
     req: &Request,
-    own: &S::Own,
+    ledger: &Ledger<S::Own>,
     cancel: &CancellationToken,
 ) -> Ended {
     let cfg = site.rung().settings;
@@ -91,18 +91,26 @@ async fn supervised<S: Site>(
         collection: cfg.link.collection,
         max_output_bytes: cfg.link.output_caps.max_total_bytes,
     };
-    supervise(link, req, rules, cancel, &Stop { site, own }).await
+    supervise(link, req, rules, cancel, &SiteReach { site, ledger }).await
 }
 
-/// A site's hard stop of one attempt, as supervision calls it.
-struct Stop<'a, S: Site> {
+/// What supervision asks of a site for one attempt: its hard stop, a new transport.
+struct SiteReach<'a, S: Site> {
     site: &'a S,
-    own: &'a S::Own,
+    ledger: &'a Ledger<S::Own>,
 }
 
-impl<S: Site> HardStop for Stop<'_, S> {
+impl<S: Site> Reach for SiteReach<'_, S> {
     fn hard_stop(&self) -> crate::util::BoxFuture<'_, ()> {
-        Box::pin(self.site.hard_stop(self.own))
+        Box::pin(self.site.hard_stop(&self.ledger.own))
+    }
+
+    fn reopen<'a>(
+        &'a self,
+        link_id: &'a str,
+        within: std::time::Duration,
+    ) -> crate::util::BoxFuture<'a, Result<crate::link::session::Transport, String>> {
+        Box::pin(self.site.takeover(self.ledger, link_id, within))
     }
 }
 

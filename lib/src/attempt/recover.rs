@@ -67,6 +67,8 @@ async fn take_over<S: Site>(
     let (report_tx, reports) = super::begin::report_forwarding(&req);
     let cfg = rung.settings;
     let caps = Caps { max_files: ledger.max_files as usize, max_total_bytes: ledger.max_total_bytes };
+    let (rejoin, more) = super::begin::rejoin(&cfg, key, &cp.link.id);
+    let mut more = Some(more);
     let setup = || {
         let dir = rung.base.captures.of_worker(&cp.worker).map_err(|e| e.to_string())?;
         let [out, err] = &ledger.captures;
@@ -78,13 +80,18 @@ async fn take_over<S: Site>(
             outputs: OutputsSink { dest: dest.try_clone().map_err(|e| e.to_string())?, caps },
             reports: ReportRoute::new(super::scope(&req), report_tx.clone()),
             stop: Default::default(),
+            count: Default::default(),
+            // Only the try that succeeds uses it; a failed one hands it back through nothing,
+            // so a later try goes without (its cut then ends the link).
+            more: more.take().flatten(),
+            taking_over: true,
         })
     };
     let open = |within: Duration| site.takeover(&ledger, &cp.link.id, within);
     let taken = session::take_over(open, setup, &key, &cp.link.id, &rung.base.tracker, TAKEOVER_WITHIN).await;
     // The reader's route holds the only sender now: the forwarding ends with the reader.
     drop(report_tx);
-    let session::TakenOver { sender, stop, events, reader, resumed } = match taken {
+    let session::TakenOver { sender, stop, events, reader, resumed, count } = match taken {
         Ok(t) => t,
         Err(why) => {
             let ending = Ending { ledger, ended: Ended::default(), reports };
@@ -94,9 +101,9 @@ async fn take_over<S: Site>(
     };
     let away_ms = crate::contract::unix_ms_now().saturating_sub(ledger.started_ms);
     let started = Instant::now().checked_sub(Duration::from_millis(away_ms)).unwrap_or_else(Instant::now);
-    let heartbeat = super::begin::heartbeats(&sender, &cfg);
-    let mut link = Linked { started, sender, stop, events, reader, heartbeat };
-    let ended = super::supervised(site, &mut link, &req, &ledger.own, cancel).await;
+    let heartbeat = super::begin::heartbeats(&sender, &cfg, count);
+    let mut link = Linked { started, sender, stop, events, reader, heartbeat, rejoin };
+    let ended = super::supervised(site, &mut link, &req, &ledger, cancel).await;
     drop(link);
     let how = if resumed.ended {
         "taken over by a restarted worker after the command had ended; the record and outputs were kept for it"

@@ -28,8 +28,8 @@ pub use limits::{Limits, ParseError, ResourceLimits, parse_cpus, parse_duration,
 pub use live::{LiveChunk, LiveOutput, Stream};
 pub(crate) use outcome::unix_ms_now;
 pub use outcome::{
-    CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LogCapture, Logs, NarrowedLimit, Next, Outcome,
-    OutputFile, Phases, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage,
+    CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LinkResumed, LogCapture, Logs, NarrowedLimit, Next,
+    Outcome, OutputFile, Phases, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, Usage,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

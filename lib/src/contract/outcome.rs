@@ -371,6 +371,9 @@ pub struct Evidence {
     /// `collection_deadline`). Absent when the init sent no record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub collection: Option<CollectionSeen>,
+    /// The link to the init was cut and resumed (`docs/link.md`, "Resuming a cut link").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_resumed: Option<LinkResumed>,
     /// Where the attempt's time went (`docs/outcome.md`, "Phases").
     #[serde(skip_serializing_if = "Phases::is_empty")]
     pub phases: Phases,
@@ -430,6 +433,19 @@ pub struct CollectionSeen {
     pub elapsed_ms: u64,
     /// The deadline ran out: files were left out.
     pub cut: bool,
+}
+
+/// A link that was cut and resumed: how often, and whether anything of the init's went
+/// missing or came twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LinkResumed {
+    /// Times the link was resumed.
+    pub times: u32,
+    /// Frames the init had sent before a cut and no longer kept: the captures miss them.
+    pub frames_lost: u64,
+    /// Frames sent again that the host already had, and dropped.
+    pub frames_again: u64,
 }
 
 /// One named cache, as an attempt used it.

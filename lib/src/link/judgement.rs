@@ -73,6 +73,22 @@ fn link_evidence(ended: &Ended, account: &Account, ev: &mut Evidence) {
     if let Some(e) = &got.link_error {
         ev.notes.push(e.clone());
     }
+    if got.resumed > 0 {
+        ev.link_resumed = Some(crate::contract::LinkResumed {
+            times: got.resumed,
+            frames_lost: got.frames_lost,
+            frames_again: got.frames_again,
+        });
+        if got.frames_lost > 0 {
+            ev.notes.push(format!(
+                "{} frames the init sent before a cut were lost: the captured streams miss part of the command's output",
+                got.frames_lost
+            ));
+        }
+    }
+    if let Some(why) = &ended.resume_failed {
+        ev.notes.push(why.clone());
+    }
     if ended.hard_killed {
         ev.notes.push(format!("the init did not finish within the grace; {}", account.hard_stop));
     }

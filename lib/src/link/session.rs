@@ -5,6 +5,11 @@
 //! The reader never waits for a consumer it does not own: captures are local files, the
 //! live copy is dropped when the caller's channel is full. It only waits for the outputs
 //! extractor, which is the attempt's own and runs after the command has ended.
+//!
+//! It counts the init's frames (`docs/link.md`, "Resuming a cut link"): the heartbeats carry
+//! the count, and when its transport ends before the outputs did, a reader that may resume
+//! says how many it has ([`Event::Cut`]) and waits for the next transport, on which the
+//! init's `Started` says where it goes on from.
 
 use super::capture::{CappedLog, LiveSink, Tail};
 use super::reports::ReportRoute;
@@ -17,6 +22,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use stevedore_init::wire::{self, Decoder, InitRecord, KEY_LEN, Kind, OutputEnd, Started};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -34,10 +40,48 @@ pub(crate) enum Inbound {
     InitStderr(Bytes),
 }
 
-/// Sends frames to the init. Clones share one writer, so frames never interleave.
+/// What the init's frames look like from the host: a transport's bytes.
+pub(crate) type InboundStream = Pin<Box<dyn FutStream<Item = io::Result<Inbound>> + Send>>;
+
+/// Bytes of the init's frames between two counts sent without waiting for the timer, well
+/// below what the init keeps (`init/src/link.rs`, `RETAIN_CAP`), so that it never waits for one.
+const COUNT_EVERY_BYTES: u64 = 256 << 10;
+
+/// How many of the init's frames the reader has; shared with the heartbeats that carry it.
+#[derive(Debug, Default)]
+pub(crate) struct FrameCount {
+    frames: AtomicU64,
+    bytes_since: AtomicU64,
+    due: tokio::sync::Notify,
+}
+
+impl FrameCount {
+    pub fn get(&self) -> u64 {
+        self.frames.load(Ordering::Acquire)
+    }
+
+    fn set(&self, n: u64) {
+        self.frames.store(n, Ordering::Release);
+    }
+
+    /// One more frame of `len` bytes.
+    fn one(&self, len: usize) {
+        self.frames.fetch_add(1, Ordering::AcqRel);
+        if self.bytes_since.fetch_add(len as u64, Ordering::AcqRel) + len as u64 >= COUNT_EVERY_BYTES {
+            self.bytes_since.store(0, Ordering::Release);
+            self.due.notify_one();
+        }
+    }
+}
+
+/// Sends frames to the init. Clones share one writer, so frames never interleave; after a
+/// cut the writer is replaced ([`Sender::adopt`]) and every clone writes to the new one.
 #[derive(Clone)]
 pub(crate) struct Sender {
     w: Arc<tokio::sync::Mutex<LinkWriter>>,
+    /// A stop was asked for: said again on a writer adopted after a cut (it may have been
+    /// written into the cut one).
+    stop_asked: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Sender {
@@ -48,7 +92,18 @@ impl std::fmt::Debug for Sender {
 
 impl Sender {
     pub fn new(w: LinkWriter) -> Self {
-        Self { w: Arc::new(tokio::sync::Mutex::new(w)) }
+        Self { w: Arc::new(tokio::sync::Mutex::new(w)), stop_asked: Arc::default() }
+    }
+
+    /// Writes to `other`'s writer from now on (a resumed link; its proof already went out
+    /// on it); a stop asked for before is asked again.
+    pub async fn adopt(&self, other: Sender) -> io::Result<()> {
+        let new = std::mem::replace(&mut *other.w.lock().await, Box::pin(tokio::io::sink()));
+        *self.w.lock().await = new;
+        if self.stop_asked.load(Ordering::Acquire) {
+            self.frame(Kind::Stop, b"").await?;
+        }
+        Ok(())
     }
 
     /// Writes raw bytes (already framed) and flushes.
@@ -60,21 +115,27 @@ impl Sender {
 
     /// Writes one frame and flushes.
     pub async fn frame(&self, kind: Kind, body: &[u8]) -> io::Result<()> {
+        if kind == Kind::Stop {
+            self.stop_asked.store(true, Ordering::Release);
+        }
         self.raw(&wire::encode(kind, body)).await
     }
 
-    /// Sends a heartbeat every `every` until the returned task is aborted or a write fails.
-    pub fn heartbeats(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+    /// Sends a heartbeat, with `count`, every `every` and whenever the count is due, until
+    /// the returned task is aborted. A write that fails is not the end: the link may be
+    /// resumed on another writer.
+    pub fn heartbeats(&self, every: Duration, count: Arc<FrameCount>) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
-                tick.tick().await;
-                if me.frame(Kind::Heartbeat, b"").await.is_err() {
-                    return;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = count.due.notified() => {}
                 }
+                let _ = me.frame(Kind::Heartbeat, &wire::heartbeat_body(count.get())).await;
             }
         })
     }
@@ -136,6 +197,13 @@ pub(crate) struct ReaderSetup {
     /// Cancelled when the collection's time ran out: the reader stops reading, keeps every
     /// output it received whole, and ends.
     pub stop: tokio_util::sync::CancellationToken,
+    /// The count of the init's frames received.
+    pub count: Arc<FrameCount>,
+    /// The next transports after a cut; `None`: a cut is the end.
+    pub more: Option<mpsc::Receiver<InboundStream>>,
+    /// The first frame is a takeover's `Started`, for a host that has nothing of the link
+    /// (a restarted worker): the count starts where it says.
+    pub taking_over: bool,
 }
 
 /// What the attempt hears from the reader as it happens.
@@ -147,6 +215,9 @@ pub(crate) enum Event {
     Record(Result<Box<InitRecord>, String>),
     /// The outputs tar ended.
     OutputsDone,
+    /// The transport ended with this many of the init's frames received, before the
+    /// outputs did: the reader waits for another (see [`ReaderSetup::more`]).
+    Cut(u64),
     /// The link ended.
     Closed,
 }
@@ -175,6 +246,12 @@ pub(crate) struct Received {
     pub link_error: Option<String>,
     /// The sandbox's reports, as the host saw them.
     pub reports: crate::contract::ReportsSeen,
+    /// How often the link was resumed after a cut.
+    pub resumed: u32,
+    /// Frames of the init's that went out before a cut and were no longer kept for the resume.
+    pub frames_lost: u64,
+    /// Frames sent again on a resume that the host already had (not routed again).
+    pub frames_again: u64,
 }
 
 struct Extraction {
@@ -217,26 +294,31 @@ impl Extraction {
     }
 }
 
-/// Reads the init's frames until the transport ends; routes them as the module says.
+/// Reads the init's frames until the transport ends (and no other follows); routes them as
+/// the module says.
 pub(crate) async fn read(
-    mut inbound: impl FutStream<Item = io::Result<Inbound>> + Unpin,
-    setup: ReaderSetup,
+    mut inbound: InboundStream,
+    mut setup: ReaderSetup,
     events: mpsc::UnboundedSender<Event>,
 ) -> Received {
     let stop = setup.stop.clone();
-    let mut decoder = Decoder::new(|k: Kind| {
-        matches!(
-            k,
-            Kind::Started
-                | Kind::Stdout
-                | Kind::Stderr
-                | Kind::Record
-                | Kind::Output
-                | Kind::OutputEnd
-                | Kind::Report
-                | Kind::Diag
-        )
-    });
+    let mut more = setup.more.take();
+    let decoder = || {
+        Decoder::new(|k: Kind| {
+            matches!(
+                k,
+                Kind::Started
+                    | Kind::Stdout
+                    | Kind::Stderr
+                    | Kind::Record
+                    | Kind::Output
+                    | Kind::OutputEnd
+                    | Kind::Report
+                    | Kind::Diag
+            )
+        })
+    };
+    let mut d = decoder();
     let mut router = Router::new(setup, events);
     let mut cut = None;
     'read: loop {
@@ -246,25 +328,35 @@ pub(crate) async fn read(
                 cut = Some("collection_deadline: the collection's time ran out");
                 break;
             }
-            item = inbound.next() => match item {
-                Some(item) => item,
-                None => break,
-            },
+            item = inbound.next() => item,
         };
         let bytes = match item {
-            Ok(Inbound::Link(b)) => b,
-            Ok(Inbound::InitStderr(b)) => {
+            Some(Ok(Inbound::Link(b))) => b,
+            Some(Ok(Inbound::InitStderr(b))) => {
                 router.init_stderr.push(&b);
                 continue;
             }
-            Err(e) => {
-                router.got.link_error = Some(format!("the transport failed: {e}"));
-                break;
+            end => {
+                let failed = match end {
+                    Some(Err(e)) => Some(format!("the transport failed: {e}")),
+                    _ => None,
+                };
+                match router.next_transport(&mut more, &stop).await {
+                    Some(next) => {
+                        inbound = next;
+                        d = decoder();
+                        continue;
+                    }
+                    None => {
+                        router.got.link_error = router.got.link_error.take().or(failed);
+                        break;
+                    }
+                }
             }
         };
-        decoder.feed(&bytes);
+        d.feed(&bytes);
         loop {
-            let routed = match decoder.next_frame() {
+            let routed = match d.next_frame() {
                 Ok(Some(frame)) => router.route(frame).await,
                 Ok(None) => break,
                 Err(e) => Err(format!("the link is broken: {e}")),
@@ -292,11 +384,27 @@ struct Router {
     record_seen: bool,
     init_stderr: Tail,
     got: Received,
+    count: Arc<FrameCount>,
+    /// The next frame is a takeover's `Started` (outside the numbering).
+    hello: Hello,
+    /// Frames sent again that this host already has: not routed again.
+    skip: u64,
+}
+
+/// What the first frame on a transport is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hello {
+    /// The link's first transport: the frames are numbered from its first.
+    None,
+    /// A resume: the `Started` says the number of the frame after it.
+    Resume,
+    /// A restarted worker's takeover: the count starts where the `Started` says.
+    Fresh,
 }
 
 impl Router {
     fn new(setup: ReaderSetup, events: mpsc::UnboundedSender<Event>) -> Self {
-        let ReaderSetup { key, stdout, stderr, live, outputs, reports, stop: _ } = setup;
+        let ReaderSetup { key, stdout, stderr, live, outputs, reports, stop: _, count, more: _, taking_over } = setup;
         Self {
             key,
             stdout,
@@ -309,11 +417,79 @@ impl Router {
             record_seen: false,
             init_stderr: Tail::new(16 << 10),
             got: Received::default(),
+            count,
+            hello: if taking_over { Hello::Fresh } else { Hello::None },
+            skip: 0,
         }
+    }
+
+    /// After a cut: the next transport, if the link may be resumed and one comes before the
+    /// reader is stopped. Not once the record is here: a delivery is not resumed (the init
+    /// starts it again for a restarted worker only).
+    async fn next_transport(
+        &mut self,
+        more: &mut Option<mpsc::Receiver<InboundStream>>,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<InboundStream> {
+        if self.record_seen {
+            return None;
+        }
+        let rx = more.as_mut()?;
+        let _ = self.events.send(Event::Cut(self.count.get()));
+        let next = tokio::select! {
+            () = stop.cancelled() => None,
+            next = rx.recv() => next,
+        };
+        if next.is_some() {
+            self.hello = Hello::Resume;
+        }
+        next
+    }
+
+    fn diag(&mut self, body: &[u8]) {
+        if self.got.diag.len() < 32 {
+            self.got.diag.push(String::from_utf8_lossy(body).into_owned());
+        }
+    }
+
+    /// A takeover's `Started`: where the numbering goes on.
+    fn hello(&mut self, frame: &wire::Frame) -> Result<(), String> {
+        let s = (frame.kind == Kind::Started)
+            .then(|| wire::parse_claim::<Started>(&frame.body, Kind::Started.max_body()).ok())
+            .flatten()
+            .filter(|s| s.resumed)
+            .ok_or_else(|| format!("the init's first frame on a takeover is {:?}, not its Started", frame.kind))?;
+        let have = self.count.get();
+        if self.hello == Hello::Resume {
+            self.got.resumed += 1;
+            if s.from > have {
+                self.got.frames_lost += s.from - have;
+            }
+            self.skip = have.saturating_sub(s.from);
+            self.got.frames_again += self.skip;
+        }
+        self.count.set(have.max(s.from));
+        self.hello = Hello::None;
+        let _ = self.events.send(Event::Started(s));
+        Ok(())
     }
 
     /// Routes one frame; `Err` says why the link cannot be trusted past it.
     async fn route(&mut self, frame: wire::Frame) -> Result<(), String> {
+        if self.hello != Hello::None {
+            if frame.kind == Kind::Diag {
+                // Before the hello only a refusal can come (`wire::TAKEOVER_REFUSED`): the init
+                // did not take this connection, so it is outside the numbering too.
+                self.diag(&frame.body);
+                return Ok(());
+            }
+            return self.hello(&frame);
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return Ok(());
+        }
+        self.count.one(frame.body.len());
         match frame.kind {
             Kind::Stdout => {
                 self.stdout.write(&frame.body);
@@ -328,11 +504,7 @@ impl Router {
                     let _ = self.events.send(Event::Started(s));
                 }
             }
-            Kind::Diag => {
-                if self.got.diag.len() < 32 {
-                    self.got.diag.push(String::from_utf8_lossy(&frame.body).into_owned());
-                }
-            }
+            Kind::Diag => self.diag(&frame.body),
             Kind::Report => self.reports.take(&frame.body),
             Kind::Record if !self.record_seen => {
                 self.record_seen = true;
@@ -383,7 +555,7 @@ impl Router {
 }
 
 /// A transport to an init's takeover socket: what it delivers, and a sender on it.
-pub(crate) type Transport = (Pin<Box<dyn FutStream<Item = io::Result<Inbound>> + Send>>, Sender);
+pub(crate) type Transport = (InboundStream, Sender);
 
 /// A link taken over: the reader runs on the new transport.
 #[derive(Debug)]
@@ -395,6 +567,8 @@ pub(crate) struct TakenOver {
     pub reader: ReaderTask,
     /// The init's `Started` (`resumed`, and whether the command had already ended).
     pub resumed: Started,
+    /// The count of the init's frames, for the heartbeats.
+    pub count: Arc<FrameCount>,
 }
 
 /// Takes an attempt's link over (`docs/link.md`, "Taking over an attempt"): opens a
@@ -435,8 +609,10 @@ where
             continue;
         }
         let (events_tx, mut events) = mpsc::unbounded_channel();
-        let setup = setup()?;
+        let mut setup = setup()?;
+        setup.taking_over = true;
         let stop = setup.stop.clone();
+        let count = setup.count.clone();
         let reader = ReaderTask::spawn(tracker, read(inbound, setup, events_tx));
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         let answer = tokio::time::timeout(left, async {
@@ -450,7 +626,7 @@ where
         })
         .await;
         match answer {
-            Ok(Some(resumed)) => return Ok(TakenOver { sender, stop, events, reader, resumed }),
+            Ok(Some(resumed)) => return Ok(TakenOver { sender, stop, events, reader, resumed, count }),
             Ok(None) => {
                 let got = reader.await.unwrap_or_default();
                 if let Some(no) = got.diag.iter().find(|d| d.starts_with(wire::TAKEOVER_REFUSED)) {
@@ -472,4 +648,114 @@ where
         }
     }
     Err(format!("{why} ({tries} tries in {}s)", within.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hostdir::PrivateDir;
+
+    fn setup(dir: &std::path::Path, more: Option<mpsc::Receiver<InboundStream>>) -> (ReaderSetup, Arc<FrameCount>) {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let logs = PrivateDir::open(dir).unwrap();
+        let out = dir.join("out");
+        std::fs::create_dir(&out).unwrap();
+        let count = Arc::new(FrameCount::default());
+        let setup = ReaderSetup {
+            key: [1; KEY_LEN],
+            stdout: CappedLog::create(&logs, "a.stdout", 1 << 20).unwrap(),
+            stderr: CappedLog::create(&logs, "a.stderr", 1 << 20).unwrap(),
+            live: LiveSink::new(None),
+            outputs: OutputsSink {
+                dest: std::fs::File::open(&out).unwrap().into(),
+                caps: Caps { max_files: 10, max_total_bytes: 1 << 20 },
+            },
+            reports: ReportRoute::new(wire::Scope { job_id: "j".into(), attempt: 1 }, None),
+            stop: Default::default(),
+            count: count.clone(),
+            more,
+            taking_over: false,
+        };
+        (setup, count)
+    }
+
+    fn stream(frames: &[(Kind, Vec<u8>)]) -> InboundStream {
+        let bytes: Vec<u8> = frames.iter().flat_map(|(k, b)| wire::encode(*k, b)).collect();
+        // Split mid-frame, as a transport may.
+        let (a, b) = bytes.split_at(bytes.len() / 2 + 1);
+        let items = vec![Ok(Inbound::Link(Bytes::copy_from_slice(a))), Ok(Inbound::Link(Bytes::copy_from_slice(b)))];
+        Box::pin(futures_util::stream::iter(items))
+    }
+
+    fn started(resumed: bool, from: u64) -> (Kind, Vec<u8>) {
+        let s = Started { pid: 2, init_version: "t".into(), resumed, ended: false, from };
+        (Kind::Started, serde_json::to_vec(&s).unwrap())
+    }
+
+    fn line(n: u32) -> (Kind, Vec<u8>) {
+        (Kind::Stdout, format!("{n}\n").into_bytes())
+    }
+
+    /// The first transport carries `Started` and lines 1..=3 and ends; the next one starts
+    /// with the init's hello saying `from`, then lines from the number `from` names.
+    async fn resumed_with(from: u64) -> (String, Received, u64) {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = mpsc::channel(1);
+        let (setup, count) = setup(dir.path(), Some(rx));
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let first = stream(&[started(false, 0), line(1), line(2), line(3)]);
+        let reader = tokio::spawn(read(first, setup, events_tx));
+        let have = loop {
+            match events.recv().await.unwrap() {
+                Event::Cut(n) => break n,
+                Event::Closed => panic!("closed without a cut"),
+                _ => {}
+            }
+        };
+        assert_eq!(have, 4, "Started and three lines");
+        // Frame number k (from 1 on) is line k.
+        let mut again = vec![started(true, from)];
+        again.extend((from as u32..=6).map(line));
+        tx.send(stream(&again)).await.unwrap();
+        drop(tx);
+        let got = reader.await.unwrap();
+        let text = std::fs::read_to_string(dir.path().join("a.stdout")).unwrap();
+        (text, got, count.get())
+    }
+
+    #[tokio::test]
+    async fn a_resume_from_the_count_loses_and_repeats_nothing() {
+        let (text, got, count) = resumed_with(4).await;
+        assert_eq!(text, "1\n2\n3\n4\n5\n6\n");
+        assert_eq!((got.resumed, got.frames_lost, got.frames_again, count), (1, 0, 0, 7));
+    }
+
+    #[tokio::test]
+    async fn frames_sent_again_are_dropped_once() {
+        let (text, got, count) = resumed_with(2).await;
+        assert_eq!(text, "1\n2\n3\n4\n5\n6\n");
+        assert_eq!((got.frames_lost, got.frames_again, count), (0, 2, 7));
+    }
+
+    #[tokio::test]
+    async fn frames_the_init_no_longer_had_are_counted_as_lost() {
+        let (text, got, count) = resumed_with(6).await;
+        assert_eq!(text, "1\n2\n3\n6\n");
+        assert_eq!((got.frames_lost, got.frames_again, count), (2, 0, 7));
+    }
+
+    /// Without a way to resume, the end of the transport is the end of the link.
+    #[tokio::test]
+    async fn without_a_next_transport_a_cut_is_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let (setup, _) = setup(dir.path(), None);
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let got = read(stream(&[started(false, 0), line(1)]), setup, events_tx).await;
+        assert_eq!(got.resumed, 0);
+        let mut seen = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            seen.push(format!("{e:?}"));
+        }
+        assert!(seen.last().is_some_and(|e| e == "Closed") && !seen.iter().any(|e| e.starts_with("Cut")), "{seen:?}");
+    }
 }

@@ -1,13 +1,14 @@
 //! Supervising one attempt over its link, whatever runs the init: waiting for the record
 //! and the outputs while enforcing the deadline, cancellation (the caller's, or the engine's
 //! hook) and the grace (a Stop frame, then the rung's hard stop when the init does not finish
-//! within grace + margin), then the ack.
+//! within grace + margin), resuming the link after a cut (a takeover within the host-loss
+//! grace), then the ack.
 
-use super::session::{Event, Received, Sender};
+use super::session::{Event, InboundStream, Received, Sender, Transport};
 use crate::contract::{HOOK_TIMEOUT, HookError, Request};
 use crate::util::BoxFuture;
 use std::time::Duration;
-use stevedore_init::wire::{InitRecord, Kind};
+use stevedore_init::wire::{self, InitRecord, KEY_LEN, Kind};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +23,8 @@ pub struct HostLoss {
     /// end counts at once). `None`: only the link's end.
     pub heartbeat_timeout: Option<Duration>,
     /// How long the init keeps the command running after losing the host, for another host
-    /// to take over (0, the default: stop it at once, as a dead-man switch).
+    /// to take over, or this one to resume a cut link (0, the default: stop it at once, as a
+    /// dead-man switch).
     pub grace: Duration,
 }
 
@@ -89,6 +91,8 @@ pub(crate) struct Ended {
     pub cancelled_by_hook: bool,
     /// Polls of the cancellation hook that failed (the first few).
     pub poll_failures: Vec<String>,
+    /// The link was cut and could not be resumed: why.
+    pub resume_failed: Option<String>,
     /// When (unix ms) the init said the command runs, its record came, the outputs ended.
     pub command_started_at: Option<u64>,
     pub record_at: Option<u64>,
@@ -110,6 +114,20 @@ pub(crate) struct Linked {
     pub events: mpsc::UnboundedReceiver<Event>,
     pub reader: super::session::ReaderTask,
     pub heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// How the link is resumed after a cut; `None`: a cut is its end.
+    pub rejoin: Option<Rejoin>,
+}
+
+/// What resuming a cut link takes (`docs/link.md`, "Resuming a cut link").
+#[derive(Debug, Clone)]
+pub(crate) struct Rejoin {
+    pub key: [u8; KEY_LEN],
+    pub link_id: String,
+    /// Hands the reader its next transport (the reader waits on the other end).
+    pub more: mpsc::Sender<InboundStream>,
+    /// How long after a cut a new transport may be looked for: the host-loss grace, for
+    /// which the init keeps the command and what it sent.
+    pub within: Duration,
 }
 
 impl Drop for Linked {
@@ -120,10 +138,13 @@ impl Drop for Linked {
     }
 }
 
-/// How the rung stops a sandbox whose init did not finish within grace + margin.
-pub(crate) trait HardStop: Sync {
+/// What supervision asks of the rung: the hard stop of a sandbox whose init did not finish
+/// within grace + margin, and a new transport to the init after a cut.
+pub(crate) trait Reach: Sync {
     /// SIGKILLs everything of the attempt.
     fn hard_stop(&self) -> BoxFuture<'_, ()>;
+    /// A transport to the init's takeover socket (`link_id`); `within`: the time left.
+    fn reopen<'a>(&'a self, link_id: &'a str, within: Duration) -> BoxFuture<'a, Result<Transport, String>>;
 }
 
 /// The rung's timing rules for supervision.
@@ -147,7 +168,7 @@ pub(crate) async fn supervise(
     req: &Request,
     rules: Rules,
     cancel: &CancellationToken,
-    stop: &dyn HardStop,
+    stop: &dyn Reach,
 ) -> Ended {
     let hooks = req.hooks.clone();
     let aref = req.attempt_ref();
@@ -157,14 +178,34 @@ pub(crate) async fn supervise(
     let grace = req.policy.grace();
     let mut ended = Ended::default();
     let mut t = Timers::default();
+    let mut rejoining: Option<BoxFuture<'_, Result<(), String>>> = None;
     let closed = loop {
         // A stop is asked for once: not while one is under way, nor after the record.
         let may_stop = t.kill_at.is_none() && ended.record.is_none() && !ended.deadline_fired && !ended.cancelled;
         tokio::select! {
             biased;
-            ev = r.events.recv() => if let Some(closed) = heard(ev, r.started, &rules, &mut ended, &mut t) {
-                break closed;
+            ev = r.events.recv() => match ev {
+                Some(Event::Cut(count)) => if let Some(rj) = &r.rejoin {
+                    let until = *t.rejoin_by.get_or_insert_with(|| Instant::now() + rj.within);
+                    rejoining = Some(Box::pin(rejoin(rj.clone(), r.sender.clone(), stop, count, until)));
+                },
+                Some(Event::Started(s)) if s.resumed => {
+                    t.rejoin_by = None;
+                    tracing::info!(from = s.from, "the link was resumed after a cut");
+                }
+                ev => if let Some(closed) = heard(ev, r.started, &rules, &mut ended, &mut t) {
+                    break closed;
+                },
             },
+            done = async { rejoining.as_mut().expect("guarded").await }, if rejoining.is_some() => {
+                rejoining = None;
+                if let Err(why) = done {
+                    tracing::warn!(%why, "a cut link could not be resumed");
+                    ended.resume_failed = Some(why);
+                    // The reader's wait for another transport ends: so does the link.
+                    r.rejoin = None;
+                }
+            }
             _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() && may_stop => {
                 ended.deadline_fired = true;
                 t.kill_at = Some(ask_to_stop(&r.sender, grace + rules.kill_margin).await);
@@ -220,6 +261,39 @@ struct Timers {
     collect_by: Option<Instant>,
     /// When the collection began, and its deadline.
     collecting: Option<(Instant, Duration)>,
+    /// Until when a cut link may be resumed, once it was cut (reset when it was).
+    rejoin_by: Option<Instant>,
+}
+
+/// Resumes a cut link: a new transport from the rung, the proof with the count of frames
+/// the host has, the sender moved onto it, the reader handed its inbound. Tried again
+/// until `until` (while the engine refuses connections, or the init does not answer).
+async fn rejoin(rj: Rejoin, sender: Sender, reach: &dyn Reach, count: u64, until: Instant) -> Result<(), String> {
+    let mut why = String::from("no try was made");
+    let mut tries = 0u32;
+    while Instant::now() < until {
+        tries += 1;
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, reach.reopen(&rj.link_id, left)).await {
+            Ok(Ok((inbound, new))) => {
+                let nonce: [u8; wire::NONCE_LEN] = rand::random();
+                match new.frame(Kind::Takeover, &wire::takeover_proof(&rj.key, &rj.link_id, &nonce, count)).await {
+                    Ok(()) => {
+                        // A failed write here fails on the new writer again, and is seen there.
+                        let _ = sender.adopt(new).await;
+                        return rj.more.send(inbound).await.map_err(|_| "the link's reader had ended".to_owned());
+                    }
+                    Err(e) => why = format!("sending the proof: {e}"),
+                }
+            }
+            Ok(Err(e)) => why = e,
+            Err(_) => break,
+        }
+        // The engine may be refusing connections for a while: a little later, not at once.
+        let pause = Duration::from_millis(200 * u64::from(tries.min(5)));
+        tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
+    }
+    Err(format!("the link was cut and not resumed: {why} ({tries} tries)"))
 }
 
 /// What the reader said, into `ended`; `Some(closed)` once supervision is over (`closed`:
@@ -252,6 +326,8 @@ fn heard(
             None
         }
         Some(Event::Closed) | None => Some(true),
+        // Handled by the caller.
+        Some(Event::Cut(_)) => None,
     }
 }
 
