@@ -242,8 +242,21 @@ async fn an_unreachable_engine_is_a_launch_error_naming_the_endpoint() {
 
 #[tokio::test]
 async fn a_container_removed_from_outside_is_killed_removed_externally() {
+    removed_from_outside(ContainerConfig::default()).await;
+}
+
+/// With a host-loss grace the end of the attach could be a cut link to resume; the init is
+/// gone with its container, so nothing is waited for.
+#[tokio::test]
+async fn a_container_removed_from_outside_under_a_host_loss_grace_ends_as_soon() {
+    let mut cfg = ContainerConfig::default();
+    cfg.link.host_loss.grace = Duration::from_secs(600);
+    removed_from_outside(cfg).await;
+}
+
+async fn removed_from_outside(cfg: ContainerConfig) {
     let Some((docker, image)) = setup().await else { return };
-    let rung = rung_with(ContainerConfig::default()).await;
+    let rung = rung_with(cfg).await;
     let w = support::worker("rmf");
     let t = tempfile::tempdir().unwrap();
     let mut req = cmd(&image, &w, &t.path().join("o"), "echo ready; sleep 300");

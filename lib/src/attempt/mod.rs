@@ -105,6 +105,10 @@ impl<S: Site> Reach for SiteReach<'_, S> {
         Box::pin(self.site.hard_stop(&self.ledger.own))
     }
 
+    fn init_runs(&self) -> crate::util::BoxFuture<'_, Option<bool>> {
+        Box::pin(self.site.init_runs(&self.ledger.own))
+    }
+
     fn reopen<'a>(
         &'a self,
         link_id: &'a str,

@@ -209,6 +209,9 @@ pub(crate) trait Site: Sync {
     fn target(&self, own: &Self::Own) -> Target;
     /// SIGKILLs everything of the attempt, when its init did not finish in time.
     fn hard_stop(&self, own: &Self::Own) -> impl Future<Output = ()> + Send;
+    /// Whether the attempt's init still runs (`None`: the rung cannot tell now, as while
+    /// the engine is out of reach): a cut link is not waited for once it is gone.
+    fn init_runs(&self, own: &Self::Own) -> impl Future<Output = Option<bool>> + Send;
     /// What the rung saw of the end, asked before the removal (`verified`: a verified record
     /// arrived, and only the rung's cheap facts are worth having).
     fn witness(&self, own: &Self::Own, verified: bool) -> impl Future<Output = Witness> + Send;

@@ -187,6 +187,14 @@ impl Site for Arc<ContainerSite> {
         }
     }
 
+    async fn init_runs(&self, own: &Own) -> Option<bool> {
+        match self.engine.api.inspect_container(&own.container_id).await {
+            Ok(state) => Some(state.running),
+            Err(e) if e.is_not_found() => Some(false),
+            Err(_) => None,
+        }
+    }
+
     async fn witness(&self, own: &Own, verified: bool) -> Witness {
         super::finish::witness(self, own, verified).await
     }

@@ -145,6 +145,8 @@ pub(crate) trait Reach: Sync {
     fn hard_stop(&self) -> BoxFuture<'_, ()>;
     /// A transport to the init's takeover socket (`link_id`); `within`: the time left.
     fn reopen<'a>(&'a self, link_id: &'a str, within: Duration) -> BoxFuture<'a, Result<Transport, String>>;
+    /// Whether the init still runs (`None`: cannot tell now).
+    fn init_runs(&self) -> BoxFuture<'_, Option<bool>>;
 }
 
 /// The rung's timing rules for supervision.
@@ -288,6 +290,9 @@ async fn rejoin(rj: Rejoin, sender: Sender, reach: &dyn Reach, count: u64, until
             }
             Ok(Err(e)) => why = e,
             Err(_) => break,
+        }
+        if reach.init_runs().await == Some(false) {
+            return Err(format!("the link was cut and the init is gone: {why}"));
         }
         // The engine may be refusing connections for a while: a little later, not at once.
         let pause = Duration::from_millis(200 * u64::from(tries.min(5)));

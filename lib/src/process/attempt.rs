@@ -83,6 +83,10 @@ impl Site for Arc<ProcessSite> {
         super::tree::kill_tree(own.init_pid, own.cgroup.as_ref());
     }
 
+    async fn init_runs(&self, own: &Own) -> Option<bool> {
+        Some(super::tree::start_ticks(own.init_pid) == Some(own.start_ticks))
+    }
+
     /// The host has no exit state of an init that left no record: what is known is the
     /// cgroup's, read at the removal (`account`).
     async fn witness(&self, _: &Own, _: bool) -> Witness {
