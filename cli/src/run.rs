@@ -342,6 +342,25 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
     Ok(())
 }
 
+/// Says what the first signal does: the attempt stops as a cancellation, within its grace.
+fn first_signal(name: &str, grace: Duration, quiet: bool) {
+    if !quiet {
+        crate::say::say(format!(
+            "{name}: stopping the attempt (SIGTERM to the command, SIGKILL after the {} s grace); \
+             another signal kills and removes it at once",
+            grace.as_secs_f64()
+        ));
+    }
+}
+
+/// Says what the second signal does; the attempt is dropped (`None`: no Outcome).
+fn second_signal<T>(name: &str, quiet: bool) -> Option<T> {
+    if !quiet {
+        crate::say::say(format!("{name} again: killing and removing the attempt now; there is no Outcome"));
+    }
+    None
+}
+
 /// Removes a stale outcome file, so that after a refusal none is there.
 fn clear_outcome(path: &Path) -> Result<(), String> {
     match std::fs::symlink_metadata(path) {
@@ -467,13 +486,15 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             tokio::select! {
                 r = &mut fut => break Some(r),
                 _ = sigint.recv() => {
-                    if got.is_some() { break None; }
+                    if got.is_some() { break second_signal("SIGINT", a.quiet); }
                     got = Some(130);
+                    first_signal("SIGINT", req.policy.grace(), a.quiet);
                     cancel.cancel();
                 }
                 _ = sigterm.recv() => {
-                    if got.is_some() { break None; }
+                    if got.is_some() { break second_signal("SIGTERM", a.quiet); }
                     got = Some(143);
+                    first_signal("SIGTERM", req.policy.grace(), a.quiet);
                     cancel.cancel();
                 }
             }

@@ -429,6 +429,69 @@ async fn twenty_runs_leave_no_host_path_and_no_image() {
     assert!(dirs <= 3, "dirs do not grow with the runs: {dirs}");
 }
 
+/// Files under `dir`, however deep.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                files.push(e.path());
+            }
+        }
+    }
+    files
+}
+
+/// Ctrl-C twice: the first stops the attempt within its grace and says so; the second
+/// (the command ignores SIGTERM, so the grace is still running) kills and removes it at
+/// once and says that too. Nothing is left: no container, and no capture file in
+/// stevedore's private dir, which only this run knew of.
+#[tokio::test]
+async fn a_second_ctrl_c_says_what_it_did_and_leaves_nothing() {
+    let Some((docker, _)) = setup().await else { return };
+    let w = worker("ctrl-c-twice");
+    let t = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--worker", &w, "--image", BUSYBOX_IMAGE, "--grace", "120s", "--output", &out_dir(&t, "o")])
+        .args(["--", "sh", "-c", "trap '' TERM; echo ready >&2; while :; do sleep 1; done"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let mut said = Vec::new();
+    let mut until = |what: &str| {
+        for l in lines.by_ref() {
+            let found = l.contains(what);
+            said.push(l);
+            if found {
+                return;
+            }
+        }
+        panic!("stevedore never said {what:?}: {said:?}");
+    };
+    until("ready");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    until("another signal kills and removes it at once");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    until("SIGINT again: killing and removing the attempt now");
+    drop(until);
+    said.extend(lines);
+    assert_eq!(child.wait().unwrap().code(), Some(130), "{said:?}");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "{said:?}");
+    let left: Vec<_> = files_under(runtime.path())
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "stdout" || e == "stderr"))
+        .collect();
+    assert!(left.is_empty(), "captures left on the host: {left:?}");
+}
+
 #[tokio::test]
 async fn bad_input_gets_a_message_a_person_can_act_on() {
     let Some(_) = setup().await else { return };

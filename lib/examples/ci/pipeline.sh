@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # A container-native CI pipeline with the stevedore command: each step runs in a fresh
 # container, its outputs are the next step's inputs, a named cache keeps downloaded
-# dependencies across steps and runs, and a failing step stops the pipeline with its own
+# dependencies across the steps of a run, and a failing step stops the pipeline with its own
 # exit status and the tail of its log.
+#
+# The cache belongs to the run (`ci-example-deps-<run>`, removed at its end), so two runs on
+# one engine never share one; CACHE=NAME shares a cache across runs on purpose (it is then
+# kept: `stevedore cache rm NAME`).
 #
 #   bash lib/examples/ci/pipeline.sh                 # fetch → build → test, all green
 #   FAIL_AT=test bash lib/examples/ci/pipeline.sh    # the test step fails: exit 3, log tail shown
@@ -14,8 +18,15 @@ set -euo pipefail
 stevedore=${STEVEDORE:-target/debug/stevedore}
 image=${IMAGE:-stevedore-test/busybox:latest}
 work=$(mktemp -d "${TMPDIR:-/tmp}/stevedore-ci-example.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-cache="ci-example-deps:/cache/deps"
+if [ -n "${CACHE:-}" ]; then
+    cache_name=$CACHE
+    trap 'rm -rf "$work"' EXIT
+else
+    # The run's own: the work dir's unique suffix names it.
+    cache_name="ci-example-deps-$(basename "$work" | sed 's/.*\.//' | tr 'A-Z' 'a-z')"
+    trap '"$stevedore" cache rm "$cache_name" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+fi
+cache="$cache_name:/cache/deps"
 
 # step NAME INPUT_DIR SCRIPT: runs SCRIPT in a fresh container; its outputs land in
 # $work/NAME, its captured streams in $work/logs. On failure: the log tail, and the step's

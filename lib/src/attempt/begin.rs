@@ -23,6 +23,36 @@ pub(crate) struct Running<O> {
     pub link: Linked,
     /// The task handing reports to the engine's hook.
     pub reports: Option<tokio::task::JoinHandle<reports::Delivered>>,
+    /// Removes the captures unless an Outcome took them.
+    pub captures: Captures,
+}
+
+/// An attempt's capture files until its Outcome names them: removed when the attempt is
+/// dropped before that (a second Ctrl-C, a caller's timeout), since nobody else learns
+/// where they are.
+#[derive(Debug)]
+pub(crate) struct Captures {
+    dir: Option<crate::hostdir::PrivateDir>,
+    names: [String; 2],
+}
+
+impl Captures {
+    /// The Outcome has them now.
+    pub fn handed_over(mut self) {
+        self.dir = None;
+    }
+}
+
+impl Drop for Captures {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            for n in &self.names {
+                if let Err(e) = dir.remove_file(n) {
+                    tracing::warn!(error = %e, "removing the capture of an attempt that was dropped");
+                }
+            }
+        }
+    }
 }
 
 fn staging(what: impl Into<String>, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
@@ -66,6 +96,9 @@ pub(crate) async fn begin<S: Site>(
     let capture = |n: &str| {
         CappedLog::create(&logs, n, cfg.link.log_cap_bytes).map_err(|e| staging(format!("the capture {n}"), e))
     };
+    let (stdout, stderr) = (capture(&captures[0]), capture(&captures[1]));
+    let guard = Captures { dir: Some(logs), names: captures.clone() };
+    let (stdout, stderr) = (stdout?, stderr?);
     let key: [u8; KEY_LEN] = rand::random();
     let link_id = hex(&rand::random::<[u8; 16]>());
     let (report_tx, report_task) = report_forwarding(req);
@@ -74,8 +107,8 @@ pub(crate) async fn begin<S: Site>(
     let (rejoin, more) = rejoin(&cfg, key, &link_id);
     let setup = ReaderSetup {
         key,
-        stdout: capture(&captures[0])?,
-        stderr: capture(&captures[1])?,
+        stdout,
+        stderr,
         live: LiveSink::new(req.live.clone()),
         outputs: OutputsSink {
             dest: plan.output_dir.try_clone().map_err(|e| staging("the output dir", e))?,
@@ -124,7 +157,7 @@ pub(crate) async fn begin<S: Site>(
     }
     let heartbeat = heartbeats(&sender, &cfg, count);
     let link = Linked { started, sender, stop, events, reader, heartbeat, rejoin };
-    Ok(Running { ledger, link, reports: report_task })
+    Ok(Running { ledger, link, reports: report_task, captures: guard })
 }
 
 /// The engine's checkpoint hook, within its time.

@@ -46,7 +46,7 @@ pub(crate) async fn run<S: Site>(
     };
     tracing::Span::current().record("target", describe(&site.target(&running.ledger.own)));
     let ended = supervised(site, &mut running.link, req, &running.ledger, cancel).await;
-    let begin::Running { ledger, link, reports } = running;
+    let begin::Running { ledger, link, reports, captures } = running;
     drop(link);
     let worker = site.worker_named(&ledger.own);
     let how = conclude::How::Fresh { background: site.background_cleanup() };
@@ -55,6 +55,7 @@ pub(crate) async fn run<S: Site>(
     if let Some(detail) = silent {
         return Err(LaunchError::HandlerProtocol { worker, detail });
     }
+    captures.handed_over();
     Ok(conclude::deliver(req, outcome).await)
 }
 
