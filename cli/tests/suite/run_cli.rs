@@ -481,7 +481,6 @@ async fn a_second_ctrl_c_says_what_it_did_and_leaves_nothing() {
     until("another signal kills and removes it at once");
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     until("SIGINT again: killing and removing the attempt now");
-    drop(until);
     said.extend(lines);
     assert_eq!(child.wait().unwrap().code(), Some(130), "{said:?}");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "{said:?}");
