@@ -76,6 +76,10 @@ pub struct RunArgs {
     /// Replace the image's ENTRYPOINT ("" clears it)
     #[arg(long, value_name = "CMD", help_heading = "Attempt")]
     entrypoint: Option<String>,
+    /// When to pull the image: missing (the default: only when it is not local, and never
+    /// when a local image has a close name: that one is named instead), never, always
+    #[arg(long, value_name = "WHEN", value_parser = ["missing", "never", "always"], help_heading = "Attempt")]
+    pull: Option<String>,
     /// Network mode (default: the profile's, else none; only modes the profile allows)
     #[arg(long, value_name = "MODE", help_heading = "Attempt")]
     network: Option<String>,
@@ -121,6 +125,14 @@ pub struct RunArgs {
     /// No live output and no summary line
     #[arg(long, short = 'q', help_heading = "Output")]
     quiet: bool,
+    /// Keep stdin open: this process's stdin becomes the command's (EOF when it ends);
+    /// without it the command's stdin is /dev/null
+    #[arg(long, short = 'i', help_heading = "Attempt")]
+    interactive: bool,
+    /// A terminal for the command: not supported yet (refused, so a script never waits on
+    /// a prompt it cannot see); -i alone passes stdin
+    #[arg(long, short = 't', help_heading = "Attempt")]
+    tty: bool,
     /// Exit 0 whenever the attempt ran (refusals still exit 125)
     #[arg(long, help_heading = "Output")]
     exit_zero: bool,
@@ -305,6 +317,14 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
     if let Some(g) = &a.host_loss_grace {
         cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
     }
+    if let Some(p) = &a.pull {
+        use stevedore::container::PullPolicy;
+        cfg.pull = match p.as_str() {
+            "never" => PullPolicy::Never,
+            "always" => PullPolicy::Always,
+            _ => PullPolicy::IfMissing,
+        };
+    }
     if !a.publish.is_empty() && !cfg.allow_publish {
         return Err(format!("profile {profile:?} forbids publishing ports (allow_publish = false)"));
     }
@@ -340,6 +360,34 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
         cfg.log_dir = Some(dir.clone());
     }
     Ok(())
+}
+
+/// This process's stdin as the command's: read on a thread of its own (a read that blocks on
+/// a terminal must never keep the process from exiting), in chunks, with the feed's
+/// back-pressure; its end is the command's EOF.
+fn stdin_feed() -> stevedore::StdinFeed {
+    let (tx, feed) = stevedore::StdinFeed::channel(16);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut input = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match input.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if tx.blocking_send(bytes::Bytes::copy_from_slice(&buf[..n])).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    crate::say::say(format!("reading stdin: {e}; the command's stdin ends here"));
+                    return;
+                }
+            }
+        }
+    });
+    feed
 }
 
 /// Says what the first signal does: the attempt stops as a cancellation, within its grace.
@@ -434,6 +482,15 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     {
         return fail(e);
     }
+    if a.tty {
+        return fail(
+            "-t: a terminal for the command is not supported yet; -i passes stdin (a command that \
+             asks for a terminal sees none)",
+        );
+    }
+    if a.interactive && a.handler.is_some() {
+        return fail("-i: a handler takes its payload (--payload), not a stdin");
+    }
     let mut req = match request(&a) {
         Ok(r) => r,
         Err(e) => return fail(e),
@@ -476,6 +533,9 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         req.live = Some(live);
         task
     });
+    if a.interactive {
+        req.stdin = Some(stdin_feed());
+    }
     req.hooks = Some(HookSet(Arc::new(common::CliHooks { checkpoint: a.checkpoint.clone(), quiet: a.quiet })));
     let cancel = CancellationToken::new();
     let mut got: Option<u8> = None;

@@ -27,6 +27,8 @@ pub(crate) struct Spawned {
     /// The init's end of the report socket.
     pub report: OwnedFd,
     pub oom_guard: Option<String>,
+    /// The write end of the command's stdin, when it comes from the host.
+    pub stdin: Option<OwnedFd>,
 }
 
 fn classify(e: &std::io::Error) -> SpawnFailureKind {
@@ -103,6 +105,14 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
             None
         }
     };
+    let stdin = match (&start.handler, start.stdin) {
+        (None, true) => {
+            let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other(format!("pipe: {e}")))?;
+            cmd.stdin(Stdio::from(r));
+            Some(w)
+        }
+        _ => None,
+    };
     let oom_rx = raw::prepare(&mut cmd, start.child_oom_score_adj, report_theirs, &start.rlimits)
         .map_err(|e| other(format!("cannot set up {prog}: {e}")))?;
     let started = Instant::now();
@@ -113,7 +123,7 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     drop(cmd);
     let pid = Pid::from_raw(child.id() as i32);
     let oom_guard = start.child_oom_score_adj.zip(oom_rx).map(|(n, rx)| oom_report(n, pid, rx));
-    Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, report, oom_guard })
+    Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, report, oom_guard, stdin })
 }
 
 /// How long a program may be busy (`ETXTBSY`) before that is its failure.

@@ -16,6 +16,7 @@
 //! - `link`: the link to the host, and the takeover socket a restarted host comes back on.
 //! - `relay`: `stevedore-init relay`, which carries a takeover through `docker exec`.
 //! - `handler`: the handler runner's socket.
+//! - `stdin`: the command's stdin from the host, within a window.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
 //! - `fuzzing` (hidden): the invariants the fuzz targets in `fuzz/` check on the init's
@@ -31,6 +32,7 @@ mod outdir;
 mod relay;
 pub mod report;
 mod run;
+mod stdin;
 pub mod tree;
 pub mod wire;
 

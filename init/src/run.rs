@@ -221,6 +221,8 @@ struct Init {
     /// The number of the record's frame once a delivery began: a delivery a takeover
     /// interrupts starts again from there.
     record_number: Option<u64>,
+    /// The command's stdin, when it comes from the host.
+    stdin: Option<crate::stdin::StdinPump>,
 }
 
 /// What running the command found out.
@@ -253,6 +255,7 @@ enum Slot {
     Handler,
     Inbox,
     Takeover,
+    Stdin,
 }
 
 impl Init {
@@ -273,6 +276,7 @@ impl Init {
             command_pid: 0,
             relay: None,
             record_number: None,
+            stdin: None,
         }
     }
 
@@ -405,6 +409,7 @@ impl Init {
             }
         });
         let mut inbox = Inbox::new(s.report, start.scope.clone(), s.started);
+        self.stdin = s.stdin.map(crate::stdin::StdinPump::new);
         self.payload = Vec::new();
         for p in &pipes {
             if let Some(fd) = &p.fd {
@@ -454,6 +459,10 @@ impl Init {
                 fds.push(PollFd::new(fd, PollFlags::POLLIN));
                 slots.push(Slot::Inbox);
             }
+            if let Some(fd) = self.stdin.as_ref().and_then(|p| p.writable()) {
+                fds.push(PollFd::new(fd, PollFlags::POLLOUT));
+                slots.push(Slot::Stdin);
+            }
             let takeover_at = fds.len();
             if let Some(t) = &self.takeover {
                 let more = t.poll_fds();
@@ -500,8 +509,16 @@ impl Init {
                         inbox.read(&mut |body| link.push(Kind::Report, body));
                     }
                     Slot::Takeover => takeover_ready = true,
+                    Slot::Stdin if revents[i].is_some_and(|r| !r.is_empty()) => {
+                        if let Some(p) = &mut self.stdin {
+                            p.write_some();
+                        }
+                    }
                     _ => {}
                 }
+            }
+            if let Some(n) = self.stdin.as_mut().and_then(|p| p.count()) {
+                self.link.push(Kind::StdinTaken, &n.to_be_bytes());
             }
             if takeover_ready {
                 let ended = sup.end.is_some();
@@ -576,6 +593,12 @@ impl Init {
         // even when the new one came before the old one's end was read.
         self.host_lost_ever = true;
         self.relay = won.pid.map(Pid::from_raw);
+        if won.resume == 0
+            && let Some(p) = &mut self.stdin
+        {
+            // A restarted worker has nothing of the old one's stdin: the command's ends here.
+            p.close();
+        }
         if from > won.resume && won.resume > 0 {
             let text = format!("{} frames the new host did not have were no longer kept", from - won.resume);
             self.diag(&text);
@@ -595,6 +618,16 @@ impl Init {
                 Ok(Some(f)) => match f.kind {
                     Kind::Stop => self.begin_stop(sup, StoppedBy::Term, sup.grace),
                     Kind::Heartbeat => self.link.ack(wire::heartbeat_count(&f.body)),
+                    Kind::Stdin => {
+                        if let Some(Err(why)) = self.stdin.as_mut().map(|p| p.frame(&f.body)) {
+                            self.diag(&format!("the command's stdin was closed: {why}"));
+                        }
+                    }
+                    Kind::StdinEnd => {
+                        if let Some(p) = &mut self.stdin {
+                            p.end(wire::heartbeat_count(&f.body));
+                        }
+                    }
                     _ => {}
                 },
                 Ok(None) => break,
@@ -718,6 +751,8 @@ impl Init {
 
     /// After the command: stragglers, streams, reports, counters; returns the record.
     fn finish(&mut self, start: &Start, mut ended: Ended) -> InitRecord {
+        // Nobody reads it any more (a straggler that does is killed next).
+        self.stdin = None;
         // A relay that has connected and proved the key is the new host, not a straggler:
         // found before everything else is killed, so it is spared.
         if self.takeover.is_some() && self.relay.is_none() {

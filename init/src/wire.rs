@@ -128,6 +128,11 @@ pub enum Kind {
     /// host → init, first on a takeover connection: the proof of the attempt key
     /// ([`takeover_proof`]), sent before the init says anything.
     Takeover = 0x05,
+    /// host → init: bytes for the command's stdin: the offset of the first (`u64`), then
+    /// the bytes (see [`stdin_body`]).
+    Stdin = 0x06,
+    /// host → init: the command's stdin ends after this many bytes (`u64`).
+    StdinEnd = 0x07,
     /// init → host: the command started ([`Started`]).
     Started = 0x10,
     /// init → host: bytes the command wrote on its stdout.
@@ -144,6 +149,9 @@ pub enum Kind {
     Report = 0x16,
     /// init → host: a diagnostic of the init itself, as text.
     Diag = 0x17,
+    /// init → host: how many bytes of its stdin the command has taken (`u64`; [`u64::MAX`]:
+    /// it takes no more).
+    StdinTaken = 0x18,
     /// handler → init: the runner speaks the protocol ([`HandlerHello`]).
     HandlerHello = 0x20,
     /// init → handler: what to run ([`HandlerRequest`]).
@@ -163,6 +171,8 @@ impl Kind {
             0x03 => Kind::Stop,
             0x04 => Kind::Ack,
             0x05 => Kind::Takeover,
+            0x06 => Kind::Stdin,
+            0x07 => Kind::StdinEnd,
             0x10 => Kind::Started,
             0x11 => Kind::Stdout,
             0x12 => Kind::Stderr,
@@ -171,6 +181,7 @@ impl Kind {
             0x15 => Kind::OutputEnd,
             0x16 => Kind::Report,
             0x17 => Kind::Diag,
+            0x18 => Kind::StdinTaken,
             0x20 => Kind::HandlerHello,
             0x21 => Kind::HandlerRequest,
             0x22 => Kind::HandlerPayload,
@@ -183,7 +194,8 @@ impl Kind {
     pub fn max_body(self) -> usize {
         match self {
             Kind::Start => 4 + (4 << 20) + MAX_PAYLOAD_BYTES,
-            Kind::Heartbeat => 8,
+            Kind::Heartbeat | Kind::StdinEnd | Kind::StdinTaken => 8,
+            Kind::Stdin => 8 + MAX_CHUNK,
             Kind::Stop | Kind::Ack => 0,
             Kind::Started | Kind::HandlerHello => 4 << 10,
             Kind::Stdout | Kind::Stderr | Kind::Output => MAX_CHUNK,
@@ -379,6 +391,9 @@ pub struct Start {
     /// (no symlink), or the command is not started (`SpawnFailureKind::MountRedirected`).
     #[serde(default)]
     pub mounts: Vec<String>,
+    /// The command's stdin comes from the host (`Stdin` frames); else it is `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// The attempt a link belongs to.
@@ -826,6 +841,17 @@ pub struct Started {
     pub from: u64,
 }
 
+/// A `Stdin` frame's body: `data`, the command's stdin from byte `offset` on.
+pub fn stdin_body(offset: u64, data: &[u8]) -> Vec<u8> {
+    [&offset.to_be_bytes()[..], data].concat()
+}
+
+/// A `Stdin` frame's offset and bytes (`None`: too short to be one).
+pub fn stdin_parts(body: &[u8]) -> Option<(u64, &[u8])> {
+    let (offset, data) = body.split_first_chunk::<8>()?;
+    Some((u64::from_be_bytes(*offset), data))
+}
+
 /// A heartbeat's body: how many of the init's frames the host has received.
 pub fn heartbeat_body(count: u64) -> [u8; 8] {
     count.to_be_bytes()
@@ -1033,6 +1059,7 @@ mod tests {
             takeover_uid: None,
             takeover_fd: None,
             mounts: Vec::new(),
+            stdin: false,
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),

@@ -64,6 +64,7 @@ fn start() -> wire::Start {
         cgroup_dir: Some("/sys/fs/cgroup".into()),
         measure: vec!["/cache/cargo".into()],
         mounts: vec!["/.stevedore/tools".into(), "/in".into(), "/out".into(), "/tmp".into()],
+        stdin: true,
     }
 }
 

@@ -8,11 +8,13 @@
 //! - [`limits`]: sizes, CPU amounts and durations as people type them.
 //! - [`profiles`]: profiles files (TOML), parsed strictly into a checked [`profiles::Profile`].
 //! - [`ids`]: worker and job IDs, named caches.
+//! - [`images`]: image references, and the local names close to a missing one.
 //! - `fuzzing` (hidden): the fuzz targets' invariants on these parsers.
 
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;
+pub mod images;
 pub mod limits;
 pub mod outputs;
 pub mod profiles;

@@ -85,8 +85,9 @@ pub enum ProfileError {
 pub enum PullPolicy {
     /// Never pull; a missing image is a permanent launch error.
     Never,
-    /// Pull only when the image is missing (the default).
+    /// Pull only when the image is missing (the default; `missing` as docker spells it).
     #[default]
+    #[serde(alias = "missing")]
     IfMissing,
     /// Always pull before the attempt.
     Always,

@@ -63,6 +63,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         cgroup_dir: None,
         measure: Vec::new(),
         mounts: Vec::new(),
+        stdin: false,
     }
 }
 
@@ -743,7 +744,9 @@ fn a_host_back_with_its_count_gets_every_frame_after_it_once() {
     let hello = init.next().expect("the init's hello");
     assert_eq!(hello.kind, Kind::Started);
     let hello: Started = serde_json::from_slice(&hello.body).unwrap();
-    assert!(hello.resumed && !hello.ended);
+    // On a busy machine the command may have ended meanwhile: then its record follows the
+    // frames the host missed, and the stream is just as whole.
+    assert!(hello.resumed);
     assert_eq!(hello.from, have, "it goes on from the host's count");
     let f = init.finish();
     assert_eq!(f.record.wait, WaitStatus::Code(0));

@@ -429,6 +429,68 @@ async fn twenty_runs_leave_no_host_path_and_no_image() {
     assert!(dirs <= 3, "dirs do not grow with the runs: {dirs}");
 }
 
+/// `-i`: the command's stdin is this process's, in order and whole (5 MiB, more than the
+/// init's window, so back-pressure is crossed many times), with EOF at its end; without `-i`
+/// it is `/dev/null`; `-t` is refused with why, before anything is created.
+#[tokio::test]
+async fn stdin_with_i_is_the_commands_and_t_is_refused() {
+    use std::io::Write;
+    let Some((docker, _)) = setup().await else { return };
+    let w = worker("stdin-i");
+    let t = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..5u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let run_with = |args: &[&str], input: &[u8], out: &str| {
+        let mut child = Command::new(BIN)
+            .args(["run", "--worker", &w, "--image", BUSYBOX_IMAGE, "--output", &out_dir(&t, out)])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let o = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        o
+    };
+    let o = run_with(&["-i", "--", "sh", "-c", "wc -c; echo eof"], &data, "a");
+    assert_eq!((o.status.code(), text(&o.stdout)), (Some(0), format!("{}\neof\n", data.len())), "{}", text(&o.stderr));
+    let o = run_with(&["-i", "--", "cat"], &data, "b");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(o.stdout == data, "{} bytes back, not the {} sent, or not in order", o.stdout.len(), data.len());
+    let o = run_with(&["--", "sh", "-c", "wc -c"], b"not read", "c");
+    assert_eq!(text(&o.stdout), "0\n", "without -i: /dev/null");
+    let o = run_with(&["-it", "--", "sh"], b"", "d");
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("-t: a terminal"), "{}", text(&o.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+/// An image typo is named before any registry is asked (nothing leaves this machine);
+/// `--pull never` refuses a missing image without a pull.
+#[tokio::test]
+async fn an_image_typo_is_named_before_anything_is_pulled() {
+    let Some((docker, _)) = setup().await else { return };
+    let w = worker("typo");
+    let t = tempfile::tempdir().unwrap();
+    let typo = BUSYBOX_IMAGE.replace("busybox", "busybx");
+    let o = run(&["--worker", &w, "--image", &typo, "--output", &out_dir(&t, "a"), "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    let said = text(&o.stderr);
+    assert!(said.contains(&format!("did you mean {BUSYBOX_IMAGE}")) && said.contains("nothing was pulled"), "{said}");
+    let o = run(&["--worker", &w, "--pull", "never", "--image", "stevedore-test/nothing-like-it:0", "--output"]
+        .into_iter()
+        .chain([out_dir(&t, "b").as_str(), "--", "true"])
+        .collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("the pull policy is never"), "{}", text(&o.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
 /// Files under `dir`, however deep.
 fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();

@@ -8,7 +8,7 @@ use crate::contract::{
     Task,
 };
 use crate::link::reports::{self, ReportRoute};
-use crate::link::session::{self, FrameCount, OutputsSink, ReaderSetup, Sender};
+use crate::link::session::{self, Heard, OutputsSink, ReaderSetup, Sender};
 use crate::link::supervise::{Linked, Rejoin};
 use crate::link::{CappedLog, LiveSink};
 use std::sync::Arc;
@@ -103,7 +103,7 @@ pub(crate) async fn begin<S: Site>(
     let link_id = hex(&rand::random::<[u8; 16]>());
     let (report_tx, report_task) = report_forwarding(req);
     let started_tx = report_tx.clone();
-    let count = Arc::new(FrameCount::default());
+    let count = Arc::new(Heard::default());
     let (rejoin, more) = rejoin(&cfg, key, &link_id);
     let setup = ReaderSetup {
         key,
@@ -155,8 +155,13 @@ pub(crate) async fn begin<S: Site>(
         // The init then sees no start and exits; the attempt ends as "no record".
         tracing::warn!(error = %e, "could not send the start to the init");
     }
+    let stdin = req
+        .stdin
+        .as_ref()
+        .and_then(crate::contract::StdinFeed::take)
+        .map(|feed| tokio::spawn(crate::link::stdin::pump(sender.clone(), count.clone(), feed)));
     let heartbeat = heartbeats(&sender, &cfg, count);
-    let link = Linked { started, sender, stop, events, reader, heartbeat, rejoin };
+    let link = Linked { started, sender, stop, events, reader, heartbeat, stdin, rejoin };
     Ok(Running { ledger, link, reports: report_task, captures: guard })
 }
 
@@ -170,11 +175,7 @@ async fn checkpointed(hooks: &crate::contract::HookSet, cp: &Checkpoint) -> Resu
 
 /// The heartbeats the link's settings ask for: for the init's liveness check, and for its
 /// count of what it may stop keeping when a host may come back.
-pub(crate) fn heartbeats(
-    sender: &Sender,
-    cfg: &Settings,
-    count: Arc<FrameCount>,
-) -> Option<tokio::task::JoinHandle<()>> {
+pub(crate) fn heartbeats(sender: &Sender, cfg: &Settings, count: Arc<Heard>) -> Option<tokio::task::JoinHandle<()>> {
     let loss = &cfg.link.host_loss;
     (loss.heartbeat_timeout.is_some() || !loss.grace.is_zero()).then(|| sender.heartbeats(loss.heartbeat_every, count))
 }
@@ -301,5 +302,6 @@ fn start_frame(
         cgroup_dir: layout.cgroup_dir,
         measure: layout.measure,
         mounts: layout.mounts,
+        stdin: req.stdin.is_some(),
     }
 }

@@ -102,7 +102,8 @@ async fn take_over<S: Site>(
     let away_ms = crate::contract::unix_ms_now().saturating_sub(ledger.started_ms);
     let started = Instant::now().checked_sub(Duration::from_millis(away_ms)).unwrap_or_else(Instant::now);
     let heartbeat = super::begin::heartbeats(&sender, &cfg, count);
-    let mut link = Linked { started, sender, stop, events, reader, heartbeat, rejoin };
+    // A restarted worker has no stdin to give: the command's ends where the old one left it.
+    let mut link = Linked { started, sender, stop, events, reader, heartbeat, stdin: None, rejoin };
     let ended = super::supervised(site, &mut link, &req, &ledger, cancel).await;
     drop(link);
     let how = if resumed.ended {

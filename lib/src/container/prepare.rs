@@ -169,6 +169,24 @@ fn layer_env(req: &Request, image: &ImageFacts, cfg: &super::ContainerConfig) ->
     ])
 }
 
+/// An image that is not local but close to one that is (a typo, another tag): named before
+/// anything is pulled, so a typo never reaches a registry. `None`: nothing is close (or the
+/// engine cannot list its images), and the policy decides.
+async fn did_you_mean(shared: &ContainerSite, image: &str, policy: PullPolicy) -> Option<String> {
+    let local = shared.engine.api.list_images(Default::default()).await.ok()?;
+    let close =
+        stevedore_parse::images::close_names(image, local.iter().flat_map(|i| i.tags.iter().map(String::as_str)));
+    let first = close.first()?;
+    let pull = match policy {
+        PullPolicy::Never => "",
+        _ => "; nothing was pulled (`--pull always`, or the profile key `pull = \"always\"`, pulls it anyway)",
+    };
+    Some(format!(
+        "not found locally; did you mean {first}{}?{pull}",
+        if close.len() > 1 { format!(" (or {})", close[1..].join(", ")) } else { String::new() }
+    ))
+}
+
 pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result<ImageFacts, LaunchError> {
     let api = &shared.engine.api;
     let policy = shared.config.pull;
@@ -198,6 +216,12 @@ pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result
             other => break other,
         }
     };
+    if let Err(e) = &first
+        && e.is_not_found()
+        && let Some(why) = did_you_mean(shared, image, policy).await
+    {
+        return Err(unavailable(why, true, None));
+    }
     match first {
         Ok(facts) => Ok(facts),
         Err(e) if e.is_not_found() && policy == PullPolicy::Never => Err(unavailable(

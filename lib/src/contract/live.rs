@@ -39,3 +39,25 @@ impl LiveOutput {
         self.0
     }
 }
+
+/// Where one attempt's stdin comes from: the receiving half of a bounded channel the caller
+/// writes chunks into (`stevedore run -i` writes its own stdin); the command reads them in
+/// order, and reaches the end of its stdin when every sender was dropped. Back-pressure is
+/// the channel's: stevedore takes a chunk only as the command takes what came before (at
+/// most 1 MiB ahead). Taken by the first attempt run with it; without one the command's
+/// stdin is `/dev/null`.
+#[derive(Debug, Clone)]
+pub struct StdinFeed(std::sync::Arc<std::sync::Mutex<Option<mpsc::Receiver<Bytes>>>>);
+
+impl StdinFeed {
+    /// A stdin feed holding up to `chunks` chunks, and its sending half.
+    pub fn channel(chunks: usize) -> (mpsc::Sender<Bytes>, StdinFeed) {
+        let (tx, rx) = mpsc::channel(chunks.max(1));
+        (tx, StdinFeed(std::sync::Arc::new(std::sync::Mutex::new(Some(rx)))))
+    }
+
+    /// The receiving half, once.
+    pub(crate) fn take(&self) -> Option<mpsc::Receiver<Bytes>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+}

@@ -1,6 +1,6 @@
 //! The request for one attempt, its builder and its validation.
 
-use super::LiveOutput;
+use super::{LiveOutput, StdinFeed};
 use super::{Policy, ResourceLimits};
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
@@ -71,6 +71,8 @@ pub struct Request {
     pub worker_id: String,
     /// Where the command's output goes live, if anywhere (see [`LiveOutput`]).
     pub live: Option<LiveOutput>,
+    /// Where the command's stdin comes from (see [`StdinFeed`]); `None`: `/dev/null`.
+    pub stdin: Option<StdinFeed>,
     /// The engine's hooks into this attempt (see [`super::Hooks`]).
     pub hooks: Option<super::HookSet>,
     /// The working directory in the sandbox (default: the image's, else `/`).
@@ -104,6 +106,9 @@ pub enum RequestError {
     /// the attempt number is 0
     #[error("attempt numbers start at 1")]
     AttemptZero,
+    /// a handler was given a stdin
+    #[error("a handler takes its payload, not a stdin: stdin is for a command")]
+    StdinForHandler,
     /// the payload is too large
     #[error("payload of {size} bytes exceeds the {max}-byte limit")]
     PayloadTooLarge {
@@ -237,6 +242,7 @@ impl Request {
             env: BTreeMap::new(),
             worker_id: "worker".to_owned(),
             live: None,
+            stdin: None,
             hooks: None,
             workdir: None,
             entrypoint: None,
@@ -356,6 +362,11 @@ impl Request {
         self.live = Some(live);
         self
     }
+    /// Feeds the command's stdin from `feed` (see [`StdinFeed::channel`]); a command only.
+    pub fn stdin(mut self, feed: StdinFeed) -> Self {
+        self.stdin = Some(feed);
+        self
+    }
     /// Sets the working directory in the sandbox (absolute).
     pub fn workdir(mut self, dir: impl Into<String>) -> Self {
         self.workdir = Some(dir.into());
@@ -402,6 +413,7 @@ impl Request {
         }
         match &self.task {
             Task::Handler(h) if h.trim().is_empty() => return Err(RequestError::EmptyHandler),
+            Task::Handler(_) if self.stdin.is_some() => return Err(RequestError::StdinForHandler),
             // An empty argv runs the image's ENTRYPOINT alone; the rung refuses it if there is none.
             Task::Command(argv) if argv.first().is_some_and(String::is_empty) && self.entrypoint.is_none() => {
                 return Err(RequestError::EmptyCommand);

@@ -8,6 +8,7 @@ pub(crate) mod convert;
 pub(crate) mod judgement;
 pub(crate) mod reports;
 pub(crate) mod session;
+pub(crate) mod stdin;
 pub(crate) mod supervise;
 
 pub(crate) use capture::{CappedLog, LiveSink};

@@ -47,15 +47,35 @@ pub(crate) type InboundStream = Pin<Box<dyn FutStream<Item = io::Result<Inbound>
 /// below what the init keeps (`init/src/link.rs`, `RETAIN_CAP`), so that it never waits for one.
 const COUNT_EVERY_BYTES: u64 = 256 << 10;
 
-/// How many of the init's frames the reader has; shared with the heartbeats that carry it.
+/// What the reader heard that the host's senders act on: how many of the init's frames it
+/// has (the heartbeats carry it), how much of its stdin the command took and how often the
+/// link was resumed (the stdin pump).
 #[derive(Debug, Default)]
-pub(crate) struct FrameCount {
+pub(crate) struct Heard {
     frames: AtomicU64,
     bytes_since: AtomicU64,
     due: tokio::sync::Notify,
+    stdin_taken: AtomicU64,
+    resumes: AtomicU64,
+    stdin_news: tokio::sync::Notify,
 }
 
-impl FrameCount {
+impl Heard {
+    /// Bytes of its stdin the command took (`u64::MAX`: it takes no more).
+    pub fn stdin_taken(&self) -> u64 {
+        self.stdin_taken.load(Ordering::Acquire)
+    }
+
+    /// How often the link was resumed.
+    pub fn resumes(&self) -> u64 {
+        self.resumes.load(Ordering::Acquire)
+    }
+
+    /// Waits for a change of either.
+    pub async fn stdin_news(&self) {
+        self.stdin_news.notified().await;
+    }
+
     pub fn get(&self) -> u64 {
         self.frames.load(Ordering::Acquire)
     }
@@ -124,7 +144,7 @@ impl Sender {
     /// Sends a heartbeat, with `count`, every `every` and whenever the count is due, until
     /// the returned task is aborted. A write that fails is not the end: the link may be
     /// resumed on another writer.
-    pub fn heartbeats(&self, every: Duration, count: Arc<FrameCount>) -> tokio::task::JoinHandle<()> {
+    pub fn heartbeats(&self, every: Duration, count: Arc<Heard>) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -198,7 +218,7 @@ pub(crate) struct ReaderSetup {
     /// output it received whole, and ends.
     pub stop: tokio_util::sync::CancellationToken,
     /// The count of the init's frames received.
-    pub count: Arc<FrameCount>,
+    pub count: Arc<Heard>,
     /// The next transports after a cut; `None`: a cut is the end.
     pub more: Option<mpsc::Receiver<InboundStream>>,
     /// The first frame is a takeover's `Started`, for a host that has nothing of the link
@@ -315,6 +335,7 @@ pub(crate) async fn read(
                     | Kind::OutputEnd
                     | Kind::Report
                     | Kind::Diag
+                    | Kind::StdinTaken
             )
         })
     };
@@ -384,7 +405,7 @@ struct Router {
     record_seen: bool,
     init_stderr: Tail,
     got: Received,
-    count: Arc<FrameCount>,
+    count: Arc<Heard>,
     /// The next frame is a takeover's `Started` (outside the numbering).
     hello: Hello,
     /// Frames sent again that this host already has: not routed again.
@@ -462,6 +483,8 @@ impl Router {
         let have = self.count.get();
         if self.hello == Hello::Resume {
             self.got.resumed += 1;
+            self.count.resumes.fetch_add(1, Ordering::AcqRel);
+            self.count.stdin_news.notify_one();
             if s.from > have {
                 self.got.frames_lost += s.from - have;
             }
@@ -505,6 +528,10 @@ impl Router {
                 }
             }
             Kind::Diag => self.diag(&frame.body),
+            Kind::StdinTaken => {
+                self.count.stdin_taken.fetch_max(wire::heartbeat_count(&frame.body), Ordering::AcqRel);
+                self.count.stdin_news.notify_one();
+            }
             Kind::Report => self.reports.take(&frame.body),
             Kind::Record if !self.record_seen => {
                 self.record_seen = true;
@@ -568,7 +595,7 @@ pub(crate) struct TakenOver {
     /// The init's `Started` (`resumed`, and whether the command had already ended).
     pub resumed: Started,
     /// The count of the init's frames, for the heartbeats.
-    pub count: Arc<FrameCount>,
+    pub count: Arc<Heard>,
 }
 
 /// Takes an attempt's link over (`docs/link.md`, "Taking over an attempt"): opens a
@@ -655,12 +682,12 @@ mod tests {
     use super::*;
     use crate::hostdir::PrivateDir;
 
-    fn setup(dir: &std::path::Path, more: Option<mpsc::Receiver<InboundStream>>) -> (ReaderSetup, Arc<FrameCount>) {
+    fn setup(dir: &std::path::Path, more: Option<mpsc::Receiver<InboundStream>>) -> (ReaderSetup, Arc<Heard>) {
         std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
         let logs = PrivateDir::open(dir).unwrap();
         let out = dir.join("out");
         std::fs::create_dir(&out).unwrap();
-        let count = Arc::new(FrameCount::default());
+        let count = Arc::new(Heard::default());
         let setup = ReaderSetup {
             key: [1; KEY_LEN],
             stdout: CappedLog::create(&logs, "a.stdout", 1 << 20).unwrap(),

@@ -114,6 +114,8 @@ pub(crate) struct Linked {
     pub events: mpsc::UnboundedReceiver<Event>,
     pub reader: super::session::ReaderTask,
     pub heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// The command's stdin, sent as it takes it.
+    pub stdin: Option<tokio::task::JoinHandle<()>>,
     /// How the link is resumed after a cut; `None`: a cut is its end.
     pub rejoin: Option<Rejoin>,
 }
@@ -132,7 +134,7 @@ pub(crate) struct Rejoin {
 
 impl Drop for Linked {
     fn drop(&mut self) {
-        if let Some(h) = &self.heartbeat {
+        for h in [&self.heartbeat, &self.stdin].into_iter().flatten() {
             h.abort();
         }
     }
@@ -369,7 +371,7 @@ fn ask_the_hook<'a>(
 /// Once the loop ended: the heartbeat stops, the init gets its ack (it may exit now), and
 /// the reader's end is awaited within the rung's call timeout.
 async fn finish(r: &mut Linked, mut ended: Ended, closed: bool, call_timeout: Duration) -> Ended {
-    if let Some(h) = r.heartbeat.take() {
+    for h in [r.heartbeat.take(), r.stdin.take()].into_iter().flatten() {
         h.abort();
     }
     // The init may exit now; if the link is gone this changes nothing.
