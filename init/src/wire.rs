@@ -190,6 +190,23 @@ impl Kind {
         })
     }
 
+    /// Whether the init sends this kind to the host: what the host's decoder accepts on the
+    /// link (every other kind from the sandbox's side is an error).
+    pub fn init_to_host(self) -> bool {
+        matches!(
+            self,
+            Kind::Started
+                | Kind::Stdout
+                | Kind::Stderr
+                | Kind::Record
+                | Kind::Output
+                | Kind::OutputEnd
+                | Kind::Report
+                | Kind::Diag
+                | Kind::StdinTaken
+        )
+    }
+
     /// The largest body a frame of this kind may have.
     pub fn max_body(self) -> usize {
         match self {

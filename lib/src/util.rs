@@ -25,3 +25,19 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// Runs `work` to its end on a thread and a runtime of its own, and waits for it at most
+/// `within`; whether it ended in time. For a Drop backstop: the caller's runtime may be
+/// shutting down (a panic unwinding through `block_on`) or be the one thread that would have
+/// to run the work, so nothing of it is used. `work` must not need that runtime either (an
+/// engine client of its own: `Engine::redial`).
+pub fn finish_apart(name: &str, within: std::time::Duration, work: impl Future<Output = ()> + Send + 'static) -> bool {
+    let (done, ended) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            rt.block_on(work);
+        }
+        let _ = done.send(());
+    });
+    spawned.is_ok() && ended.recv_timeout(within).is_ok()
+}

@@ -109,24 +109,11 @@ fn launch_raw(out: TempDir, bytes: &[u8]) -> Init {
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(bytes).unwrap();
     let stdout = child.stdout.take().unwrap();
-    let accept = |k: Kind| {
-        matches!(
-            k,
-            Kind::Started
-                | Kind::Stdout
-                | Kind::Stderr
-                | Kind::Record
-                | Kind::Output
-                | Kind::OutputEnd
-                | Kind::Diag
-                | Kind::Report
-        )
-    };
     Init {
         child,
         stdin: Some(Box::new(stdin)),
         stdout: Box::new(stdout),
-        decoder: Decoder::new(accept),
+        decoder: Decoder::new(Kind::init_to_host),
         reports: Vec::new(),
         started: Vec::new(),
         _out: out,

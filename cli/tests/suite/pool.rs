@@ -124,3 +124,52 @@ async fn a_dropped_warm_attempt_leaves_nothing() {
     rung.close().await;
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
 }
+
+/// The objects of incarnation `incarnation`: its containers (any state) and volumes.
+async fn of_incarnation(docker: &bollard::Docker, incarnation: &str) -> (Vec<String>, Vec<String>) {
+    use bollard::query_parameters::ListContainersOptionsBuilder;
+    let label = format!("{}={incarnation}", stevedore::container::labels::INCARNATION);
+    let filters = std::collections::HashMap::from([("label", vec![label.as_str()])]);
+    let containers = docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        .await
+        .expect("list containers");
+    let ids = containers.into_iter().filter_map(|c| c.id).collect();
+    (ids, support::volumes_of_incarnation(docker, incarnation).await)
+}
+
+/// A caller that panics before `close()`, its runtime unwinding: the rung's Drop backstop
+/// removes its tools volume and its parked container before the drop returns (it used to
+/// spawn the removal on the runtime that was going away, so both stayed).
+#[test]
+fn a_rung_dropped_by_a_panic_leaves_no_tools_volume_and_no_parked_container() {
+    let here = tokio::runtime::Runtime::new().unwrap();
+    let Some((docker, image)) = here.block_on(setup()) else { return };
+    for pool in [false, true] {
+        let w = worker(if pool { "drop-pool" } else { "drop-cold" });
+        let (docker_in, image_in) = (docker.clone(), image.clone());
+        let made = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let rung = if pool {
+                    pooled(&w, &image_in, 1).await
+                } else {
+                    let rung = support::rung().await;
+                    let t = tempfile::tempdir().unwrap();
+                    let o = run(&rung, &sh(&image_in, &w, &t.path().join("out"), "true")).await;
+                    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+                    rung
+                };
+                let incarnation = rung.incarnation().to_owned();
+                let (containers, volumes) = of_incarnation(&docker_in, &incarnation).await;
+                assert!(!volumes.is_empty(), "the rung made its tools volume");
+                assert_eq!(containers.len(), usize::from(pool), "a parked container iff pooled: {containers:?}");
+                std::panic::panic_any(incarnation);
+            })
+        })
+        .join();
+        let incarnation = *made.expect_err("the caller panicked").downcast::<String>().expect("its incarnation");
+        let left = here.block_on(of_incarnation(&docker, &incarnation));
+        assert_eq!(left, (vec![], vec![]), "pool {pool}: left behind by incarnation {incarnation}");
+    }
+}

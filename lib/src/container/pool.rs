@@ -60,7 +60,7 @@ pub(crate) enum Claim {
 }
 
 impl Pool {
-    fn parked(&self) -> std::sync::MutexGuard<'_, VecDeque<Parked>> {
+    pub(super) fn parked(&self) -> std::sync::MutexGuard<'_, VecDeque<Parked>> {
         self.parked.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

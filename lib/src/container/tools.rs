@@ -223,18 +223,46 @@ pub async fn prune(engine: &Engine, own: &str) -> Result<ToolsPruned, EngineErro
     Ok(out)
 }
 
-/// Backstop for a rung dropped without `close()`: its tools volumes are removed in the
-/// background when a runtime is there to do it (never a panic, never a wait).
+/// How long a rung dropped without `close()` waits for its backstop removal.
+const BACKSTOP_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Backstop for a rung dropped without `close()` (a caller that forgot it, a panic): its parked
+/// containers and its tools volumes are removed before the drop returns, through a client of
+/// their own on a thread of their own, so a runtime that is shutting down loses nothing. An
+/// engine that does not answer within [`BACKSTOP_WAIT`] keeps them: they stay labelled, and
+/// `prune` (another process's) takes the volumes, `reclaim` the containers.
 impl Drop for super::site::ContainerSite {
     fn drop(&mut self) {
         let made = std::mem::take(&mut self.tools.get_mut().made);
-        if !made.is_empty()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let engine = self.engine.clone();
-            rt.spawn(async move {
-                let _ = remove_made(&engine, &made).await;
-            });
+        let parked: Vec<super::site::Parked> = match &self.pool {
+            Some(pool) => pool.parked().drain(..).collect(),
+            None => Vec::new(),
+        };
+        if made.is_empty() && parked.is_empty() {
+            return;
+        }
+        let (containers, volumes): (Vec<[String; 2]>, Vec<String>) =
+            parked.into_iter().map(|p| ([p.name, p.helper], p.input_volume)).unzip();
+        let engine = match self.engine.redial() {
+            Ok(engine) => engine,
+            Err(e) => {
+                tracing::warn!(volumes = ?made, error = %e, "a rung dropped without close keeps its tools volumes");
+                return;
+            }
+        };
+        let removal = async move {
+            for name in containers.iter().flatten() {
+                let _ = engine.api.remove_container(name).await;
+            }
+            for v in &volumes {
+                let _ = engine.api.remove_volume(v).await;
+            }
+            if let Err(e) = remove_made(&engine, &made).await {
+                tracing::warn!(volumes = ?made, error = %e, "a rung dropped without close: removing its tools volumes");
+            }
+        };
+        if !crate::util::finish_apart("stevedore-rung-backstop", BACKSTOP_WAIT, removal) {
+            tracing::warn!("a rung dropped without close: its removal did not end in {BACKSTOP_WAIT:?}");
         }
     }
 }

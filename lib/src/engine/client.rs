@@ -131,6 +131,35 @@ where
     }
 }
 
+/// A client of `endpoint` that speaks `version` (nothing is sent yet).
+fn dial(endpoint: &Endpoint, secs: u64, version: &bollard::ClientVersion) -> Result<Docker, EngineError> {
+    let url = endpoint.dial.clone();
+    let connect_err = |source| EngineError::Connect { endpoint: endpoint.url.clone(), source: Box::new(source) };
+    match endpoint.transport {
+        Transport::Unix => Docker::connect_with_unix(url.trim_start_matches("unix://"), secs, version),
+        Transport::Tcp => Docker::connect_with_http(&url, secs, version),
+        Transport::Tls => {
+            let dir = endpoint.cert_path.clone().unwrap_or_default();
+            Docker::connect_with_ssl(
+                &url,
+                &dir.join("key.pem"),
+                &dir.join("cert.pem"),
+                &dir.join("ca.pem"),
+                secs,
+                version,
+            )
+        }
+        Transport::Ssh => Docker::connect_with_ssh(&url, secs, version, None),
+    }
+    .map_err(connect_err)
+}
+
+/// `1.41` as bollard's version.
+fn parse_version(v: &str) -> Option<bollard::ClientVersion> {
+    let (major, minor) = v.split_once('.')?;
+    Some(bollard::ClientVersion { major_version: major.parse().ok()?, minor_version: minor.parse().ok()? })
+}
+
 /// A negotiated connection to one engine, with per-call timeouts.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -161,27 +190,7 @@ impl Engine {
         let endpoint = super::endpoint::resolve(connection, |k| std::env::var(k).ok())?;
         // bollard's own bound on a request: never shorter than stevedore's own per class.
         let secs = change.max(timeout).as_secs().max(1);
-        let url = endpoint.dial.clone();
-        let shown = endpoint.url.clone();
-        let connect_err = |source| EngineError::Connect { endpoint: shown.clone(), source: Box::new(source) };
-        let version = bollard::API_DEFAULT_VERSION;
-        let docker = match endpoint.transport {
-            Transport::Unix => Docker::connect_with_unix(url.trim_start_matches("unix://"), secs, version),
-            Transport::Tcp => Docker::connect_with_http(&url, secs, version),
-            Transport::Tls => {
-                let dir = endpoint.cert_path.clone().unwrap_or_default();
-                Docker::connect_with_ssl(
-                    &url,
-                    &dir.join("key.pem"),
-                    &dir.join("cert.pem"),
-                    &dir.join("ca.pem"),
-                    secs,
-                    version,
-                )
-            }
-            Transport::Ssh => Docker::connect_with_ssh(&url, secs, version, None),
-        }
-        .map_err(connect_err)?;
+        let docker = dial(&endpoint, secs, bollard::API_DEFAULT_VERSION)?;
         // Nothing exists yet, so a slow engine is waited for longer than one read (an engine
         // that is not there refuses at once; only one that answers slowly meets this bound),
         // and a request that got no answer within a read's bound is sent again on a new
@@ -229,6 +238,16 @@ impl Engine {
         };
         let api = Arc::new(BollardApi::new(docker, timeout, change.max(timeout)));
         Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout), watcher: Arc::default() })
+    }
+
+    /// The same engine through a client of its own, at the version already negotiated (no
+    /// call is made): for a removal that must outlive the runtime this one's connections
+    /// live on (a Drop backstop runs it on a thread of its own).
+    pub(crate) fn redial(&self) -> Result<Self, EngineError> {
+        let version = parse_version(&self.facts.api_version).unwrap_or(*bollard::API_DEFAULT_VERSION);
+        let docker = dial(&self.endpoint, self.change.as_secs().max(1), &version)?;
+        let api = Arc::new(BollardApi::new(docker, self.timeout, self.change));
+        Ok(Self { api, watcher: Arc::default(), ..self.clone() })
     }
 
     /// An engine behind another implementation of the calls (tests use a fake).

@@ -323,22 +323,7 @@ pub(crate) async fn read(
 ) -> Received {
     let stop = setup.stop.clone();
     let mut more = setup.more.take();
-    let decoder = || {
-        Decoder::new(|k: Kind| {
-            matches!(
-                k,
-                Kind::Started
-                    | Kind::Stdout
-                    | Kind::Stderr
-                    | Kind::Record
-                    | Kind::Output
-                    | Kind::OutputEnd
-                    | Kind::Report
-                    | Kind::Diag
-                    | Kind::StdinTaken
-            )
-        })
-    };
+    let decoder = || Decoder::new(Kind::init_to_host);
     let mut d = decoder();
     let mut router = Router::new(setup, events);
     let mut cut = None;
