@@ -124,7 +124,24 @@ pub fn summary(o: &Outcome, grace: Duration, out_dir: &Path) -> String {
     }
     let n = o.outputs.len();
     facts.push(format!("{n} output{} in {}", if n == 1 { "" } else { "s" }, out_dir.display()));
-    format!("{head} ({})", facts.join(", "))
+    let mut line = format!("{head} ({})", facts.join(", "));
+    if let Some(skipped) = o.evidence.inputs.as_ref().map(|i| &i.skipped).filter(|s| !s.is_empty()) {
+        line.push_str(&not_staged(skipped));
+    }
+    line
+}
+
+/// What of the input dir is not in `/in`: the entries no tar can carry (FIFOs, sockets,
+/// devices), the first few named (the Outcome names up to 1000).
+fn not_staged(skipped: &[String]) -> String {
+    const NAMED: usize = 3;
+    let n = skipped.len();
+    let mut names: Vec<String> = skipped.iter().take(NAMED).map(|p| format!("{p:?}")).collect();
+    if n > NAMED {
+        names.push(format!("{} more", n - NAMED));
+    }
+    let what = if n == 1 { "input is" } else { "inputs are" };
+    format!("; {n} {what} not in /in (a FIFO, socket or device: {})", names.join(", "))
 }
 
 fn first_line(s: &str) -> String {
@@ -189,6 +206,16 @@ mod tests {
         assert_eq!(
             summary(&h, Duration::from_secs(30), Path::new("o")),
             "failed: exited with code 3 after 500 ms (peak 3.0 MiB, 0 outputs in o)"
+        );
+        let mut f = o(Status::Ok, None, Some(0), None);
+        f.usage.wall_time_ms = Some(20);
+        f.evidence.inputs = Some(stevedore::contract::InputsStaged {
+            skipped: ["fifo", "a/sock", "c", "d"].map(String::from).to_vec(),
+            ..Default::default()
+        });
+        assert_eq!(
+            summary(&f, Duration::from_secs(1), Path::new("o")),
+            "ok in 20 ms (0 outputs in o); 4 inputs are not in /in (a FIFO, socket or device: \"fifo\", \"a/sock\", \"c\", 1 more)"
         );
         let mut m = o(Status::OomKilled, Some(Reason::Oom), None, Some(9));
         m.evidence.oom_kills = Some(1);

@@ -618,3 +618,36 @@ async fn docker_habits_flags_are_flags_and_a_failure_is_said_plainly() {
     let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(outcome["status"], "handler_error");
 }
+
+#[tokio::test]
+async fn a_fifo_or_socket_in_the_inputs_is_named_on_the_line_and_in_the_evidence() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    std::fs::write(input.join("kept"), b"k").unwrap();
+    nix::unistd::mkfifo(&input.join("pipe"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let _sock = std::os::unix::net::UnixListener::bind(input.join("sub/sock")).unwrap();
+    let out = out_dir(&t, "out");
+    let o = run(&[
+        "--image",
+        BUSYBOX_IMAGE,
+        "--input",
+        &input.display().to_string(),
+        "--output",
+        &out,
+        "--outcome",
+        "-",
+        "sh",
+        "-c",
+        "ls -R /in > /out/ls",
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let listed = std::fs::read_to_string(Path::new(&out).join("ls")).unwrap();
+    assert_eq!(listed, "/in:\nkept\nsub\n\n/in/sub:\n", "what /in holds");
+    let line = err.lines().find(|l| l.starts_with("stevedore: ok")).expect("the human line");
+    assert!(line.contains("2 inputs are not in /in (a FIFO, socket or device: \"pipe\", \"sub/sock\")"), "{line}");
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(outcome["evidence"]["inputs"]["skipped"], serde_json::json!(["pipe", "sub/sock"]), "{outcome}");
+}
