@@ -32,7 +32,9 @@
 //!
 //! Temporary
 //! and moved-aside dirs (a crash's leftovers) go once nobody holds them and they are 10
-//! minutes old, remembered digests once unused for [`UNUSED_FOR`]. Removal holds the dir's
+//! minutes old, remembered digests once unused for [`UNUSED_FOR`]. Then the size cap: while
+//! the bundles weigh more than [`cap_bytes`] ([`DEFAULT_CAP_BYTES`], or [`CAP_ENV`]), the
+//! least recently used of those nobody holds go, oldest first (held ones count and stay). Removal holds the dir's
 //! exclusive lock, moves it aside, and empties it through descriptors: every dir is
 //! opened with `O_NOFOLLOW` and must be this user's; a symlink is unlinked, never followed.
 
@@ -68,7 +70,7 @@ use ldd::*;
 pub use place::default_base;
 use place::*;
 use prune::*;
-pub use prune::{BundlesPruned, prune};
+pub use prune::{BundlesPruned, CAP_ENV, DEFAULT_CAP_BYTES, cap_bytes, prune, prune_to};
 
 /// The bundle's bookkeeping file; hidden so it cannot collide with an exe name in practice.
 const MANIFEST: &str = ".bundle.json";

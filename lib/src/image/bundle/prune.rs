@@ -2,6 +2,7 @@
 //! (`bundle`'s module doc says when).
 
 use super::*;
+use stevedore_init::tree;
 
 /// What [`prune`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,9 +90,49 @@ pub fn prune(base: &Path) -> Result<BundlesPruned, BundleError> {
     Ok(prune_at(&base_fd, base))
 }
 
+/// [`prune`] under the size cap `cap` in bytes, whatever [`CAP_ENV`] says.
+pub fn prune_to(base: &Path, cap: u64) -> Result<BundlesPruned, BundleError> {
+    let base_fd = open_base(base)?;
+    Ok(prune_capped(&base_fd, base, cap))
+}
+
+/// The environment variable that sets the bundles' size cap (`512m`, `2g`, bytes; `0`:
+/// keep no bundle nobody holds).
+pub const CAP_ENV: &str = "STEVEDORE_BUNDLE_CACHE_MAX";
+/// The bundles' size cap unless [`CAP_ENV`] says otherwise: about five debug builds.
+pub const DEFAULT_CAP_BYTES: u64 = 512 << 20;
+
+/// The size cap in force: [`CAP_ENV`] when it parses, else [`DEFAULT_CAP_BYTES`] (a value
+/// that does not parse is said once per prune, and the default holds).
+pub fn cap_bytes() -> u64 {
+    match std::env::var(CAP_ENV) {
+        Ok(v) => stevedore_parse::limits::parse_size(v.trim()).unwrap_or_else(|e| {
+            tracing::warn!(value = %v, error = %e, "{CAP_ENV} is not a size; the default cap holds");
+            DEFAULT_CAP_BYTES
+        }),
+        Err(_) => DEFAULT_CAP_BYTES,
+    }
+}
+
+/// A bundle the rules kept, nobody holding it: a candidate for the size cap.
+struct Idle {
+    name: OsString,
+    last_use: SystemTime,
+    bytes: u64,
+}
+
 pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> BundlesPruned {
+    prune_capped(base_fd, base, cap_bytes())
+}
+
+/// [`prune_at`] under the size cap `cap`: when the bundles weigh more than `cap`, the least
+/// recently used of those nobody holds go too, oldest first, until they fit (held ones
+/// count, and stay).
+pub(super) fn prune_capped(base_fd: &OwnedFd, base: &Path, cap: u64) -> BundlesPruned {
     let now = SystemTime::now();
     let mut out = BundlesPruned::default();
+    let mut idle: Vec<Idle> = Vec::new();
+    let mut held_bytes = 0u64;
     let names = match names_in(base_fd) {
         Ok(names) => names,
         Err(e) => {
@@ -115,8 +156,9 @@ pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> BundlesPruned {
         }
         let lock = match Flock::lock(fd, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => lock,
-            Err(_) => {
+            Err((fd, _)) => {
                 if entry == Entry::Bundle {
+                    held_bytes += bytes_of(&fd);
                     out.in_use.push(text.to_owned());
                 }
                 continue;
@@ -129,7 +171,11 @@ pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> BundlesPruned {
             Entry::Debris => Some("leftover"),
             _ => bundle_verdict(&lock, text, &st, now, base),
         };
-        let Some(why) = why else { continue };
+        let Some(why) = why else {
+            let last_use = lstat_at(&lock, MARKER).map_or_else(|_| mtime_of(&st), |m| mtime_of(&m));
+            idle.push(Idle { name: name.clone(), last_use, bytes: bytes_of(&lock) });
+            continue;
+        };
         match remove_locked(base_fd, &name, &lock, entry == Entry::Bundle) {
             Ok(freed) => {
                 tracing::debug!(dir = %base.join(&name).display(), why, freed, "pruned a tools bundle");
@@ -139,8 +185,42 @@ pub(super) fn prune_at(base_fd: &OwnedFd, base: &Path) -> BundlesPruned {
             Err(e) => tracing::warn!(dir = %base.join(&name).display(), error = %e, "cannot prune a tools bundle"),
         }
     }
+    evict_over_cap(base_fd, base, cap, held_bytes, idle, &mut out);
     prune_digests(base_fd, now, &mut out);
     out
+}
+
+/// Removes the least recently used of `idle` until the bundles fit under `cap`.
+fn evict_over_cap(base_fd: &OwnedFd, base: &Path, cap: u64, held: u64, mut idle: Vec<Idle>, out: &mut BundlesPruned) {
+    let mut total = held + idle.iter().map(|b| b.bytes).sum::<u64>();
+    idle.sort_by_key(|b| b.last_use);
+    for b in idle {
+        if total <= cap {
+            break;
+        }
+        // Looked at again under the lock: a preparer may have taken it since.
+        let Ok(fd) = openat(base_fd, b.name.as_os_str(), dir_flags(), Mode::empty()) else { continue };
+        let Ok(lock) = Flock::lock(fd, FlockArg::LockExclusiveNonblock) else { continue };
+        match remove_locked(base_fd, &b.name, &lock, true) {
+            Ok(freed) => {
+                tracing::debug!(dir = %base.join(&b.name).display(), freed, cap, "pruned a tools bundle over the cap");
+                total = total.saturating_sub(b.bytes);
+                out.freed_bytes += freed;
+                out.removed.push((b.name.to_string_lossy().into_owned(), "over the size cap"));
+            }
+            Err(e) => tracing::warn!(dir = %base.join(&b.name).display(), error = %e, "cannot prune a tools bundle"),
+        }
+    }
+}
+
+/// The bytes of the regular files of the bundle open as `dir` (its top level and `lib/`).
+fn bytes_of(dir: &OwnedFd) -> u64 {
+    let files = |fd: &OwnedFd| -> u64 {
+        let Ok((all, _)) = tree::children(fd, usize::MAX, |_| true) else { return 0 };
+        all.iter().filter(|c| c.kind == tree::Kind::File).filter_map(|c| c.stat.as_ref().map(|s| s.size)).sum()
+    };
+    let lib = openat(dir, LIB_DIR, dir_flags(), Mode::empty()).map_or(0, |l| files(&l));
+    files(dir) + lib
 }
 
 /// Why the bundle `name`, open and exclusively locked as `dir`, goes (`None`: it stays).

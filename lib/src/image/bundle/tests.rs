@@ -246,6 +246,43 @@ fn a_bundle_unused_for_a_week_is_pruned_and_a_recent_one_kept() {
 }
 
 #[test]
+fn over_the_size_cap_the_least_recently_used_unheld_bundles_go_first() {
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path().join("base");
+    let exes: Vec<PathBuf> = ["a", "b", "c"].iter().map(|n| t.path().join(n)).collect();
+    if exes.iter().enumerate().any(|(i, e)| busybox_variant(e, &[b'0' + i as u8; 4]).is_none()) {
+        eprintln!("SKIP: /bin/busybox missing (install busybox-static)");
+        return;
+    }
+    let mut dirs = Vec::new();
+    let mut held = None;
+    for (i, exe) in exes.iter().enumerate() {
+        let b = ExeBundle::prepare(exe, &base).unwrap();
+        dirs.push(b.host_dir().to_owned());
+        // a used three hours ago, b two, c (held) one.
+        set_mtime(&b.host_dir().join(MARKER), SystemTime::now() - Duration::from_secs(3600 * (3 - i as u64)));
+        if i == 2 {
+            held = Some(b);
+        }
+    }
+    let name = |d: &PathBuf| d.file_name().unwrap().to_str().unwrap().to_owned();
+    let one = fs::metadata(&exes[0]).unwrap().len();
+    // Room for two and a half: the oldest goes, and the cap is met.
+    let pruned = prune_to(&base, one * 5 / 2).unwrap();
+    assert_eq!(pruned.removed, [(name(&dirs[0]), "over the size cap")], "{pruned:?}");
+    assert!(pruned.freed_bytes >= one, "the exe and its bookkeeping: {pruned:?}");
+    assert_eq!(bundles_in(&base), [name(&dirs[1]), name(&dirs[2])]);
+    // Room for none: what nobody holds goes; the held one stays, however big.
+    let pruned = prune_to(&base, 0).unwrap();
+    assert_eq!(pruned.removed, [(name(&dirs[1]), "over the size cap")]);
+    assert_eq!(pruned.in_use, [name(&dirs[2])]);
+    assert_eq!(bundles_in(&base), [name(&dirs[2])]);
+    drop(held);
+    assert_eq!(prune_to(&base, 0).unwrap().removed, [(name(&dirs[2]), "over the size cap")]);
+    assert_eq!(bundles_in(&base), Vec::<String>::new());
+}
+
+#[test]
 fn a_bundle_of_an_older_stevedore_goes_after_a_day() {
     let t = tempfile::tempdir().unwrap();
     let base = t.path().join("base");
