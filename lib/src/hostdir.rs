@@ -235,7 +235,6 @@ impl PrivateDir {
 
     /// Removes the subdirectory `name` when it is empty; whether it did. A subdirectory
     /// that is not empty, or already gone, stays as it is.
-    #[cfg(feature = "docker")]
     pub fn remove_subdir_if_empty(&self, name: &str) -> Result<bool, HostDirError> {
         if !safe_name(name) {
             return Err(HostDirError::BadName(name.to_owned()));

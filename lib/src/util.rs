@@ -31,6 +31,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// shutting down (a panic unwinding through `block_on`) or be the one thread that would have
 /// to run the work, so nothing of it is used. `work` must not need that runtime either (an
 /// engine client of its own: `Engine::redial`).
+#[cfg(feature = "docker")]
 pub fn finish_apart(name: &str, within: std::time::Duration, work: impl Future<Output = ()> + Send + 'static) -> bool {
     let (done, ended) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new().name(name.to_owned()).spawn(move || {

@@ -21,5 +21,6 @@ mod pool;
 mod process;
 mod reclaim;
 mod recover;
+mod registry;
 mod run_cli;
 mod usage;

@@ -21,7 +21,7 @@ fn root() -> bool {
 
 fn config(cg: Delegation) -> ProcessConfig {
     support::time_limit();
-    let cfg = ProcessConfig::default().cgroup(cg).worker_exe(BIN);
+    let cfg = ProcessConfig::default().cgroup(cg).worker_exe(BIN).log_dir(support::test_logs());
     if root() { cfg } else { cfg.as_worker_uid() }
 }
 
@@ -346,7 +346,10 @@ async fn reclaim_stops_what_a_killed_worker_left_and_removes_its_dir() {
     };
     child.kill().unwrap();
     child.wait().unwrap();
-    let r = rung(Delegation::Auto);
+    // The command's captures are in the default dir: so is this rung's.
+    let mut cfg = config(Delegation::Auto);
+    cfg.log_dir = None;
+    let r = ProcessExecutor::new(cfg).unwrap();
     let report = r.reclaim(&w).await.unwrap();
     // The attempt's dir and its two captures, nothing else.
     let attempts = r.attempts_dir().display().to_string();
@@ -554,6 +557,7 @@ async fn one_fixed_uid_takes_turns_unless_sharing_is_allowed() {
             .cgroup(Delegation::None)
             .worker_exe(BIN)
             .base_dir(base.path())
+            .log_dir(support::test_logs())
             .run_as(65534, 65534)
             .share_uid(share)
     };

@@ -141,4 +141,8 @@ pub(crate) fn reclaim_captures(
             Err(e) => report.failed.push(ReclaimFailure { kind: ObjectKind::Path, id: path, error: e.to_string() }),
         }
     }
+    // The worker's dir too, once nothing is left in it (an attempt starting now makes it again).
+    if let Ok(base) = base.captures.base() {
+        let _ = base.remove_subdir_if_empty(worker);
+    }
 }

@@ -100,6 +100,10 @@ pub struct ContainerConfig {
     pub link: LinkConfig,
     /// Pull policy (default `if_missing`; without a registry any pull fails fast).
     pub pull: PullPolicy,
+    /// The docker CLI's config dir whose `config.json` gives registry credentials for a pull
+    /// (`auths`, `credsStore`, `credHelpers`; `engine::credentials`). Default: `DOCKER_CONFIG`,
+    /// else `~/.docker`; `None` pulls anonymously.
+    pub docker_config: Option<PathBuf>,
     /// Hardening items.
     pub hardening: Hardening,
     /// Timeout of stevedore's own on every engine call that only reads (inspect, list,
@@ -174,6 +178,7 @@ impl Default for ContainerConfig {
             log_dir: None,
             link: LinkConfig::default(),
             pull: PullPolicy::IfMissing,
+            docker_config: crate::engine::credentials::default_config_dir(),
             hardening: Hardening::default(),
             engine_timeout: Duration::from_secs(30),
             engine_change_timeout: crate::engine::CHANGE_TIMEOUT,
@@ -259,6 +264,12 @@ impl ContainerConfig {
         self.max_input_bytes = bytes;
         self
     }
+    /// Sets the docker config dir that registry credentials come from (`None`: anonymous).
+    pub fn docker_config(mut self, dir: Option<PathBuf>) -> Self {
+        self.docker_config = dir;
+        self
+    }
+
     /// Sets the pull policy.
     pub fn pull(mut self, pull: PullPolicy) -> Self {
         self.pull = pull;

@@ -193,8 +193,25 @@ pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result
     let unavailable = |why: String, permanent: bool, source: Option<crate::engine::EngineError>| {
         LaunchError::ImageUnavailable { image: image.to_owned(), why, permanent, source: source.map(Into::into) }
     };
+    // Credentials only when a pull is tried: a helper may ask a keychain.
+    let auth = || async {
+        let path = std::env::var_os("PATH");
+        crate::engine::credentials::for_image(image, shared.config.docker_config.as_deref(), path.as_deref())
+            .await
+            .map_err(|e| unavailable(format!("no pull was tried: {e}"), true, None))
+    };
+    let pulled = |auth: Option<crate::engine::credentials::RegistryAuth>| async move {
+        let from = auth.as_ref().map(|a| a.from.clone());
+        let r = api.pull(image, auth.as_ref()).await;
+        if let Some(from) = from {
+            tracing::debug!(image, credentials = %from, "pulled with credentials");
+        }
+        r
+    };
     if policy == PullPolicy::Always {
-        api.pull(image).await.map_err(|e| unavailable("the pull (policy always) failed".into(), false, Some(e)))?;
+        pulled(auth().await?)
+            .await
+            .map_err(|e| unavailable("the pull (policy always) failed".into(), false, Some(e)))?;
     }
     // The engine is away (restarting, or its connection cut): nothing of the attempt exists
     // yet, so it waits for the engine (as long as a read may take) rather than failing at
@@ -230,12 +247,19 @@ pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result
             Some(e),
         )),
         Err(e) if e.is_not_found() => {
-            if let Err(pull) = api.pull(image).await {
-                return Err(unavailable(
-                    "not found locally (`docker images` lists what this engine has), and pulling it failed".into(),
-                    false,
-                    Some(pull),
-                ));
+            let creds = auth().await?;
+            let anonymous = creds.is_none();
+            if let Err(pull) = pulled(creds).await {
+                let mut why =
+                    "not found locally (`docker images` lists what this engine has), and pulling it failed".to_owned();
+                let said = crate::util::error_chain(&pull).to_ascii_lowercase();
+                if anonymous && ["auth", "denied", "unauthorized"].iter().any(|w| said.contains(w)) {
+                    let registry = crate::engine::credentials::registry_of(image);
+                    why = format!(
+                        "{why} with no credentials (none for {registry} in the docker config: `docker login {registry}`)"
+                    );
+                }
+                return Err(unavailable(why, false, Some(pull)));
             }
             api.inspect_image(image).await.map_err(|e| unavailable("pulled, then not found".into(), false, Some(e)))
         }

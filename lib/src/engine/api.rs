@@ -166,8 +166,9 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     /// is up (no timeout applies to it), ended by the engine's going away.
     fn watch(&self) -> Watch;
     fn inspect_image<'a>(&'a self, image: &'a str) -> Call<'a, ImageFacts>;
-    /// Pulls an image from its registry (under the call timeout, so a slow registry fails).
-    fn pull<'a>(&'a self, image: &'a str) -> Call<'a, ()>;
+    /// Pulls an image from its registry, with `auth` when given (under the bound of a
+    /// change: a large image takes minutes; a registry that is not there fails at once).
+    fn pull<'a>(&'a self, image: &'a str, auth: Option<&'a super::credentials::RegistryAuth>) -> Call<'a, ()>;
     /// Creates a volume; one that exists is returned as it is (Docker) or refused with a
     /// conflict (Podman).
     fn create_volume(&self, req: VolumeCreateRequest) -> Call<'_, Listed>;
@@ -351,17 +352,17 @@ impl EngineApi for BollardApi {
         })
     }
 
-    fn pull<'a>(&'a self, image: &'a str) -> Call<'a, ()> {
+    fn pull<'a>(&'a self, image: &'a str, auth: Option<&'a super::credentials::RegistryAuth>) -> Call<'a, ()> {
         Box::pin(async move {
             let opts = bollard::query_parameters::CreateImageOptionsBuilder::default().from_image(image).build();
-            let mut s = self.docker.create_image(Some(opts), None, None);
+            let mut s = self.docker.create_image(Some(opts), None, auth.map(|a| a.creds.clone()));
             let drained = async {
                 while let Some(item) = s.next().await {
                     item?;
                 }
                 Ok(())
             };
-            self.call("pull image", drained).await
+            self.change("pull image", drained).await
         })
     }
 

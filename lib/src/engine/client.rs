@@ -170,6 +170,9 @@ pub struct Engine {
     change: Duration,
     /// Whether the engine went away while an attempt ran (`watch`).
     watcher: Arc<super::watch::Watcher>,
+    /// Whether `api` is a client of `endpoint` (else another implementation, which holds no
+    /// connection a runtime owns: `redial` shares it).
+    dialed: bool,
 }
 
 impl Engine {
@@ -237,13 +240,16 @@ impl Engine {
             features: features(&info),
         };
         let api = Arc::new(BollardApi::new(docker, timeout, change.max(timeout)));
-        Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout), watcher: Arc::default() })
+        Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout), watcher: Arc::default(), dialed: true })
     }
 
     /// The same engine through a client of its own, at the version already negotiated (no
     /// call is made): for a removal that must outlive the runtime this one's connections
     /// live on (a Drop backstop runs it on a thread of its own).
     pub(crate) fn redial(&self) -> Result<Self, EngineError> {
+        if !self.dialed {
+            return Ok(self.clone());
+        }
         let version = parse_version(&self.facts.api_version).unwrap_or(*bollard::API_DEFAULT_VERSION);
         let docker = dial(&self.endpoint, self.change.as_secs().max(1), &version)?;
         let api = Arc::new(BollardApi::new(docker, self.timeout, self.change));
@@ -260,7 +266,7 @@ impl Engine {
             cert_path: None,
             dial: "unix:///fake.sock".into(),
         };
-        Self { api, endpoint, facts, timeout, change: timeout, watcher: Arc::default() }
+        Self { api, endpoint, facts, timeout, change: timeout, watcher: Arc::default(), dialed: false }
     }
 
     /// Where it is and how it is reached.

@@ -249,7 +249,7 @@ impl EngineApi for FakeApi {
         })
     }
 
-    fn pull<'a>(&'a self, image: &'a str) -> Call<'a, ()> {
+    fn pull<'a>(&'a self, image: &'a str, _auth: Option<&'a crate::engine::credentials::RegistryAuth>) -> Call<'a, ()> {
         Box::pin(async move {
             self.enter("pull image", image)?;
             Err(EngineError::Refused { op: "pull image", status: 500, message: "no registry".into() })

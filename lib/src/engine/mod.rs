@@ -3,6 +3,7 @@
 
 mod api;
 mod client;
+pub mod credentials;
 pub mod endpoint;
 mod error;
 #[cfg(test)]

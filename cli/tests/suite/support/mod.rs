@@ -27,7 +27,7 @@ pub const TEST_LABEL: &str = "dev.stevedore.test";
 const BUSYBOX_SHA_LABEL: &str = "dev.stevedore.test.busybox_sha256";
 const BUSYBOX: &str = "/bin/busybox";
 
-fn in_ci() -> bool {
+pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
 }
 
@@ -312,8 +312,15 @@ pub async fn setup() -> Option<(Docker, String)> {
     Some((docker, image))
 }
 
+/// Where the library's tests keep their attempts' captures: the build's own dir, so that the
+/// suite leaves nothing in stevedore's dirs on the host (`cargo clean` removes them).
+pub fn test_logs() -> std::path::PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("logs")
+}
+
 /// A container rung under a fresh incarnation (as if of its own process).
-pub async fn rung_with(cfg: stevedore::container::ContainerConfig) -> stevedore::container::ContainerExecutor {
+pub async fn rung_with(mut cfg: stevedore::container::ContainerConfig) -> stevedore::container::ContainerExecutor {
+    cfg.log_dir.get_or_insert_with(test_logs);
     let cfg = cfg.incarnation(stevedore::contract::incarnation::mint());
     stevedore::container::ContainerExecutor::connect(cfg).await.expect("connect")
 }
