@@ -12,6 +12,7 @@ mod report;
 mod run;
 mod say;
 mod smoke;
+mod terminal;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

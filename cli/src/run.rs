@@ -129,8 +129,8 @@ pub struct RunArgs {
     /// without it the command's stdin is /dev/null
     #[arg(long, short = 'i', help_heading = "Attempt")]
     interactive: bool,
-    /// A terminal for the command: not supported yet (refused, so a script never waits on
-    /// a prompt it cannot see); -i alone passes stdin
+    /// A terminal for the command (its stdin, stdout and stderr, of this terminal's size and
+    /// following it); with -i this terminal is in raw mode meanwhile, so ^C goes to the command
     #[arg(long, short = 't', help_heading = "Attempt")]
     tty: bool,
     /// Exit 0 whenever the attempt ran (refusals still exit 125)
@@ -482,11 +482,11 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     {
         return fail(e);
     }
-    if a.tty {
-        return fail(
-            "-t: a terminal for the command is not supported yet; -i passes stdin (a command that \
-             asks for a terminal sees none)",
-        );
+    if a.tty && a.handler.is_some() {
+        return fail("-t: a handler speaks the protocol on its streams; a terminal is for a command");
+    }
+    if a.tty && a.interactive && !crate::terminal::stdin_is_terminal() {
+        return fail("-it: the input is not a terminal (-i alone passes a pipe or a file as the command's stdin)");
     }
     if a.interactive && a.handler.is_some() {
         return fail("-i: a handler takes its payload (--payload), not a stdin");
@@ -533,6 +533,22 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         req.live = Some(live);
         task
     });
+    let mut follow = None;
+    if a.tty {
+        match crate::terminal::following() {
+            Ok((terminal, f)) => {
+                req.tty = Some(terminal);
+                follow = Some(f);
+            }
+            Err(e) => return fail(format!("-t: cannot follow this terminal's size: {e}")),
+        }
+    }
+    // Raw only now: every refusal above was said on a terminal as it was.
+    let raw = match (a.tty && a.interactive).then(crate::terminal::Raw::enter) {
+        Some(Err(e)) => return fail(format!("-it: cannot put this terminal in raw mode: {e}")),
+        Some(Ok(raw)) => Some(raw),
+        None => None,
+    };
     if a.interactive {
         req.stdin = Some(stdin_feed());
     }
@@ -560,6 +576,9 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             }
         }
     };
+    // The terminal as it was before anything more is said on it.
+    drop(raw);
+    drop(follow);
     // A second signal drops the attempt: its cleanup kills and removes the container now;
     // `close` waits for that cleanup.
     tokio::time::timeout(Duration::from_secs(60), rung.close()).await.ok();

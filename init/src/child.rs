@@ -29,6 +29,8 @@ pub(crate) struct Spawned {
     pub oom_guard: Option<String>,
     /// The write end of the command's stdin, when it comes from the host.
     pub stdin: Option<OwnedFd>,
+    /// The terminal's master side, when the command has one (`Start::tty`): for its size.
+    pub tty: Option<OwnedFd>,
 }
 
 fn classify(e: &std::io::Error) -> SpawnFailureKind {
@@ -74,8 +76,23 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     let Some((prog, rest)) = start.argv.split_first() else {
         return Err(other("cannot execute an empty argv".into()));
     };
-    let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other(format!("pipe: {e}")))?;
-    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other(format!("pipe: {e}")))?;
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other(format!("pipe: {e}")));
+    // With a terminal, its slave side is the command's stdin, stdout and stderr (one stream
+    // the init reads from the master, as a terminal merges them); stderr's pipe then only
+    // ends at once.
+    let tty = match start.tty {
+        Some(size) => Some(terminal(size).map_err(|e| other(format!("cannot make a terminal: {e}")))?),
+        None => None,
+    };
+    let ((out_r, out_w), (err_r, err_w)) = match &tty {
+        Some(t) => {
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| other(format!("dup: {e}")));
+            let (err_r, err_w) = pipe()?;
+            drop(err_w);
+            ((dup(&t.master)?, dup(&t.slave)?), (err_r, dup(&t.slave)?))
+        }
+        None => (pipe()?, pipe()?),
+    };
     let mut cmd = Command::new(prog);
     cmd.args(rest)
         .env_clear()
@@ -105,15 +122,20 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
             None
         }
     };
-    let stdin = match (&start.handler, start.stdin) {
-        (None, true) => {
-            let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other(format!("pipe: {e}")))?;
+    let stdin = match (&start.handler, start.stdin, &tty) {
+        (None, _, Some(t)) => {
+            cmd.stdin(Stdio::from(t.slave.try_clone().map_err(|e| other(format!("dup: {e}")))?));
+            if start.stdin { Some(t.master.try_clone().map_err(|e| other(format!("dup: {e}")))?) } else { None }
+        }
+        (None, true, None) => {
+            let (r, w) = pipe()?;
             cmd.stdin(Stdio::from(r));
             Some(w)
         }
         _ => None,
     };
-    let oom_rx = raw::prepare(&mut cmd, start.child_oom_score_adj, report_theirs, &start.rlimits)
+    let ctty = tty.is_some() && start.handler.is_none();
+    let oom_rx = raw::prepare(&mut cmd, start.child_oom_score_adj, report_theirs, &start.rlimits, ctty)
         .map_err(|e| other(format!("cannot set up {prog}: {e}")))?;
     let started = Instant::now();
     let child = spawn_when_not_busy(&mut cmd)
@@ -123,7 +145,32 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     drop(cmd);
     let pid = Pid::from_raw(child.id() as i32);
     let oom_guard = start.child_oom_score_adj.zip(oom_rx).map(|(n, rx)| oom_report(n, pid, rx));
-    Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, report, oom_guard, stdin })
+    // The init keeps only the master: the slave's last copy is the command's (its end, and
+    // its descendants', is the master's EOF).
+    let tty = tty.map(|t| t.master);
+    Ok(Spawned { child, pid, started, stdout: out_r, stderr: err_r, handler, report, oom_guard, stdin, tty })
+}
+
+/// A new terminal pair, both sides close-on-exec (the command gets the slave as 0, 1, 2).
+struct Terminal {
+    master: OwnedFd,
+    slave: OwnedFd,
+}
+
+fn terminal(size: crate::wire::TermSize) -> nix::Result<Terminal> {
+    let ws = nix::pty::Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let pair = nix::pty::openpty(Some(&ws), None)?;
+    for fd in [&pair.master, &pair.slave] {
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+    }
+    Ok(Terminal { master: pair.master, slave: pair.slave })
+}
+
+/// Sets the size of the terminal whose master is `master` (the kernel tells the command's
+/// foreground process group with SIGWINCH).
+pub(crate) fn resize(master: &OwnedFd, size: crate::wire::TermSize) -> std::io::Result<()> {
+    let ws = rustix::termios::Winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    rustix::termios::tcsetwinsize(master, ws).map_err(std::io::Error::from)
 }
 
 /// How long a program may be busy (`ETXTBSY`) before that is its failure.
@@ -287,6 +334,7 @@ pub(crate) mod raw {
         oom: Option<i32>,
         report: OwnedFd,
         rlimits: &[Rlimit],
+        ctty: bool,
     ) -> io::Result<Option<OwnedFd>> {
         let limits: Vec<(Resource, u64, u64)> =
             rlimits.iter().map(|l| (resource(l.resource), l.soft, l.hard)).collect();
@@ -306,6 +354,11 @@ pub(crate) mod raw {
                 set_all(SigHandler::SigDfl, &[Signal::SIGPIPE]);
                 let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
                 nix::unistd::setsid()?;
+                if ctty {
+                    // Its terminal (fd 0 by now) becomes the new session's controlling one, so
+                    // ^C typed there is its SIGINT and a resize its SIGWINCH.
+                    rustix::process::ioctl_tiocsctty(std::os::fd::BorrowedFd::borrow_raw(0))?;
+                }
                 for &(r, soft, hard) in &limits {
                     setrlimit(r, soft, hard)?;
                 }

@@ -41,7 +41,7 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) {
 }
 
 fn host_kinds(k: Kind) -> bool {
-    matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack | Kind::Stdin | Kind::StdinEnd)
+    matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack | Kind::Stdin | Kind::StdinEnd | Kind::Resize)
 }
 
 /// The link to the host.

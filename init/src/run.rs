@@ -223,6 +223,8 @@ struct Init {
     record_number: Option<u64>,
     /// The command's stdin, when it comes from the host.
     stdin: Option<crate::stdin::StdinPump>,
+    /// The master side of the command's terminal, when it has one: `Resize` sets its size.
+    tty: Option<OwnedFd>,
 }
 
 /// What running the command found out.
@@ -277,6 +279,7 @@ impl Init {
             relay: None,
             record_number: None,
             stdin: None,
+            tty: None,
         }
     }
 
@@ -410,6 +413,7 @@ impl Init {
         });
         let mut inbox = Inbox::new(s.report, start.scope.clone(), s.started);
         self.stdin = s.stdin.map(crate::stdin::StdinPump::new);
+        self.tty = s.tty;
         self.payload = Vec::new();
         for p in &pipes {
             if let Some(fd) = &p.fd {
@@ -628,6 +632,13 @@ impl Init {
                             p.end(wire::heartbeat_count(&f.body));
                         }
                     }
+                    Kind::Resize => {
+                        if let (Some(master), Some(size)) = (&self.tty, wire::resize_of(&f.body))
+                            && let Err(e) = crate::child::resize(master, size)
+                        {
+                            self.diag(&format!("cannot resize the command's terminal: {e}"));
+                        }
+                    }
                     _ => {}
                 },
                 Ok(None) => break,
@@ -753,6 +764,7 @@ impl Init {
     fn finish(&mut self, start: &Start, mut ended: Ended) -> InitRecord {
         // Nobody reads it any more (a straggler that does is killed next).
         self.stdin = None;
+        self.tty = None;
         // A relay that has connected and proved the key is the new host, not a straggler:
         // found before everything else is killed, so it is spared.
         if self.takeover.is_some() && self.relay.is_none() {

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 5;
+pub const PROTOCOL: u32 = 6;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -133,6 +133,9 @@ pub enum Kind {
     Stdin = 0x06,
     /// host → init: the command's stdin ends after this many bytes (`u64`).
     StdinEnd = 0x07,
+    /// host → init: the command's terminal has a new size ([`resize_body`]); only with
+    /// [`Start::tty`].
+    Resize = 0x08,
     /// init → host: the command started ([`Started`]).
     Started = 0x10,
     /// init → host: bytes the command wrote on its stdout.
@@ -173,6 +176,7 @@ impl Kind {
             0x05 => Kind::Takeover,
             0x06 => Kind::Stdin,
             0x07 => Kind::StdinEnd,
+            0x08 => Kind::Resize,
             0x10 => Kind::Started,
             0x11 => Kind::Stdout,
             0x12 => Kind::Stderr,
@@ -212,6 +216,7 @@ impl Kind {
         match self {
             Kind::Start => 4 + (4 << 20) + MAX_PAYLOAD_BYTES,
             Kind::Heartbeat | Kind::StdinEnd | Kind::StdinTaken => 8,
+            Kind::Resize => 4,
             Kind::Stdin => 8 + MAX_CHUNK,
             Kind::Stop | Kind::Ack => 0,
             Kind::Started | Kind::HandlerHello => 4 << 10,
@@ -408,9 +413,25 @@ pub struct Start {
     /// (no symlink), or the command is not started (`SpawnFailureKind::MountRedirected`).
     #[serde(default)]
     pub mounts: Vec<String>,
-    /// The command's stdin comes from the host (`Stdin` frames); else it is `/dev/null`.
+    /// The command's stdin comes from the host (`Stdin` frames); else it is `/dev/null`
+    /// (or, with `tty`, a terminal nothing is typed into).
     #[serde(default)]
     pub stdin: bool,
+    /// The command gets a terminal of this size for its stdin, stdout and stderr (one
+    /// stream: what it writes comes as `Stdout`), its controlling terminal; `Resize` frames
+    /// change the size. `None`: pipes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<TermSize>,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TermSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
 }
 
 /// The attempt a link belongs to.
@@ -863,6 +884,18 @@ pub fn stdin_body(offset: u64, data: &[u8]) -> Vec<u8> {
     [&offset.to_be_bytes()[..], data].concat()
 }
 
+/// A `Resize` frame's body: rows then columns, each a big-endian `u16`.
+pub fn resize_body(size: TermSize) -> [u8; 4] {
+    let (r, c) = (size.rows.to_be_bytes(), size.cols.to_be_bytes());
+    [r[0], r[1], c[0], c[1]]
+}
+
+/// A `Resize` frame's size (`None`: not 4 bytes).
+pub fn resize_of(body: &[u8]) -> Option<TermSize> {
+    let b: [u8; 4] = body.try_into().ok()?;
+    Some(TermSize { rows: u16::from_be_bytes([b[0], b[1]]), cols: u16::from_be_bytes([b[2], b[3]]) })
+}
+
 /// A `Stdin` frame's offset and bytes (`None`: too short to be one).
 pub fn stdin_parts(body: &[u8]) -> Option<(u64, &[u8])> {
     let (offset, data) = body.split_first_chunk::<8>()?;
@@ -1077,6 +1110,7 @@ mod tests {
             takeover_fd: None,
             mounts: Vec::new(),
             stdin: false,
+            tty: None,
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),
@@ -1184,6 +1218,16 @@ mod tests {
         for bad in ["", "0F".repeat(16).as_str(), "0".repeat(31).as_str(), "../x"] {
             assert!(!valid_link_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_resize_is_rows_then_columns() {
+        let size = TermSize { rows: 40, cols: 120 };
+        assert_eq!(resize_body(size), [0, 40, 0, 120]);
+        assert_eq!(resize_of(&resize_body(size)), Some(size));
+        assert_eq!(resize_of(&[0, 40, 0]), None);
+        assert_eq!(Kind::from_byte(0x08), Some(Kind::Resize));
+        assert_eq!(Kind::Resize.max_body(), 4);
     }
 
     #[test]

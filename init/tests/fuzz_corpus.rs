@@ -65,6 +65,7 @@ fn start() -> wire::Start {
         measure: vec!["/cache/cargo".into()],
         mounts: vec!["/.stevedore/tools".into(), "/in".into(), "/out".into(), "/tmp".into()],
         stdin: true,
+        tty: Some(wire::TermSize { rows: 24, cols: 80 }),
     }
 }
 
@@ -170,6 +171,10 @@ fn seeds() -> Vec<Seed> {
     let report = |r: &Report| json(r);
     let mut link = start_frame.clone();
     link.extend(wire::encode(Kind::Heartbeat, b""));
+    link.extend(wire::encode(Kind::Heartbeat, &wire::heartbeat_body(3)));
+    link.extend(wire::encode(Kind::Stdin, &wire::stdin_body(0, b"typed\n")));
+    link.extend(wire::encode(Kind::Resize, &wire::resize_body(wire::TermSize { rows: 40, cols: 120 })));
+    link.extend(wire::encode(Kind::StdinEnd, &6u64.to_be_bytes()));
     link.extend(wire::encode(Kind::Stop, b""));
     link.extend(wire::encode(Kind::Ack, b""));
     let mut out = wire::encode(
@@ -178,6 +183,7 @@ fn seeds() -> Vec<Seed> {
     );
     out.extend(wire::encode(Kind::Stdout, b"hello\n"));
     out.extend(wire::encode(Kind::Stderr, b"warning: x\n"));
+    out.extend(wire::encode(Kind::StdinTaken, &6u64.to_be_bytes()));
     out.extend(wire::encode(Kind::Report, &report(&Report::progress(40.0, Some("half way".into())))));
     out.extend(wire::encode(Kind::Record, &wire::seal(&key, &json(&init_record()))));
     out.extend(wire::encode(Kind::Output, b"ustar-ish chunk"));

@@ -96,7 +96,7 @@ pub use container::{ContainerConfig, ContainerExecutor};
 pub use contract::{
     Checkpoint, Evidence, Executor, HookSet, Hooks, LaunchError, Level, LiveChunk, LiveOutput, Next, Outcome,
     OutputFile, Policy, Reason, ReclaimReport, Registry, Report, Request, ResourceLimits, SandboxReport, Status,
-    StdinFeed, Stream, Usage,
+    StdinFeed, Stream, Terminal, Usage,
 };
 pub use handlers::{HandlerContext, HandlerError, Handlers};
 pub use inprocess::InProcessExecutor;

@@ -64,6 +64,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         measure: Vec::new(),
         mounts: Vec::new(),
         stdin: false,
+        tty: None,
     }
 }
 

@@ -433,7 +433,7 @@ async fn twenty_runs_leave_no_host_path_and_no_image() {
 /// init's window, so back-pressure is crossed many times), with EOF at its end; without `-i`
 /// it is `/dev/null`; `-t` is refused with why, before anything is created.
 #[tokio::test]
-async fn stdin_with_i_is_the_commands_and_t_is_refused() {
+async fn stdin_with_i_is_the_commands_and_t_without_a_terminal_is_a_terminal_inside() {
     use std::io::Write;
     let Some((docker, _)) = setup().await else { return };
     let w = worker("stdin-i");
@@ -464,9 +464,13 @@ async fn stdin_with_i_is_the_commands_and_t_is_refused() {
     assert!(o.stdout == data, "{} bytes back, not the {} sent, or not in order", o.stdout.len(), data.len());
     let o = run_with(&["--", "sh", "-c", "wc -c"], b"not read", "c");
     assert_eq!(text(&o.stdout), "0\n", "without -i: /dev/null");
+    // -it needs a terminal to read keys from, as docker says; -t alone gives the command one.
     let o = run_with(&["-it", "--", "sh"], b"", "d");
     assert_eq!(o.status.code(), Some(125));
-    assert!(text(&o.stderr).contains("-t: a terminal"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("-it: the input is not a terminal"), "{}", text(&o.stderr));
+    let o = run_with(&["-t", "--", "sh", "-c", "tty; echo out; echo err >&2; exit 4"], b"", "e");
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "/dev/pts/0\r\nout\r\nerr\r\n", "one terminal for both streams, its newlines");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
 
@@ -650,4 +654,112 @@ async fn a_fifo_or_socket_in_the_inputs_is_named_on_the_line_and_in_the_evidence
     assert!(line.contains("2 inputs are not in /in (a FIFO, socket or device: \"pipe\", \"sub/sock\")"), "{line}");
     let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(outcome["evidence"]["inputs"]["skipped"], serde_json::json!(["pipe", "sub/sock"]), "{outcome}");
+}
+
+/// A tmux server of the test's own (its own socket, no user config), killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn new(tag: &str) -> Option<Self> {
+        let Ok(o) = Command::new("tmux").arg("-V").output() else {
+            assert!(!support::in_ci(), "CI=true: tmux missing (apt-get install tmux)");
+            support::skip("tmux missing (apt-get install tmux)");
+            return None;
+        };
+        assert!(o.status.success());
+        Some(Self { socket: format!("stevedore-test-{tag}-{:08x}", rand::random::<u32>()) })
+    }
+
+    fn cmd(&self, args: &[&str]) -> Output {
+        let o = Command::new("tmux").args(["-L", &self.socket, "-f", "/dev/null"]).args(args).output().unwrap();
+        assert!(o.status.success(), "tmux {args:?}: {}", text(&o.stderr));
+        o
+    }
+
+    /// Runs `shell` in a new detached session of `cols` × `rows`, its terminal's output read
+    /// as lines from what returns (through `pipe-pane` into a FIFO, set before it starts).
+    fn session(&self, dir: &Path, cols: u16, rows: u16, shell: &str) -> std::sync::mpsc::Receiver<String> {
+        let fifo = dir.join(format!("pane-{:08x}", rand::random::<u32>()));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let go = format!("go-{}", self.socket);
+        let script = format!("tmux -L {} wait-for {go}; {shell}; sleep 600", self.socket);
+        let (c, r) = (cols.to_string(), rows.to_string());
+        self.cmd(&["new-session", "-d", "-s", "t", "-x", &c, "-y", &r, &script]);
+        self.cmd(&["set-option", "-g", "window-size", "manual"]);
+        self.cmd(&["pipe-pane", "-t", "t", "-O", &format!("cat >> {}", fifo.display())]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let lines = BufReader::new(std::fs::File::open(&fifo).unwrap()).split(b'\n');
+            for l in lines.map_while(Result::ok) {
+                let _ = tx.send(String::from_utf8_lossy(&l).trim_end_matches('\r').to_owned());
+            }
+        });
+        self.cmd(&["wait-for", "-S", &go]);
+        rx
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).output();
+    }
+}
+
+/// The lines from `lines` up to the first that contains `word`, that one last.
+fn until(lines: &std::sync::mpsc::Receiver<String>, word: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        match lines.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(l) if l.contains(word) => {
+                seen.push(l);
+                return seen;
+            }
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no line with {word:?} ({e}); saw {seen:?}"),
+        }
+    }
+}
+
+/// `-it` as people use it, through a real terminal (tmux): the command's terminal has this
+/// one's size and follows its resize, keys reach it, ^C is its SIGINT, its exit status is the
+/// run's, and this terminal is given back as it was.
+#[tokio::test]
+async fn it_gives_the_command_this_terminal_its_size_its_keys_and_its_ctrl_c() {
+    let Some((docker, _)) = setup().await else { return };
+    let Some(tmux) = Tmux::new("it") else { return };
+    let w = worker("tty-it");
+    let t = tempfile::tempdir().unwrap();
+    let run = |out: &str, script: &str| {
+        format!(
+            "{BIN} run -it --worker {w} --image {BUSYBOX_IMAGE} --output {} -- sh -c '{script}'; echo status=$?; stty -a | grep -o -- '-\\?icanon'",
+            out_dir(&t, out)
+        )
+    };
+    let lines = tmux.session(t.path(), 100, 30, &run("a", "stty size; read a; stty size; echo got:$a; exit 3"));
+    until(&lines, "30 100");
+    tmux.cmd(&["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
+    tmux.cmd(&["send-keys", "-t", "t", "hello", "Enter"]);
+    let seen = until(&lines, "got:hello");
+    assert!(seen.iter().any(|l| l == "40 120"), "the resize reached it: {seen:?}");
+    let seen = until(&lines, "status=3");
+    assert!(seen.iter().any(|l| l.contains("stevedore: failed: exited with code 3")), "{seen:?}");
+    let after = until(&lines, "icanon");
+    assert_eq!(after, ["icanon"], "the terminal is canonical again (not raw), said at once");
+    drop(tmux);
+
+    let tmux = Tmux::new("it-c").unwrap();
+    let lines = tmux.session(
+        t.path(),
+        80,
+        24,
+        &run("b", "trap \"echo caught-int; exit 5\" INT; echo ready; while :; do sleep 1; done"),
+    );
+    until(&lines, "ready");
+    tmux.cmd(&["send-keys", "-t", "t", "C-c"]);
+    until(&lines, "caught-int");
+    until(&lines, "status=5");
+    drop(tmux);
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }

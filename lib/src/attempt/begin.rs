@@ -155,11 +155,24 @@ pub(crate) async fn begin<S: Site>(
         // The init then sees no start and exits; the attempt ends as "no record".
         tracing::warn!(error = %e, "could not send the start to the init");
     }
-    let stdin = req
-        .stdin
-        .as_ref()
-        .and_then(crate::contract::StdinFeed::take)
-        .map(|feed| tokio::spawn(crate::link::stdin::pump(sender.clone(), count.clone(), feed)));
+    let feed = req.stdin.as_ref().and_then(crate::contract::StdinFeed::take);
+    let resizes = req.tty.as_ref().map(crate::contract::Terminal::watch);
+    let stdin = (feed.is_some() || resizes.is_some()).then(|| {
+        let (sender, count) = (sender.clone(), count.clone());
+        tokio::spawn(async move {
+            let pump = async {
+                if let Some(feed) = feed {
+                    crate::link::stdin::pump(sender.clone(), count, feed).await;
+                }
+            };
+            let resize = async {
+                if let Some(rx) = resizes {
+                    crate::link::stdin::resizes(sender.clone(), rx).await;
+                }
+            };
+            tokio::join!(pump, resize);
+        })
+    });
     let heartbeat = heartbeats(&sender, &cfg, count);
     let link = Linked { started, sender, stop, events, reader, heartbeat, stdin, rejoin };
     Ok(Running { ledger, link, reports: report_task, captures: guard })
@@ -303,5 +316,9 @@ fn start_frame(
         measure: layout.measure,
         mounts: layout.mounts,
         stdin: req.stdin.is_some(),
+        tty: req.tty.as_ref().map(|t| {
+            let (rows, cols) = t.size();
+            wire::TermSize { rows, cols }
+        }),
     }
 }

@@ -61,3 +61,31 @@ impl StdinFeed {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
     }
 }
+
+/// A terminal for one attempt's command (`stevedore run -t`): its stdin, stdout and stderr
+/// are one terminal inside the sandbox, of the size given, its controlling terminal (so ^C
+/// typed into it is the command's SIGINT); what it writes comes as [`Stream::Stdout`]. The
+/// sending half changes the size (the command sees SIGWINCH). Give a [`StdinFeed`] too for
+/// what is typed. A command only, never a handler.
+#[derive(Debug, Clone)]
+pub struct Terminal(tokio::sync::watch::Receiver<(u16, u16)>);
+
+impl Terminal {
+    /// A terminal of `rows` × `cols`, and the half that resizes it.
+    pub fn new(rows: u16, cols: u16) -> (tokio::sync::watch::Sender<(u16, u16)>, Terminal) {
+        let (tx, rx) = tokio::sync::watch::channel((rows, cols));
+        (tx, Terminal(rx))
+    }
+
+    /// Its size now: rows, columns.
+    pub fn size(&self) -> (u16, u16) {
+        *self.0.borrow()
+    }
+
+    /// Its changes of size, from now on.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<(u16, u16)> {
+        let mut rx = self.0.clone();
+        rx.mark_unchanged();
+        rx
+    }
+}

@@ -1,6 +1,6 @@
 //! The request for one attempt, its builder and its validation.
 
-use super::{LiveOutput, StdinFeed};
+use super::{LiveOutput, StdinFeed, Terminal};
 use super::{Policy, ResourceLimits};
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
@@ -73,6 +73,8 @@ pub struct Request {
     pub live: Option<LiveOutput>,
     /// Where the command's stdin comes from (see [`StdinFeed`]); `None`: `/dev/null`.
     pub stdin: Option<StdinFeed>,
+    /// A terminal for the command (see [`Terminal`]); `None`: pipes.
+    pub tty: Option<Terminal>,
     /// The engine's hooks into this attempt (see [`super::Hooks`]).
     pub hooks: Option<super::HookSet>,
     /// The working directory in the sandbox (default: the image's, else `/`).
@@ -109,6 +111,9 @@ pub enum RequestError {
     /// a handler was given a stdin
     #[error("a handler takes its payload, not a stdin: stdin is for a command")]
     StdinForHandler,
+    /// a handler was given a terminal
+    #[error("a handler speaks the protocol on its streams: a terminal is for a command")]
+    TtyForHandler,
     /// the payload is too large
     #[error("payload of {size} bytes exceeds the {max}-byte limit")]
     PayloadTooLarge {
@@ -243,6 +248,7 @@ impl Request {
             worker_id: "worker".to_owned(),
             live: None,
             stdin: None,
+            tty: None,
             hooks: None,
             workdir: None,
             entrypoint: None,
@@ -367,6 +373,11 @@ impl Request {
         self.stdin = Some(feed);
         self
     }
+    /// Gives the command a terminal (see [`Terminal::new`]); a command only.
+    pub fn tty(mut self, terminal: Terminal) -> Self {
+        self.tty = Some(terminal);
+        self
+    }
     /// Sets the working directory in the sandbox (absolute).
     pub fn workdir(mut self, dir: impl Into<String>) -> Self {
         self.workdir = Some(dir.into());
@@ -414,6 +425,7 @@ impl Request {
         match &self.task {
             Task::Handler(h) if h.trim().is_empty() => return Err(RequestError::EmptyHandler),
             Task::Handler(_) if self.stdin.is_some() => return Err(RequestError::StdinForHandler),
+            Task::Handler(_) if self.tty.is_some() => return Err(RequestError::TtyForHandler),
             // An empty argv runs the image's ENTRYPOINT alone; the rung refuses it if there is none.
             Task::Command(argv) if argv.first().is_some_and(String::is_empty) && self.entrypoint.is_none() => {
                 return Err(RequestError::EmptyCommand);

@@ -14,6 +14,15 @@ use tokio::sync::mpsc;
 /// The init's window (`init/src/stdin.rs`, `WINDOW`).
 const WINDOW: u64 = 1 << 20;
 
+/// Sends each new size of the command's terminal to the init, until the caller's half is
+/// dropped (a failed write is a cut link; the next size goes on the resumed one).
+pub(crate) async fn resizes(sender: Sender, mut rx: tokio::sync::watch::Receiver<(u16, u16)>) {
+    while rx.changed().await.is_ok() {
+        let (rows, cols) = *rx.borrow_and_update();
+        let _ = sender.frame(Kind::Resize, &wire::resize_body(wire::TermSize { rows, cols })).await;
+    }
+}
+
 /// Sends `feed` to the init until the command takes no more; runs until aborted otherwise
 /// (after the feed's end, to say it again after a resumed link).
 pub(crate) async fn pump(sender: Sender, heard: Arc<Heard>, mut feed: mpsc::Receiver<Bytes>) {
