@@ -6,6 +6,7 @@ mod cache;
 mod census;
 mod common;
 mod image;
+mod progress;
 mod reclaim;
 mod recover;
 mod report;

@@ -17,6 +17,10 @@ pub struct RecoverArgs {
     /// Do not print the attempt's reports on stderr
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Keep the captured stdout and stderr in DIR: the one `run --logs DIR` was given, so
+    /// the captures go on where they were (default: stevedore's own dir, removed at the end)
+    #[arg(long, value_name = "DIR")]
+    logs: Option<PathBuf>,
 }
 
 /// Runs `stevedore recover`.
@@ -34,15 +38,16 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
         Err(e) => return fail(format!("{}: {e}", a.checkpoint.display())),
     };
     let rung: Arc<dyn Executor> = if cp.level == stevedore::contract::Level::Process {
-        match stevedore::process::ProcessExecutor::new(
-            stevedore::process::ProcessConfig::default().name(cp.rung.clone()),
-        ) {
+        let mut cfg = stevedore::process::ProcessConfig::default().name(cp.rung.clone());
+        cfg.log_dir = a.logs.clone();
+        match stevedore::process::ProcessExecutor::new(cfg) {
             Ok(r) => Arc::new(r),
             Err(e) => return fail(e.to_string()),
         }
     } else {
         match common::rung(g, 125, |cfg| {
             cfg.name = cp.rung.clone();
+            cfg.log_dir = a.logs.clone();
             Ok(())
         })
         .await
@@ -62,7 +67,11 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
     let result = rung.recover(&cp, Some(hooks), cancel).await;
     rung.close().await;
     match result {
-        Ok(o) => {
+        Ok(mut o) => {
+            // As `run`'s: removed at the end unless kept with `--logs`.
+            if a.logs.is_none() {
+                crate::run::drop_captures(&mut o);
+            }
             println!("{}", o.to_json());
             if !a.quiet {
                 let grace = std::time::Duration::from_millis(cp.grace_ms);

@@ -458,7 +458,7 @@ fn live_printer(stdout_to_err: bool) -> (LiveOutput, tokio::task::JoinHandle<()>
 }
 
 /// The per-run captures go when the run ends, unless kept with `--logs`.
-fn drop_captures(o: &mut Outcome) {
+pub(crate) fn drop_captures(o: &mut Outcome) {
     let mut removed = false;
     for cap in [&mut o.evidence.logs.stdout, &mut o.evidence.logs.stderr] {
         if let Some(p) = cap.path.take() {
@@ -552,6 +552,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     if a.interactive {
         req.stdin = Some(stdin_feed());
     }
+    req.progress = crate::progress::on_terminal(a.quiet);
     req.hooks = Some(HookSet(Arc::new(common::CliHooks { checkpoint: a.checkpoint.clone(), quiet: a.quiet })));
     let cancel = CancellationToken::new();
     let mut got: Option<u8> = None;

@@ -566,12 +566,24 @@ impl OutputSpec {
 
 /// The Start frame's body: the JSON's length, the JSON, the payload.
 pub fn encode_start(start: &Start, payload: &[u8]) -> Vec<u8> {
+    let mut frame = start_head(start, payload.len());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// A Start frame up to its payload (header, JSON length, JSON) for a payload of `payload_len`
+/// bytes that follows it: so a large payload is written from where it is, never copied into
+/// a frame.
+pub fn start_head(start: &Start, payload_len: usize) -> Vec<u8> {
     let json = serde_json::to_vec(start).expect("a start always serialises");
-    let mut body = Vec::with_capacity(4 + json.len() + payload.len());
-    body.extend_from_slice(&(json.len() as u32).to_be_bytes());
-    body.extend_from_slice(&json);
-    body.extend_from_slice(payload);
-    encode(Kind::Start, &body)
+    let body_len = 4 + json.len() + payload_len;
+    assert!(body_len <= Kind::Start.max_body(), "Start body of {body_len} bytes is over its cap");
+    let mut head = Vec::with_capacity(HEADER_LEN + 4 + json.len());
+    head.push(Kind::Start as u8);
+    head.extend_from_slice(&(body_len as u32).to_be_bytes());
+    head.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    head.extend_from_slice(&json);
+    head
 }
 
 /// Splits a Start frame's body into the start and the payload.

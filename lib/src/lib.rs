@@ -95,8 +95,8 @@ pub use bollard;
 pub use container::{ContainerConfig, ContainerExecutor};
 pub use contract::{
     Checkpoint, Evidence, Executor, HookSet, Hooks, LaunchError, Level, LiveChunk, LiveOutput, Next, Outcome,
-    OutputFile, Policy, Reason, ReclaimReport, Registry, Report, Request, ResourceLimits, SandboxReport, Status,
-    StdinFeed, Stream, Terminal, Usage,
+    OutputFile, Phase, Policy, Progress, ProgressSink, Reason, ReclaimReport, Registry, Report, Request,
+    ResourceLimits, SandboxReport, Status, StdinFeed, Stream, Terminal, Usage,
 };
 pub use handlers::{HandlerContext, HandlerError, Handlers};
 pub use inprocess::InProcessExecutor;

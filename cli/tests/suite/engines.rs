@@ -300,6 +300,8 @@ async fn reports_and_a_takeover_through_the_engines_exec() {
         .arg(&cp)
         .arg("--output")
         .arg(&out)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
         .args(["--", "sh", "-c", "echo ready >&2; while [ ! -e /tmp/gate ]; do sleep 0.1; done; echo r > /out/r"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -21,6 +21,8 @@ fn start_worker(image: &str, w: &str, out: &Path, cp: &Path, script: &str) -> Ch
         .arg(cp)
         .arg("--output")
         .arg(out)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
         .args(["--", "sh", "-c", script])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -63,8 +65,16 @@ async fn a_worker_killed_mid_attempt_is_recovered_while_the_command_runs() {
     kill9(start_worker(&image, &w, &out, &cp, script));
     let id = container_of(&cp);
     assert_eq!(std::fs::metadata(&cp).unwrap().permissions().mode() & 0o777, 0o600, "the checkpoint is a secret");
-    let mut recover =
-        Command::new(BIN).arg("recover").arg(&cp).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // With the run's --logs: the captures go on where they were, and are kept.
+    let mut recover = Command::new(BIN)
+        .arg("recover")
+        .arg(&cp)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(recover.stderr.take().unwrap()).lines();
     loop {
         match lines.next() {
@@ -172,6 +182,8 @@ fn start_process_worker(w: &str, out: &Path, cp: &Path, script: &str) -> (Child,
         .arg(cp)
         .arg("--output")
         .arg(out)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
         .args(["--", "sh", "-c", script])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -324,6 +336,8 @@ async fn recovered_despite_a_flood(as_root: bool) {
         .arg(&cp)
         .arg("--output")
         .arg(&out)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
         .args(if as_root { vec!["--user", "0:0"] } else { vec![] })
         .args(["--", "sh", "-c", script])
         .stdout(Stdio::null())

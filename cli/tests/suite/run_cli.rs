@@ -763,3 +763,61 @@ async fn it_gives_the_command_this_terminal_its_size_its_keys_and_its_ctrl_c() {
     drop(tmux);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
 }
+
+/// Progress of a long transfer on a terminal (here shown at once, `STEVEDORE_PROGRESS_AFTER`):
+/// the inputs' bar names what moved and its rate, and is gone by the summary line; with
+/// stderr not a terminal, or `--quiet`, nothing of it is printed.
+#[tokio::test]
+async fn progress_is_shown_on_a_terminal_only() {
+    let Some((docker, _)) = setup().await else { return };
+    let Some(tmux) = Tmux::new("progress") else { return };
+    let w = worker("progress");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    let block: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
+    let mut f = std::fs::File::create(input.join("big")).unwrap();
+    for _ in 0..64 {
+        std::io::Write::write_all(&mut f, &block).unwrap();
+    }
+    drop(f);
+    let args = |out: &str| {
+        format!(
+            "--worker {w} --image {BUSYBOX_IMAGE} --input {} --output {} -- sh -c 'wc -c < /in/big; head -c 8000000 /in/big > /out/copy'",
+            input.display(),
+            out_dir(&t, out)
+        )
+    };
+    let lines = tmux.session(
+        t.path(),
+        120,
+        30,
+        &format!("STEVEDORE_PROGRESS_AFTER=0s {BIN} run {}; echo status=$?", args("tty")),
+    );
+    let seen = until(&lines, "status=0");
+    let all = seen.join("\n");
+    assert!(all.contains("inputs [") && all.contains("/64.00 MiB"), "the inputs' bar: {all:?}");
+    assert!(all.contains("outputs ") && all.contains("MiB"), "the outputs' count: {all:?}");
+    let summary = seen.iter().find(|l| l.contains("stevedore: ok")).expect("the summary line");
+    assert!(summary.ends_with(&format!("1 output in {})", out_dir(&t, "tty"))), "a line of its own: {summary:?}");
+    drop(tmux);
+    let tmux = Tmux::new("progress-q").unwrap();
+    let lines = tmux.session(
+        t.path(),
+        120,
+        30,
+        &format!("STEVEDORE_PROGRESS_AFTER=0s {BIN} run --quiet {}; echo status=$?", args("quiet")),
+    );
+    let seen = until(&lines, "status=0").join("\n");
+    assert!(!seen.contains("inputs") && !seen.contains("stevedore:"), "--quiet on a terminal: {seen:?}");
+    drop(tmux);
+    // Not a terminal: not a byte of progress.
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!("STEVEDORE_PROGRESS_AFTER=0s {BIN} run {}", args("pipe")))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert!(!text(&o.stderr).contains("inputs") && !text(&o.stderr).contains('\r'), "{:?}", text(&o.stderr));
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}

@@ -119,6 +119,7 @@ pub(crate) async fn begin<S: Site>(
         count: count.clone(),
         more,
         taking_over: false,
+        progress: req.progress.clone(),
     };
     let stop = setup.stop.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
@@ -151,7 +152,9 @@ pub(crate) async fn begin<S: Site>(
         let _ = tx.try_send(reports::Delivery::Started(info));
     }
     let start = start_frame(req, &plan, layout, &key, &link_id, &cfg, started);
-    if let Err(e) = sender.raw(&wire::encode_start(&start, &req.payload)).await {
+    // The payload goes from the request itself: a large one is never copied into a frame.
+    let head = wire::start_head(&start, req.payload.len());
+    if let Err(e) = sender.raw_parts(&[&head, &req.payload]).await {
         // The init then sees no start and exits; the attempt ends as "no record".
         tracing::warn!(error = %e, "could not send the start to the init");
     }

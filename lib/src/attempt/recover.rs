@@ -85,6 +85,7 @@ async fn take_over<S: Site>(
             // so a later try goes without (its cut then ends the link).
             more: more.take().flatten(),
             taking_over: true,
+            progress: None,
         })
     };
     let open = |within: Duration| site.takeover(&ledger, &cp.link.id, within);

@@ -84,7 +84,7 @@ pub(crate) async fn provision(
     let mut inputs = None;
     let (container_id, staged_at) = match staging {
         Some((_, helper, dir, staged)) => {
-            let report = upload_inputs(shared, &helper, dir, staged.bytes).await;
+            let report = upload_inputs(shared, &helper, dir, staged.bytes, plan.progress.clone()).await;
             // The create runs on; its result is awaited even when the upload failed.
             let created_id = created(container).await;
             let report = report?;
@@ -200,10 +200,20 @@ pub(crate) async fn upload_inputs(
     helper: &str,
     dir: crate::inputs::InputDir,
     bytes: u64,
+    progress: Option<crate::contract::ProgressSink>,
 ) -> Result<crate::inputs::StageReport, LaunchError> {
     let (uid, gid) = shared.config.uid_gid();
     let limit = shared.config.max_input_bytes;
     let (writer, chunks) = crate::pipe::writer(8);
+    let sink = progress.clone();
+    // The tar's bytes: the files' plus their headers, so the total is the files' at least.
+    let writer = crate::contract::Counting {
+        inner: writer,
+        sink,
+        phase: crate::contract::Phase::Inputs,
+        total: Some(bytes),
+        done: 0,
+    };
     let producer = tokio::task::spawn_blocking(move || dir.write_tar(uid, gid, limit, writer, &|_| {}));
     let body: ByteStream = Box::pin(chunks);
     let timeout = shared.engine.timeout() + Duration::from_secs(bytes / SLOWEST_UPLOAD);
@@ -216,6 +226,15 @@ pub(crate) async fn upload_inputs(
             e => LaunchError::Staging { what: "reading the input dir".into(), source: Box::new(e) },
         })?;
     up.map_err(|e| LaunchError::Staging { what: "uploading the inputs".into(), source: Box::new(e) })?;
+    if let Some(s) = &progress {
+        let p = crate::contract::Progress {
+            phase: crate::contract::Phase::Inputs,
+            done: bytes,
+            total: Some(bytes),
+            finished: true,
+        };
+        s.report(p);
+    }
     Ok(report)
 }
 

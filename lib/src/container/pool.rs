@@ -148,7 +148,7 @@ pub(crate) async fn ready(
     let mut inputs = None;
     let mut staged_at = None;
     if let Some((dir, staged)) = plan.inputs.take() {
-        let report = super::launch::upload_inputs(shared, &p.helper, dir, staged.bytes).await?;
+        let report = super::launch::upload_inputs(shared, &p.helper, dir, staged.bytes, plan.progress.clone()).await?;
         inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
         staged_at = Some(crate::contract::unix_ms_now());
         enforcement

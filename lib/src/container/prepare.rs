@@ -35,6 +35,8 @@ pub(crate) struct Plan {
     /// Where the attempt mounts something (`mounts`).
     pub mounts: Vec<String>,
     pub started_ms: u64,
+    /// Where the inputs' upload reports its progress.
+    pub progress: Option<crate::contract::ProgressSink>,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -105,6 +107,7 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
         output_dir,
         inputs,
         started_ms,
+        progress: req.progress.clone(),
     })
 }
 

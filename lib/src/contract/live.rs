@@ -89,3 +89,83 @@ impl Terminal {
         rx
     }
 }
+
+/// What a long transfer of an attempt has moved so far (`Request::progress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// Which transfer.
+    pub phase: Phase,
+    /// Bytes moved so far.
+    pub done: u64,
+    /// Bytes in all, when known before the end.
+    pub total: Option<u64>,
+    /// Whether this is its last report.
+    pub finished: bool,
+}
+
+/// The transfers an attempt reports progress on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Phase {
+    /// The input dir going into the sandbox (its total is known).
+    Inputs,
+    /// The outputs coming back (their total is known only at the end).
+    Outputs,
+}
+
+/// Where an attempt reports its progress: called on the attempt's tasks (keep it quick; it is
+/// called at most every 64 KiB moved).
+#[derive(Clone)]
+pub struct ProgressSink(std::sync::Arc<dyn Fn(Progress) + Send + Sync>);
+
+impl ProgressSink {
+    /// A sink that calls `f`.
+    pub fn new(f: impl Fn(Progress) + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(f))
+    }
+
+    pub(crate) fn report(&self, p: Progress) {
+        (self.0)(p);
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
+/// How often progress is reported: each time this many more bytes moved.
+pub(crate) const REPORT_EVERY: u64 = 64 << 10;
+
+/// Counts what goes through a writer and reports it to a sink.
+#[cfg(feature = "docker")]
+pub(crate) struct Counting<W> {
+    pub inner: W,
+    pub sink: Option<ProgressSink>,
+    pub phase: Phase,
+    pub total: Option<u64>,
+    pub done: u64,
+}
+
+#[cfg(feature = "docker")]
+impl<W: std::io::Write> std::io::Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        let before = self.done;
+        self.done += n as u64;
+        if let Some(s) = &self.sink
+            && before / REPORT_EVERY != self.done / REPORT_EVERY
+        {
+            // A tar's headers make it a little longer than the files it counts.
+            let done = self.total.map_or(self.done, |t| self.done.min(t));
+            s.report(Progress { phase: self.phase, done, total: self.total, finished: false });
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}

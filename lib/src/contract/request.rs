@@ -1,6 +1,6 @@
 //! The request for one attempt, its builder and its validation.
 
-use super::{LiveOutput, StdinFeed, Terminal};
+use super::{LiveOutput, ProgressSink, StdinFeed, Terminal};
 use super::{Policy, ResourceLimits};
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
@@ -75,6 +75,8 @@ pub struct Request {
     pub stdin: Option<StdinFeed>,
     /// A terminal for the command (see [`Terminal`]); `None`: pipes.
     pub tty: Option<Terminal>,
+    /// Where the attempt reports the progress of its inputs and outputs, if anywhere.
+    pub progress: Option<ProgressSink>,
     /// The engine's hooks into this attempt (see [`super::Hooks`]).
     pub hooks: Option<super::HookSet>,
     /// The working directory in the sandbox (default: the image's, else `/`).
@@ -249,6 +251,7 @@ impl Request {
             live: None,
             stdin: None,
             tty: None,
+            progress: None,
             hooks: None,
             workdir: None,
             entrypoint: None,
@@ -371,6 +374,11 @@ impl Request {
     /// Feeds the command's stdin from `feed` (see [`StdinFeed::channel`]); a command only.
     pub fn stdin(mut self, feed: StdinFeed) -> Self {
         self.stdin = Some(feed);
+        self
+    }
+    /// Reports the progress of the inputs going in and the outputs coming back to `sink`.
+    pub fn progress(mut self, sink: ProgressSink) -> Self {
+        self.progress = Some(sink);
         self
     }
     /// Gives the command a terminal (see [`Terminal::new`]); a command only.

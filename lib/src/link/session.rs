@@ -133,6 +133,16 @@ impl Sender {
         w.flush().await
     }
 
+    /// Writes `parts` one after the other, then flushes: one frame written from where its
+    /// pieces are.
+    pub async fn raw_parts(&self, parts: &[&[u8]]) -> io::Result<()> {
+        let mut w = self.w.lock().await;
+        for p in parts {
+            w.write_all(p).await?;
+        }
+        w.flush().await
+    }
+
     /// Writes one frame and flushes.
     pub async fn frame(&self, kind: Kind, body: &[u8]) -> io::Result<()> {
         if kind == Kind::Stop {
@@ -224,6 +234,8 @@ pub(crate) struct ReaderSetup {
     /// The first frame is a takeover's `Started`, for a host that has nothing of the link
     /// (a restarted worker): the count starts where it says.
     pub taking_over: bool,
+    /// Where the outputs' arrival is reported.
+    pub progress: Option<crate::contract::ProgressSink>,
 }
 
 /// What the attempt hears from the reader as it happens.
@@ -395,6 +407,14 @@ struct Router {
     hello: Hello,
     /// Frames sent again that this host already has: not routed again.
     skip: u64,
+    progress: Option<crate::contract::ProgressSink>,
+    /// Bytes of the outputs tar received.
+    out_bytes: u64,
+}
+
+fn outputs_progress(done: u64, finished: bool) -> crate::contract::Progress {
+    let total = finished.then_some(done);
+    crate::contract::Progress { phase: crate::contract::Phase::Outputs, done, total, finished }
 }
 
 /// What the first frame on a transport is.
@@ -410,7 +430,8 @@ enum Hello {
 
 impl Router {
     fn new(setup: ReaderSetup, events: mpsc::UnboundedSender<Event>) -> Self {
-        let ReaderSetup { key, stdout, stderr, live, outputs, reports, stop: _, count, more: _, taking_over } = setup;
+        let ReaderSetup { key, stdout, stderr, live, outputs, reports, stop: _, count, more: _, taking_over, progress } =
+            setup;
         Self {
             key,
             stdout,
@@ -426,6 +447,8 @@ impl Router {
             count,
             hello: if taking_over { Hello::Fresh } else { Hello::None },
             skip: 0,
+            progress,
+            out_bytes: 0,
         }
     }
 
@@ -532,6 +555,13 @@ impl Router {
                 {
                     self.extraction = Some(Extraction::start(sink));
                 }
+                let before = self.out_bytes;
+                self.out_bytes += frame.body.len() as u64;
+                if let Some(s) = &self.progress
+                    && before / crate::contract::REPORT_EVERY != self.out_bytes / crate::contract::REPORT_EVERY
+                {
+                    s.report(outputs_progress(self.out_bytes, false));
+                }
                 if let Some(x) = &mut self.extraction {
                     x.feed(frame.body).await;
                 }
@@ -541,6 +571,9 @@ impl Router {
                 let x = self.extraction.take().or_else(|| self.outputs.take().map(Extraction::start));
                 if let Some(x) = x {
                     self.got.outputs = Some(x.finish(end, None).await);
+                }
+                if let Some(s) = &self.progress {
+                    s.report(outputs_progress(self.out_bytes, true));
                 }
                 let _ = self.events.send(Event::OutputsDone);
             }
@@ -687,6 +720,7 @@ mod tests {
             count: count.clone(),
             more,
             taking_over: false,
+            progress: None,
         };
         (setup, count)
     }

@@ -1,0 +1,73 @@
+//! Progress on stderr for a run's long transfers (the inputs going in, the outputs coming
+//! back): only when stderr is a terminal and not `--quiet`, and only for a transfer that has
+//! taken a second (`STEVEDORE_PROGRESS_AFTER`, a duration, changes that). A bar is cleared when
+//! its transfer ends, so the summary line stands alone.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use stevedore::{Phase, Progress, ProgressSink};
+
+/// How long a transfer runs before its bar is shown, unless the environment says otherwise.
+const SHOW_AFTER: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct Shown {
+    /// When the transfer was first heard of, and its bar once shown.
+    inputs: Option<(Instant, Option<ProgressBar>)>,
+    outputs: Option<(Instant, Option<ProgressBar>)>,
+}
+
+/// A sink that draws bars on this terminal, or `None` when nothing is to be drawn.
+pub fn on_terminal(quiet: bool) -> Option<ProgressSink> {
+    use std::io::IsTerminal;
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let after = std::env::var("STEVEDORE_PROGRESS_AFTER")
+        .ok()
+        .and_then(|d| stevedore::contract::parse_duration(&d).ok())
+        .unwrap_or(SHOW_AFTER);
+    let shown = Arc::new(Mutex::new(Shown::default()));
+    Some(ProgressSink::new(move |p: Progress| {
+        let mut shown = shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = match p.phase {
+            Phase::Inputs => &mut shown.inputs,
+            _ => &mut shown.outputs,
+        };
+        let (since, bar) = slot.get_or_insert_with(|| (Instant::now(), None));
+        if p.finished {
+            if let Some(bar) = bar.take() {
+                bar.finish_and_clear();
+            }
+            return;
+        }
+        if bar.is_none() && since.elapsed() >= after {
+            *bar = Some(new_bar(p));
+        }
+        if let Some(bar) = bar {
+            bar.set_position(p.done);
+        }
+    }))
+}
+
+fn new_bar(p: Progress) -> ProgressBar {
+    let (name, bar) = match p.total {
+        Some(total) => (
+            "inputs ",
+            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr()).with_style(
+                ProgressStyle::with_template("{prefix}[{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            ),
+        ),
+        None => (
+            "outputs ",
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()).with_style(
+                ProgressStyle::with_template("{prefix}{spinner} {bytes} {bytes_per_sec}").expect("a valid template"),
+            ),
+        ),
+    };
+    bar.set_prefix(name);
+    bar
+}
