@@ -56,7 +56,10 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             };
             let mut spec = PackSpec::new(exe.clone(), tag);
             spec.fingerprint = fingerprint.or_else(|| is_own(&exe).then(|| handlers.fingerprint()));
-            match pack_image(rung.engine(), &spec).await {
+            let packing = crate::progress::spinner(&format!("packing {}", spec.tag), false);
+            let packed = pack_image(rung.engine(), &spec).await;
+            drop(packing);
+            match packed {
                 Ok(img) => {
                     println!("{}", serde_json::json!({"image_id": img.id, "tag": img.tag}));
                     0

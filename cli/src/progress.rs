@@ -71,3 +71,43 @@ fn new_bar(p: Progress) -> ProgressBar {
     bar.set_prefix(name);
     bar
 }
+
+/// A spinner saying `what` with the time it has taken, shown once the work has taken as long
+/// as a transfer's bar waits (on a terminal only, never with `--quiet`); cleared when dropped.
+pub fn spinner(what: &str, quiet: bool) -> Option<Spinner> {
+    use std::io::IsTerminal;
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let after = std::env::var("STEVEDORE_PROGRESS_AFTER")
+        .ok()
+        .and_then(|d| stevedore::contract::parse_duration(&d).ok())
+        .unwrap_or(SHOW_AFTER);
+    let shown: Arc<Mutex<Option<ProgressBar>>> = Arc::default();
+    let (slot, what) = (shown.clone(), what.to_owned());
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+            .with_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"))
+            .with_message(what);
+        bar.enable_steady_tick(Duration::from_millis(120));
+        *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(bar);
+    });
+    Some(Spinner { task, shown })
+}
+
+/// A spinner under way; cleared when dropped.
+#[derive(Debug)]
+pub struct Spinner {
+    task: tokio::task::JoinHandle<()>,
+    shown: Arc<Mutex<Option<ProgressBar>>>,
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Some(bar) = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            bar.finish_and_clear();
+        }
+    }
+}

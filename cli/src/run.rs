@@ -521,6 +521,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             Err(code) => return code,
         };
         if req.handler_name().is_some() && req.policy.image.is_empty() {
+            let _packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
             match common::own_image(&rung, handlers).await {
                 Ok(tag) => req.policy.image = tag,
                 Err(e) => return fail(e),

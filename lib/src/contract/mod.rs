@@ -25,9 +25,9 @@ pub use hooks::{
 pub(crate) use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{Limits, ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
-pub(crate) use live::REPORT_EVERY;
 #[cfg(feature = "docker")]
 pub(crate) use live::Counting;
+pub(crate) use live::REPORT_EVERY;
 pub use live::{LiveChunk, LiveOutput, Phase, Progress, ProgressSink, StdinFeed, Stream, Terminal};
 pub(crate) use outcome::unix_ms_now;
 pub use outcome::{
