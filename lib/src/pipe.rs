@@ -34,7 +34,7 @@ impl Read for ChannelReader {
 
 /// The writing half (an upload's body), only the container rung's.
 #[cfg(feature = "docker")]
-pub use writing::writer;
+pub use writing::{ChannelWriter, writer};
 
 #[cfg(feature = "docker")]
 mod writing {
@@ -61,6 +61,13 @@ mod writing {
     }
 
     impl ChannelWriter {
+        /// Ends the stream with `why` as its error, so the request it is the body of fails
+        /// rather than sending a body cut short as if whole.
+        pub fn abort(mut self, why: io::Error) {
+            self.buf.clear();
+            let _ = self.tx.blocking_send(Err(why));
+        }
+
         fn send(&mut self) -> io::Result<()> {
             if self.buf.is_empty() {
                 return Ok(());

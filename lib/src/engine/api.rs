@@ -207,7 +207,7 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     fn remove_image<'a>(&'a self, name: &'a str) -> Call<'a, ()>;
     /// Imports a root filesystem tar as a one-layer image `reference` with Dockerfile
     /// `changes` applied. Not under the per-call timeout: it takes what the tar's size takes.
-    fn import_image<'a>(&'a self, reference: &'a str, rootfs: Vec<u8>, changes: Vec<String>) -> Call<'a, Built>;
+    fn import_image<'a>(&'a self, reference: &'a str, rootfs: ByteStream, changes: Vec<String>) -> Call<'a, Built>;
     /// Builds a Dockerfile context (a tar with `Dockerfile` at its root) into `tag` with the
     /// engine's legacy builder. Not under the per-call timeout: its steps take what they take.
     fn build_image<'a>(&'a self, tag: &'a str, context: Vec<u8>) -> Call<'a, Built>;
@@ -616,7 +616,7 @@ impl EngineApi for BollardApi {
         })
     }
 
-    fn import_image<'a>(&'a self, reference: &'a str, rootfs: Vec<u8>, changes: Vec<String>) -> Call<'a, Built> {
+    fn import_image<'a>(&'a self, reference: &'a str, rootfs: ByteStream, changes: Vec<String>) -> Call<'a, Built> {
         Box::pin(async move {
             let (repo, tag) = split_tag(reference);
             let opts = bollard::query_parameters::CreateImageOptionsBuilder::new()
@@ -625,7 +625,7 @@ impl EngineApi for BollardApi {
                 .tag(tag)
                 .changes(changes)
                 .build();
-            let mut stream = self.docker.create_image(Some(opts), Some(bollard::body_full(rootfs.into())), None);
+            let mut stream = self.docker.create_image(Some(opts), Some(bollard::body_try_stream(rootfs)), None);
             let started = std::time::Instant::now();
             let mut id = None;
             while let Some(item) = stream.next().await {

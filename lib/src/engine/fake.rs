@@ -506,7 +506,12 @@ impl EngineApi for FakeApi {
         Box::pin(async move { Err(Self::not_faked("remove image", name)) })
     }
 
-    fn import_image<'a>(&'a self, reference: &'a str, _: Vec<u8>, _: Vec<String>) -> Call<'a, super::api::Built> {
+    fn import_image<'a>(
+        &'a self,
+        reference: &'a str,
+        _: super::api::ByteStream,
+        _: Vec<String>,
+    ) -> Call<'a, super::api::Built> {
         Box::pin(async move { Err(Self::not_faked("import image", reference)) })
     }
 

@@ -161,8 +161,14 @@ fn passwd_and_group(user: (u32, u32)) -> (String, String) {
 
 /// The image's root filesystem: the bundle under [`APP_DIR`] and the user's passwd/group.
 fn rootfs_tar(spec: &PackSpec, bundle: &ExeBundle) -> Result<Vec<u8>, PackError> {
-    let (passwd, group) = passwd_and_group(spec.user);
-    let mut tar = tar::Builder::new(Vec::new());
+    write_rootfs_tar(spec.user, bundle, Vec::new())
+}
+
+/// The image's root filesystem as a tar into `out`: the bundle under [`APP_DIR`], and the
+/// user's `passwd` and `group`.
+fn write_rootfs_tar<W: std::io::Write>(user: (u32, u32), bundle: &ExeBundle, out: W) -> Result<W, PackError> {
+    let (passwd, group) = passwd_and_group(user);
+    let mut tar = tar::Builder::new(out);
     bundle.append_to_tar(&mut tar, APP_DIR.trim_start_matches('/'))?;
     (|| {
         append_dir(&mut tar, "etc/")?;
@@ -286,8 +292,7 @@ async fn pack_bundle(
     let entry = bundle.argv(APP_DIR);
     let labels = labels_for(spec, bundle, &entry);
     let changes = changes(spec, &entry, &labels)?;
-    let rootfs = rootfs_tar(spec, bundle)?;
-    let id = import(engine, &spec.tag, rootfs, changes).await?;
+    let id = import(engine, spec, bundle, changes).await?;
     if let Some(old) = previous.filter(|old| *old != id) {
         let fate = remove_replaced(engine, &old).await;
         tracing::debug!(tag = %spec.tag, image = %old, ?fate, "the image the tag replaced");
@@ -376,14 +381,56 @@ async fn lock_tag(tag: &str) -> Result<nix::fcntl::Flock<std::fs::File>, PackErr
 }
 
 /// Imports a root filesystem tar as a one-layer image with `changes` applied.
-async fn import(engine: &Engine, reference: &str, rootfs: Vec<u8>, changes: Vec<String>) -> Result<String, PackError> {
+async fn import(
+    engine: &Engine,
+    spec: &PackSpec,
+    bundle: &ExeBundle,
+    changes: Vec<String>,
+) -> Result<String, PackError> {
+    let reference = spec.tag.as_str();
     if engine.facts().is_podman() {
         // Podman's compat import takes the newline-joined `changes` (how bollard sends them)
         // as one instruction; its builder is fast, so the same image is built instead.
-        return import_by_build(engine, reference, rootfs, &changes).await;
+        return import_by_build(engine, reference, rootfs_tar(spec, bundle)?, &changes).await;
     }
-    let built = engine.api.import_image(reference, rootfs, changes).await?;
-    made(engine, reference, built).await
+    // Streamed as it is written: a debug build's binary is ~170 MB, never held whole here.
+    let (writer, chunks) = crate::pipe::writer(8);
+    let (user, for_tar) = (spec.user, bundle.clone());
+    let producer = tokio::task::spawn_blocking(move || {
+        let mut whole = Whole(Some(writer));
+        write_rootfs_tar(user, &for_tar, &mut whole)?;
+        // Whole: its last chunk goes, and the body ends as a body should.
+        if let Some(mut w) = whole.0.take() {
+            std::io::Write::flush(&mut w).map_err(PackError::Context)?;
+        }
+        Ok::<(), PackError>(())
+    });
+    let built = engine.api.import_image(reference, Box::pin(chunks), changes).await;
+    let written = producer.await.map_err(|e| PackError::Context(std::io::Error::other(e)))?;
+    // A tar that could not be written is the cause; the engine then saw a short body.
+    written?;
+    made(engine, reference, built?).await
+}
+
+/// The import's body writer: dropped before the tar was whole (an error), it fails the
+/// request instead of ending the body early.
+struct Whole(Option<crate::pipe::ChannelWriter>);
+
+impl std::io::Write for Whole {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.as_mut().map_or(Ok(0), |w| w.write(data))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.as_mut().map_or(Ok(()), std::io::Write::flush)
+    }
+}
+
+impl Drop for Whole {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
+            w.abort(std::io::Error::other("the image's root filesystem could not be written whole"));
+        }
+    }
 }
 
 /// The same image as `import`: `FROM scratch`, the rootfs added, the changes applied.
