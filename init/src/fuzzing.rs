@@ -224,7 +224,12 @@ fn decode_all(d: &mut Decoder, pieces: &[&[u8]]) -> (Vec<Frame>, Option<FrameErr
 
 /// `wire::decode_start` on a Start frame's body.
 pub fn start(data: &[u8]) {
-    let Ok((start, payload)) = wire::decode_start(data) else { return };
+    let owned = wire::decode_start_owned(data.to_vec());
+    let Ok((start, payload)) = wire::decode_start(data) else {
+        assert!(owned.is_err(), "decode_start_owned took what decode_start refused");
+        return;
+    };
+    assert_eq!(owned.as_ref().ok(), Some(&(start.clone(), payload.clone())), "the owned decode differs");
     assert_eq!(start.protocol, wire::PROTOCOL);
     assert!(payload.len() <= wire::MAX_PAYLOAD_BYTES);
     let frame = wire::encode_start(&start, &payload);

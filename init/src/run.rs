@@ -349,7 +349,7 @@ impl Init {
         loop {
             match self.link.decoder.next_frame() {
                 Ok(Some(f)) if f.kind == Kind::Start => {
-                    let (start, payload) = wire::decode_start(&f.body)?;
+                    let (start, payload) = wire::decode_start_owned(f.body)?;
                     self.key = wire::parse_key(&start.key).ok_or("the start's key is not 32 hex bytes")?;
                     self.start = Some(start);
                     self.payload = payload;

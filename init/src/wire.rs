@@ -345,6 +345,14 @@ impl Decoder {
         if avail.len() < HEADER_LEN + len {
             return Ok(None);
         }
+        if avail.len() == HEADER_LEN + len && len >= 1 << 20 {
+            // A large frame that is all there is (a Start with its payload): its bytes become
+            // the body where they are, never copied.
+            let mut body = std::mem::take(&mut self.buf);
+            body.drain(..self.start + HEADER_LEN);
+            self.start = 0;
+            return Ok(Some(Frame { kind, body }));
+        }
         let body = avail[HEADER_LEN..HEADER_LEN + len].to_vec();
         self.start += HEADER_LEN + len;
         if self.start > (1 << 20) && self.start * 2 > self.buf.len() {
@@ -586,8 +594,20 @@ pub fn start_head(start: &Start, payload_len: usize) -> Vec<u8> {
     head
 }
 
-/// Splits a Start frame's body into the start and the payload.
-pub fn decode_start(body: &[u8]) -> Result<(Start, Vec<u8>), String> {
+/// [`decode_start`] of a body it may keep: the payload is the body's own bytes after the
+/// start, never a copy.
+pub fn decode_start_owned(mut body: Vec<u8>) -> Result<(Start, Vec<u8>), String> {
+    let start = start_of(&body)?;
+    let n = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
+    body.drain(..4 + n);
+    if body.len() > MAX_PAYLOAD_BYTES {
+        return Err("payload over its cap".into());
+    }
+    Ok((start, body))
+}
+
+/// The start of a Start frame's body, checked.
+fn start_of(body: &[u8]) -> Result<Start, String> {
     if body.len() < 4 {
         return Err("start frame too short".into());
     }
@@ -597,6 +617,13 @@ pub fn decode_start(body: &[u8]) -> Result<(Start, Vec<u8>), String> {
     if start.protocol != PROTOCOL {
         return Err(format!("protocol {} is not this init's {PROTOCOL}", start.protocol));
     }
+    Ok(start)
+}
+
+/// Splits a Start frame's body into the start and the payload.
+pub fn decode_start(body: &[u8]) -> Result<(Start, Vec<u8>), String> {
+    let start = start_of(body)?;
+    let n = u32::from_be_bytes([body[0], body[1], body[2], body[3]]) as usize;
     let payload = body[4 + n..].to_vec();
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err("payload over its cap".into());
@@ -1230,6 +1257,23 @@ mod tests {
         for bad in ["", "0F".repeat(16).as_str(), "0".repeat(31).as_str(), "../x"] {
             assert!(!valid_link_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_large_frame_that_is_all_there_is_becomes_its_body_whole() {
+        let payload = vec![7u8; 3 << 20];
+        let frame = encode_start(&start(), &payload);
+        let mut d = Decoder::new(|_| true);
+        d.feed(&frame[..10]);
+        assert!(d.next_frame().unwrap().is_none());
+        d.feed(&frame[10..]);
+        let f = d.next_frame().unwrap().expect("the frame");
+        assert_eq!(d.pending(), 0);
+        let (s, p) = decode_start_owned(f.body).unwrap();
+        assert_eq!((s, p), (start(), payload));
+        // And the decoder goes on after it.
+        d.feed(&encode(Kind::Stop, b""));
+        assert_eq!(d.next_frame().unwrap().map(|f| f.kind), Some(Kind::Stop));
     }
 
     #[test]
