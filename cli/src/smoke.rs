@@ -23,7 +23,10 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
     let cfg = common::config(g)?;
     let rung = common::connect(cfg).await.map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
     println!("{}", crate::census::line(&rung));
-    let image = common::own_image(&rung, handlers).await?;
+    let image = {
+        let _packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", false);
+        common::own_image(&rung, handlers).await?
+    };
     let out = tempfile_dir()?;
     let worker = common::mint_worker();
     let mut req = Request::handler("smoke", "true", out.join("out"))
@@ -33,7 +36,9 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
     req.fingerprint = Some(handlers.fingerprint());
     let result = rung.run(&req, CancellationToken::new()).await;
     let _ = std::fs::remove_dir_all(&out);
-    let outcome = result.map_err(|e| format!("attempt: {}", stevedore::error_chain(&e)))?;
+    let mut outcome = result.map_err(|e| format!("attempt: {}", stevedore::error_chain(&e)))?;
+    // A check leaves nothing: its captures go with it.
+    crate::run::drop_captures(&mut outcome);
     println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
     if outcome.status != Status::Ok {
         return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));

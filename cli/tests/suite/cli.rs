@@ -36,8 +36,10 @@ async fn census_is_one_json_line() {
 async fn smoke_drains_and_incarnations_differ() {
     let Some(_) = support::engine().await else { return };
     let mut incarnations = Vec::new();
+    // Its own private dir, to see that a check leaves nothing there (no capture).
+    let runtime = tempfile::tempdir().unwrap();
     for _ in 0..2 {
-        let out = Command::new(BIN).arg("smoke").output().unwrap();
+        let out = Command::new(BIN).arg("smoke").env("XDG_RUNTIME_DIR", runtime.path()).output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(text.lines().last(), Some("drain: ok"), "{text}");
@@ -45,6 +47,14 @@ async fn smoke_drains_and_incarnations_differ() {
         incarnations.push(census["incarnation"].as_str().unwrap().to_owned());
     }
     assert_ne!(incarnations[0], incarnations[1]);
+    let mut left = Vec::new();
+    let mut dirs = vec![runtime.path().join("stevedore/logs")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().unwrap().is_dir() { dirs.push(e.path()) } else { left.push(e.path()) }
+        }
+    }
+    assert!(left.is_empty(), "smoke left captures: {left:?}");
 }
 
 #[test]

@@ -639,6 +639,17 @@ mod tests {
         Request::command("job-1", ["true"], dir.join("out")).worker("w1")
     }
 
+    /// A handler speaks the protocol on its streams: neither a stdin nor a terminal for it.
+    #[test]
+    fn a_handler_takes_no_stdin_and_no_terminal() {
+        let h = || Request::handler("j", "echo", "/o").worker("w");
+        let (_tx, feed) = super::super::StdinFeed::channel(1);
+        assert!(matches!(h().stdin(feed).validate(), Err(RequestError::StdinForHandler)));
+        let (_size, term) = super::super::Terminal::new(24, 80);
+        assert!(matches!(h().tty(term.clone()).validate(), Err(RequestError::TtyForHandler)));
+        assert_eq!(term.size(), (24, 80));
+    }
+
     #[test]
     fn valid_request_passes() {
         let t = tempfile::tempdir().unwrap();
