@@ -146,6 +146,9 @@ pub struct CliHooks {
     pub checkpoint: Option<PathBuf>,
     /// Whether reports stay off stderr.
     pub quiet: bool,
+    /// This terminal, put in raw mode once the command has started (`-it`): until then
+    /// ^C is still stevedore's (a long pull can be stopped) and nothing typed goes anywhere.
+    pub raw_on_start: Option<std::sync::Arc<crate::terminal::RawSlot>>,
 }
 
 impl stevedore::contract::Hooks for CliHooks {
@@ -164,6 +167,9 @@ impl stevedore::contract::Hooks for CliHooks {
         info: &'a stevedore::contract::StartedInfo,
     ) -> stevedore::contract::HookResult<'a> {
         Box::pin(async move {
+            if let Some(slot) = &self.raw_on_start {
+                slot.enter();
+            }
             if !self.quiet {
                 for (port, addr) in &info.ports {
                     crate::say::say(format!("port {port} published at {addr}"));

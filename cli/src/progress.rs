@@ -13,13 +13,40 @@ const SHOW_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Shown {
+    /// The run is over: nothing more is drawn.
+    closed: bool,
     /// When the transfer was first heard of, and its bar once shown.
     inputs: Option<(Instant, Option<ProgressBar>)>,
     outputs: Option<(Instant, Option<ProgressBar>)>,
 }
 
-/// A sink that draws bars on this terminal, or `None` when nothing is to be drawn.
-pub fn on_terminal(quiet: bool) -> Option<ProgressSink> {
+/// The bars of one run: its sink draws them; dropped, every bar still drawn is cleared
+/// (a transfer cut short never said it finished) and nothing more is drawn.
+pub struct Bars {
+    shown: Arc<Mutex<Shown>>,
+    sink: ProgressSink,
+}
+
+impl Bars {
+    /// The sink for the request.
+    pub fn sink(&self) -> ProgressSink {
+        self.sink.clone()
+    }
+}
+
+impl Drop for Bars {
+    fn drop(&mut self) {
+        let mut shown = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        shown.closed = true;
+        let left = [shown.inputs.take(), shown.outputs.take()];
+        for bar in left.into_iter().flatten().filter_map(|(_, bar)| bar) {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Bars on this terminal, or `None` when nothing is to be drawn.
+pub fn on_terminal(quiet: bool) -> Option<Bars> {
     use std::io::IsTerminal;
     if quiet || !std::io::stderr().is_terminal() {
         return None;
@@ -29,8 +56,12 @@ pub fn on_terminal(quiet: bool) -> Option<ProgressSink> {
         .and_then(|d| stevedore::contract::parse_duration(&d).ok())
         .unwrap_or(SHOW_AFTER);
     let shown = Arc::new(Mutex::new(Shown::default()));
-    Some(ProgressSink::new(move |p: Progress| {
-        let mut shown = shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let drawn = shown.clone();
+    let sink = ProgressSink::new(move |p: Progress| {
+        let mut shown = drawn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if shown.closed {
+            return;
+        }
         let slot = match p.phase {
             Phase::Inputs => &mut shown.inputs,
             _ => &mut shown.outputs,
@@ -48,7 +79,8 @@ pub fn on_terminal(quiet: bool) -> Option<ProgressSink> {
         if let Some(bar) = bar {
             bar.set_position(p.done);
         }
-    }))
+    });
+    Some(Bars { shown, sink })
 }
 
 fn new_bar(p: Progress) -> ProgressBar {
@@ -83,15 +115,20 @@ pub fn spinner(what: &str, quiet: bool) -> Option<Spinner> {
         .ok()
         .and_then(|d| stevedore::contract::parse_duration(&d).ok())
         .unwrap_or(SHOW_AFTER);
-    let shown: Arc<Mutex<Option<ProgressBar>>> = Arc::default();
+    let shown: Arc<Mutex<(bool, Option<ProgressBar>)>> = Arc::default();
     let (slot, what) = (shown.clone(), what.to_owned());
     let task = tokio::spawn(async move {
         tokio::time::sleep(after).await;
+        // Under the lock, so a drop meanwhile (closed) is seen and no bar outlives it.
+        let mut slot = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.0 {
+            return;
+        }
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
             .with_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"))
             .with_message(what);
         bar.enable_steady_tick(Duration::from_millis(120));
-        *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(bar);
+        slot.1 = Some(bar);
     });
     Some(Spinner { task, shown })
 }
@@ -100,13 +137,15 @@ pub fn spinner(what: &str, quiet: bool) -> Option<Spinner> {
 #[derive(Debug)]
 pub struct Spinner {
     task: tokio::task::JoinHandle<()>,
-    shown: Arc<Mutex<Option<ProgressBar>>>,
+    shown: Arc<Mutex<(bool, Option<ProgressBar>)>>,
 }
 
 impl Drop for Spinner {
     fn drop(&mut self) {
         self.task.abort();
-        if let Some(bar) = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+        let mut shown = self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        shown.0 = true;
+        if let Some(bar) = shown.1.take() {
             bar.finish_and_clear();
         }
     }

@@ -56,7 +56,7 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
             Err(code) => return code,
         }
     };
-    let hooks = HookSet(Arc::new(common::CliHooks { checkpoint: None, quiet: a.quiet }));
+    let hooks = HookSet(Arc::new(common::CliHooks { checkpoint: None, quiet: a.quiet, raw_on_start: None }));
     let cancel = CancellationToken::new();
     let watch = cancel.clone();
     tokio::spawn(async move {

@@ -521,8 +521,10 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             Err(code) => return code,
         };
         if req.handler_name().is_some() && req.policy.image.is_empty() {
-            let _packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
-            match common::own_image(&rung, handlers).await {
+            let packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
+            let packed = common::own_image(&rung, handlers).await;
+            drop(packing);
+            match packed {
                 Ok(tag) => req.policy.image = tag,
                 Err(e) => return fail(e),
             }
@@ -544,17 +546,19 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             Err(e) => return fail(format!("-t: cannot follow this terminal's size: {e}")),
         }
     }
-    // Raw only now: every refusal above was said on a terminal as it was.
-    let raw = match (a.tty && a.interactive).then(crate::terminal::Raw::enter) {
-        Some(Err(e)) => return fail(format!("-it: cannot put this terminal in raw mode: {e}")),
-        Some(Ok(raw)) => Some(raw),
-        None => None,
-    };
+    // Raw once the command has started (the `started` hook): until then ^C stops stevedore
+    // as ever (a long pull), and every refusal is said on the terminal as it was.
+    let raw = (a.tty && a.interactive).then(|| Arc::new(crate::terminal::RawSlot::default()));
     if a.interactive {
         req.stdin = Some(stdin_feed());
     }
-    req.progress = crate::progress::on_terminal(a.quiet);
-    req.hooks = Some(HookSet(Arc::new(common::CliHooks { checkpoint: a.checkpoint.clone(), quiet: a.quiet })));
+    let bars = crate::progress::on_terminal(a.quiet);
+    req.progress = bars.as_ref().map(crate::progress::Bars::sink);
+    req.hooks = Some(HookSet(Arc::new(common::CliHooks {
+        checkpoint: a.checkpoint.clone(),
+        quiet: a.quiet,
+        raw_on_start: raw.clone(),
+    })));
     let cancel = CancellationToken::new();
     let mut got: Option<u8> = None;
     let outcome = {
@@ -578,9 +582,13 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             }
         }
     };
-    // The terminal as it was before anything more is said on it.
-    drop(raw);
+    // The terminal as it was before anything more is said on it, and no bar left on it (a
+    // transfer cut short never said it finished).
+    if let Some(raw) = &raw {
+        raw.leave();
+    }
     drop(follow);
+    drop(bars);
     // A second signal drops the attempt: its cleanup kills and removes the container now;
     // `close` waits for that cleanup.
     tokio::time::timeout(Duration::from_secs(60), rung.close()).await.ok();

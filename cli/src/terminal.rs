@@ -72,3 +72,29 @@ impl Drop for Raw {
         let _ = rustix::termios::tcsetattr(std::io::stdin().as_fd(), rustix::termios::OptionalActions::Now, &self.0);
     }
 }
+
+/// Raw mode to come: entered by the first `enter` (the command started), undone when the
+/// slot is emptied or dropped. What was typed before it (cooked, waiting) is discarded, so
+/// no stray line reaches the command.
+#[derive(Debug, Default)]
+pub struct RawSlot(std::sync::Mutex<Option<Raw>>, std::sync::atomic::AtomicBool);
+
+impl RawSlot {
+    /// Enters raw mode, once.
+    pub fn enter(&self) {
+        if self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let _ = rustix::termios::tcflush(std::io::stdin().as_fd(), rustix::termios::QueueSelector::IFlush);
+        match Raw::enter() {
+            Ok(raw) => *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(raw),
+            Err(e) => crate::say::say(format!("-it: cannot put this terminal in raw mode: {e}")),
+        }
+    }
+
+    /// The terminal as it was, now.
+    pub fn leave(&self) {
+        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        drop(self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
+    }
+}

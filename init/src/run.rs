@@ -412,7 +412,10 @@ impl Init {
             }
         });
         let mut inbox = Inbox::new(s.report, start.scope.clone(), s.started);
-        self.stdin = s.stdin.map(crate::stdin::StdinPump::new);
+        self.stdin = match &s.tty {
+            Some(_) => s.stdin.map(crate::stdin::StdinPump::terminal),
+            None => s.stdin.map(crate::stdin::StdinPump::new),
+        };
         self.tty = s.tty;
         self.payload = Vec::new();
         for p in &pipes {

@@ -24,12 +24,34 @@ pub(crate) struct StdinPump {
     refused: bool,
     /// A count the host has not been told yet.
     news: bool,
+    /// The command's stdin is a terminal: its end is typed (VEOF, ^D), since the terminal
+    /// itself stays open.
+    terminal: bool,
+    /// The last byte received was not a newline: on a terminal a first ^D only hands that
+    /// line over, a second is the end.
+    mid_line: bool,
 }
 
 impl StdinPump {
     pub fn new(fd: OwnedFd) -> Self {
         crate::link::set_nonblocking(fd.as_fd(), true);
-        Self { fd: Some(fd), buf: Vec::new(), at: 0, received: 0, taken: 0, end_at: None, refused: false, news: false }
+        Self {
+            fd: Some(fd),
+            buf: Vec::new(),
+            at: 0,
+            received: 0,
+            taken: 0,
+            end_at: None,
+            refused: false,
+            news: false,
+            terminal: false,
+            mid_line: false,
+        }
+    }
+
+    /// A pump into a terminal's master side (`Start.tty`).
+    pub fn terminal(fd: OwnedFd) -> Self {
+        Self { terminal: true, ..Self::new(fd) }
     }
 
     /// The pipe, while something waits to be written into it.
@@ -52,6 +74,9 @@ impl StdinPump {
             return self.refuse("the host sent stdin past its window".into());
         }
         self.received += new.len() as u64;
+        if let Some(&b) = new.last() {
+            self.mid_line = b != b'\n';
+        }
         if self.fd.is_some() {
             self.buf.extend_from_slice(new);
         }
@@ -95,8 +120,12 @@ impl StdinPump {
         if self.at == self.buf.len() {
             self.buf.clear();
             self.at = 0;
-            if self.end_at.is_some_and(|e| e <= self.received) {
-                self.fd = None;
+            // At the end the pipe closes (taken); a terminal is told with VEOF instead, best
+            // effort: a full terminal buffer drops it (the command is not reading).
+            if self.end_at.is_some_and(|e| e <= self.received)
+                && let Some(fd) = self.fd.take().filter(|_| self.terminal)
+            {
+                let _ = nix::unistd::write(&fd, if self.mid_line { b"\x04\x04" } else { b"\x04" });
             }
         }
     }

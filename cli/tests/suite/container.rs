@@ -286,3 +286,29 @@ async fn a_command_cannot_forge_its_record() {
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
     rung.close().await;
 }
+
+/// A terminal fed from a finite stdin (the library: `tty` and a `StdinFeed`): what was fed
+/// is typed into it, and its end is the terminal's (^D, twice after a partial line), so a
+/// command that reads to the end ends; one terminal carries stdout and stderr alike.
+#[tokio::test]
+async fn a_terminal_fed_a_finite_stdin_reaches_its_end() {
+    let Some((docker, image)) = support::setup().await else { return };
+    let rung = support::rung().await;
+    let w = support::worker("tty-feed");
+    let t = tempfile::tempdir().unwrap();
+    let (tx, feed) = stevedore::StdinFeed::channel(4);
+    let (_resize, terminal) = stevedore::Terminal::new(30, 100);
+    let req = support::sh(&image, &w, &t.path().join("out"), "stty size; tty >&2; cat; echo; echo done")
+        .stdin(feed)
+        .tty(terminal);
+    tx.send(bytes::Bytes::from_static(b"one\ntwo")).await.unwrap();
+    drop(tx);
+    let o = support::run(&rung, &req).await;
+    assert_eq!(o.status, stevedore::Status::Ok, "{}", o.to_json());
+    let out = support::stdout_of(&o);
+    // The terminal echoes what is typed, as soon as it is typed (before the command reads).
+    assert!(out.contains("30 100\r\n/dev/pts/0\r\n"), "{out:?}");
+    assert!(out.ends_with("one\r\ntwo\r\ndone\r\n"), "cat read both lines, then its end: {out:?}");
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}

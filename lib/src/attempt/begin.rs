@@ -151,6 +151,8 @@ pub(crate) async fn begin<S: Site>(
         let info = StartedInfo { container_id, pid, ports: ledger.ports.clone() };
         let _ = tx.try_send(reports::Delivery::Started(info));
     }
+    // Watched before the size is read for the start: a resize in between is sent, not lost.
+    let resizes = req.tty.as_ref().map(crate::contract::Terminal::watch);
     let start = start_frame(req, &plan, layout, &key, &link_id, &cfg, started);
     // The payload goes from the request itself: a large one is never copied into a frame.
     let head = wire::start_head(&start, req.payload.len());
@@ -159,7 +161,6 @@ pub(crate) async fn begin<S: Site>(
         tracing::warn!(error = %e, "could not send the start to the init");
     }
     let feed = req.stdin.as_ref().and_then(crate::contract::StdinFeed::take);
-    let resizes = req.tty.as_ref().map(crate::contract::Terminal::watch);
     let stdin = (feed.is_some() || resizes.is_some()).then(|| {
         let (sender, count) = (sender.clone(), count.clone());
         tokio::spawn(async move {

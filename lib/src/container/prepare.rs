@@ -196,12 +196,19 @@ pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result
     let unavailable = |why: String, permanent: bool, source: Option<crate::engine::EngineError>| {
         LaunchError::ImageUnavailable { image: image.to_owned(), why, permanent, source: source.map(Into::into) }
     };
-    // Credentials only when a pull is tried: a helper may ask a keychain.
+    // Credentials only when a pull is tried: a helper may ask a keychain. As the docker CLI
+    // does, credentials that cannot be had mean an anonymous pull (a public image still
+    // comes); why is said if the registry then refuses.
+    let helper_failed = std::sync::Mutex::new(None::<String>);
     let auth = || async {
         let path = std::env::var_os("PATH");
-        crate::engine::credentials::for_image(image, shared.config.docker_config.as_deref(), path.as_deref())
-            .await
-            .map_err(|e| unavailable(format!("no pull was tried: {e}"), true, None))
+        let found =
+            crate::engine::credentials::for_image(image, shared.config.docker_config.as_deref(), path.as_deref()).await;
+        Ok::<_, LaunchError>(found.unwrap_or_else(|e| {
+            tracing::warn!(image, error = %e, "no registry credentials: pulling anonymously");
+            *helper_failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
+            None
+        }))
     };
     let pulled = |auth: Option<crate::engine::credentials::RegistryAuth>| async move {
         let from = auth.as_ref().map(|a| a.from.clone());
@@ -258,9 +265,13 @@ pub(crate) async fn resolve_image(shared: &ContainerSite, image: &str) -> Result
                 let said = crate::util::error_chain(&pull).to_ascii_lowercase();
                 if anonymous && ["auth", "denied", "unauthorized"].iter().any(|w| said.contains(w)) {
                     let registry = crate::engine::credentials::registry_of(image);
-                    why = format!(
-                        "{why} with no credentials (none for {registry} in the docker config: `docker login {registry}`)"
-                    );
+                    let failed = helper_failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                    why = match failed {
+                        Some(e) => format!("{why} with no credentials ({e})"),
+                        None => format!(
+                            "{why} with no credentials (none for {registry} in the docker config: `docker login {registry}`)"
+                        ),
+                    };
                 }
                 return Err(unavailable(why, false, Some(pull)));
             }

@@ -88,7 +88,30 @@ fn is_hub(host: &str) -> bool {
     matches!(host, "docker.io" | "index.docker.io" | "registry-1.docker.io")
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
+// No `Debug`: these hold secrets.
+/// The entry of `map` for `host`: the key exactly as the docker CLI writes it (`server`) first,
+/// then any key for the same host, the first in sorted order (so the same file always gives the
+/// same answer).
+fn pick_entry<'a, V>(map: &'a HashMap<String, V>, host: &str, server: &str) -> Option<(&'a String, &'a V)> {
+    if let Some(kv) = map.get_key_value(server).or_else(|| map.get_key_value(host)) {
+        return Some(kv);
+    }
+    let mut keys: Vec<&String> = map
+        .keys()
+        .filter(|k| {
+            let h = host_of_key(k);
+            h == host || (is_hub(host) && is_hub(h))
+        })
+        .collect();
+    keys.sort();
+    keys.first().and_then(|k| map.get_key_value(k.as_str()))
+}
+
+fn pick<'a>(map: &'a HashMap<String, String>, host: &str, server: &str) -> Option<&'a String> {
+    pick_entry(map, host, server).map(|(_, v)| v)
+}
+
+#[derive(Default, serde::Deserialize)]
 struct ConfigFile {
     #[serde(default)]
     auths: HashMap<String, AuthEntry>,
@@ -98,7 +121,7 @@ struct ConfigFile {
     cred_helpers: HashMap<String, String>,
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Default, serde::Deserialize)]
 struct AuthEntry {
     #[serde(default)]
     auth: Option<String>,
@@ -132,26 +155,25 @@ pub async fn for_image(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(CredentialsError::Config { path: file, why: e.to_string() }),
     };
-    // serde's message names a line and column, never the value found there.
-    let config: ConfigFile = serde_json::from_slice(&raw)
-        .map_err(|e| CredentialsError::Config { path: file.clone(), why: format!("not valid JSON ({e})") })?;
+    // Only where and what kind of error: serde's own message may quote the value it found
+    // (a password of the wrong type, say).
+    let config: ConfigFile = serde_json::from_slice(&raw).map_err(|e| CredentialsError::Config {
+        path: file.clone(),
+        why: format!(
+            "not the docker CLI's config ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ),
+    })?;
     let host = registry_of(image);
     let server = if is_hub(host) { DOCKER_HUB.to_owned() } else { host.to_owned() };
-    let helper = config
-        .cred_helpers
-        .iter()
-        .find(|(k, _)| host_of_key(k) == host || (is_hub(host) && is_hub(host_of_key(k))))
-        .map(|(_, v)| v.clone())
-        .or(config.creds_store.clone())
-        .filter(|h| !h.is_empty());
+    let helper =
+        pick(&config.cred_helpers, host, &server).cloned().or(config.creds_store.clone()).filter(|h| !h.is_empty());
     if let Some(helper) = helper {
         return from_helper(&helper, &server, path).await;
     }
-    let entry = config.auths.iter().find(|(k, _)| {
-        let h = host_of_key(k);
-        h == host || (is_hub(host) && is_hub(h))
-    });
-    let Some((key, entry)) = entry else { return Ok(None) };
+    let Some((key, entry)) = pick_entry(&config.auths, host, &server) else { return Ok(None) };
     let bad =
         |why: &str| CredentialsError::Config { path: file.clone(), why: format!("the auths entry {key:?}: {why}") };
     let (username, password) = match (&entry.auth, &entry.username, &entry.password) {
@@ -203,12 +225,18 @@ async fn from_helper(
         return Err(fail("not a helper name".into()));
     }
     let program = format!("docker-credential-{helper}");
+    // As the docker CLI looks (Go's LookPath): absolute entries only, so no helper is taken
+    // from the current dir, and only an executable file.
     let exe = path
         .map(std::env::split_paths)
         .into_iter()
         .flatten()
+        .filter(|d| d.is_absolute())
         .map(|d| d.join(&program))
-        .find(|p| p.is_file())
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
         .ok_or_else(|| fail("not found on PATH".into()))?;
     let mut child = tokio::process::Command::new(&exe)
         .arg("get")
@@ -234,8 +262,9 @@ async fn from_helper(
         if said(&out).contains("credentials not found") {
             return Ok(None);
         }
-        let why = if err.is_empty() { said(&out) } else { said(&err) };
-        return Err(fail(format!("{status}: {why}")));
+        // Its stdout is never shown: it may hold the answer.
+        let why = if err.is_empty() { String::new() } else { format!(": {}", said(&err)) };
+        return Err(fail(format!("{status}{why}")));
     }
     let answer: HelperAnswer =
         serde_json::from_slice(&out).map_err(|_| fail("its answer is not the helper protocol's JSON".into()))?;
@@ -295,7 +324,20 @@ mod tests {
         assert!(e.contains("not base64") && e.contains("config.json"), "{e}");
         config(t.path(), r#"{"auths": {"a": {"password": "hunter2"#);
         let e = for_image("a/x", Some(t.path()), None).await.unwrap_err().to_string();
-        assert!(e.contains("not valid JSON") && !e.contains("hunter2"), "{e}");
+        assert!(e.contains("not the docker CLI's config") && !e.contains("hunter2"), "{e}");
+        // A value of the wrong type is not quoted back either.
+        config(t.path(), r#"{"auths": {"a": "dXNlcjpodW50ZXIy"}, "x": {"password": 31415926}}"#);
+        let e = for_image("a/x", Some(t.path()), None).await.unwrap_err().to_string();
+        assert!(!e.contains("dXNlcjpodW50ZXIy") && e.contains("line 1"), "{e}");
+        // Two keys for one registry: the one the docker CLI writes wins, every time.
+        config(
+            t.path(),
+            r#"{"auths": {"http://h:5000/v2/": {"username": "stale", "password": "x"}, "h:5000": {"username": "fresh", "password": "y"}}}"#,
+        );
+        for _ in 0..5 {
+            let a = for_image("h:5000/x", Some(t.path()), None).await.unwrap().unwrap();
+            assert_eq!(a.creds.username.as_deref(), Some("fresh"));
+        }
     }
 
     #[tokio::test]
@@ -306,7 +348,7 @@ mod tests {
         let helper = bin.join("docker-credential-fake");
         std::fs::write(
             &helper,
-            "#!/bin/sh\nread server\ncase \"$server\" in\n  127.0.0.1:5000) echo '{\"ServerURL\":\"x\",\"Username\":\"carol\",\"Secret\":\"tok\"}' ;;\n  https://index.docker.io/v1/) echo 'credentials not found in native keychain'; exit 1 ;;\n  *) echo 'the keychain is locked' >&2; exit 3 ;;\nesac\n",
+            "#!/bin/sh\nread server\ncase \"$server\" in\n  127.0.0.1:5000) echo '{\"ServerURL\":\"x\",\"Username\":\"carol\",\"Secret\":\"tok\"}' ;;\n  https://index.docker.io/v1/) echo 'credentials not found in native keychain'; exit 1 ;;\n  leaky.example) echo '{\"Username\":\"u\",\"Secret\":\"leaked\"}'; exit 2 ;;\n  *) echo 'the keychain is locked' >&2; exit 3 ;;\nesac\n",
         )
         .unwrap();
         std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -320,6 +362,12 @@ mod tests {
         assert!(e.contains("docker-credential-fake") && e.contains("the keychain is locked"), "{e}");
         let e = for_image("reg.example/x", Some(t.path()), Some(t.path().as_os_str())).await.unwrap_err().to_string();
         assert!(e.contains("not found on PATH"), "{e}");
+        // A helper that failed after printing an answer: its stdout is not shown.
+        let e = for_image("leaky.example/x", Some(t.path()), path).await.unwrap_err().to_string();
+        assert!(!e.contains("leaked") && e.contains("exit status: 2"), "{e}");
+        // A relative PATH entry is never searched (no helper from the current dir).
+        let e = for_image("reg.example/x", Some(t.path()), Some(std::ffi::OsStr::new("bin"))).await.unwrap_err();
+        assert!(e.to_string().contains("not found on PATH"), "{e}");
         // credHelpers wins for its registry.
         config(t.path(), r#"{"credsStore": "missing", "credHelpers": {"127.0.0.1:5000": "fake"}}"#);
         assert!(for_image("127.0.0.1:5000/x", Some(t.path()), path).await.unwrap().is_some());

@@ -161,22 +161,35 @@ fn passwd_and_group(user: (u32, u32)) -> (String, String) {
 
 /// The image's root filesystem: the bundle under [`APP_DIR`] and the user's passwd/group.
 fn rootfs_tar(spec: &PackSpec, bundle: &ExeBundle) -> Result<Vec<u8>, PackError> {
-    write_rootfs_tar(spec.user, bundle, Vec::new())
+    write_rootfs_tar(spec.user, bundle, Vec::new(), |_| {})
 }
 
 /// The image's root filesystem as a tar into `out`: the bundle under [`APP_DIR`], and the
-/// user's `passwd` and `group`.
-fn write_rootfs_tar<W: std::io::Write>(user: (u32, u32), bundle: &ExeBundle, out: W) -> Result<W, PackError> {
+/// user's `passwd` and `group`. On an error `on_error` gets `out` first, before the builder
+/// is dropped (its drop writes the archive's end marker: a streamed body must not end as if
+/// whole).
+fn write_rootfs_tar<W: std::io::Write>(
+    user: (u32, u32),
+    bundle: &ExeBundle,
+    out: W,
+    on_error: impl FnOnce(&mut W),
+) -> Result<W, PackError> {
     let (passwd, group) = passwd_and_group(user);
     let mut tar = tar::Builder::new(out);
-    bundle.append_to_tar(&mut tar, APP_DIR.trim_start_matches('/'))?;
-    (|| {
-        append_dir(&mut tar, "etc/")?;
-        append_bytes(&mut tar, "etc/passwd", 0o644, passwd.as_bytes())?;
-        append_bytes(&mut tar, "etc/group", 0o644, group.as_bytes())?;
-        tar.into_inner()
-    })()
-    .map_err(PackError::Context)
+    let written =
+        bundle.append_to_tar(&mut tar, APP_DIR.trim_start_matches('/')).map_err(PackError::from).and_then(|()| {
+            (|| {
+                append_dir(&mut tar, "etc/")?;
+                append_bytes(&mut tar, "etc/passwd", 0o644, passwd.as_bytes())?;
+                append_bytes(&mut tar, "etc/group", 0o644, group.as_bytes())
+            })()
+            .map_err(PackError::Context)
+        });
+    if let Err(e) = written {
+        on_error(tar.get_mut());
+        return Err(e);
+    }
+    tar.into_inner().map_err(PackError::Context)
 }
 
 /// The Dockerfile instructions the import applies: user, entrypoint, labels.
@@ -398,7 +411,7 @@ async fn import(
     let (user, for_tar) = (spec.user, bundle.clone());
     let producer = tokio::task::spawn_blocking(move || {
         let mut whole = Whole(Some(writer));
-        write_rootfs_tar(user, &for_tar, &mut whole)?;
+        write_rootfs_tar(user, &for_tar, &mut whole, |w| w.poison())?;
         // Whole: its last chunk goes, and the body ends as a body should.
         if let Some(mut w) = whole.0.take() {
             std::io::Write::flush(&mut w).map_err(PackError::Context)?;
@@ -407,8 +420,13 @@ async fn import(
     });
     let built = engine.api.import_image(reference, Box::pin(chunks), changes).await;
     let written = producer.await.map_err(|e| PackError::Context(std::io::Error::other(e)))?;
-    // A tar that could not be written is the cause; the engine then saw a short body.
-    written?;
+    match written {
+        // The engine stopped reading: its answer says why.
+        Err(PackError::Context(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        // The tar could not be written: that is the cause (the body was failed, not ended).
+        Err(e) => return Err(e),
+        Ok(()) => {}
+    }
     made(engine, reference, built?).await
 }
 
@@ -425,11 +443,18 @@ impl std::io::Write for Whole {
     }
 }
 
-impl Drop for Whole {
-    fn drop(&mut self) {
+impl Whole {
+    /// Fails the body now; what is written after is dropped.
+    fn poison(&mut self) {
         if let Some(w) = self.0.take() {
             w.abort(std::io::Error::other("the image's root filesystem could not be written whole"));
         }
+    }
+}
+
+impl Drop for Whole {
+    fn drop(&mut self) {
+        self.poison();
     }
 }
 
