@@ -783,7 +783,7 @@ async fn progress_is_shown_on_a_terminal_only() {
     drop(f);
     let args = |out: &str| {
         format!(
-            "--worker {w} --image {BUSYBOX_IMAGE} --input {} --output {} -- sh -c 'wc -c < /in/big; head -c 8000000 /in/big > /out/copy'",
+            "--worker {w} --image {BUSYBOX_IMAGE} --input {} --output {} -- sh -c 'wc -c < ${{STEVEDORE_IN:-/in}}/big; head -c 8000000 ${{STEVEDORE_IN:-/in}}/big > ${{STEVEDORE_OUT:-/out}}/copy'",
             input.display(),
             out_dir(&t, out)
         )
@@ -800,6 +800,17 @@ async fn progress_is_shown_on_a_terminal_only() {
     assert!(all.contains("outputs ") && all.contains("MiB"), "the outputs' count: {all:?}");
     let summary = seen.iter().find(|l| l.contains("stevedore: ok")).expect("the summary line");
     assert!(summary.ends_with(&format!("1 output in {})", out_dir(&t, "tty"))), "a line of its own: {summary:?}");
+    drop(tmux);
+    // The process rung copies the inputs itself, and says so the same way.
+    let tmux = Tmux::new("progress-p").unwrap();
+    let lines = tmux.session(
+        t.path(),
+        120,
+        30,
+        &format!("STEVEDORE_PROGRESS_AFTER=0s {BIN} run --rung process {}; echo status=$?", args("proc")),
+    );
+    let seen = until(&lines, "status=").join("\n");
+    assert!(seen.contains("status=0") && seen.contains("inputs [") && seen.contains("/64.00 MiB"), "{seen:?}");
     drop(tmux);
     let tmux = Tmux::new("progress-q").unwrap();
     let lines = tmux.session(

@@ -140,7 +140,6 @@ impl std::fmt::Debug for ProgressSink {
 pub(crate) const REPORT_EVERY: u64 = 64 << 10;
 
 /// Counts what goes through a writer and reports it to a sink.
-#[cfg(feature = "docker")]
 pub(crate) struct Counting<W> {
     pub inner: W,
     pub sink: Option<ProgressSink>,
@@ -149,7 +148,6 @@ pub(crate) struct Counting<W> {
     pub done: u64,
 }
 
-#[cfg(feature = "docker")]
 impl<W: std::io::Write> std::io::Write for Counting<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;

@@ -25,7 +25,6 @@ pub use hooks::{
 pub(crate) use judge::{Judgement, judge};
 pub use level::Level;
 pub use limits::{Limits, ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
-#[cfg(feature = "docker")]
 pub(crate) use live::Counting;
 pub(crate) use live::REPORT_EVERY;
 pub use live::{LiveChunk, LiveOutput, Phase, Progress, ProgressSink, StdinFeed, Stream, Terminal};

@@ -35,7 +35,7 @@ pub(crate) async fn provision(
     cleanup.dir = Some(dir.clone());
     let (inputs, sealed) = match &req.input_dir {
         Some(src) => {
-            let (i, s) = copy_inputs(src.clone(), &dir, cfg.max_input_bytes, identity).await?;
+            let (i, s) = copy_inputs(src.clone(), &dir, cfg.max_input_bytes, identity, req.progress.clone()).await?;
             (Some(i), Some(s))
         }
         None => (None, None),
@@ -149,6 +149,7 @@ async fn copy_inputs(
     dir: &AttemptDir,
     limit: u64,
     run_as: Option<(u32, u32)>,
+    progress: Option<crate::contract::ProgressSink>,
 ) -> Result<(InputsStaged, bool), LaunchError> {
     let input = InputDir::open(&src).map_err(|e| staging(format!("input dir {}", src.display()), e))?;
     let (bytes, files) = input.measure().map_err(|e| staging(format!("input dir {}", src.display()), e))?;
@@ -164,7 +165,13 @@ async fn copy_inputs(
             a.set_preserve_permissions(false);
             a.unpack(&into)
         });
+        let phase = crate::contract::Phase::Inputs;
+        let writer =
+            crate::contract::Counting { inner: writer, sink: progress.clone(), phase, total: Some(bytes), done: 0 };
         let written = input.write_tar(0, 0, limit, writer, &|_| {});
+        if let Some(s) = progress.as_ref().filter(|_| written.is_ok()) {
+            s.report(crate::contract::Progress { phase, done: bytes, total: Some(bytes), finished: true });
+        }
         let unpacked = unpack.join().map_err(|_| staging("copying the inputs", std::io::Error::other("panicked")))?;
         let report = written.map_err(|e| match e {
             StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
