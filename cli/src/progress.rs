@@ -45,16 +45,20 @@ impl Drop for Bars {
     }
 }
 
-/// Bars on this terminal, or `None` when nothing is to be drawn.
-pub fn on_terminal(quiet: bool) -> Option<Bars> {
+/// How long work runs before it is shown, or `None` when nothing is to be drawn (`--quiet`,
+/// or stderr not a terminal).
+fn show_after(quiet: bool) -> Option<Duration> {
     use std::io::IsTerminal;
     if quiet || !std::io::stderr().is_terminal() {
         return None;
     }
-    let after = std::env::var("STEVEDORE_PROGRESS_AFTER")
-        .ok()
-        .and_then(|d| stevedore::contract::parse_duration(&d).ok())
-        .unwrap_or(SHOW_AFTER);
+    let set = std::env::var("STEVEDORE_PROGRESS_AFTER").ok();
+    Some(set.and_then(|d| stevedore::contract::parse_duration(&d).ok()).unwrap_or(SHOW_AFTER))
+}
+
+/// Bars on this terminal, or `None` when nothing is to be drawn.
+pub fn on_terminal(quiet: bool) -> Option<Bars> {
+    let after = show_after(quiet)?;
     let shown = Arc::new(Mutex::new(Shown::default()));
     let drawn = shown.clone();
     let sink = ProgressSink::new(move |p: Progress| {
@@ -107,14 +111,7 @@ fn new_bar(p: Progress) -> ProgressBar {
 /// A spinner saying `what` with the time it has taken, shown once the work has taken as long
 /// as a transfer's bar waits (on a terminal only, never with `--quiet`); cleared when dropped.
 pub fn spinner(what: &str, quiet: bool) -> Option<Spinner> {
-    use std::io::IsTerminal;
-    if quiet || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let after = std::env::var("STEVEDORE_PROGRESS_AFTER")
-        .ok()
-        .and_then(|d| stevedore::contract::parse_duration(&d).ok())
-        .unwrap_or(SHOW_AFTER);
+    let after = show_after(quiet)?;
     let shown: Arc<Mutex<(bool, Option<ProgressBar>)>> = Arc::default();
     let (slot, what) = (shown.clone(), what.to_owned());
     let task = tokio::spawn(async move {
