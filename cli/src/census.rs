@@ -35,8 +35,26 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
     })
 }
 
+/// Which rung `census` and `smoke` look at.
+#[derive(Debug, clap::Args)]
+pub struct CensusArgs {
+    /// The rung: container (a Docker-API engine) or kube (a Kubernetes cluster; see the
+    /// Kubernetes options)
+    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "kube"])]
+    pub rung: String,
+}
+
 /// Runs `stevedore census`.
-pub async fn census(g: &Global) -> u8 {
+pub async fn census(g: &Global, a: &CensusArgs) -> u8 {
+    if a.rung == "kube" {
+        return match crate::kube::rung(g, 1, |_| Ok(())).await {
+            Ok(rung) => {
+                println!("{}", crate::kube::line(&rung).await);
+                0
+            }
+            Err(code) => code,
+        };
+    }
     match common::rung(g, 1, |_| Ok(())).await {
         Ok(rung) => {
             println!("{}", line(&rung));

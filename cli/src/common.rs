@@ -27,6 +27,24 @@ pub struct Global {
     /// Profile to use from the profiles file (default: "default")
     #[arg(long, global = true, value_name = "NAME")]
     pub profile: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else the Pod's service
+    /// account when run in a cluster)
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Kubernetes (--rung kube)")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: its current one)
+    #[arg(long, global = true, value_name = "NAME", help_heading = "Kubernetes (--rung kube)")]
+    pub context: Option<String>,
+    /// Namespace of the attempts' Pods (default: the context's, else default)
+    #[arg(long, global = true, value_name = "NS", help_heading = "Kubernetes (--rung kube)")]
+    pub namespace: Option<String>,
+    /// stevedore's init image as the cluster pulls it (default: stevedore-init:<digest>, made
+    /// by `stevedore image init`; push it where the cluster pulls from)
+    #[arg(long, global = true, value_name = "IMAGE", help_heading = "Kubernetes (--rung kube)")]
+    pub init_image: Option<String>,
+    /// The namespace has a deny-all NetworkPolicy on a CNI that enforces it (the README has
+    /// it): only then are the Pods said to have no network
+    #[arg(long, global = true, help_heading = "Kubernetes (--rung kube)")]
+    pub network_denied: bool,
 }
 
 /// The container configuration for these options.

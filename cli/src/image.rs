@@ -39,6 +39,19 @@ pub enum ImageCommand {
         #[arg(long, value_name = "FP")]
         fingerprint: Option<String>,
     },
+    /// Make stevedore's init image (FROM scratch + the static init), which the kube rung's
+    /// Pods copy the init from; push it where the cluster pulls from
+    #[command(after_help = "Examples:\n  stevedore image init\n  \
+                            stevedore image init --tag registry.example.com/stevedore-init:1 && \
+                            docker push registry.example.com/stevedore-init:1\n  \
+                            stevedore run --rung kube --init-image registry.example.com/stevedore-init:1 ...\n\n\
+                            Prints {\"image_id\", \"tag\", \"reused\"}. Without --tag the tag is the one --rung kube \
+                            uses by default.")]
+    Init {
+        /// Name and tag of the image (default: stevedore-init:<first 16 hex of the init's sha256>)
+        #[arg(long, short = 't', value_name = "TAG")]
+        tag: Option<String>,
+    },
 }
 
 fn is_own(exe: &Path) -> bool {
@@ -62,6 +75,23 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             match packed {
                 Ok(img) => {
                     println!("{}", serde_json::json!({"image_id": img.id, "tag": img.tag}));
+                    0
+                }
+                Err(e) => {
+                    crate::say::say(stevedore::error_chain(&e));
+                    1
+                }
+            }
+        }
+        ImageCommand::Init { tag } => {
+            let rung = match common::rung(g, 1, |_| Ok(())).await {
+                Ok(r) => r,
+                Err(code) => return code,
+            };
+            let tag = tag.unwrap_or_else(stevedore::kube::default_init_image);
+            match stevedore::image::pack_init_image(rung.engine(), &tag).await {
+                Ok((id, reused)) => {
+                    println!("{}", serde_json::json!({"image_id": id, "tag": tag, "reused": reused}));
                     0
                 }
                 Err(e) => {

@@ -6,6 +6,7 @@ mod cache;
 mod census;
 mod common;
 mod image;
+mod kube;
 mod progress;
 mod reclaim;
 mod recover;
@@ -57,11 +58,11 @@ pub struct Cli {
 enum Command {
     /// Print what the engine is and what it can enforce, as one JSON line
     #[command(after_help = "Exit status: 0 when the engine is reachable, 1 otherwise (the reason on stderr).")]
-    Census,
+    Census(census::CensusArgs),
     /// Boot, census, run a trivial jailed attempt, drain; print `drain: ok` last
     #[command(after_help = "Works on an engine with no images: stevedore packs itself into a FROM scratch image.\n\
                             Exit status: 0 when every step succeeded, else 1 with a last line `drain: failed WHY`.")]
-    Smoke,
+    Smoke(census::CensusArgs),
     /// Run one attempt of a command or handler in a fresh container
     Run(Box<run::RunArgs>),
     /// Remove the containers and volumes a worker left behind; list or remove stale worker images
@@ -100,7 +101,9 @@ fn run_cli(handlers: Handlers) -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 125 } else { 0 });
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("STEVEDORE_LOG").unwrap_or_else(|_| "warn".into());
+    // kube-rs logs a failed connection itself; stevedore says it once, in its own words.
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("STEVEDORE_LOG").unwrap_or_else(|_| "warn,kube_client=off".into());
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -111,8 +114,8 @@ fn run_cli(handlers: Handlers) -> ExitCode {
     };
     let code = rt.block_on(async move {
         match cli.command {
-            Command::Census => census::census(&cli.global).await,
-            Command::Smoke => smoke::smoke(&cli.global, &handlers).await,
+            Command::Census(args) => census::census(&cli.global, &args).await,
+            Command::Smoke(args) => smoke::smoke(&cli.global, &args, &handlers).await,
             Command::Run(args) => run::run(&cli.global, *args, &handlers).await,
             Command::Reclaim(args) => reclaim::reclaim(&cli.global, args).await,
             Command::Recover(args) => recover::recover(&cli.global, args).await,

@@ -19,11 +19,17 @@ pub struct ReclaimArgs {
     /// but idle rung whose volume is taken makes a new one)
     #[arg(long)]
     tools: bool,
+    /// The rung: container (a Docker-API engine) or kube (the worker's Pods in the namespace)
+    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "kube"])]
+    rung: String,
 }
 
 /// Runs `stevedore reclaim`: one JSON line; exit 0 when the sweep ran (failures on single
 /// objects are in `failed`), 1 when it could not run.
 pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
+    if a.rung == "kube" {
+        return reclaim_kube(g, &a).await;
+    }
     let rung = match common::rung(g, 1, |_| Ok(())).await {
         Ok(r) => r,
         Err(code) => return code,
@@ -87,4 +93,37 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
     }
     println!("{}", serde_json::Value::Object(v));
     0
+}
+
+/// `reclaim --rung kube --worker W`: the worker's Pods in the namespace, by label.
+async fn reclaim_kube(g: &Global, a: &ReclaimArgs) -> u8 {
+    let Some(worker) = &a.worker else {
+        crate::say::say("--rung kube reclaims a worker's Pods: give --worker (--images and --tools are the engine's)");
+        return 1;
+    };
+    let rung = match crate::kube::rung(g, 1, |_| Ok(())).await {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    match rung.reclaim(worker).await {
+        Ok(r) => {
+            let report = serde_json::json!({
+                "worker": r.worker,
+                "namespace": rung.namespace(),
+                "pods_removed": r.pods_removed.len(),
+                "containers_removed": 0,
+                "volumes_removed": 0,
+                "paths_removed": r.paths_removed.len(),
+                "pods": r.pods_removed,
+                "kept_in_flight": r.kept_in_flight,
+                "failed": r.failed,
+            });
+            println!("{report}");
+            0
+        }
+        Err(e) => {
+            crate::say::say(stevedore::error_chain(&e));
+            1
+        }
+    }
 }

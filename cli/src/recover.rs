@@ -37,7 +37,19 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(format!("{}: {e}", a.checkpoint.display())),
     };
-    let rung: Arc<dyn Executor> = if cp.level == stevedore::contract::Level::Process {
+    let rung: Arc<dyn Executor> = if let stevedore::contract::Target::Pod { namespace, .. } = &cp.target {
+        match crate::kube::rung(g, 125, |cfg| {
+            cfg.name = cp.rung.clone();
+            cfg.namespace = Some(namespace.clone());
+            cfg.log_dir = a.logs.clone();
+            Ok(())
+        })
+        .await
+        {
+            Ok(r) => Arc::new(r),
+            Err(code) => return code,
+        }
+    } else if cp.level == stevedore::contract::Level::Process {
         let mut cfg = stevedore::process::ProcessConfig::default().name(cp.rung.clone());
         cfg.log_dir = a.logs.clone();
         match stevedore::process::ProcessExecutor::new(cfg) {

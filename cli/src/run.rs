@@ -57,9 +57,10 @@ pub struct RunArgs {
     /// Attempt number
     #[arg(long, default_value_t = 1, value_name = "N", help_heading = "Attempt")]
     attempt: u32,
-    /// Which rung runs the attempt: container, or process (a child process under a dedicated
-    /// uid when run as root; see docs/outcome.md, "Rungs")
-    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "process"], help_heading = "Attempt")]
+    /// Which rung runs the attempt: container, process (a child process under a dedicated
+    /// uid when run as root), or kube (a Pod on a Kubernetes cluster; see docs/outcome.md,
+    /// "Rungs", and the Kubernetes options)
+    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "process", "kube"], help_heading = "Attempt")]
     rung: String,
     /// Set an environment variable; VAR alone takes the host's value (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V|K", help_heading = "Attempt")]
@@ -362,6 +363,58 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
     Ok(())
 }
 
+/// What the options change in the kube rung's configuration; an option that has no
+/// mapping to a Pod that keeps its promise is refused, named.
+fn adjust_kube(a: &RunArgs, g: &Global, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
+    let refuse = |opt: &str, why: &str| Err(format!("{opt} is not available on the kube rung: {why}"));
+    if a.handler.is_some() {
+        return refuse(
+            "--handler",
+            "the API shows no image's dev.stevedore.entry label; run the worker's command, or use the library \
+             with KubeConfig::worker_entry",
+        );
+    }
+    if !a.cache.is_empty() {
+        return refuse("--cache", "a Pod has no engine volume that outlives it (named caches are not mapped yet)");
+    }
+    if !a.publish.is_empty() {
+        return refuse("-p/--publish", "a Pod's ports are reached through a Service, which the rung does not make");
+    }
+    if g.profile.is_some() || g.config.is_some() {
+        return refuse("--profile/--config", "profiles configure the container rung (and its warm pool)");
+    }
+    if let Some(n) = a.network.as_deref().filter(|n| *n != "none") {
+        return Err(format!(
+            "--network {n} is not available on the kube rung: every Pod has the cluster's network, denied only by \
+             a NetworkPolicy (--network-denied once the namespace has one)"
+        ));
+    }
+    if let Some(p) = &a.pull {
+        cfg.image_pull = crate::kube::pull(p);
+    }
+    if let Some(g) = &a.host_loss_grace {
+        cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
+    }
+    if let Some(u) = &a.user {
+        let numeric = |x: &str| x.parse::<u32>().ok();
+        let parsed = match u.split_once(':') {
+            Some((a, b)) => numeric(a).zip(numeric(b)),
+            None => numeric(u).map(|n| (n, n)),
+        };
+        match parsed {
+            Some((0, _)) | Some((_, 0)) => {
+                return Err(format!("--user {u}: the kube rung runs attempts as non-root only"));
+            }
+            Some(ids) => cfg.user = ids,
+            None => return Err(format!("--user {u:?}: give a numeric UID[:GID]")),
+        }
+    }
+    if let Some(dir) = &a.logs {
+        cfg.log_dir = Some(dir.clone());
+    }
+    Ok(())
+}
+
 /// This process's stdin as the command's: read on a thread of its own (a read that blocks on
 /// a terminal must never keep the process from exiting), in chunks, with the feed's
 /// back-pressure; its end is the command's EOF.
@@ -500,7 +553,12 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         (Ok(i), Ok(t)) => (i, t),
         _ => return fail("cannot install signal handlers"),
     };
-    let rung: Arc<dyn Executor> = if a.rung == "process" {
+    let rung: Arc<dyn Executor> = if a.rung == "kube" {
+        match crate::kube::rung(g, 125, |cfg| adjust_kube(&a, g, cfg)).await {
+            Ok(r) => Arc::new(r),
+            Err(code) => return code,
+        }
+    } else if a.rung == "process" {
         let mut cfg = stevedore::process::ProcessConfig::default();
         if let Some(grace) = &a.host_loss_grace {
             match parse_duration(grace) {

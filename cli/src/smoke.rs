@@ -6,8 +6,9 @@ use stevedore::handlers::Handlers;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `stevedore smoke`; the last line is `drain: ok` or `drain: failed <why>`.
-pub async fn smoke(g: &Global, handlers: &Handlers) -> u8 {
-    match steps(g, handlers).await {
+pub async fn smoke(g: &Global, a: &crate::census::CensusArgs, handlers: &Handlers) -> u8 {
+    let done = if a.rung == "kube" { kube_steps(g).await } else { steps(g, handlers).await };
+    match done {
         Ok(()) => {
             println!("drain: ok");
             0
@@ -44,6 +45,32 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
         return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));
     }
     rung.close().await;
+    Ok(())
+}
+
+/// The smoke on a cluster: the one image a cluster that runs the rung has is stevedore's
+/// init image, so the trivial attempt is its init sending a report from inside the Pod.
+async fn kube_steps(g: &Global) -> Result<(), String> {
+    let rung = stevedore::kube::KubeExecutor::connect(crate::kube::config(g))
+        .await
+        .map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
+    println!("{}", crate::kube::line(&rung).await);
+    let out = tempfile_dir()?;
+    let worker = common::mint_worker();
+    let argv = [stevedore::image::init_image::INIT_PATH, "report", "note", "smoke"];
+    let mut req = Request::command("smoke", argv, out.join("out"))
+        .worker(worker.clone())
+        .timeout(std::time::Duration::from_secs(120));
+    req.policy.image = rung.init_image().to_owned();
+    let result = rung.run(&req, CancellationToken::new()).await;
+    let _ = std::fs::remove_dir_all(&out);
+    let mut outcome = result.map_err(|e| format!("attempt: {}", stevedore::error_chain(&e)))?;
+    crate::run::drop_captures(&mut outcome);
+    println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
+    rung.close().await;
+    if outcome.status != Status::Ok {
+        return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));
+    }
     Ok(())
 }
 

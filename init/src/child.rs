@@ -135,7 +135,9 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
         _ => None,
     };
     let ctty = tty.is_some() && start.handler.is_none();
-    let oom_rx = raw::prepare(&mut cmd, start.child_oom_score_adj, report_theirs, &start.rlimits, ctty)
+    let own = std::fs::read_to_string("/proc/self/oom_score_adj").ok().and_then(|s| s.trim().parse().ok());
+    let child_adj = child_oom_adj(start.child_oom_score_adj, own);
+    let oom_rx = raw::prepare(&mut cmd, child_adj, report_theirs, &start.rlimits, ctty)
         .map_err(|e| other(format!("cannot set up {prog}: {e}")))?;
     let started = Instant::now();
     let child = spawn_when_not_busy(&mut cmd)
@@ -144,7 +146,7 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     // so EOF on ours means the command's side is gone.
     drop(cmd);
     let pid = Pid::from_raw(child.id() as i32);
-    let oom_guard = start.child_oom_score_adj.zip(oom_rx).map(|(n, rx)| oom_report(n, pid, rx));
+    let oom_guard = child_adj.zip(oom_rx).map(|(n, rx)| oom_report(n, pid, rx));
     // The init keeps only the master: the slave's last copy is the command's (its end, and
     // its descendants', is the master's EOF).
     let tty = tty.map(|t| t.master);
@@ -191,6 +193,17 @@ fn spawn_when_not_busy(cmd: &mut Command) -> std::io::Result<Child> {
             }
             other => return other,
         }
+    }
+}
+
+/// The command's `oom_score_adj`: the one asked, unless the init's own is already at or above
+/// it (a Burstable Pod's kubelet puts every process of the container near 1000): then the
+/// highest, so that at the memory limit the kernel picks the command, never the init (which
+/// can only raise a score without privileges).
+pub(crate) fn child_oom_adj(asked: Option<i32>, own: Option<i32>) -> Option<i32> {
+    match (asked, own) {
+        (Some(n), Some(o)) if o >= n => Some(1000),
+        (asked, _) => asked,
     }
 }
 
@@ -391,5 +404,20 @@ pub(crate) mod raw {
             });
         }
         Ok(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::child_oom_adj;
+
+    #[test]
+    fn the_command_is_always_above_the_init_at_the_memory_limit() {
+        assert_eq!(child_oom_adj(Some(500), Some(0)), Some(500), "Docker's default: as asked");
+        assert_eq!(child_oom_adj(Some(500), Some(-997)), Some(500), "a Guaranteed Pod: as asked");
+        assert_eq!(child_oom_adj(Some(500), Some(958)), Some(1000), "a Burstable Pod: above the init");
+        assert_eq!(child_oom_adj(Some(500), Some(500)), Some(1000));
+        assert_eq!(child_oom_adj(Some(500), None), Some(500));
+        assert_eq!(child_oom_adj(None, Some(958)), None, "nothing asked, nothing set");
     }
 }

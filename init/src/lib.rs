@@ -15,6 +15,8 @@
 //! - `run`: the init's life: start, supervise, report, wait for the ack.
 //! - `link`: the link to the host, and the takeover socket a restarted host comes back on.
 //! - `relay`: `stevedore-init relay`, which carries a takeover through `docker exec`.
+//! - [`prepare`]: `stevedore-init prepare`, a Pod's init container (the kube rung): the init
+//!   copied where the attempt runs it, the inputs unpacked from stdin.
 //! - `handler`: the handler runner's socket.
 //! - `stdin`: the command's stdin from the host, within a window.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
@@ -29,6 +31,7 @@ pub mod fuzzing;
 mod handler;
 mod link;
 mod outdir;
+pub mod prepare;
 mod relay;
 pub mod report;
 mod run;

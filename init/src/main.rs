@@ -1,5 +1,6 @@
 //! The `stevedore-init` binary: PID 1 of every attempt's container (no arguments), the
-//! takeover relay (`relay <link-id> [within-ms]`), and the report client (`report ...`).
+//! takeover relay (`relay <link-id> [within-ms]`), the report client (`report ...`), and a
+//! Pod's init container (`prepare [--install PATH] [--inputs DIR]`).
 
 fn main() {
     let args: Vec<String> = match std::env::args_os().skip(1).map(|a| a.into_string()).collect() {
@@ -15,6 +16,8 @@ fn main() {
             stevedore_init::relay_main(&args[1], args.get(2).map(String::as_str))
         }
         Some("report") => stevedore_init::report::cli_main(&args[1..]),
+        // A Pod's init container (the kube rung): the init where the attempt runs it, the inputs.
+        Some("prepare") => stevedore_init::prepare::main(&args[1..]),
         // Run by the host, as root, in a throwaway container: hands a new cache volume's
         // root to the sandbox user (the engine makes it root's, and the archive API cannot
         // change the root of what it extracts into).

@@ -349,8 +349,14 @@ impl Init {
         loop {
             match self.link.decoder.next_frame() {
                 Ok(Some(f)) if f.kind == Kind::Start => {
-                    let (start, payload) = wire::decode_start_owned(f.body)?;
+                    let (mut start, payload) = wire::decode_start_owned(f.body)?;
                     self.key = wire::parse_key(&start.key).ok_or("the start's key is not 32 hex bytes")?;
+                    // Non-UTF-8 variables of the image are left out, as the host's layers are UTF-8.
+                    let cwd = std::env::current_dir().ok().and_then(|p| p.into_os_string().into_string().ok());
+                    start.take_image_env(
+                        std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+                        cwd,
+                    );
                     self.start = Some(start);
                     self.payload = payload;
                     return Ok(());

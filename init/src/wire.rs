@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 6;
+pub const PROTOCOL: u32 = 7;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -430,6 +430,29 @@ pub struct Start {
     /// change the size. `None`: pipes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tty: Option<TermSize>,
+    /// The image's environment is the runtime's, which the host cannot read (the kube rung:
+    /// Kubernetes gives an image's `ENV` and `WORKDIR` to PID 1, and the API shows neither):
+    /// `Some(keys)` makes the init's own environment at its start, without these keys (what
+    /// the rung set for PID 1 alone), the lowest layer under `env`, and an empty `cwd` the
+    /// init's own. `None`: `env` is the whole environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_env: Option<Vec<String>>,
+}
+
+impl Start {
+    /// Puts the image's environment (`own`: PID 1's, as the runtime gave it) under `env`,
+    /// and the init's working directory (`own_cwd`) in place of an empty `cwd`, when
+    /// [`Start::image_env`] asks for it; the protocol's own variables never come from below.
+    pub fn take_image_env(&mut self, own: impl IntoIterator<Item = (String, String)>, own_cwd: Option<String>) {
+        let Some(except) = self.image_env.take() else { return };
+        let mut merged: BTreeMap<String, String> =
+            own.into_iter().filter(|(k, _)| !except.contains(k) && !env::ALL.contains(&k.as_str())).collect();
+        merged.extend(std::mem::take(&mut self.env));
+        self.env = merged.into_iter().collect();
+        if self.cwd.is_empty() {
+            self.cwd = own_cwd.filter(|c| c.starts_with('/')).unwrap_or_else(|| "/".into());
+        }
+    }
 }
 
 /// A terminal's size in character cells.
@@ -1150,10 +1173,40 @@ mod tests {
             mounts: Vec::new(),
             stdin: false,
             tty: None,
+            image_env: None,
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_image_env_is_the_lowest_layer_and_never_gives_the_protocols_variables() {
+        let own =
+            |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<Vec<_>>();
+        let mut s = start();
+        s.cwd = String::new();
+        s.env = vec![("A".into(), "request".into()), (env::OUT.into(), "/out".into())];
+        s.image_env = Some(vec!["LD_PRELOAD".into()]);
+        let image = own(&[("A", "image"), ("B", "image"), ("LD_PRELOAD", ""), (env::IN, "/evil"), ("PATH", "/x")]);
+        s.take_image_env(image, Some("/work".into()));
+        let got: BTreeMap<String, String> = s.env.iter().cloned().collect();
+        assert_eq!(got["A"], "request", "what the host gives wins");
+        assert_eq!(got["B"], "image");
+        assert_eq!(got["PATH"], "/x");
+        assert!(!got.contains_key("LD_PRELOAD"), "what the rung set for PID 1 alone stays there");
+        assert!(!got.contains_key(env::IN), "a protocol variable never comes from the image");
+        assert_eq!(s.cwd, "/work");
+        assert!(s.image_env.is_none());
+        // Without the ask nothing changes; a relative cwd from below is not taken.
+        let mut plain = start();
+        plain.take_image_env(own(&[("B", "image")]), Some("/work".into()));
+        assert_eq!(plain.env, start().env);
+        let mut rel = start();
+        rel.cwd = String::new();
+        rel.image_env = Some(Vec::new());
+        rel.take_image_env(Vec::new(), Some("work".into()));
+        assert_eq!(rel.cwd, "/");
     }
 
     #[test]

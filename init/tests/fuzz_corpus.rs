@@ -66,6 +66,7 @@ fn start() -> wire::Start {
         mounts: vec!["/.stevedore/tools".into(), "/in".into(), "/out".into(), "/tmp".into()],
         stdin: true,
         tty: Some(wire::TermSize { rows: 24, cols: 80 }),
+        image_env: None,
     }
 }
 

@@ -261,6 +261,59 @@ impl Stager<'_> {
     }
 }
 
+/// The input dir as a stream of tar bytes, written on a blocking thread by descriptor, its
+/// progress reported as it goes; `producer` ends with what was staged ([`finish`]).
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) fn tar_stream(
+    dir: InputDir,
+    owner: (u32, u32),
+    limit: u64,
+    bytes: u64,
+    progress: Option<crate::contract::ProgressSink>,
+) -> (
+    tokio::task::JoinHandle<Result<StageReport, StageError>>,
+    impl futures_util::Stream<Item = io::Result<bytes::Bytes>> + Send + 'static,
+) {
+    let (writer, chunks) = crate::pipe::writer(8);
+    // The tar's bytes: the files' plus their headers, so the total is the files' at least.
+    let writer = crate::contract::Counting {
+        inner: writer,
+        sink: progress,
+        phase: crate::contract::Phase::Inputs,
+        total: Some(bytes),
+        done: 0,
+    };
+    let producer = tokio::task::spawn_blocking(move || dir.write_tar(owner.0, owner.1, limit, writer, &|_| {}));
+    (producer, chunks)
+}
+
+/// What [`tar_stream`]'s producer staged, or the launch error it is; the progress said finished.
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) async fn finish(
+    producer: tokio::task::JoinHandle<Result<StageReport, StageError>>,
+    bytes: u64,
+    progress: Option<&crate::contract::ProgressSink>,
+) -> Result<StageReport, crate::contract::LaunchError> {
+    use crate::contract::LaunchError;
+    let report = producer
+        .await
+        .map_err(|e| LaunchError::Staging { what: "the input tar".into(), source: Box::new(e) })?
+        .map_err(|e| match e {
+            StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
+            e => LaunchError::Staging { what: "reading the input dir".into(), source: Box::new(e) },
+        })?;
+    if let Some(s) = progress {
+        let p = crate::contract::Progress {
+            phase: crate::contract::Phase::Inputs,
+            done: bytes,
+            total: Some(bytes),
+            finished: true,
+        };
+        s.report(p);
+    }
+    Ok(report)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,23 +60,29 @@
 
 // Without a rung that runs the init (only the in-process one), the init's side is unused.
 #![cfg_attr(
-    not(any(feature = "docker", feature = "process")),
+    not(any(feature = "docker", feature = "process", feature = "kube")),
     expect(dead_code, unused_imports, reason = "only the in-process rung is built")
 )]
 
-#[cfg(any(feature = "docker", feature = "process"))]
+#[cfg(any(feature = "docker", feature = "process", feature = "kube"))]
 mod attempt;
 #[cfg(feature = "docker")]
 pub mod container;
 pub mod contract;
 #[cfg(feature = "docker")]
 pub mod engine;
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) mod envlayer;
 pub mod handlers;
 pub(crate) mod hostdir;
 #[cfg(feature = "docker")]
 pub mod image;
 mod inprocess;
 pub(crate) mod inputs;
+#[cfg(feature = "kube")]
+pub mod kube;
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub mod labels;
 pub(crate) mod link;
 pub(crate) mod outputs;
 pub(crate) mod pipe;
@@ -87,6 +93,9 @@ pub mod profiles;
 pub mod sandbox;
 mod util;
 
+/// The Kubernetes client: [`kube::ClusterError`]'s API causes carry its error.
+#[cfg(feature = "kube")]
+pub use ::kube as kube_client;
 /// The Docker API client: [`engine::EngineError`]'s `Connect` and `Api` carry its error as
 /// their cause, so a caller who matches on it names the same crate and version.
 #[cfg(feature = "docker")]
@@ -100,6 +109,8 @@ pub use contract::{
 };
 pub use handlers::{HandlerContext, HandlerError, Handlers};
 pub use inprocess::InProcessExecutor;
+#[cfg(feature = "kube")]
+pub use kube::{KubeConfig, KubeExecutor};
 pub use link::{Collection, HostLoss, LinkConfig};
 pub use outputs::{Caps as OutputCaps, hash_reader};
 #[cfg(feature = "process")]

@@ -34,9 +34,11 @@ impl Read for ChannelReader {
 
 /// The writing half (an upload's body), only the container rung's.
 #[cfg(feature = "docker")]
-pub use writing::{ChannelWriter, writer};
+pub use writing::ChannelWriter;
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub use writing::writer;
 
-#[cfg(feature = "docker")]
+#[cfg(any(feature = "docker", feature = "kube"))]
 mod writing {
     use bytes::Bytes;
     use std::io::{self, Write};
@@ -61,6 +63,7 @@ mod writing {
     }
 
     impl ChannelWriter {
+        #[cfg(feature = "docker")]
         /// Ends the stream with `why` as its error, so the request it is the body of fails
         /// rather than sending a body cut short as if whole.
         pub fn abort(mut self, why: io::Error) {

@@ -65,6 +65,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         mounts: Vec::new(),
         stdin: false,
         tty: None,
+        image_env: None,
     }
 }
 

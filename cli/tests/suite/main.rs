@@ -16,6 +16,7 @@ mod hardening;
 mod hooks;
 mod images;
 mod init;
+mod kube;
 mod leftovers;
 mod pool;
 mod process;

@@ -147,6 +147,7 @@ pub(crate) async fn begin<S: Site>(
         let (container_id, pid) = match site.target(&ledger.own) {
             Target::Container { id, .. } => (Some(id), None),
             Target::Process { pid, .. } => (None, Some(pid)),
+            Target::Pod { namespace, name, .. } => (Some(format!("{namespace}/{name}")), None),
         };
         let info = StartedInfo { container_id, pid, ports: ledger.ports.clone() };
         let _ = tx.try_send(reports::Delivery::Started(info));
@@ -319,6 +320,7 @@ fn start_frame(
         cgroup_dir: layout.cgroup_dir,
         measure: layout.measure,
         mounts: layout.mounts,
+        image_env: layout.image_env,
         stdin: req.stdin.is_some(),
         tty: req.tty.as_ref().map(|t| {
             let (rows, cols) = t.size();

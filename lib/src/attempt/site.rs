@@ -146,6 +146,9 @@ pub(crate) struct Layout {
     pub measure: Vec<String>,
     /// Where the rung mounted something (`wire::Start::mounts`).
     pub mounts: Vec<String>,
+    /// The image's environment is PID 1's, which the host cannot read (`wire::Start::image_env`):
+    /// the keys the rung set for PID 1 alone.
+    pub image_env: Option<Vec<String>>,
 }
 
 /// Milliseconds from `started_ms` (unix) to now: a phase's offset.

@@ -104,6 +104,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
         measure: caches.iter().map(|(_, _, path)| path.clone()).collect(),
         mounts: plan.mounts.clone(),
+        image_env: None,
     };
     let own = Own {
         container_id,

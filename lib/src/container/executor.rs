@@ -152,6 +152,10 @@ impl Executor for ContainerExecutor {
         self.shared.config.level()
     }
 
+    fn denies_network(&self) -> bool {
+        self.shared.config.network == "none"
+    }
+
     fn run<'a>(
         &'a self,
         request: &'a Request,

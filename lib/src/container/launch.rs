@@ -202,29 +202,12 @@ pub(crate) async fn upload_inputs(
     bytes: u64,
     progress: Option<crate::contract::ProgressSink>,
 ) -> Result<crate::inputs::StageReport, LaunchError> {
-    let (uid, gid) = shared.config.uid_gid();
-    let limit = shared.config.max_input_bytes;
-    let (writer, chunks) = crate::pipe::writer(8);
-    let sink = progress.clone();
-    // The tar's bytes: the files' plus their headers, so the total is the files' at least.
-    let writer = crate::contract::Counting {
-        inner: writer,
-        sink,
-        phase: crate::contract::Phase::Inputs,
-        total: Some(bytes),
-        done: 0,
-    };
-    let producer = tokio::task::spawn_blocking(move || dir.write_tar(uid, gid, limit, writer, &|_| {}));
+    let (producer, chunks) =
+        crate::inputs::tar_stream(dir, shared.config.uid_gid(), shared.config.max_input_bytes, bytes, progress.clone());
     let body: ByteStream = Box::pin(chunks);
     let timeout = shared.engine.timeout() + Duration::from_secs(bytes / SLOWEST_UPLOAD);
     let up = shared.engine.api.upload(helper, IN_DIR, body, timeout).await;
-    let report = producer
-        .await
-        .map_err(|e| LaunchError::Staging { what: "the input tar".into(), source: Box::new(e) })?
-        .map_err(|e| match e {
-            crate::inputs::StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
-            e => LaunchError::Staging { what: "reading the input dir".into(), source: Box::new(e) },
-        })?;
+    let report = crate::inputs::finish(producer, bytes, None).await?;
     up.map_err(|e| LaunchError::Staging { what: "uploading the inputs".into(), source: Box::new(e) })?;
     if let Some(s) = &progress {
         let p = crate::contract::Progress {

@@ -3,12 +3,12 @@
 //! inputs measured against their limit, the names and labels.
 
 use super::config::PullPolicy;
-use super::env as envlayer;
 use super::labels::{self, AttemptLabels, Owner};
 use super::site::ContainerSite;
 use super::sizes::Sizes;
 use crate::contract::{InputsStaged, LaunchError, Request, Task};
 use crate::engine::ImageFacts;
+use crate::envlayer;
 use crate::inputs::InputDir;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;

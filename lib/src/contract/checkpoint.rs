@@ -76,6 +76,15 @@ pub enum Target {
         /// reused pid is not mistaken for it.
         start_ticks: u64,
     },
+    /// A Pod (the kube rung).
+    Pod {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Its UID (a Pod made again under the same name is another).
+        uid: String,
+    },
 }
 
 /// The link's identity and key.
@@ -133,6 +142,10 @@ pub enum RecoverError {
     #[cfg(feature = "docker")]
     #[error(transparent)]
     Engine(#[from] crate::engine::EngineError),
+    /// a cluster call failed
+    #[cfg(feature = "kube")]
+    #[error(transparent)]
+    Cluster(#[from] crate::kube::ClusterError),
     /// the output dir cannot take the outputs
     #[error("the output dir cannot take the outputs")]
     OutputDir(#[source] super::RequestError),

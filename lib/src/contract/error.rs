@@ -96,6 +96,20 @@ pub enum LaunchError {
     #[cfg(feature = "docker")]
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// the cluster cannot be reached
+    #[cfg(feature = "kube")]
+    #[error("cluster unreachable at {server}")]
+    ClusterUnreachable {
+        /// The API server stevedore looked for.
+        server: String,
+        /// The cause.
+        #[source]
+        source: crate::kube::ClusterError,
+    },
+    /// the cluster refused or could not do what the attempt needs before it started
+    #[cfg(feature = "kube")]
+    #[error(transparent)]
+    Cluster(#[from] crate::kube::ClusterError),
     /// the configuration does not allow the request
     #[error("not allowed by configuration: {0}")]
     NotAllowed(String),

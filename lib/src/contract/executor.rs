@@ -13,6 +13,9 @@ pub struct ReclaimReport {
     pub containers_removed: Vec<String>,
     /// Volumes removed.
     pub volumes_removed: Vec<String>,
+    /// Pods removed (the kube rung), as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods_removed: Vec<String>,
     /// Host-side areas removed.
     pub paths_removed: Vec<String>,
     /// Objects kept because they belong to this process's attempts in flight.
@@ -34,6 +37,8 @@ pub enum ObjectKind {
     Path,
     /// An engine image.
     Image,
+    /// A Pod (the kube rung).
+    Pod,
 }
 
 /// One object `reclaim` could not remove.
@@ -64,6 +69,10 @@ pub enum ReclaimError {
         #[source]
         source: crate::engine::EngineError,
     },
+    /// the cluster could not be listed or asked
+    #[cfg(feature = "kube")]
+    #[error(transparent)]
+    Cluster(#[from] crate::kube::ClusterError),
 }
 
 /// One rung of the isolation ladder.
@@ -73,6 +82,12 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
 
     /// The isolation this rung actually provides.
     fn level(&self) -> Level;
+
+    /// Whether the rung's attempts have no network (a policy with `no_network` selects only
+    /// such rungs). Default `false`: a rung claims it only when it enforces it.
+    fn denies_network(&self) -> bool {
+        false
+    }
 
     /// Runs one attempt. `Err` only when the attempt never ran; a handler that ran and
     /// failed is an `Ok(Outcome)` with a non-`ok` status.

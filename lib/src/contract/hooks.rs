@@ -103,7 +103,7 @@ pub struct AttemptRef {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StartedInfo {
-    /// The container, on the container rung.
+    /// The container, on the container rung (`namespace/name` of the Pod, on the kube rung).
     pub container_id: Option<String>,
     /// The init's pid, on the process rung.
     pub pid: Option<i32>,

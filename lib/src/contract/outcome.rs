@@ -293,6 +293,12 @@ pub struct Evidence {
     /// The container's ID.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The Pod that ran it, as `namespace/name` (the kube rung).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The node it ran on (the kube rung).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// The image as named.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -21,6 +21,11 @@ pub struct Policy {
     /// Image override; empty means the worker's own image.
     #[serde(default)]
     pub image: String,
+    /// The attempt must have no network: only rungs that deny it are selected
+    /// ([`crate::Executor::denies_network`]; a Pod has the cluster's network unless its
+    /// namespace denies it). Default `false`: a rung's own network setting stands.
+    #[serde(default)]
+    pub no_network: bool,
 }
 
 impl Policy {

@@ -18,6 +18,14 @@ pub enum SelectError {
         /// Every rung as `name(level)`, comma-separated.
         registered: String,
     },
+    /// no rung that reaches the policy's level denies the network, as the policy requires
+    #[error("no executor provides isolation level {wanted} without a network (registered: {registered})")]
+    NetworkNotDenied {
+        /// The level asked for.
+        wanted: Level,
+        /// Every rung as `name(level, network)`, comma-separated.
+        registered: String,
+    },
     /// a rung with this name is already registered
     #[error("an executor named {0:?} is already registered")]
     Duplicate(String),
@@ -81,19 +89,37 @@ impl Registry {
     /// an error listing every rung as `name(level)`.
     pub fn select(&self, policy: &Policy) -> Result<Arc<dyn Executor>, SelectError> {
         let default = self.default_rung().ok_or(SelectError::Empty)?;
-        if policy.level == Level::None {
+        // A policy that requires no network never gets a rung that cannot deny it.
+        let network_ok = |r: &Arc<dyn Executor>| !policy.no_network || r.denies_network();
+        if policy.level == Level::None && network_ok(default) {
             return Ok(default.clone());
         }
         let best = self
             .rungs
             .iter()
-            .filter(|r| r.level() >= policy.level)
+            .filter(|r| r.level() >= policy.level && network_ok(r))
             .min_by(|a, b| a.level().cmp(&b.level()).then_with(|| a.name().cmp(b.name())));
         if let Some(r) = best {
             return Ok(r.clone());
         }
-        if policy.allow_downgrade {
+        if policy.allow_downgrade && network_ok(default) {
             return Ok(default.clone());
+        }
+        if policy.no_network {
+            let registered = self
+                .rungs
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}({}, {})",
+                        r.name(),
+                        r.level(),
+                        if r.denies_network() { "no network" } else { "network" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(SelectError::NetworkNotDenied { wanted: policy.level, registered });
         }
         let registered =
             self.rungs.iter().map(|r| format!("{}({})", r.name(), r.level())).collect::<Vec<_>>().join(", ");
@@ -140,6 +166,9 @@ mod tests {
         }
         fn level(&self) -> Level {
             self.1
+        }
+        fn denies_network(&self) -> bool {
+            !self.0.starts_with("net")
         }
         fn run<'a>(&'a self, _: &'a Request, _: CancellationToken) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
             Box::pin(async { Err(LaunchError::Closed(self.0.into())) })
@@ -192,6 +221,22 @@ mod tests {
         );
         assert!(r.check_satisfiable([&Policy::at_least(Level::Vm)]).is_err());
         assert!(r.check_satisfiable([&Policy::at_least(Level::Sandboxed)]).is_ok());
+    }
+
+    #[test]
+    fn a_policy_without_network_never_gets_a_rung_with_one() {
+        let r = reg(&[("net-kube", Level::Sandboxed), ("docker", Level::Vm), ("net-inproc", Level::None)]);
+        let p = Policy { no_network: true, ..Policy::at_least(Level::Sandboxed) };
+        assert_eq!(r.select(&p).unwrap().name(), "docker", "the stronger rung that denies it, not the weaker one");
+        assert_eq!(r.select(&Policy::at_least(Level::Sandboxed)).unwrap().name(), "net-kube");
+        let none = Policy { no_network: true, ..Policy::at_least(Level::None) };
+        assert_eq!(r.select(&none).unwrap().name(), "docker", "the default has a network");
+        let r = reg(&[("net-kube", Level::Sandboxed)]);
+        let p = Policy { no_network: true, allow_downgrade: true, ..Policy::at_least(Level::Sandboxed) };
+        assert_eq!(
+            r.select(&p).unwrap_err().to_string(),
+            "no executor provides isolation level sandboxed without a network (registered: net-kube(sandboxed, network))"
+        );
     }
 
     #[test]

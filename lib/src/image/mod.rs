@@ -7,10 +7,12 @@
 //! once that image has no tag left and no container uses it.
 
 pub mod bundle;
+pub mod init_image;
 pub mod pack;
 pub mod stale;
 mod tarball;
 
+pub use init_image::pack_init_image;
 pub use pack::{
     PackError, PackSpec, PackedImage, Rootfs, build_image_from_dir_tar, ensure_image, pack_image, write_rootfs,
 };

@@ -6,7 +6,7 @@ use super::claims::{self, Bounds};
 use super::reports::{self, Delivered};
 use super::supervise::Ended;
 use crate::contract::{Evidence, Exit, Judgement, Record, RefusedEntry, Source};
-use stevedore_init::wire::InitRecord;
+use stevedore_init::wire::{InitRecord, StoppedBy};
 
 /// What the rung itself knows of the end, for when the init left no verified record.
 #[derive(Debug, Default)]
@@ -47,7 +47,14 @@ pub(crate) fn judgement(
     let mut j = Judgement::default();
     let mut handler_silent = false;
     match &ended.record {
-        Some(Ok(rec)) => handler_silent = from_record(rec, ended, account, &mut j, &mut ev),
+        Some(Ok(rec)) => {
+            handler_silent = from_record(rec, ended, account, &mut j, &mut ev);
+            // Stopped by a signal the host never asked for, while someone else removed the
+            // sandbox (a Pod's deletion TERMs its init first): the removal is the why.
+            if witness.removed_externally && matches!(rec.stopped_by, Some(StoppedBy::Term | StoppedBy::Kill)) {
+                j.facts.removed_externally = true;
+            }
+        }
         other => without_record(other.as_ref().map(|r| r.as_ref().map(|_| ())), ended, witness, &mut j, &mut ev),
     }
     let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);

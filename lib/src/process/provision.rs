@@ -62,6 +62,7 @@ pub(crate) async fn provision(
         cgroup_dir: None,
         measure: Vec::new(),
         mounts: Vec::new(),
+        image_env: None,
     };
     let own = Own {
         dir,

@@ -40,6 +40,7 @@ pub fn layer(layers: &[(&str, Vec<(String, String)>)]) -> Layered {
     Layered { env, overrides }
 }
 
+#[cfg(feature = "docker")]
 /// Parses `KEY=VALUE` strings (as in an image's `ENV`), skipping malformed entries.
 pub fn parse_pairs<'a>(items: impl IntoIterator<Item = &'a String>) -> Vec<(String, String)> {
     items
@@ -81,6 +82,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "docker")]
     fn parses_image_env() {
         let items = vec!["A=1".to_owned(), "B=x=y".to_owned(), "junk".to_owned()];
         assert_eq!(parse_pairs(&items), kv(&[("A", "1"), ("B", "x=y")]));

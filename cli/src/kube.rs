@@ -1,0 +1,70 @@
+//! The kube rung from the command line (`--rung kube`): its configuration from the global
+//! options, its census line, and what of `run`'s options it maps or refuses.
+
+use crate::common::Global;
+use stevedore::contract::Executor;
+use stevedore::kube::{ImagePull, KubeConfig, KubeExecutor};
+
+/// The kube rung's configuration for these options.
+pub fn config(g: &Global) -> KubeConfig {
+    let mut cfg = KubeConfig::default();
+    cfg.kubeconfig = g.kubeconfig.clone();
+    cfg.context = g.context.clone();
+    cfg.namespace = g.namespace.clone();
+    cfg.init_image = g.init_image.clone();
+    cfg.network_denied = g.network_denied;
+    cfg
+}
+
+/// Connects the rung; on failure the message is printed and `failure` returned.
+pub async fn rung(
+    g: &Global,
+    failure: u8,
+    adjust: impl FnOnce(&mut KubeConfig) -> Result<(), String>,
+) -> Result<KubeExecutor, u8> {
+    let mut cfg = config(g);
+    adjust(&mut cfg).map_err(|e| {
+        crate::say::say(e);
+        failure
+    })?;
+    KubeExecutor::connect(cfg).await.map_err(|e| {
+        crate::say::say(stevedore::error_chain(&e));
+        failure
+    })
+}
+
+/// The census of the cluster as JSON: what `census` prints for the container rung, in a
+/// cluster's words.
+pub async fn line(rung: &KubeExecutor) -> serde_json::Value {
+    let c = rung.census().await;
+    let access = match rung.check_access().await {
+        Ok(()) => "ok".to_owned(),
+        Err(e) => stevedore::error_chain(&e),
+    };
+    serde_json::json!({
+        "engine": "kubernetes",
+        "engine_version": c.server_version,
+        "api_version": "v1",
+        "endpoint": c.server,
+        "namespace": c.namespace,
+        "nodes": c.nodes,
+        "runtimes": c.runtime_classes,
+        "unreadable": c.unreadable,
+        "level": rung.level(),
+        "network_denied": rung.denies_network(),
+        "init_image": c.init_image,
+        "access": access,
+        "incarnation": rung.incarnation(),
+        "stevedore_version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+/// `run --pull` as the Pods' `imagePullPolicy` (the same promise: missing pulls only what
+/// the node lacks, never never pulls, always always does).
+pub fn pull(p: &str) -> ImagePull {
+    match p {
+        "never" => ImagePull::Never,
+        "always" => ImagePull::Always,
+        _ => ImagePull::IfNotPresent,
+    }
+}

@@ -1,0 +1,552 @@
+//! The kube rung against a real Kubernetes 1.20 (`.ci/engines/kube.sh up`, its env file in
+//! `STEVEDORE_TEST_KUBE`; without it these tests are skipped, saying so). The rung runs with
+//! the least Role it needs (`KUBE_RUNG_CONFIG`); what a test checks of the cluster it checks
+//! with kubectl as the cluster's admin, never with stevedore's help. Every test ends with
+//! none of its worker's Pods left.
+
+use crate::support::{self, BIN, test_logs, worker};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use stevedore::contract::{Executor, Reason, Status};
+use stevedore::kube::{ImagePull, KubeConfig, KubeExecutor};
+use stevedore::{CancellationToken, Outcome, Request};
+use tokio::sync::OnceCell;
+
+/// The cluster the harness started: its env file's values.
+struct Cluster {
+    vars: BTreeMap<String, String>,
+    /// stevedore's init image of this build, on the node.
+    init_image: String,
+}
+
+impl Cluster {
+    fn var(&self, k: &str) -> &str {
+        self.vars.get(k).unwrap_or_else(|| panic!("{k} missing from the harness's env file"))
+    }
+
+    fn busybox(&self) -> String {
+        self.var("KUBE_BUSYBOX_IMAGE").to_owned()
+    }
+
+    /// kubectl as the cluster's admin.
+    fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(self.var("KUBE_KUBECTL"))
+            .arg("--kubeconfig")
+            .arg(self.var("KUBE_ADMIN_CONFIG"))
+            .args(args)
+            .output()
+            .expect("kubectl runs")
+    }
+
+    /// The names of the Pods labelled with `worker` (any state, deleting or not).
+    fn pods_of(&self, worker: &str) -> Vec<String> {
+        let out = self.kubectl(&["get", "pods", "-l", &format!("dev.stevedore.worker={worker}"), "-o", "name"]);
+        assert!(out.status.success(), "kubectl get pods: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    }
+
+    /// Whether a Pod of that name exists.
+    fn pod_exists(&self, name: &str) -> bool {
+        self.kubectl(&["get", "pod", name, "-o", "name"]).status.success()
+    }
+}
+
+/// The cluster, with this build's init image imported, made once per test process; `None`
+/// (a skip, said) when no cluster was given.
+async fn cluster() -> Option<&'static Cluster> {
+    static CLUSTER: OnceCell<Option<Cluster>> = OnceCell::const_new();
+    CLUSTER
+        .get_or_init(|| async {
+            let Some(path) = std::env::var_os("STEVEDORE_TEST_KUBE") else {
+                eprintln!(
+                    "SKIP: no Kubernetes cluster (STEVEDORE_TEST_KUBE names the env file of .ci/engines/kube.sh up)"
+                );
+                return None;
+            };
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("STEVEDORE_TEST_KUBE={}: {e}", Path::new(&path).display()));
+            let vars = text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect();
+            // The init image of this very build, packed by the local engine and put on the node.
+            support::engine().await.expect("the local engine packs the init image");
+            let tag = stevedore::kube::default_init_image();
+            stevedore::image::pack_init_image(support::seam().await, &tag).await.expect("pack the init image");
+            let c = Cluster { vars, init_image: tag };
+            let import = Command::new(c.var("KUBE_IMPORT")).arg(&c.init_image).status().expect("kube-import runs");
+            assert!(import.success(), "importing {} into the node failed", c.init_image);
+            Some(c)
+        })
+        .await
+        .as_ref()
+}
+
+/// The skip says itself; under CI a test that needs the cluster it was promised fails.
+async fn setup() -> Option<&'static Cluster> {
+    let c = cluster().await;
+    if c.is_none() {
+        support::skip("no Kubernetes cluster");
+    }
+    c
+}
+
+/// The rung's configuration as the least Role's user (`KUBE_RUNG_CONFIG`), its captures in
+/// the build dir, nothing pulled, a fresh incarnation.
+fn config(c: &Cluster) -> KubeConfig {
+    let mut cfg = KubeConfig::default().kubeconfig(c.var("KUBE_RUNG_CONFIG")).image_pull(ImagePull::Never);
+    cfg.log_dir = Some(test_logs());
+    cfg.incarnation = Some(stevedore::contract::incarnation::mint());
+    cfg.launch_timeout = Duration::from_secs(60);
+    cfg
+}
+
+async fn rung(c: &Cluster) -> KubeExecutor {
+    KubeExecutor::connect(config(c)).await.expect("connect to the cluster")
+}
+
+fn sh(c: &Cluster, w: &str, out: &Path, script: &str) -> Request {
+    Request::command("job", ["sh", "-c", script], out).worker(w).image(c.busybox())
+}
+
+async fn run(rung: &KubeExecutor, req: &Request) -> Outcome {
+    rung.run(req, CancellationToken::new()).await.expect("the attempt runs")
+}
+
+fn stdout_of(o: &Outcome) -> String {
+    std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().expect("stdout captured")).unwrap()
+}
+
+/// Nothing of `w` is left in the cluster.
+fn none_left(c: &Cluster, w: &str) {
+    assert_eq!(c.pods_of(w), Vec::<String>::new(), "Pods of {w} left behind");
+}
+
+#[tokio::test]
+async fn an_attempt_runs_with_its_inputs_read_only_and_its_outputs_hashed_and_owned_by_the_caller() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-ok");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    std::fs::write(input.join("a.txt"), b"alpha\n").unwrap();
+    std::fs::write(input.join("sub/b.bin"), vec![7u8; 300_000]).unwrap();
+    std::fs::set_permissions(input.join("a.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = std::fs::metadata(input.join("a.txt")).unwrap();
+    let out = dir.path().join("out");
+    let script = "cat /in/a.txt > /out/copy.txt; wc -c < /in/sub/b.bin > /out/size.txt; \
+                  if touch /in/new 2>/dev/null; then echo writable; else echo read-only; fi; \
+                  mkdir -p /out/deep/er && printf x > /out/deep/er/x";
+    let mut req = sh(c, &w, &out, script);
+    req.input_dir = Some(input.clone());
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(stdout_of(&o), "read-only\n", "/in is read-only to the command");
+    assert_eq!(std::fs::read(out.join("copy.txt")).unwrap(), b"alpha\n");
+    assert_eq!(std::fs::read_to_string(out.join("size.txt")).unwrap().trim(), "300000");
+    let mut names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["copy.txt", "deep/er/x", "size.txt"]);
+    for f in &o.outputs {
+        let path = out.join(&f.name);
+        assert_eq!(f.hash, stevedore::hash_reader(std::fs::File::open(&path).unwrap(), 0).unwrap().hash);
+        assert_eq!(std::fs::metadata(&path).unwrap().uid(), nix::unistd::getuid().as_raw(), "owned by the caller");
+    }
+    let after = std::fs::metadata(input.join("a.txt")).unwrap();
+    assert_eq!((before.uid(), before.mode()), (after.uid(), after.mode()), "the inputs untouched");
+    let ev = &o.evidence;
+    assert_eq!(ev.executor, "kube");
+    assert!(ev.pod.as_deref().is_some_and(|p| p.starts_with("default/sd-")), "{:?}", ev.pod);
+    assert!(ev.container_id.as_deref().is_some_and(|id| id.starts_with("containerd://")));
+    assert_eq!(ev.inputs.as_ref().map(|i| i.files), Some(2));
+    assert!(ev.enforcement.contains_key("inputs_read_only"));
+    assert!(o.usage.cpu_time_ms.is_some() && o.usage.peak_memory_bytes.is_some(), "usage from the init's cgroup");
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn the_pod_is_hardened_and_the_network_is_said_to_be_not_enforced() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-hard");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = "id -u; id -g; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; \
+                  if touch /rootfs-write 2>/dev/null; then echo rootfs-writable; else echo rootfs-read-only; fi; \
+                  if [ -e /var/run/secrets/kubernetes.io/serviceaccount ]; then echo token; else echo no-token; fi; \
+                  cat /proc/1/cmdline | tr '\\0' ' '; echo; echo \"$HOME\"";
+    let o = run(&rung, &sh(c, &w, &dir.path().join("out"), script)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let lines: Vec<String> =
+        stdout_of(&o).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    assert_eq!(lines[0], "65532", "non-root");
+    assert_eq!(lines[1], "65532");
+    assert_eq!(lines[2], "CapEff: 0000000000000000", "no capability");
+    assert_eq!(lines[3], "NoNewPrivs: 1");
+    assert_eq!(lines[4], "Seccomp: 2", "the runtime's default seccomp profile");
+    assert_eq!(lines[5], "rootfs-read-only");
+    assert_eq!(lines[6], "no-token", "no service-account token mounted");
+    assert_eq!(lines[7], "/.stevedore/tools/stevedore-init", "PID 1 is stevedore's init");
+    assert_eq!(lines[8], "/tmp");
+    let ev = &o.evidence;
+    assert!(ev.skipped["network"].contains("not enforced"), "{:?}", ev.skipped);
+    assert!(!ev.enforcement.contains_key("network"));
+    assert!(!rung.denies_network(), "a policy without network never selects this rung");
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn an_exit_code_a_signal_and_a_pod_deleted_from_outside_are_told_apart() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-exit");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let code = run(&rung, &sh(c, &w, &dir.path().join("o1"), "echo out; echo err >&2; exit 7")).await;
+    assert_eq!((code.status, code.exit_code, code.signal), (Status::HandlerError, Some(7), None));
+    assert_eq!(stdout_of(&code), "out\n");
+    let killed = run(&rung, &sh(c, &w, &dir.path().join("o2"), "kill -9 $$")).await;
+    assert_eq!(
+        (killed.status, killed.exit_code, killed.signal),
+        (Status::Killed, None, Some(9)),
+        "{}",
+        killed.to_json()
+    );
+    // A Pod deleted from outside while its command runs.
+    let mut req = sh(c, &w, &dir.path().join("o3"), "echo ready; sleep 300");
+    let mut watch = support::watch([&mut req]);
+    let attempt = {
+        let rung = rung.clone();
+        tokio::spawn(async move { rung.run(&req, CancellationToken::new()).await })
+    };
+    watch.until("ready").await;
+    let pods = c.pods_of(&w);
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    let deleted = c.kubectl(&["delete", &pods[0], "--wait=false"]);
+    assert!(deleted.status.success(), "{}", String::from_utf8_lossy(&deleted.stderr));
+    let o = attempt.await.unwrap().expect("it ran");
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    assert_eq!(o.reason, Some(Reason::RemovedExternally), "{}", o.to_json());
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn a_term_ignoring_command_times_out_and_a_cancelled_one_is_killed() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-stop");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut req =
+        sh(c, &w, &dir.path().join("o1"), "trap '' TERM; echo started; sleep 300").timeout(Duration::from_secs(3));
+    req.policy = req.policy.clone().with_grace(Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let o = run(&rung, &req).await;
+    assert_eq!((o.status, o.reason), (Status::Timeout, Some(Reason::Deadline)), "{}", o.to_json());
+    assert!(o.evidence.stragglers_killed || o.signal == Some(9), "SIGKILLed after the grace: {}", o.to_json());
+    // Deadline + grace + a launch and a removal: far from the command's 300 s.
+    assert!(started.elapsed() < Duration::from_secs(90), "{:?}", started.elapsed());
+    let mut req = sh(c, &w, &dir.path().join("o2"), "echo started; sleep 300");
+    let mut watch = support::watch([&mut req]);
+    let cancel = CancellationToken::new();
+    let attempt = {
+        let (rung, cancel) = (rung.clone(), cancel.clone());
+        tokio::spawn(async move { rung.run(&req, cancel).await })
+    };
+    watch.until("started").await;
+    cancel.cancel();
+    let o = attempt.await.unwrap().expect("it ran");
+    assert_eq!((o.status, o.reason), (Status::Killed, Some(Reason::Cancelled)), "{}", o.to_json());
+    assert_eq!(o.signal, Some(15), "SIGTERM ended it within the grace");
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn a_memory_hog_is_oom_killed_by_the_kernels_count() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-oom");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    // `tail` keeps everything of a stream with no newline: it grows until the limit.
+    let req = sh(c, &w, &dir.path().join("out"), "head -c 200000000 /dev/zero | tail > /dev/null")
+        .memory(48 << 20)
+        .timeout(Duration::from_secs(60));
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::OomKilled, "{}", o.to_json());
+    let kills = o.evidence.oom_kills.expect("the init read its cgroup's count");
+    assert!(kills >= 1, "{}", o.to_json());
+    let json: serde_json::Value = serde_json::from_str(&o.to_json()).unwrap();
+    assert_eq!(json["usage"]["sources"]["peak_memory_bytes"], "cgroup", "{json}");
+    let peak = o.usage.peak_memory_bytes.expect("peak from the cgroup");
+    assert!(peak > 40 << 20 && peak <= 48 << 20, "the peak is the limit's: {peak}");
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn out_past_its_size_is_enospc_and_disk_limit() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-disk");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let req =
+        sh(c, &w, &dir.path().join("out"), "dd if=/dev/zero of=/out/big bs=1M count=32 2>&1; echo dd=$?").disk(8 << 20);
+    let o = run(&rung, &req).await;
+    let said = stdout_of(&o);
+    assert!(said.contains("No space left on device"), "{said}");
+    assert!(said.contains("dd=1"), "{said}");
+    assert_eq!(o.reason, Some(Reason::DiskLimit), "{}", o.to_json());
+    let big = o.outputs.iter().find(|f| f.name == "big").expect("what was written is collected");
+    assert!(big.size <= 8 << 20 && big.size >= 6 << 20, "{}", big.size);
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn reclaim_removes_the_workers_pods_and_spares_another_workers_and_an_unlabelled_one() {
+    let Some(c) = setup().await else { return };
+    let (w, other) = (worker("kube-reclaim"), worker("kube-spared"));
+    // What a crashed worker left: a Pod of its own made as the rung makes them, by a run
+    // killed with SIGKILL; another worker's; and one that only looks like a neighbour.
+    let dir = tempfile::tempdir().unwrap();
+    let mut leftovers = Vec::new();
+    for (who, n) in [(&w, 1), (&other, 2)] {
+        leftovers.push(start_cli(c, who, &dir.path().join(format!("o{n}")), None, "echo ready >&2; sleep 300"));
+    }
+    for child in leftovers {
+        kill9(child);
+    }
+    let unlabelled = format!("unlabelled-{}", &w[w.len() - 8..]);
+    let made = c.kubectl(&[
+        "run",
+        &unlabelled,
+        "--image",
+        &c.busybox(),
+        "--image-pull-policy=Never",
+        "--restart=Never",
+        "--labels",
+        &format!("app=stevedore-test,owner={w}"),
+        "--",
+        "sleep",
+        "300",
+    ]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert_eq!(c.pods_of(&w).len(), 1);
+    let rung = rung(c).await;
+    let report = rung.reclaim(&w).await.expect("reclaim runs");
+    assert_eq!(report.pods_removed.len(), 1, "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    none_left(c, &w);
+    assert_eq!(c.pods_of(&other).len(), 1, "another worker's Pod is spared");
+    assert!(c.pod_exists(&unlabelled), "an unlabelled Pod is spared");
+    // The command says the same, and cleans up after the other worker too.
+    let out = Command::new(BIN)
+        .args(["reclaim", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--worker", &other])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["pods_removed"], 1, "{said}");
+    none_left(c, &other);
+    let _ = c.kubectl(&["delete", "pod", &unlabelled, "--grace-period=0", "--force"]);
+    rung.close().await;
+}
+
+/// `stevedore run --rung kube` of `script`, as a worker process: returns once the command
+/// said `ready` on stderr.
+fn start_cli(c: &Cluster, w: &str, out: &Path, cp: Option<&Path>, script: &str) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--pull", "never"])
+        .args(["--worker", w, "--image", &c.busybox(), "--output"])
+        .arg(out)
+        .arg("--logs")
+        .arg(out.with_extension("logs"));
+    if let Some(cp) = cp {
+        cmd.args(["--host-loss-grace", "120s", "--checkpoint"]).arg(cp);
+    }
+    let mut child = cmd.args(["--", "sh", "-c", script]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("ready") => break,
+            Some(Ok(_)) => continue,
+            other => panic!("stevedore run ended before the command was ready: {other:?}"),
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+fn kill9(mut child: std::process::Child) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_worker_recovers_its_attempt_through_exec() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-recover");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    // About six seconds of work after the worker is gone: taken over while it runs.
+    let script = "echo ready >&2; i=0; while [ $i -lt 30 ]; do \"$STEVEDORE_INIT\" report heartbeat; sleep 0.2; \
+                  i=$((i+1)); done; echo result > /out/r; echo finished";
+    kill9(start_cli(c, &w, &out, Some(&cp), script));
+    let checkpoint = stevedore::contract::Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap();
+    assert!(matches!(checkpoint.target, stevedore::contract::Target::Pod { .. }), "{:?}", checkpoint.target);
+    assert_eq!(c.pods_of(&w).len(), 1, "the attempt runs on without its worker");
+    let got = Command::new(BIN)
+        .args(["recover", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--logs"])
+        .arg(out.with_extension("logs"))
+        .arg(&cp)
+        .output()
+        .unwrap();
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout)
+        .unwrap_or_else(|_| panic!("no outcome: {}", String::from_utf8_lossy(&got.stderr)));
+    assert_eq!(o["status"], "ok", "{o}");
+    assert!(o["evidence"]["recovered"].as_str().is_some(), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "result\n");
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn a_launch_that_cannot_run_is_a_clear_error_and_leaves_no_pod() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-bad");
+    let dir = tempfile::tempdir().unwrap();
+    // An image the node cannot pull: a registry on the node's loopback that does not answer.
+    let mut cfg = config(c);
+    cfg.image_pull = ImagePull::IfNotPresent;
+    let pulling = KubeExecutor::connect(cfg).await.unwrap();
+    let req = Request::command("job", ["true"], dir.path().join("o1")).worker(&w).image("127.0.0.1:9/nothing:1");
+    let err = pulling.run(&req, CancellationToken::new()).await.expect_err("no image").to_string();
+    assert!(err.contains("127.0.0.1:9/nothing:1") && err.contains("ErrImagePull"), "{err}");
+    none_left(c, &w);
+    pulling.close().await;
+    // Larger than any node: the scheduler's reason.
+    let rung = rung(c).await;
+    let req = sh(c, &w, &dir.path().join("o2"), "true").memory(1 << 50);
+    let err = stevedore::error_chain(&rung.run(&req, CancellationToken::new()).await.expect_err("unschedulable"));
+    assert!(err.contains("no node can take the Pod") && err.contains("Insufficient memory"), "{err}");
+    none_left(c, &w);
+    rung.close().await;
+    // A namespace that does not exist (asked as the admin, who may create Pods anywhere).
+    let admin = KubeConfig::default().kubeconfig(c.var("KUBE_ADMIN_CONFIG")).namespace("stevedore-no-such-ns");
+    let rung = KubeExecutor::connect(admin).await.unwrap();
+    let err = stevedore::error_chain(
+        &rung.run(&sh(c, &w, &dir.path().join("o3"), "true"), CancellationToken::new()).await.expect_err("no ns"),
+    );
+    assert!(err.contains("namespace \"stevedore-no-such-ns\" does not exist"), "{err}");
+    // Credentials without pods/exec: refused before a Pod exists, naming what is missing.
+    let noexec = KubeConfig::default().kubeconfig(c.var("KUBE_NOEXEC_CONFIG"));
+    let rung = KubeExecutor::connect(noexec).await.unwrap();
+    let err = stevedore::error_chain(
+        &rung.run(&sh(c, &w, &dir.path().join("o4"), "true"), CancellationToken::new()).await.expect_err("403"),
+    );
+    assert!(err.contains("may not get, create pods/exec"), "{err}");
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn an_unknown_token_or_an_unreachable_server_is_said_as_such() {
+    let Some(c) = setup().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(c.var("KUBE_RUNG_CONFIG")).unwrap();
+    let bad_token = dir.path().join("bad-token");
+    let token = c.var("KUBE_RUNG_TOKEN");
+    std::fs::write(&bad_token, good.replace(token, &"0".repeat(token.len()))).unwrap();
+    let err = stevedore::error_chain(
+        &KubeExecutor::connect(KubeConfig::default().kubeconfig(&bad_token)).await.expect_err("401"),
+    );
+    assert!(err.contains("401 Unauthorized"), "{err}");
+    assert!(!err.contains(token), "the token is never said");
+    // A server that does not listen: a port just released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let unreachable = dir.path().join("unreachable");
+    std::fs::write(&unreachable, good.replace(c.var("KUBE_SERVER"), &format!("https://127.0.0.1:{port}"))).unwrap();
+    let err = KubeExecutor::connect(KubeConfig::default().kubeconfig(&unreachable)).await.expect_err("unreachable");
+    assert!(matches!(err, stevedore::LaunchError::ClusterUnreachable { .. }), "{err:?}");
+    // Through the command: exit 125, the reason on stderr.
+    let out = Command::new(BIN)
+        .args(["run", "--rung", "kube", "--kubeconfig"])
+        .arg(&unreachable)
+        .args(["--image", "x", "--output"])
+        .arg(dir.path().join("o"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cluster unreachable at https://127.0.0.1"), "{out:?}");
+}
+
+#[tokio::test]
+async fn the_command_runs_an_attempt_on_the_cluster_with_dockers_flags_streams_and_exit_table() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-cli");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("n"), b"41").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--pull", "never", "--worker", &w])
+        .args(["--image", &c.busybox(), "-e", "GREETING=hi", "-w", "/tmp", "--memory", "64m", "--cpus", "0.5"])
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(dir.path().join("out"))
+        .arg("--outcome")
+        .arg(dir.path().join("o.json"))
+        .args(["--", "sh", "-c", "echo $GREETING $(pwd) $(( $(cat /in/n) + 1 )); echo oops >&2; exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi /tmp 42\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("oops") && err.contains("stevedore: failed: exited with code 3"), "{err}");
+    let o: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("o.json")).unwrap()).unwrap();
+    assert_eq!(o["evidence"]["executor"], "kube");
+    assert_eq!(o["evidence"]["enforcement"]["cpu"], "Pod cpu limit of 500 millicores (cfs quota)");
+    // What does not map to a Pod is refused, named, before anything exists.
+    for (flag, value) in [("--cache", "deps:/cache"), ("-p", "8080"), ("--network", "bridge")] {
+        let refused = Command::new(BIN)
+            .args(["run", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--worker", &w])
+            .args(["--image", &c.busybox(), flag, value, "--output"])
+            .arg(dir.path().join("refused"))
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(125));
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(said.contains(flag) && said.contains("kube rung"), "{said}");
+    }
+    none_left(c, &w);
+    // census and smoke on the cluster.
+    let census = Command::new(BIN)
+        .args(["census", "--rung", "kube", "--kubeconfig", c.var("KUBE_ADMIN_CONFIG")])
+        .output()
+        .unwrap();
+    assert!(census.status.success(), "{census:?}");
+    let line: serde_json::Value = serde_json::from_slice(&census.stdout).unwrap();
+    assert_eq!(line["engine_version"], "v1.20.2");
+    assert_eq!(line["nodes"][0]["name"], c.var("KUBE_NODE"));
+    assert!(line["nodes"][0]["allocatable"]["memory"].is_string(), "{line}");
+    assert_eq!(line["access"], "ok");
+    let smoke = Command::new(BIN)
+        .args(["smoke", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG")])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&smoke.stdout);
+    assert!(
+        smoke.status.success() && said.trim_end().ends_with("drain: ok"),
+        "{said} {}",
+        String::from_utf8_lossy(&smoke.stderr)
+    );
+}

@@ -1,0 +1,64 @@
+//! What the rung's credentials may do, asked of the API server once (SelfSubjectAccessReview,
+//! which every authenticated user may create): an attempt that could not be seen through, a
+//! takeover that could never come, is refused before its Pod exists, naming the verb and the
+//! resource that are missing.
+
+use super::error::ClusterError;
+use super::site::KubeSite;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use kube::api::{Api, PostParams};
+
+/// What the rung does, as (resource, subresource, verbs). WebSocket upgrades (attach, exec)
+/// are authorized as `get` on Kubernetes 1.20 and as `create` on later ones: both are asked.
+pub(crate) const NEEDED: &[(&str, &str, &[&str])] = &[
+    ("pods", "", &["create", "get", "list", "watch", "delete"]),
+    ("pods", "attach", &["get", "create"]),
+    ("pods", "exec", &["get", "create"]),
+];
+
+/// Checks [`NEEDED`] once per rung (a success is kept; a refusal is asked again next time,
+/// since an administrator may grant it meanwhile).
+pub(crate) async fn ensure(site: &KubeSite) -> Result<(), ClusterError> {
+    let mut checked = site.access.lock().await;
+    if *checked {
+        return Ok(());
+    }
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(site.client.clone());
+    for (resource, sub, verbs) in NEEDED {
+        let mut missing = Vec::new();
+        for verb in *verbs {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        namespace: Some(site.namespace.clone()),
+                        verb: Some((*verb).to_owned()),
+                        resource: Some((*resource).to_owned()),
+                        subresource: (!sub.is_empty()).then(|| (*sub).to_owned()),
+                        ..Default::default()
+                    }),
+                    non_resource_attributes: None,
+                },
+                ..Default::default()
+            };
+            let answer = site
+                .call(
+                    "asking the API server what the credentials may do",
+                    reviews.create(&PostParams::default(), &review),
+                )
+                .await?;
+            if !answer.status.is_some_and(|s| s.allowed) {
+                missing.push(*verb);
+            }
+        }
+        if !missing.is_empty() {
+            let resource = if sub.is_empty() { (*resource).to_owned() } else { format!("{resource}/{sub}") };
+            return Err(ClusterError::Forbidden {
+                verb: missing.join(", "),
+                resource,
+                namespace: site.namespace.clone(),
+            });
+        }
+    }
+    *checked = true;
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! One attempt in one Pod: `prepare` → `launch` (the Pod made, the inputs staged, the
+//! attempt's container attached) → the shared init-backed attempt (`attempt::run`: begin,
+//! supervise, conclude), and what this rung alone knows of it (`attempt::Site`). `Err` only
+//! when the Pod never ran the command.
+
+use super::cleanup::Cleanup;
+use super::ledger::Own;
+use super::site::KubeSite;
+use super::sizes::Sizes;
+use super::spec::MAIN;
+use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
+use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, Phases, RecoverError, Request, Target};
+use crate::link::judgement::{Account, Witness};
+use crate::link::session::Transport;
+use crate::link::supervise::Ended;
+use std::sync::Arc;
+use std::time::Duration;
+use stevedore_init::wire::{self, IN_DIR, INIT_NAME, OUT_DIR, TOOLS_DIR};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+/// Runs one attempt under the limits admission worked out.
+///
+/// # Cancellation safety
+/// Dropping the future at any point leaves nothing behind for long: the Pod is in the
+/// attempt's `Cleanup`, whose `Drop` hands its removal to the rung's tracked tasks.
+pub(crate) async fn run(
+    site: Arc<KubeSite>,
+    req: &Request,
+    sizes: Sizes,
+    cancel: CancellationToken,
+) -> Result<Outcome, LaunchError> {
+    let span = attempt::span(req);
+    in_pod(site, req, sizes, cancel).instrument(span).await
+}
+
+async fn in_pod(
+    site: Arc<KubeSite>,
+    req: &Request,
+    sizes: Sizes,
+    cancel: CancellationToken,
+) -> Result<Outcome, LaunchError> {
+    let mut plan = super::prepare::prepare(&site.config, &site.base.incarnation, req, sizes)?;
+    let prepared_ms = attempt::since(plan.started_ms);
+    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
+    let ready = match super::launch::provision(&site, req, &mut plan, &mut cleanup, &cancel).await {
+        Ok(r) => r,
+        Err(e) => return Err(attempt::abandon(cleanup, e).await),
+    };
+    let phases = Phases {
+        prepared_ms,
+        inputs_staged_ms: ready.staged_at.map(|t| t.saturating_sub(plan.started_ms)),
+        created_ms: attempt::since(plan.started_ms),
+        ..Phases::default()
+    };
+    let mut skipped = ready.skipped;
+    skipped.extend(plan.sizes.skipped.clone());
+    let layout = Layout {
+        in_dir: IN_DIR.to_owned(),
+        out_dir: OUT_DIR.to_owned(),
+        // `exec` runs as the container's user, the command's: the takeover's proof of the
+        // attempt's key is all that tells a host apart (`docs/link.md`).
+        takeover_uid: None,
+        takeover_fd: None,
+        rlimits: vec![wire::Rlimit {
+            resource: wire::RlimitResource::Nofile,
+            soft: plan.sizes.nofile,
+            hard: plan.sizes.nofile,
+        }],
+        cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
+        measure: Vec::new(),
+        mounts: plan.mounts.clone(),
+        image_env: Some(wire::env::LOADER.iter().map(|k| (*k).to_owned()).collect()),
+    };
+    let own = Own {
+        namespace: site.namespace.clone(),
+        pod: plan.name.clone(),
+        uid: ready.uid,
+        image: plan.image.clone(),
+        init_image: site.init_image.clone(),
+        memory: plan.sizes.memory,
+        cpu_millis: plan.sizes.cpu_millis,
+        disk: plan.sizes.disk,
+        seen: Arc::default(),
+    };
+    let prov = Provisioned {
+        transport: ready.attached,
+        running: true,
+        own,
+        layout,
+        enforcement: ready.enforcement,
+        skipped,
+        inputs: ready.inputs,
+    };
+    let common = attempt::Plan {
+        attempt_id: &plan.attempt_id,
+        name: &plan.name,
+        output_dir: &plan.output_dir,
+        argv: &plan.argv,
+        env: &plan.env.env,
+        env_overrides: &plan.env.overrides,
+        cwd: &plan.cwd,
+        narrowed: &plan.sizes.narrowed,
+        started_ms: plan.started_ms,
+        phases,
+    };
+    attempt::run(&site, req, common, prov, cleanup, &cancel).await
+}
+
+impl Site for Arc<KubeSite> {
+    type Own = Own;
+    type Teardown = Cleanup;
+
+    fn rung(&self) -> Rung<'_> {
+        let settings = Settings { link: self.config.link, call_timeout: self.config.api_timeout };
+        Rung { name: &self.config.name, level: self.config.level(), base: &self.base, settings }
+    }
+
+    /// The Pod runs already: its init waits for the Start frame on the attach.
+    async fn start(&self, _: &Own, _: bool) -> Result<Ports, LaunchError> {
+        Ok(Ports::new())
+    }
+
+    fn target(&self, own: &Own) -> Target {
+        Target::Pod { namespace: own.namespace.clone(), name: own.pod.clone(), uid: own.uid.clone() }
+    }
+
+    /// Deletes the Pod with a second of grace: the kubelet TERMs, then KILLs what is left.
+    async fn hard_stop(&self, own: &Own) {
+        self.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(own.pod.clone());
+        if let Err(e) = self.delete_pod(&own.pod, false).await {
+            tracing::warn!(error = %e, "deleting the Pod to stop it failed");
+        }
+    }
+
+    async fn init_runs(&self, own: &Own) -> Option<bool> {
+        match self.get_pod(&own.pod).await {
+            Ok(None) => Some(false),
+            Ok(Some(p)) => {
+                let st = p.status.as_ref()?;
+                let main = st.container_statuses.as_ref()?.iter().find(|c| c.name == MAIN)?;
+                Some(main.state.as_ref().is_some_and(|s| s.running.is_some()))
+            }
+            Err(_) => None,
+        }
+    }
+
+    async fn witness(&self, own: &Own, verified: bool) -> Witness {
+        super::finish::witness(self, own, verified).await
+    }
+
+    fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
+        super::finish::account(self, ledger, ended, ev)
+    }
+
+    fn worker_named(&self, own: &Own) -> String {
+        format!("of image {:?}", own.image)
+    }
+
+    async fn reattach(&self, cp: &Checkpoint, ledger: &Ledger<Own>) -> Result<Cleanup, RecoverError> {
+        super::recover::reattach(self, cp, ledger).await
+    }
+
+    async fn takeover(&self, ledger: &Ledger<Own>, link_id: &str, within: Duration) -> Result<Transport, String> {
+        let argv = vec![
+            format!("{TOOLS_DIR}/{INIT_NAME}"),
+            "relay".to_owned(),
+            link_id.to_owned(),
+            within.as_millis().to_string(),
+        ];
+        super::recover::exec(self, &ledger.own.pod, argv).await.map_err(|e| crate::util::error_chain(&e))
+    }
+}

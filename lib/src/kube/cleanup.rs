@@ -1,0 +1,155 @@
+//! Removing an attempt's Pod, whichever way the attempt ends: explicitly and awaited at its
+//! end, or, if its future is dropped, by a `Drop` backstop that hands the removal to the
+//! rung's tracked tasks (`close` waits for them). A Pod whose containers may still run is
+//! deleted with a second of grace and followed until the API no longer has it (the kubelet
+//! removes it only once its containers stopped), so "removed" means "nothing runs".
+
+use super::error::ClusterError;
+use super::site::KubeSite;
+use super::state;
+use super::watch::{self, Look};
+use crate::attempt::{InFlight, Removed, Teardown};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a removal follows a deleted Pod until the kubelet stopped it.
+const GONE_WITHIN: Duration = Duration::from_secs(90);
+/// How long a removal waits for a Pod whose init is ending to end by itself.
+const SETTLE_WITHIN: Duration = Duration::from_secs(3);
+
+/// What must be removed when the attempt ends.
+#[derive(Debug)]
+pub(crate) struct Cleanup {
+    site: Arc<KubeSite>,
+    pod: Option<String>,
+    /// The create call, run on the tracked tasks: a removal waits for it, so a Pod made
+    /// after its removal was decided is never left.
+    creating: Option<tokio::task::JoinHandle<()>>,
+    /// This attempt's mark in the rung's in-flight set, until the removal is done.
+    in_flight: Option<InFlight>,
+}
+
+impl Cleanup {
+    pub fn new(site: Arc<KubeSite>, attempt_id: String) -> Self {
+        let in_flight = Some(site.base.enter(attempt_id));
+        Self { site, pod: None, creating: None, in_flight }
+    }
+
+    /// Records the Pod the attempt is about to make (before the call that makes it).
+    pub fn pod(&mut self, name: String) {
+        self.pod = Some(name);
+    }
+
+    /// Runs the create on the rung's tracked tasks, so that it completes even if the
+    /// attempt's future is dropped meanwhile; returns its result.
+    pub fn creating<T: Send + 'static, F: Future<Output = Result<T, ClusterError>> + Send + 'static>(
+        &mut self,
+        call: F,
+    ) -> impl Future<Output = Result<T, ClusterError>> + use<T, F> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.creating = Some(self.site.base.tracker.spawn(async move {
+            let _ = tx.send(call.await);
+        }));
+        async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(ClusterError::PodFailed { what: "the call that creates the Pod was abandoned".into() })
+            })
+        }
+    }
+
+    fn take(&mut self) -> Work {
+        Work {
+            site: self.site.clone(),
+            pod: self.pod.take(),
+            creating: self.creating.take(),
+            in_flight: self.in_flight.take(),
+        }
+    }
+}
+
+/// One removal's work, apart from the attempt.
+struct Work {
+    site: Arc<KubeSite>,
+    pod: Option<String>,
+    creating: Option<tokio::task::JoinHandle<()>>,
+    in_flight: Option<InFlight>,
+}
+
+impl Work {
+    async fn run(self) -> Removed {
+        let mut removed = Removed::default();
+        if let Some(h) = self.creating {
+            let _ = h.await;
+        }
+        if let Some(name) = &self.pod {
+            let ours = self.site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+            match remove_pod(&self.site, name).await {
+                Ok(true) => {}
+                Ok(false) if !ours => removed.by_others.push(format!("Pod {name}")),
+                Ok(false) => {}
+                Err(e) => removed.errors.push(format!("Pod {name}: {}", crate::util::error_chain(&e))),
+            }
+        }
+        drop(self.in_flight);
+        removed
+    }
+}
+
+/// Deletes the Pod; whether it was there. A Pod in which nothing runs goes at once; one
+/// whose init is ending (after the host's ack) is given [`SETTLE_WITHIN`] to end; one that
+/// still runs then is deleted with a second of grace and followed until the API no longer
+/// has it (the kubelet removes it only once its containers stopped).
+pub(crate) async fn remove_pod(site: &KubeSite, name: &str) -> Result<bool, ClusterError> {
+    let settled = watch::until(site, name, SETTLE_WITHIN, |p| match p {
+        None => Look::Done(None),
+        Some(p) if state::nothing_runs(p) => Look::Done(Some(true)),
+        Some(_) => Look::Wait("its containers to end".into()),
+    })
+    .await;
+    let done = match settled {
+        Ok(None) => return Ok(false),
+        Ok(Some(done)) => done,
+        Err(ClusterError::StartTimeout { .. }) => false,
+        Err(e) => return Err(e),
+    };
+    let was = site.delete_pod(name, done).await?;
+    if !done {
+        watch::until(site, name, GONE_WITHIN, |p| match p {
+            None => Look::Done(()),
+            Some(_) => Look::Wait("the kubelet to stop the Pod's containers".into()),
+        })
+        .await
+        .map_err(|e| match e {
+            ClusterError::StartTimeout { waited, state } => {
+                ClusterError::Timeout { what: format!("waiting for {state}"), after: waited }
+            }
+            e => e,
+        })?;
+    }
+    Ok(was)
+}
+
+impl Teardown for Cleanup {
+    fn remove(mut self) -> impl Future<Output = Removed> + Send + 'static {
+        let work = self.take();
+        work.run()
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.pod.is_none() && self.creating.is_none() {
+            return;
+        }
+        let work = self.take();
+        let site = work.site.clone();
+        if !site.base.backstop(async move {
+            let r = work.run().await;
+            if !r.errors.is_empty() {
+                tracing::warn!(errors = ?r.errors, "removing a dropped attempt's Pod");
+            }
+        }) {
+            tracing::warn!("an attempt's Pod was dropped without a runtime: `reclaim` removes it");
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! What can go wrong between the kube rung and a cluster, each in words a user acts on.
+
+use std::time::Duration;
+
+/// Why the cluster did not do what the rung asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// there is no usable cluster configuration
+    #[error("no cluster configuration: {why}")]
+    Config {
+        /// What was missing or wrong.
+        why: String,
+        /// The cause.
+        #[source]
+        source: Option<Box<kube::Error>>,
+    },
+    /// the API server refused the credentials
+    #[error("the API server refused the credentials (401 Unauthorized): {message}")]
+    Unauthorized {
+        /// The server's words.
+        message: String,
+    },
+    /// the credentials lack a permission the rung needs
+    #[error(
+        "forbidden: the credentials may not {verb} {resource} in namespace {namespace:?} (the README's \"Kubernetes\" \
+         section has the least Role the rung needs)"
+    )]
+    Forbidden {
+        /// The verb (`create`, `get`, ...).
+        verb: String,
+        /// The resource (`pods`, `pods/exec`, ...).
+        resource: String,
+        /// The namespace.
+        namespace: String,
+    },
+    /// the namespace does not exist
+    #[error("namespace {0:?} does not exist")]
+    NoNamespace(String),
+    /// no node can take the Pod
+    #[error("no node can take the Pod: {reason}")]
+    Unschedulable {
+        /// The scheduler's words.
+        reason: String,
+    },
+    /// the Pod did not start in time
+    #[error("the Pod did not start within {waited:?}: {state}")]
+    StartTimeout {
+        /// How long the rung waited.
+        waited: Duration,
+        /// What the Pod was waiting for, as the kubelet said.
+        state: String,
+    },
+    /// the Pod failed before its attempt started
+    #[error("the Pod failed before the attempt started: {what}")]
+    PodFailed {
+        /// What the kubelet or the init container said.
+        what: String,
+    },
+    /// an API call failed
+    #[error("{what} failed: {message}")]
+    Api {
+        /// The call.
+        what: String,
+        /// The server's or the client's words.
+        message: String,
+        /// The HTTP status, when the server answered.
+        code: Option<u16>,
+        /// The cause.
+        #[source]
+        source: Option<Box<kube::Error>>,
+    },
+    /// an API call got no answer in time
+    #[error("{what} got no answer within {after:?}")]
+    Timeout {
+        /// The call.
+        what: String,
+        /// The bound.
+        after: Duration,
+    },
+}
+
+impl ClusterError {
+    /// An API call's error, with the server's words when it answered.
+    pub(crate) fn api(what: impl Into<String>, e: kube::Error) -> Self {
+        let (message, code) = match &e {
+            kube::Error::Api(s) => (format!("{} ({})", s.message, s.code), Some(s.code)),
+            kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(c)) => {
+                (format!("the server answered {c} instead of upgrading the connection"), Some(c.as_u16()))
+            }
+            other => (other.to_string(), None),
+        };
+        if code == Some(401) {
+            return ClusterError::Unauthorized { message };
+        }
+        // The server's own words are the message; only a client-side failure keeps its cause.
+        let source = (!matches!(e, kube::Error::Api(_))).then(|| Box::new(e));
+        ClusterError::Api { what: what.into(), message, code, source }
+    }
+
+    /// The HTTP status of the server's answer, if it answered.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ClusterError::Api { code, .. } => *code,
+            ClusterError::Unauthorized { .. } => Some(401),
+            ClusterError::Forbidden { .. } => Some(403),
+            ClusterError::NoNamespace(_) => Some(404),
+            _ => None,
+        }
+    }
+
+    /// Whether the object the call was about does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ClusterError::Api { code: Some(404), .. })
+    }
+
+    /// Whether the server could not be reached at all (no answer, a refused connection).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ClusterError::Timeout { .. } => true,
+            ClusterError::Api { code: None, source: Some(e), .. } => {
+                matches!(**e, kube::Error::HyperError(_) | kube::Error::Service(_))
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! `KubeExecutor`: the kube rung's face, implementing `Executor`: connecting like kubectl,
+//! validation, admission, then the attempt (`attempt`) on the rung's site (`site`).
+
+use super::config::KubeConfig;
+use super::error::ClusterError;
+use super::site::KubeSite;
+use crate::contract::{
+    Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
+};
+use crate::util::BoxFuture;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// Runs each attempt in a fresh Pod on a Kubernetes cluster (1.20 and later). Cheap to clone;
+/// clones share the client, the admission bound and the tasks.
+#[derive(Debug, Clone)]
+pub struct KubeExecutor {
+    site: Arc<KubeSite>,
+    slots: Arc<Semaphore>,
+}
+
+/// The client configuration, found the way kubectl finds it.
+async fn load(cfg: &KubeConfig) -> Result<kube::Config, ClusterError> {
+    let options = kube::config::KubeConfigOptions { context: cfg.context.clone(), ..Default::default() };
+    let config_error = |why: String| ClusterError::Config { why, source: None };
+    match &cfg.kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| config_error(format!("cannot read kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))
+        }
+        None if cfg.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| config_error(format!("KUBECONFIG or ~/.kube/config: {e}"))),
+        None => kube::Config::infer().await.map_err(|e| {
+            config_error(format!("neither KUBECONFIG, ~/.kube/config nor a Pod's service account gave a cluster ({e})"))
+        }),
+    }
+}
+
+/// Plain http to a server that is not on loopback hands the token to the network.
+fn check_transport(url: &http::Uri, allow: bool) -> Result<(), ClusterError> {
+    let loopback = match url.host() {
+        Some(h) => {
+            h == "localhost" || h.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
+        None => false,
+    };
+    if url.scheme_str() == Some("http") && !loopback && !allow {
+        return Err(ClusterError::Config {
+            why: format!(
+                "the API server {url} is plain http on a non-loopback address: the credentials would cross the \
+                 network in the clear (use https, or allow it with allow_insecure_http)"
+            ),
+            source: None,
+        });
+    }
+    Ok(())
+}
+
+impl KubeExecutor {
+    /// Connects to the cluster as kubectl would (the configuration's kubeconfig, else
+    /// `KUBECONFIG`, else `~/.kube/config`, else the Pod's service account) and reads the
+    /// server's version. Every rung of a process shares the process's incarnation.
+    pub async fn connect(config: KubeConfig) -> Result<Self, LaunchError> {
+        let kcfg = load(&config).await?;
+        check_transport(&kcfg.cluster_url, config.allow_insecure_http)?;
+        let server = kcfg.cluster_url.to_string();
+        let namespace = config.namespace.clone().unwrap_or_else(|| kcfg.default_namespace.clone());
+        let namespace = if namespace.is_empty() { "default".to_owned() } else { namespace };
+        let client = kube::Client::try_from(kcfg).map_err(|e| ClusterError::Config {
+            why: format!("cannot make a client for {server}"),
+            source: Some(Box::new(e)),
+        })?;
+        let version = match tokio::time::timeout(config.api_timeout, client.apiserver_version()).await {
+            Ok(Ok(v)) => v.git_version,
+            Ok(Err(e)) => {
+                let e = ClusterError::api("reading the server's version", e);
+                return Err(match e.code() {
+                    None => LaunchError::ClusterUnreachable { server, source: e },
+                    Some(_) => LaunchError::Cluster(e),
+                });
+            }
+            Err(_) => {
+                let source =
+                    ClusterError::Timeout { what: "reading the server's version".into(), after: config.api_timeout };
+                return Err(LaunchError::ClusterUnreachable { server, source });
+            }
+        };
+        let incarnation =
+            config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
+        let slots = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+        let site = Arc::new(KubeSite::new(client, namespace, server, version, config, incarnation));
+        Ok(Self { site, slots })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KubeConfig {
+        &self.site.config
+    }
+
+    /// The namespace the Pods go into.
+    pub fn namespace(&self) -> &str {
+        &self.site.namespace
+    }
+
+    /// The API server's version (`v1.20.2`).
+    pub fn server_version(&self) -> &str {
+        &self.site.server_version
+    }
+
+    /// The init image the Pods use.
+    pub fn init_image(&self) -> &str {
+        &self.site.init_image
+    }
+
+    /// The incarnation stamped on everything this rung creates.
+    pub fn incarnation(&self) -> &str {
+        &self.site.base.incarnation
+    }
+
+    /// What the cluster is, as far as the credentials may see.
+    pub async fn census(&self) -> super::ClusterCensus {
+        super::census::census(&self.site).await
+    }
+
+    /// Checks that the credentials may do everything the rung does (create, watch, attach
+    /// to, exec in and delete Pods in the namespace); the first permission missing, named.
+    pub async fn check_access(&self) -> Result<(), ClusterError> {
+        super::access::ensure(&self.site).await
+    }
+
+    async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
+        let name = self.site.config.name.clone();
+        let _token = self.site.base.tracker.token();
+        if self.site.base.tracker.is_closed() {
+            return Err(LaunchError::Closed(name));
+        }
+        req.validate()?;
+        let sizes = super::sizes::of(&req.limits, &self.site.config);
+        let _slot = tokio::select! {
+            s = self.slots.clone().acquire_owned() => s.map_err(|_| LaunchError::Closed(name.clone()))?,
+            _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+        };
+        if self.site.base.tracker.is_closed() {
+            return Err(LaunchError::Closed(name));
+        }
+        super::attempt::run(self.site.clone(), req, sizes, cancel.clone()).await
+    }
+}
+
+impl Executor for KubeExecutor {
+    fn name(&self) -> &str {
+        &self.site.config.name
+    }
+
+    fn level(&self) -> Level {
+        self.site.config.level()
+    }
+
+    fn denies_network(&self) -> bool {
+        self.site.config.network_denied
+    }
+
+    fn run<'a>(
+        &'a self,
+        request: &'a Request,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
+        Box::pin(async move { self.admitted(request, &cancel).await })
+    }
+
+    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
+        Box::pin(super::reclaim::reclaim(&self.site, worker_id))
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.site.base.tracker.close();
+            self.site.base.tracker.wait().await;
+        })
+    }
+
+    fn recover<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+        hooks: Option<HookSet>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
+        Box::pin(async move { crate::attempt::recover(&self.site, checkpoint, hooks, &cancel).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_is_refused_off_loopback_only() {
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert!(check_transport(&uri("http://10.0.0.5:8080"), false).unwrap_err().to_string().contains("in the clear"));
+        assert!(check_transport(&uri("http://10.0.0.5:8080"), true).is_ok());
+        assert!(check_transport(&uri("http://127.0.0.1:8080"), false).is_ok());
+        assert!(check_transport(&uri("http://[::1]:8080"), false).is_ok());
+        assert!(check_transport(&uri("https://10.0.0.5:6443"), false).is_ok());
+    }
+}

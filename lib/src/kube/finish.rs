@@ -1,0 +1,118 @@
+//! The end of an attempt as the kube rung sees it: the kubelet's word on the attempt's
+//! container (its exit code, `OOMKilled`, whether someone deleted the Pod), read before the
+//! removal, and the rung's evidence and bounds for the judge (`attempt::Site::account`).
+//!
+//! The kubelet's `OOMKilled` is evidence, never the verdict alone: on cgroup v1 it says so
+//! when any process of the container was killed (a memory hog's child, the shell going on,
+//! exit code 0). The OOM verdict comes from the init's own cgroup count; without a record,
+//! only an init that was itself SIGKILLed while the kubelet said `OOMKilled` counts as one.
+
+use super::ledger::Own;
+use super::site::KubeSite;
+use super::state;
+use crate::attempt::Ledger;
+use crate::contract::{Evidence, Exit};
+use crate::link::claims::Bounds;
+use crate::link::judgement::{Account, Witness};
+use crate::link::supervise::Ended;
+
+/// What `claims` says the usage figures are, on this rung.
+const POD_CGROUP: &str = "usage read by the init from its container's cgroup after the command and its stragglers \
+    ended: cpu of the whole container, memory high-water mark (the memory-backed /out and /tmp included), oom_kill \
+    count; the Pod's init container is not counted";
+
+/// What the kubelet says of the attempt's container, before the Pod is removed.
+pub(crate) async fn witness(site: &KubeSite, own: &Own, verified: bool) -> Witness {
+    let ours = site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&own.pod);
+    let pod = match site.get_pod(&own.pod).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the Pod at the end failed");
+            return Witness { why_no_record: "no record from the init", ..Witness::default() };
+        }
+    };
+    let end = pod.as_ref().map(state::main_end);
+    *own.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = end.clone();
+    // A Pod deleted by someone else: its kubelet TERMs the init first, which then stops the
+    // command and still sends its record, so this is said whether or not a record came.
+    let deleted = pod.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+    if verified {
+        return Witness {
+            removed_externally: deleted && !ours,
+            why_no_record: "no record from the init",
+            ..Witness::default()
+        };
+    }
+    let exit_code = end.as_ref().and_then(|e| e.exit_code);
+    Witness {
+        removed_externally: deleted && !ours,
+        // stevedore's init never exits above 128 by itself: such a code is a signal from outside.
+        exit: match exit_code {
+            Some(c) if c > 128 => Exit::Signal(c - 128),
+            _ => Exit::Unknown,
+        },
+        oom_killed: end.as_ref().map(|e| e.oom_killed && exit_code == Some(137)),
+        why_no_record: "no record from the init",
+    }
+}
+
+/// The rung's evidence, and the bounds the record's claims are checked against.
+pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
+    let own = &ledger.own;
+    let seen = own.seen();
+    ev.pod = Some(format!("{}/{}", own.namespace, own.pod));
+    ev.image = Some(own.image.clone());
+    ev.engine_version = Some(format!("kubernetes {}", site.server_version));
+    ev.api_version = Some("v1".into());
+    ev.runtime = Some(site.config.runtime_class.clone().unwrap_or_else(|| "the cluster's default".into()));
+    ev.init = Some(format!(
+        "image {} copied by init container {} into an emptyDir (init sha256:{})",
+        own.init_image,
+        super::spec::PREPARE,
+        crate::sandbox::init_binary::sha256()
+    ));
+    if let Some(end) = &seen {
+        ev.container_id = end.container_id.clone();
+        ev.node = end.node.clone();
+        ev.image_id = end.image_id.clone();
+        if end.oom_killed {
+            ev.notes.push(format!(
+                "the kubelet said OOMKilled (exit code {}): evidence only, the init's cgroup count is the verdict",
+                end.exit_code.map_or_else(|| "unknown".into(), |c| c.to_string())
+            ));
+        }
+    }
+    ev.notes.push(
+        "the image's ENV and WORKDIR come from the runtime, below every other layer (the API shows neither): \
+         env_overrides name only the layers stevedore set"
+            .into(),
+    );
+    // `/out` is a tmpfs of the sizeLimit only where the cluster sizes memory-backed volumes.
+    let out_fs = ended.record.as_ref().and_then(|r| r.as_ref().ok()).and_then(|r| r.out_fs.clone());
+    let sized = out_fs.as_ref().map(|fs| fs.total_bytes.abs_diff(own.disk) <= (1 << 20).max(own.disk / 100));
+    let disk_limit = match sized {
+        Some(true) | None => Some(own.disk),
+        Some(false) => {
+            let total = out_fs.map_or(0, |f| f.total_bytes);
+            ev.enforcement.remove("disk");
+            ev.skipped.insert(
+                "disk".into(),
+                format!(
+                    "/out is a tmpfs of {total} bytes, not the {} asked: this cluster does not size memory-backed \
+                     emptyDirs (feature SizeMemoryBackedVolumes), so the limit is enforced only by eviction, after \
+                     the fact",
+                    own.disk
+                ),
+            );
+            None
+        }
+    };
+    let cpus = own.cpu_millis.map_or(1024.0, |m| m as f64 / 1000.0);
+    Account {
+        expects_handler: ledger.expects_handler,
+        bounds: Bounds { host_wall: ended.host_wall, cpus, memory: own.memory, cgroup_note: POD_CGROUP },
+        disk_limit,
+        hard_stop: "the Pod was deleted (the kubelet SIGKILLs what is left after a second)",
+        no_peak_memory: None,
+    }
+}

@@ -1,0 +1,258 @@
+//! Phase 2 of an attempt: the Pod created (recorded in the teardown before the call that
+//! makes it), the inputs written into its init container's stdin and checked against what
+//! it unpacked, the attempt's container followed until it runs, and attached. Every way this
+//! fails is a launch error saying what the Pod was waiting for; the teardown removes it.
+
+use super::cleanup::Cleanup;
+use super::error::ClusterError;
+use super::prepare::Plan;
+use super::site::KubeSite;
+use super::spec::{self, MAIN, PREPARE};
+use super::state::{self, Launch};
+use super::watch::{self, Look};
+use crate::contract::{InputsStaged, LaunchError, Request};
+use crate::link::session::{Inbound, Sender, Transport};
+use futures_util::StreamExt;
+use kube::api::{AttachParams, AttachedProcess, PostParams};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+/// Beyond the host's own deadline and grace, when the Pod's `activeDeadlineSeconds` ends it
+/// (a backstop for a host that is gone for good).
+const DEADLINE_BACKSTOP: Duration = Duration::from_secs(60);
+/// Bytes per second an upload of inputs is allowed to be as slow as before it times out.
+const SLOWEST_UPLOAD: u64 = 4 << 20;
+/// What is kept of the init container's words.
+const PREPARE_WORDS: usize = 16 << 10;
+
+/// A Pod whose attempt's container runs its init, attached.
+pub(crate) struct Ready {
+    pub attached: Transport,
+    /// The Pod's UID.
+    pub uid: String,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+    pub inputs: Option<InputsStaged>,
+    pub staged_at: Option<u64>,
+}
+
+/// The Pod, made and followed until its attempt's container runs, then attached.
+pub(crate) async fn provision(
+    site: &Arc<KubeSite>,
+    req: &Request,
+    plan: &mut Plan,
+    cleanup: &mut Cleanup,
+    cancel: &CancellationToken,
+) -> Result<Ready, LaunchError> {
+    super::access::ensure(site).await?;
+    let started = Instant::now();
+    let grace = req.policy.grace();
+    let deadline = req.deadline_from(started).map(|d| d.saturating_duration_since(started));
+    let inputs = plan.inputs.take();
+    let spec::Spec { pod, enforcement, skipped } = spec::pod(&spec::PodInput {
+        config: &site.config,
+        name: &plan.name,
+        image: &plan.image,
+        init_image: &site.init_image,
+        labels: plan.labels.clone(),
+        annotations: plan.annotations.clone(),
+        sizes: &plan.sizes,
+        inputs: inputs.as_ref().map(|(_, s)| s.bytes),
+        workdir: (!plan.cwd.is_empty()).then_some(plan.cwd.as_str()),
+        grace_secs: i64::try_from(grace.as_secs().max(1)).unwrap_or(i64::MAX),
+        active_deadline_secs: deadline.map(|d| {
+            let launch = site.config.launch_timeout;
+            i64::try_from((d + grace + launch + DEADLINE_BACKSTOP).as_secs()).unwrap_or(i64::MAX)
+        }),
+    });
+    if cancel.is_cancelled() {
+        return Err(LaunchError::CancelledBeforeStart);
+    }
+    cleanup.pod(plan.name.clone());
+    let s = site.clone();
+    let created = cleanup.creating(async move {
+        s.call("creating the attempt's Pod", s.pods.create(&PostParams::default(), &pod)).await
+    });
+    let uid = created.await?.metadata.uid.unwrap_or_default();
+    let within = site.config.launch_timeout;
+    let mut staged = None;
+    let mut staged_at = None;
+    if let Some((dir, measured)) = inputs {
+        let at = wait(site, &plan.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
+        if at == Launch::Preparing {
+            let report = stage(site, &plan.name, dir, measured.bytes, plan.progress.clone()).await?;
+            staged = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..measured });
+            staged_at = Some(crate::contract::unix_ms_now());
+        }
+    }
+    let left = within.saturating_sub(started.elapsed());
+    wait(site, &plan.name, left, cancel, false).await?;
+    let attached = attach(site, &plan.name, MAIN, true).await.map_err(|e| staging("attaching to the attempt", e))?;
+    Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at })
+}
+
+fn staging(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
+    LaunchError::Staging { what: what.into(), source: Box::new(e) }
+}
+
+/// Follows the Pod until its init container runs (`preparing`, to stage the inputs) or its
+/// attempt's container does; a launch error for every end before that.
+async fn wait(
+    site: &KubeSite,
+    name: &str,
+    within: Duration,
+    cancel: &CancellationToken,
+    preparing: bool,
+) -> Result<Launch, LaunchError> {
+    let followed = watch::until(site, name, within, |pod| match state::launch(pod) {
+        Launch::Waiting(w) => Look::Wait(w),
+        Launch::Preparing if !preparing => Look::Wait("stevedore's init container to finish".into()),
+        other => Look::Done(other),
+    });
+    let at = tokio::select! {
+        r = followed => r?,
+        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+    };
+    match at {
+        Launch::Preparing | Launch::Running => Ok(at),
+        Launch::ImageUnavailable { image, why } => {
+            Err(LaunchError::ImageUnavailable { image, why, permanent: false, source: None })
+        }
+        Launch::Unschedulable(reason) => Err(ClusterError::Unschedulable { reason }.into()),
+        Launch::Failed(what) => Err(ClusterError::PodFailed { what }.into()),
+        Launch::Waiting(_) => unreachable!("a wait ends only on a decision"),
+    }
+}
+
+/// Attaches to `container` of the Pod: its stdin (when `stdin`), stdout and stderr.
+pub(crate) async fn attach(
+    site: &KubeSite,
+    pod: &str,
+    container: &str,
+    stdin: bool,
+) -> Result<AttachedProcess, ClusterError> {
+    let ap = AttachParams {
+        container: Some(container.to_owned()),
+        stdin,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        max_stdin_buf_size: Some(256 << 10),
+        max_stdout_buf_size: Some(1 << 20),
+        max_stderr_buf_size: Some(64 << 10),
+    };
+    site.call(format!("attaching to {container} of Pod {pod}"), site.pods.attach(pod, &ap))
+        .await
+        .map_err(|e| site.forbidden(e, "pods/attach"))
+}
+
+/// Writes the inputs' tar into the init container's stdin and waits for its word: the tar's
+/// entries it unpacked must be those the host wrote.
+async fn stage(
+    site: &KubeSite,
+    pod: &str,
+    dir: crate::inputs::InputDir,
+    bytes: u64,
+    progress: Option<crate::contract::ProgressSink>,
+) -> Result<crate::inputs::StageReport, LaunchError> {
+    let mut ap = attach(site, pod, PREPARE, true).await.map_err(|e| staging("attaching to the init container", e))?;
+    let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) = (ap.stdin(), ap.stdout(), ap.stderr()) else {
+        return Err(LaunchError::Staging {
+            what: "the init container's streams".into(),
+            source: "not attached".into(),
+        });
+    };
+    let (producer, chunks) =
+        crate::inputs::tar_stream(dir, site.config.user, site.config.max_input_bytes, bytes, progress.clone());
+    let bound = site.config.api_timeout + Duration::from_secs(bytes / SLOWEST_UPLOAD);
+    let words = async {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (mut o, mut e) = ((&mut stdout).take(PREPARE_WORDS as u64), (&mut stderr).take(PREPARE_WORDS as u64));
+        let _ = tokio::join!(o.read_to_end(&mut out), e.read_to_end(&mut err));
+        (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned())
+    };
+    let stdin_ref = &mut stdin;
+    // The chunks go with this future, so a producer that writes after a failure never waits.
+    let write = async move {
+        let mut chunks = std::pin::pin!(chunks);
+        while let Some(chunk) = chunks.next().await {
+            stdin_ref.write_all(&chunk?).await?;
+        }
+        // The tar's end marker went with the last chunk; stdin stays open until the init
+        // container has said its word (closing it closes the whole attach on Kubernetes 1.20).
+        stdin_ref.flush().await
+    };
+    let both = async { tokio::join!(write, words) };
+    let (written, (said, complaint)) = tokio::time::timeout(bound, both).await.map_err(|_| LaunchError::Staging {
+        what: "the inputs".into(),
+        source: format!("not staged within {bound:?}").into(),
+    })?;
+    drop(stdin);
+    ap.abort();
+    let report = crate::inputs::finish(producer, bytes, progress.as_ref()).await;
+    let words = stevedore_init::wire::printable(format!("{} {}", said.trim(), complaint.trim()).trim());
+    let report = match (report, written) {
+        (Ok(r), Ok(())) => r,
+        (Err(e @ LaunchError::InputTooLarge { .. }), _) => return Err(e),
+        // The init container stopped taking them: its words say why.
+        (_, Err(e)) if !complaint.trim().is_empty() => {
+            return Err(LaunchError::Staging {
+                what: "the inputs".into(),
+                source: format!("the init container stopped taking them ({e}): {words}").into(),
+            });
+        }
+        (Err(e), _) => return Err(e),
+        (Ok(_), Err(e)) => return Err(staging("writing the inputs to the init container", e)),
+    };
+    let unpacked = said
+        .lines()
+        .find_map(|l| l.strip_prefix("prepared: "))
+        .and_then(|l| l.split(", ").find_map(|part| part.split_once(" input entries")?.0.parse::<u64>().ok()));
+    if unpacked != Some(report.entries) {
+        return Err(LaunchError::Staging {
+            what: "the inputs".into(),
+            source: format!(
+                "the init container unpacked {} of {} entries: {words}",
+                unpacked.map_or_else(|| "none".into(), |n| n.to_string()),
+                report.entries,
+            )
+            .into(),
+        });
+    }
+    Ok(report)
+}
+
+/// Ends an attach's connection when its transport is dropped.
+struct Attached(AttachedProcess);
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The link over an attached container: its stdout carries the link, its stderr the init's
+/// own diagnostics, its stdin the host's frames.
+pub(crate) fn transport(mut ap: AttachedProcess) -> Transport {
+    let (stdin, stdout, stderr) = (ap.stdin(), ap.stdout(), ap.stderr());
+    let guard = Attached(ap);
+    let out = stdout.map(|r| tokio_util::io::ReaderStream::with_capacity(r, 64 << 10).map(|c| c.map(Inbound::Link)));
+    let err =
+        stderr.map(|r| tokio_util::io::ReaderStream::with_capacity(r, 16 << 10).map(|c| c.map(Inbound::InitStderr)));
+    let inbound = futures_util::stream::select(
+        futures_util::stream::iter(out).flatten(),
+        futures_util::stream::iter(err).flatten(),
+    )
+    .map(move |item| {
+        let _ = &guard;
+        item
+    });
+    let writer: crate::link::session::LinkWriter = match stdin {
+        Some(w) => Box::pin(w),
+        None => Box::pin(tokio::io::sink()),
+    };
+    (Box::pin(inbound), Sender::new(writer))
+}

@@ -1,0 +1,88 @@
+//! The kube rung's part of a takeover (`attempt::recover` does the rest): the Pod is checked
+//! to be the checkpoint's (by its UID and labels, never by what the checkpoint says alone),
+//! and the init's takeover socket is reached through `stevedore-init relay` run by the API's
+//! `exec` in the attempt's container.
+
+use super::cleanup::Cleanup;
+use super::error::ClusterError;
+use super::ledger::Own;
+use super::names;
+use super::site::KubeSite;
+use super::spec::MAIN;
+use crate::attempt::{Ledger, Teardown};
+use crate::contract::{Checkpoint, RecoverError, Target};
+use crate::labels;
+use crate::link::session::Transport;
+use kube::api::AttachParams;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The checkpoint's Pod, if it is that attempt's and still runs its init; else what is left
+/// of the attempt is removed.
+pub(crate) async fn reattach(
+    site: &Arc<KubeSite>,
+    cp: &Checkpoint,
+    ledger: &Ledger<Own>,
+) -> Result<Cleanup, RecoverError> {
+    let Target::Pod { namespace, name, uid } = &cp.target else {
+        return Err(RecoverError::Invalid("the checkpoint is not of a Pod".into()));
+    };
+    if *namespace != site.namespace || *name != ledger.own.pod || *uid != ledger.own.uid {
+        return Err(RecoverError::Invalid(format!(
+            "the checkpoint's Pod {namespace}/{name} is not this rung's namespace {:?} or not its ledger's",
+            site.namespace
+        )));
+    }
+    let cleanup = || {
+        let mut c = Cleanup::new(site.clone(), ledger.attempt_id.clone());
+        c.pod(name.clone());
+        c
+    };
+    let Some(pod) = site.get_pod(name).await? else {
+        return Err(RecoverError::Gone("its Pod no longer exists".into()));
+    };
+    // The API says what the Pod is: a checkpoint cannot point stevedore at someone else's.
+    let meta = &pod.metadata;
+    let empty = BTreeMap::new();
+    let (l, a) = (meta.labels.as_ref().unwrap_or(&empty), meta.annotations.as_ref().unwrap_or(&empty));
+    if meta.uid.as_deref() != Some(uid.as_str())
+        || !names::is_of_worker(l, a, &cp.worker)
+        || l.get(labels::ATTEMPT_ID) != Some(&ledger.attempt_id)
+    {
+        return Err(RecoverError::Invalid("the Pod's UID or labels are not this attempt's".into()));
+    }
+    let cleanup = cleanup();
+    let end = super::state::main_end(&pod);
+    let running = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == MAIN))
+        .is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    if !running {
+        cleanup.remove().await;
+        return Err(RecoverError::Gone(format!(
+            "its init ended while no host was there (exit code {:?}); the record went with it",
+            end.exit_code
+        )));
+    }
+    Ok(cleanup)
+}
+
+/// Runs `argv` in the Pod's attempt's container through the API's `exec`, its streams as
+/// the link's transport.
+pub(crate) async fn exec(site: &KubeSite, pod: &str, argv: Vec<String>) -> Result<Transport, ClusterError> {
+    let ap = AttachParams {
+        container: Some(MAIN.to_owned()),
+        stdin: true,
+        stdout: true,
+        stderr: true,
+        tty: false,
+        max_stdin_buf_size: Some(256 << 10),
+        max_stdout_buf_size: Some(1 << 20),
+        max_stderr_buf_size: Some(64 << 10),
+    };
+    let what = format!("exec in Pod {pod}");
+    let attached = site.call(what, site.pods.exec(pod, argv, &ap)).await.map_err(|e| site.forbidden(e, "pods/exec"))?;
+    Ok(super::launch::transport(attached))
+}

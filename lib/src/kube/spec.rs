@@ -1,0 +1,385 @@
+//! Every Pod body of the kube rung, and the evidence of what it enforces (pure).
+//!
+//! One Pod per attempt: an init container from stevedore's init image copies the init into a
+//! fresh `emptyDir` (and, with inputs, unpacks them from its attached stdin into another),
+//! then the attempt's container runs that init as PID 1, whatever its image, with the link on
+//! its attached stdin and stdout. Only fields Kubernetes 1.20 has are used.
+
+use super::config::KubeConfig;
+use super::sizes::Sizes;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
+
+/// The attempt's container.
+pub(crate) const MAIN: &str = "attempt";
+/// The init container that installs the init and stages the inputs.
+pub(crate) const PREPARE: &str = "stevedore-prepare";
+/// Where the init lives in stevedore's init image.
+pub(crate) const INIT_IN_IMAGE: &str = "/stevedore-init";
+/// The tools `emptyDir`'s cap (the init is ~2 MB).
+const TOOLS_SIZE: u64 = 64 << 20;
+
+/// What one attempt's Pod is made of.
+#[derive(Debug)]
+pub(crate) struct PodInput<'a> {
+    pub config: &'a KubeConfig,
+    pub name: &'a str,
+    pub image: &'a str,
+    pub init_image: &'a str,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub sizes: &'a Sizes,
+    /// The inputs' bytes, when there are inputs.
+    pub inputs: Option<u64>,
+    /// The command's working directory, when the request names one (else the image's).
+    pub workdir: Option<&'a str>,
+    /// The grace between SIGTERM and SIGKILL.
+    pub grace_secs: i64,
+    /// The Pod's own deadline (a backstop behind the host's), from its start.
+    pub active_deadline_secs: Option<i64>,
+}
+
+/// A Pod body and what it enforces or skips.
+#[derive(Debug)]
+pub(crate) struct Spec {
+    pub pod: Pod,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+}
+
+fn put(m: &mut BTreeMap<String, String>, k: &str, v: impl Into<String>) {
+    m.insert(k.to_owned(), v.into());
+}
+
+/// Bytes as a Kubernetes quantity.
+fn bytes(n: u64) -> Quantity {
+    Quantity(n.to_string())
+}
+
+fn empty_dir(name: &str, memory: bool, size: u64) -> Volume {
+    Volume {
+        name: name.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: memory.then(|| "Memory".to_owned()),
+            size_limit: Some(bytes(size)),
+        }),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount { name: name.to_owned(), mount_path: path.to_owned(), read_only: Some(read_only), ..Default::default() }
+}
+
+/// Non-root, read-only root filesystem, no privilege escalation, no capability, the
+/// runtime's default seccomp profile.
+fn hardened(cfg: &KubeConfig) -> SecurityContext {
+    SecurityContext {
+        run_as_user: Some(i64::from(cfg.user.0)),
+        run_as_group: Some(i64::from(cfg.user.1)),
+        run_as_non_root: Some(true),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+        ..Default::default()
+    }
+}
+
+/// Requests equal to limits (a Guaranteed Pod: never evicted for others' pressure first).
+fn resources(cfg: &KubeConfig, s: &Sizes) -> ResourceRequirements {
+    let mut r = BTreeMap::from([("memory".to_owned(), bytes(s.memory))]);
+    if let Some(m) = s.cpu_millis {
+        r.insert("cpu".into(), Quantity(format!("{}m", m.max(1))));
+    }
+    if let Some(n) = s.gpus {
+        r.insert(cfg.gpu_resource.clone(), Quantity(n.to_string()));
+    }
+    ResourceRequirements { limits: Some(r.clone()), requests: Some(r), ..Default::default() }
+}
+
+/// The attempt's Pod.
+pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
+    let cfg = input.config;
+    let s = input.sizes;
+    let mut enforcement = BTreeMap::new();
+    let mut skipped = BTreeMap::new();
+    let tools_init = format!("{TOOLS_DIR}/{INIT_NAME}");
+
+    let mut volumes = vec![empty_dir("stevedore-tools", false, TOOLS_SIZE)];
+    let mut prepare_args = vec!["prepare".to_owned(), "--install".to_owned(), tools_init.clone()];
+    let mut prepare_mounts = vec![mount("stevedore-tools", TOOLS_DIR, false)];
+    let mut main_mounts = vec![mount("stevedore-tools", TOOLS_DIR, true)];
+    if let Some(n) = input.inputs {
+        // On disk (inputs may be large), capped a little above their size (the kubelet
+        // evicts a Pod past its emptyDir's limit).
+        volumes.push(empty_dir("stevedore-in", false, n + (16 << 20)));
+        prepare_args.extend(["--inputs".to_owned(), IN_DIR.to_owned()]);
+        prepare_mounts.push(mount("stevedore-in", IN_DIR, false));
+        main_mounts.push(mount("stevedore-in", IN_DIR, true));
+        put(&mut enforcement, "inputs_read_only", format!("emptyDir mounted read-only at {IN_DIR}"));
+    }
+    volumes.push(empty_dir("stevedore-out", true, s.disk));
+    volumes.push(empty_dir("stevedore-tmp", true, s.tmp));
+    main_mounts.push(mount("stevedore-out", OUT_DIR, false));
+    main_mounts.push(mount("stevedore-tmp", TMP_DIR, false));
+
+    put(
+        &mut enforcement,
+        "memory",
+        format!("Pod memory limit {} bytes (requests = limits; cgroup, no swap on a kubelet node)", s.memory),
+    );
+    match s.cpu_millis {
+        Some(m) => put(&mut enforcement, "cpu", format!("Pod cpu limit of {m} millicores (cfs quota)")),
+        None => put(&mut skipped, "cpu", "no cpu limit requested or configured"),
+    }
+    if let Some(n) = s.gpus {
+        put(&mut enforcement, "gpu", format!("{n} of extended resource {}", cfg.gpu_resource));
+    }
+    put(&mut enforcement, "nofile", format!("rlimit nofile {} (set by the init)", s.nofile));
+    put(
+        &mut enforcement,
+        "disk",
+        format!(
+            "{OUT_DIR} is a memory-backed emptyDir of sizeLimit {} bytes: a tmpfs of that size where the cluster \
+             sizes memory-backed volumes (SizeMemoryBackedVolumes), else a limit the kubelet enforces by \
+             eviction; its pages count as memory",
+            s.disk
+        ),
+    );
+    put(&mut enforcement, "tmp", format!("memory-backed emptyDir {TMP_DIR} of sizeLimit {} bytes", s.tmp));
+    put(
+        &mut enforcement,
+        "init",
+        "stevedore's static init as PID 1, from an init container of stevedore's init image into an emptyDir \
+         mounted read-only (the image's entrypoint never runs first)",
+    );
+    put(&mut enforcement, "user", format!("runAsUser {} runAsGroup {}, runAsNonRoot", cfg.user.0, cfg.user.1));
+    put(&mut enforcement, "read_only_rootfs", "readOnlyRootFilesystem");
+    put(&mut enforcement, "capabilities", "all dropped");
+    put(&mut enforcement, "no_new_privileges", "allowPrivilegeEscalation: false");
+    put(&mut enforcement, "seccomp", "RuntimeDefault");
+    put(
+        &mut enforcement,
+        "service_account",
+        "no token mounted (automountServiceAccountToken: false), no service links",
+    );
+    put(&mut enforcement, "host_namespaces", "none (no host network, pid or ipc)");
+    put(
+        &mut enforcement,
+        "log_driver",
+        "the link goes over the attach stream; the kubelet's log holds only the init's own words",
+    );
+    put(
+        &mut skipped,
+        "pids",
+        "Kubernetes limits processes per node (the kubelet's podPidsLimit), not per Pod; the rung cannot see it",
+    );
+    put(
+        &mut skipped,
+        "image_volumes",
+        "the image's declared VOLUMEs are the runtime's to mount (the API does not show them)",
+    );
+    if cfg.network_denied {
+        put(
+            &mut enforcement,
+            "network",
+            "none: the namespace's deny-all NetworkPolicy, on a CNI that enforces it (as configured)",
+        );
+    } else {
+        put(
+            &mut skipped,
+            "network",
+            "not enforced: every Pod has the cluster's network, and only a NetworkPolicy on a CNI that \
+             enforces it can deny that (configure network_denied once the namespace has one)",
+        );
+    }
+
+    let pull = Some(cfg.image_pull.as_str().to_owned());
+    let prepare = Container {
+        name: PREPARE.into(),
+        image: Some(input.init_image.to_owned()),
+        image_pull_policy: pull.clone(),
+        command: Some(vec![INIT_IN_IMAGE.to_owned()]),
+        args: Some(prepare_args),
+        stdin: Some(input.inputs.is_some()),
+        stdin_once: Some(input.inputs.is_some()),
+        tty: Some(false),
+        volume_mounts: Some(prepare_mounts),
+        resources: Some(resources(cfg, s)),
+        security_context: Some(hardened(cfg)),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    // PID 1's own environment: the runtime merges the image's ENV in, so every variable a
+    // loader or libc reads is set to empty; the init is static and reads none of them, and
+    // the command gets the image's other variables back (`Start::image_env`).
+    let env = wire_env::LOADER
+        .iter()
+        .map(|k| EnvVar { name: (*k).to_owned(), value: Some(String::new()), value_from: None })
+        .collect();
+    let main = Container {
+        name: MAIN.into(),
+        image: Some(input.image.to_owned()),
+        image_pull_policy: pull,
+        command: Some(vec![tools_init]),
+        args: Some(Vec::new()),
+        env: Some(env),
+        working_dir: input.workdir.map(str::to_owned),
+        stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
+        volume_mounts: Some(main_mounts),
+        resources: Some(resources(cfg, s)),
+        security_context: Some(hardened(cfg)),
+        termination_message_policy: Some("File".into()),
+        ..Default::default()
+    };
+    let spec = PodSpec {
+        init_containers: Some(vec![prepare]),
+        containers: vec![main],
+        volumes: Some(volumes),
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        host_network: Some(false),
+        host_pid: Some(false),
+        host_ipc: Some(false),
+        share_process_namespace: Some(false),
+        termination_grace_period_seconds: Some(input.grace_secs.max(1)),
+        active_deadline_seconds: input.active_deadline_secs,
+        runtime_class_name: cfg.runtime_class.clone(),
+        node_selector: (!cfg.node_selector.is_empty()).then(|| cfg.node_selector.clone()),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(i64::from(cfg.user.0)),
+            run_as_group: Some(i64::from(cfg.user.1)),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    if let Some(rc) = &cfg.runtime_class {
+        put(&mut enforcement, "runtime", format!("runtimeClassName {rc}"));
+    }
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(input.name.to_owned()),
+            labels: Some(input.labels.clone()),
+            annotations: (!input.annotations.is_empty()).then(|| input.annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    };
+    Spec { pod, enforcement, skipped }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sizes() -> Sizes {
+        Sizes {
+            memory: 64 << 20,
+            cpu_millis: Some(500),
+            disk: 8 << 20,
+            tmp: 16 << 20,
+            nofile: 1024,
+            gpus: None,
+            narrowed: Vec::new(),
+            skipped: BTreeMap::new(),
+        }
+    }
+
+    fn input<'a>(cfg: &'a KubeConfig, s: &'a Sizes, inputs: Option<u64>) -> PodInput<'a> {
+        PodInput {
+            config: cfg,
+            name: "sd-w-abc",
+            image: "busybox:1",
+            init_image: "stevedore-init:0123",
+            labels: BTreeMap::from([("dev.stevedore.managed".into(), "true".into())]),
+            annotations: BTreeMap::new(),
+            sizes: s,
+            inputs,
+            workdir: None,
+            grace_secs: 3,
+            active_deadline_secs: Some(40),
+        }
+    }
+
+    #[test]
+    fn the_pod_is_hardened_guaranteed_and_runs_the_init_from_an_empty_dir() {
+        let cfg = KubeConfig::default();
+        let s = sizes();
+        let spec = pod(&input(&cfg, &s, None)).pod.spec.unwrap();
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.enable_service_links, Some(false));
+        assert_eq!((spec.host_network, spec.host_pid, spec.host_ipc), (Some(false), Some(false), Some(false)));
+        assert_eq!(spec.termination_grace_period_seconds, Some(3));
+        assert_eq!(spec.active_deadline_seconds, Some(40));
+        let main = &spec.containers[0];
+        assert_eq!(main.command.as_ref().unwrap(), &vec![format!("{TOOLS_DIR}/{INIT_NAME}")]);
+        assert_eq!(main.args.as_ref().unwrap().len(), 0, "the image's CMD never reaches the init");
+        assert_eq!((main.stdin, main.stdin_once, main.tty), (Some(true), Some(true), Some(false)));
+        let sc = main.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(65532));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &vec!["ALL".to_owned()]);
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        let r = main.resources.as_ref().unwrap();
+        assert_eq!(r.limits, r.requests, "Guaranteed");
+        assert_eq!(r.limits.as_ref().unwrap()["memory"].0, (64u64 << 20).to_string());
+        assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "500m");
+        let mounts: Vec<(&str, Option<bool>)> =
+            main.volume_mounts.as_ref().unwrap().iter().map(|m| (m.mount_path.as_str(), m.read_only)).collect();
+        assert_eq!(mounts, vec![(TOOLS_DIR, Some(true)), (OUT_DIR, Some(false)), (TMP_DIR, Some(false))]);
+        let env: Vec<&str> = main.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
+        assert!(env.contains(&"LD_PRELOAD"), "{env:?}");
+        let vols = spec.volumes.as_ref().unwrap();
+        let out = vols.iter().find(|v| v.name == "stevedore-out").unwrap().empty_dir.as_ref().unwrap();
+        assert_eq!(out.medium.as_deref(), Some("Memory"));
+        assert_eq!(out.size_limit.as_ref().unwrap().0, (8u64 << 20).to_string());
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some("stevedore-init:0123"));
+        assert_eq!(init.stdin, Some(false), "no inputs: nothing is read");
+        assert_eq!(init.resources, main.resources, "the init container keeps the Pod Guaranteed");
+    }
+
+    #[test]
+    fn inputs_are_staged_through_the_init_containers_stdin_and_mounted_read_only() {
+        let cfg = KubeConfig::default();
+        let s = sizes();
+        let spec = pod(&input(&cfg, &s, Some(1000)));
+        assert!(spec.enforcement.contains_key("inputs_read_only"));
+        let p = spec.pod.spec.unwrap();
+        let init = &p.init_containers.as_ref().unwrap()[0];
+        assert_eq!((init.stdin, init.stdin_once), (Some(true), Some(true)));
+        assert!(init.args.as_ref().unwrap().ends_with(&["--inputs".to_owned(), IN_DIR.to_owned()]));
+        let ro = p.containers[0].volume_mounts.as_ref().unwrap().iter().find(|m| m.mount_path == IN_DIR).unwrap();
+        assert_eq!(ro.read_only, Some(true));
+    }
+
+    #[test]
+    fn the_network_is_claimed_only_when_configured_and_pids_are_skipped() {
+        let s = sizes();
+        let open = pod(&input(&KubeConfig::default(), &s, None));
+        assert!(open.skipped["network"].contains("not enforced"));
+        assert!(!open.enforcement.contains_key("network"));
+        assert!(open.skipped.contains_key("pids"));
+        let denied = KubeConfig::default().network_denied(true);
+        let closed = pod(&input(&denied, &s, None));
+        assert!(closed.enforcement["network"].contains("NetworkPolicy"));
+        assert!(!closed.skipped.contains_key("network"));
+    }
+}
