@@ -5,6 +5,8 @@
 # forwarder on 127.0.0.1. The four server binaries (and kubectl) are built from Debian
 # bookworm's `kubernetes` source package and cached.
 #
+#   .ci/engines/kube.sh build          install what it needs and build the binaries into the cache
+#                                      (nothing when they are there); starts nothing
 #   .ci/engines/kube.sh up             build (or take from the cache), start, wait for the
 #                                      node to be Ready, run a smoke Pod; prints the path of the
 #                                      env file (only that, on stdout)
@@ -1050,6 +1052,19 @@ cmd_up() {
     echo "$RUN_DIR/env"
 }
 
+cmd_build() {
+    ensure_tools
+    local key t
+    key=$(recipe_key)
+    if [ "${STEVEDORE_KUBE_REBUILD:-0}" != 1 ] && [ -f "$CACHE_ROOT/$key/complete" ]; then
+        log "build: cache hit, $CACHE_ROOT/$key"
+        return 0
+    fi
+    t=$(now)
+    if [ "${STEVEDORE_KUBE_REBUILD:-0}" = 1 ]; then run_build "$key" force; else run_build "$key"; fi
+    log "timing: build $(since "$t") s"
+}
+
 cmd_down() {
     [ -d "$RUN_DIR" ] || [ -e "$NETNS_PATH" ] || {
         log "down (nothing to stop)"
@@ -1074,6 +1089,7 @@ cmd_status() {
 }
 
 case "${1:-}" in
+build) cmd_build ;;
 up) cmd_up ;;
 down) cmd_down ;;
 status) cmd_status ;;
@@ -1089,7 +1105,7 @@ _build)
     build_cache "$@"
     ;;
 *)
-    echo "usage: $0 up|down|status|import IMAGE...|key" >&2
+    echo "usage: $0 build|up|down|status|import IMAGE...|key" >&2
     exit 2
     ;;
 esac
