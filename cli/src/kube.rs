@@ -5,15 +5,36 @@ use crate::common::Global;
 use stevedore::contract::Executor;
 use stevedore::kube::{ImagePull, KubeConfig, KubeExecutor};
 
-/// The kube rung's configuration for these options.
-pub fn config(g: &Global) -> KubeConfig {
-    let mut cfg = KubeConfig::default();
-    cfg.kubeconfig = g.kubeconfig.clone();
-    cfg.context = g.context.clone();
-    cfg.namespace = g.namespace.clone();
-    cfg.init_image = g.init_image.clone();
-    cfg.network_denied = g.network_denied;
-    cfg
+/// The kube rung's configuration for these options: the profile's (`--config`,
+/// `--profile`), then the flags over it.
+pub fn config(g: &Global) -> Result<KubeConfig, String> {
+    let mut cfg = match (&g.config, &g.profile) {
+        (None, None) => KubeConfig::default(),
+        _ => stevedore::profiles::load_kube(g.config.as_deref(), g.profile.as_deref())
+            .map_err(|e| stevedore::error_chain(&e))?,
+    };
+    if g.kubeconfig.is_some() {
+        cfg.kubeconfig = g.kubeconfig.clone();
+    }
+    for (flag, set) in
+        [(&g.context, &mut cfg.context), (&g.namespace, &mut cfg.namespace), (&g.init_image, &mut cfg.init_image)]
+    {
+        if flag.is_some() {
+            *set = flag.clone();
+        }
+    }
+    cfg.network_denied |= g.network_denied;
+    Ok(cfg)
+}
+
+/// Whether the options' profile names the kube rung (a profile's `rung = "kube"`).
+pub fn profile_says_kube(g: &Global) -> Result<bool, String> {
+    if g.config.is_none() && g.profile.is_none() {
+        return Ok(false);
+    }
+    let rung =
+        stevedore::profiles::rung(g.config.as_deref(), g.profile.as_deref()).map_err(|e| stevedore::error_chain(&e))?;
+    Ok(rung.as_deref() == Some("kube"))
 }
 
 /// Connects the rung; on failure the message is printed and `failure` returned.
@@ -22,7 +43,10 @@ pub async fn rung(
     failure: u8,
     adjust: impl FnOnce(&mut KubeConfig) -> Result<(), String>,
 ) -> Result<KubeExecutor, u8> {
-    let mut cfg = config(g);
+    let mut cfg = config(g).map_err(|e| {
+        crate::say::say(e);
+        failure
+    })?;
     adjust(&mut cfg).map_err(|e| {
         crate::say::say(e);
         failure

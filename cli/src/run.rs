@@ -60,8 +60,9 @@ pub struct RunArgs {
     /// Which rung runs the attempt: container, process (a child process under a dedicated
     /// uid when run as root), or kube (a Pod on a Kubernetes cluster; see docs/outcome.md,
     /// "Rungs", and the Kubernetes options)
-    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "process", "kube"], help_heading = "Attempt")]
-    rung: String,
+    /// (default: the profile's `rung`, else container)
+    #[arg(long, value_name = "RUNG", value_parser = ["container", "process", "kube"], help_heading = "Attempt")]
+    rung: Option<String>,
     /// Set an environment variable; VAR alone takes the host's value (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V|K", help_heading = "Attempt")]
     env: Vec<String>,
@@ -365,7 +366,7 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
 
 /// What the options change in the kube rung's configuration; an option that has no
 /// mapping to a Pod that keeps its promise is refused, named.
-fn adjust_kube(a: &RunArgs, g: &Global, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
+fn adjust_kube(a: &RunArgs, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
     let refuse = |opt: &str, why: &str| Err(format!("{opt} is not available on the kube rung: {why}"));
     if a.handler.is_some() {
         return refuse(
@@ -379,9 +380,6 @@ fn adjust_kube(a: &RunArgs, g: &Global, cfg: &mut stevedore::kube::KubeConfig) -
     }
     if !a.publish.is_empty() {
         return refuse("-p/--publish", "a Pod's ports are reached through a Service, which the rung does not make");
-    }
-    if g.profile.is_some() || g.config.is_some() {
-        return refuse("--profile/--config", "profiles configure the container rung (and its warm pool)");
     }
     if let Some(n) = a.network.as_deref().filter(|n| *n != "none") {
         return Err(format!(
@@ -553,12 +551,20 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         (Ok(i), Ok(t)) => (i, t),
         _ => return fail("cannot install signal handlers"),
     };
-    let rung: Arc<dyn Executor> = if a.rung == "kube" {
-        match crate::kube::rung(g, 125, |cfg| adjust_kube(&a, g, cfg)).await {
+    let on = match a.rung.clone() {
+        Some(r) => r,
+        None => match crate::kube::profile_says_kube(g) {
+            Ok(true) => "kube".to_owned(),
+            Ok(false) => "container".to_owned(),
+            Err(e) => return fail(e),
+        },
+    };
+    let rung: Arc<dyn Executor> = if on == "kube" {
+        match crate::kube::rung(g, 125, |cfg| adjust_kube(&a, cfg)).await {
             Ok(r) => Arc::new(r),
             Err(code) => return code,
         }
-    } else if a.rung == "process" {
+    } else if on == "process" {
         let mut cfg = stevedore::process::ProcessConfig::default();
         if let Some(grace) = &a.host_loss_grace {
             match parse_duration(grace) {

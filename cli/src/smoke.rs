@@ -51,7 +51,7 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
 /// The smoke on a cluster: the one image a cluster that runs the rung has is stevedore's
 /// init image, so the trivial attempt is its init sending a report from inside the Pod.
 async fn kube_steps(g: &Global) -> Result<(), String> {
-    let rung = stevedore::kube::KubeExecutor::connect(crate::kube::config(g))
+    let rung = stevedore::kube::KubeExecutor::connect(crate::kube::config(g)?)
         .await
         .map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
     println!("{}", crate::kube::line(&rung).await);

@@ -81,6 +81,66 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
     Ok(cfg)
 }
 
+/// The rung profile `name` of `path` names (`None`: the container rung's, the default).
+pub fn rung(path: Option<&Path>, name: Option<&str>) -> Result<Option<String>, ProfileError> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(default_path);
+    let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read { path: path.clone(), source })?;
+    Ok(stevedore_parse::profiles::parse(&text, &path, name.unwrap_or("default"))?.rung)
+}
+
+/// Loads profile `name` (default `default`) from `path` as the kube rung's configuration.
+#[cfg(feature = "kube")]
+pub fn load_kube(path: Option<&Path>, name: Option<&str>) -> Result<crate::kube::KubeConfig, ProfileError> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(default_path);
+    let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read { path: path.clone(), source })?;
+    parse_kube(&text, &path, name.unwrap_or("default"))
+}
+
+/// Profile `name` as the kube rung's configuration: what the container and kube rungs share
+/// (limits, environment and its secrets, labels, the sandbox user, the log cap, the pull
+/// policy, admission), and its `kube` table. The container rung's own settings are refused
+/// by the parser when the profile names the kube rung.
+#[cfg(feature = "kube")]
+pub fn parse_kube(text: &str, path: &Path, name: &str) -> Result<crate::kube::KubeConfig, ProfileError> {
+    use crate::container::PullPolicy;
+    use crate::kube::ImagePull;
+    let container = parse(text, path, name)?;
+    let p = stevedore_parse::profiles::parse(text, path, name)?;
+    let bad = |what: &str, why: String| ProfileError::Value { profile: name.into(), what: what.into(), why };
+    let mut cfg = crate::kube::KubeConfig::default();
+    if p.user.is_some() {
+        let user = container.uid_gid();
+        if user.0 == 0 || user.1 == 0 {
+            return Err(bad("user", "the kube rung runs attempts as non-root only".into()));
+        }
+        cfg.user = user;
+    }
+    cfg.defaults = container.defaults;
+    cfg.ceilings = container.ceilings;
+    cfg.env = container.env;
+    cfg.labels = container.labels;
+    cfg.link = container.link;
+    cfg.max_in_flight = container.max_in_flight;
+    cfg.image_pull = match p.pull {
+        Some(PullPolicy::Never) => ImagePull::Never,
+        Some(PullPolicy::Always) => ImagePull::Always,
+        _ => ImagePull::IfNotPresent,
+    };
+    if let Some(k) = p.kube {
+        cfg.kubeconfig = k.kubeconfig;
+        cfg.context = k.context;
+        cfg.namespace = k.namespace;
+        cfg.init_image = k.init_image;
+        cfg.runtime_class = k.runtime_class;
+        cfg.runtime_class_is_vm = k.runtime_class_is_vm;
+        cfg.network_denied = k.network_denied;
+        if let Some(t) = k.launch_timeout {
+            cfg.launch_timeout = t;
+        }
+    }
+    Ok(cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +170,23 @@ mod tests {
         assert_eq!(cfg.pool.as_ref().map(|p| (p.size, p.worker.as_str())), Some((2, "w1")));
         assert_eq!(cfg.link.log_cap_bytes, 4 << 20);
         assert!(!format!("{cfg:?}").contains("s3cr3t"), "Debug never shows env values");
+    }
+
+    #[test]
+    #[cfg(feature = "kube")]
+    fn a_kube_profile_configures_the_kube_rung() {
+        let text = "[profiles.k]\nrung = \"kube\"\npull = \"never\"\nuser = \"1000:1000\"\nenv = { A = \"1\" }\n\
+                    defaults = { memory = \"64m\" }\nkube = { namespace = \"ci\", runtime_class = \"kata\", \
+                    runtime_class_is_vm = true }\n";
+        let cfg = parse_kube(text, Path::new("p.toml"), "k").unwrap();
+        assert_eq!(cfg.namespace.as_deref(), Some("ci"));
+        assert_eq!(cfg.image_pull, crate::kube::ImagePull::Never);
+        assert_eq!(cfg.user, (1000, 1000));
+        assert_eq!(cfg.env["A"], "1");
+        assert_eq!(cfg.defaults.memory_bytes, Some(64 << 20));
+        assert_eq!(cfg.level(), crate::contract::Level::Vm, "a runtime class named VM-grade");
+        let root = "[profiles.k]\nrung = \"kube\"\nuser = \"0:0\"\n";
+        assert!(parse_kube(root, Path::new("p.toml"), "k").unwrap_err().to_string().contains("non-root"));
     }
 
     #[test]

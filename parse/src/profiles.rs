@@ -24,13 +24,19 @@
 //! env_files = { API_TOKEN = "/run/secrets/token" }   # value read from the file (secrets)
 //! defaults = { memory = "256m", cpus = "1", pids = 128, disk = "100m" }
 //! ceilings = { memory = "1g", cpus = "2" }
+//!
+//! [profiles.cluster]
+//! rung = "kube"                       # container (default) | process | kube
+//! defaults = { memory = "256m", cpus = "0.5" }
+//! kube = { namespace = "ci", init_image = "registry.example.com/stevedore-init:1", launch_timeout = "3m" }
+//! # kube also takes kubeconfig, context, runtime_class, runtime_class_is_vm, network_denied
 //! ```
 //!
 //! [`parse`] reads no file: `env_files` are named here and read by the caller
 //! (`stevedore::profiles::load`), so parsing a hostile file touches nothing on the host.
 
 use crate::ids::{check_cache, valid_worker_id};
-use crate::limits::{parse_cpus, parse_size};
+use crate::limits::{parse_cpus, parse_duration, parse_size};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -107,9 +113,37 @@ pub struct Pool {
     pub image: Option<String>,
 }
 
+/// The rungs a profile may name.
+pub const RUNGS: &[&str] = &["container", "process", "kube"];
+
+/// A profile's settings of the kube rung.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kube {
+    /// The kubeconfig file.
+    pub kubeconfig: Option<PathBuf>,
+    /// Its context.
+    pub context: Option<String>,
+    /// The Pods' namespace.
+    pub namespace: Option<String>,
+    /// stevedore's init image as the cluster pulls it.
+    pub init_image: Option<String>,
+    /// The Pods' runtime class.
+    pub runtime_class: Option<String>,
+    /// Whether that runtime class is VM-grade.
+    pub runtime_class_is_vm: bool,
+    /// The namespace denies the Pods' network (a NetworkPolicy on an enforcing CNI).
+    pub network_denied: bool,
+    /// From a Pod's creation until its attempt runs.
+    pub launch_timeout: Option<std::time::Duration>,
+}
+
 /// One profile, every value parsed and checked. Env values are never shown by `Debug`.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Profile {
+    /// The rung the profile runs attempts on (`container` when absent).
+    pub rung: Option<String>,
+    /// The kube rung's settings.
+    pub kube: Option<Kube>,
     /// The worker image for handlers.
     pub image: Option<String>,
     /// The OCI runtime.
@@ -158,6 +192,8 @@ pub struct Profile {
 impl fmt::Debug for Profile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Profile")
+            .field("rung", &self.rung)
+            .field("kube", &self.kube)
             .field("image", &self.image)
             .field("runtime", &self.runtime)
             .field("network", &self.network)
@@ -260,7 +296,32 @@ impl From<&Limits> for RawLimits {
 
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+struct RawKube {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubeconfig: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    init_image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_class: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime_class_is_vm: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network_denied: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    launch_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 struct RawProfile {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rung: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kube: Option<RawKube>,
     #[serde(skip_serializing_if = "Option::is_none")]
     image: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -344,7 +405,43 @@ impl RawProfile {
         if !ports.is_empty() && self.network.as_deref().unwrap_or("none") == "none" {
             return Err(bad("ports", "published ports need a network mode other than none".into()));
         }
+        if let Some(r) = self.rung.as_deref().filter(|r| !RUNGS.contains(r)) {
+            return Err(bad("rung", format!("{r:?} is not one of {}", RUNGS.join(", "))));
+        }
+        if self.rung.as_deref() == Some("kube") {
+            // What does not map to a Pod is refused here, named, never ignored.
+            let container_only = [
+                ("ports", !ports.is_empty()),
+                ("caches", !self.caches.is_empty()),
+                ("pool", pool.is_some()),
+                ("runtime (use kube.runtime_class)", self.runtime.is_some()),
+                ("network", self.network.as_deref().is_some_and(|n| n != "none")),
+            ];
+            if let Some((what, _)) = container_only.iter().find(|(_, set)| *set) {
+                return Err(bad(what, "not available on the kube rung".into()));
+            }
+        }
+        let kube = match self.kube {
+            None => None,
+            Some(k) => Some(Kube {
+                launch_timeout: k
+                    .launch_timeout
+                    .as_deref()
+                    .map(parse_duration)
+                    .transpose()
+                    .map_err(|e| bad("kube.launch_timeout", e.to_string()))?,
+                kubeconfig: k.kubeconfig,
+                context: k.context,
+                namespace: k.namespace,
+                init_image: k.init_image,
+                runtime_class: k.runtime_class,
+                runtime_class_is_vm: k.runtime_class_is_vm.unwrap_or(false),
+                network_denied: k.network_denied.unwrap_or(false),
+            }),
+        };
         Ok(Profile {
+            rung: self.rung,
+            kube,
             image: self.image,
             runtime: self.runtime,
             network: self.network,
@@ -373,6 +470,17 @@ impl RawProfile {
 impl From<&Profile> for RawProfile {
     fn from(p: &Profile) -> Self {
         RawProfile {
+            rung: p.rung.clone(),
+            kube: p.kube.as_ref().map(|k| RawKube {
+                kubeconfig: k.kubeconfig.clone(),
+                context: k.context.clone(),
+                namespace: k.namespace.clone(),
+                init_image: k.init_image.clone(),
+                runtime_class: k.runtime_class.clone(),
+                runtime_class_is_vm: Some(k.runtime_class_is_vm),
+                network_denied: Some(k.network_denied),
+                launch_timeout: k.launch_timeout.map(|d| format!("{}ms", d.as_millis())),
+            }),
             image: p.image.clone(),
             runtime: p.runtime.clone(),
             network: p.network.clone(),
@@ -404,6 +512,28 @@ mod tests {
 
     fn parse_a(text: &str) -> Result<Profile, ProfileError> {
         parse(text, Path::new("p.toml"), "a")
+    }
+
+    #[test]
+    fn a_kube_profile_is_checked_and_reads_back_as_itself() {
+        let text = "[profiles.a]\nrung = \"kube\"\ndefaults = { memory = \"64m\" }\n\
+                    kube = { namespace = \"ci\", launch_timeout = \"90s\", network_denied = true }\n";
+        let p = parse_a(text).unwrap();
+        assert_eq!(p.rung.as_deref(), Some("kube"));
+        let k = p.kube.clone().unwrap();
+        assert_eq!(
+            (k.namespace.as_deref(), k.launch_timeout, k.network_denied),
+            (Some("ci"), Some(std::time::Duration::from_secs(90)), true)
+        );
+        assert_eq!(parse(&p.to_toml("a"), Path::new("p.toml"), "a").unwrap(), p);
+        let bad = parse_a("[profiles.a]\nrung = \"k8s\"\n").unwrap_err().to_string();
+        assert!(bad.contains("\"k8s\" is not one of container, process, kube"), "{bad}");
+        let caches = parse_a("[profiles.a]\nrung = \"kube\"\ncaches = { c = \"/cache\" }\n").unwrap_err().to_string();
+        assert!(caches.contains("caches") && caches.contains("kube rung"), "{caches}");
+        let typo = parse_a("[profiles.a]\nkube = { namespaces = \"x\" }\n").unwrap_err().to_string();
+        assert!(typo.contains("namespaces"), "an unknown key is named: {typo}");
+        let timeout = parse_a("[profiles.a]\nkube = { launch_timeout = \"soon\" }\n").unwrap_err().to_string();
+        assert!(timeout.contains("kube.launch_timeout"), "{timeout}");
     }
 
     #[test]

@@ -528,6 +528,30 @@ async fn the_command_runs_an_attempt_on_the_cluster_with_dockers_flags_streams_a
         assert!(said.contains(flag) && said.contains("kube rung"), "{said}");
     }
     none_left(c, &w);
+    // A profile that names the rung: no --rung, the cluster from its `kube` table.
+    let profiles = dir.path().join("profiles.toml");
+    std::fs::write(
+        &profiles,
+        format!(
+            "[profiles.cluster]\nrung = \"kube\"\npull = \"never\"\nenv = {{ FROM = \"profile\" }}\n\
+             kube = {{ kubeconfig = {:?}, namespace = \"default\" }}\n",
+            c.var("KUBE_RUNG_CONFIG")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&profiles)
+        .args(["--profile", "cluster", "run", "--worker", &w, "--image", &c.busybox(), "--output"])
+        .arg(dir.path().join("out-profile"))
+        .args(["--outcome", "-", "--", "sh", "-c", "echo $FROM >&2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let o: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(o["evidence"]["executor"], "kube", "{o}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("profile"), "{out:?}");
+    none_left(c, &w);
     // census and smoke on the cluster.
     let census = Command::new(BIN)
         .args(["census", "--rung", "kube", "--kubeconfig", c.var("KUBE_ADMIN_CONFIG")])
