@@ -3,7 +3,8 @@
 //!
 //! It is a separate, statically linked program so that nothing of an image can reach it:
 //! no dynamic loader runs, so an image's `LD_PRELOAD`, `LD_AUDIT`, `LD_LIBRARY_PATH` or
-//! `/etc/ld.so.preload` never load code into it, and its environment is never read. The
+//! `/etc/ld.so.preload` never load code into it, and its environment never configures it
+//! (it is only passed on, as the image's layer, when the Start frame asks: the kube rung). The
 //! host embeds it (see the `stevedore` crate's `build.rs`) and puts it into the engine
 //! through the Engine API.
 //!
@@ -41,4 +42,4 @@ pub mod wire;
 
 pub use outdir::send as send_outputs;
 pub use relay::main as relay_main;
-pub use run::{EXIT_SETUP_FAILED, main};
+pub use run::{EXIT_SETUP_FAILED, main, main_within};

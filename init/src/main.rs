@@ -12,6 +12,14 @@ fn main() {
     };
     let code = match args.first().map(String::as_str) {
         None => stevedore_init::main(),
+        // PID 1 that gives up when no Start frame came in time (the kube rung's Pods).
+        Some("--start-within-ms") if args.len() == 2 => match args[1].parse::<u64>() {
+            Ok(ms) => stevedore_init::main_within(Some(std::time::Duration::from_millis(ms))),
+            Err(_) => {
+                eprintln!("stevedore-init: --start-within-ms takes a number of milliseconds");
+                2
+            }
+        },
         Some("relay") if (2..=3).contains(&args.len()) => {
             stevedore_init::relay_main(&args[1], args.get(2).map(String::as_str))
         }

@@ -18,7 +18,18 @@ use std::path::{Component, Path};
 
 /// Runs the verb with its arguments (after `prepare`); the process exit code.
 pub fn main(args: &[String]) -> i32 {
-    match parse(args).and_then(|p| run(&p, &mut io::stdin().lock())) {
+    let prepared = parse(args).and_then(|p| {
+        if let Some(ms) = p.within_ms {
+            // A host that died before it wrote the inputs would leave this waiting forever.
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                let _ = writeln!(io::stderr(), "stevedore-init prepare: not done within {ms} ms: the host is gone");
+                std::process::exit(1);
+            });
+        }
+        run(&p, &mut io::stdin().lock())
+    });
+    match prepared {
         Ok(said) => {
             let _ = writeln!(io::stdout(), "prepared: {said}");
             let _ = io::stdout().flush();
@@ -36,17 +47,26 @@ pub fn main(args: &[String]) -> i32 {
 struct Prepare {
     install: Option<String>,
     inputs: Option<String>,
+    /// Give up after this many milliseconds.
+    within_ms: Option<u64>,
 }
 
 fn parse(args: &[String]) -> Result<Prepare, String> {
     let mut p = Prepare::default();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if flag == "--within-ms" {
+            let ms = it.next().and_then(|v| v.parse().ok()).ok_or("--within-ms needs a number of milliseconds")?;
+            p.within_ms = Some(ms);
+            continue;
+        }
         let slot = match flag.as_str() {
             "--install" => &mut p.install,
             "--inputs" => &mut p.inputs,
             other => {
-                return Err(format!("unknown argument {other:?} (usage: prepare [--install PATH] [--inputs DIR])"));
+                return Err(format!(
+                    "unknown argument {other:?} (usage: prepare [--install PATH] [--inputs DIR] [--within-ms N])"
+                ));
             }
         };
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -55,7 +75,7 @@ fn parse(args: &[String]) -> Result<Prepare, String> {
         }
         *slot = Some(value.clone());
     }
-    if p == Prepare::default() {
+    if p.install.is_none() && p.inputs.is_none() {
         return Err("nothing to prepare (usage: prepare [--install PATH] [--inputs DIR])".into());
     }
     Ok(p)
@@ -167,8 +187,10 @@ mod tests {
     fn arguments_are_absolute_paths_and_something_is_asked() {
         assert_eq!(
             parse(&args(&["--install", "/t/init", "--inputs", "/in"])).unwrap(),
-            Prepare { install: Some("/t/init".into()), inputs: Some("/in".into()) }
+            Prepare { install: Some("/t/init".into()), inputs: Some("/in".into()), within_ms: None }
         );
+        assert_eq!(parse(&args(&["--within-ms", "5000", "--install", "/i"])).unwrap().within_ms, Some(5000));
+        assert!(parse(&args(&["--within-ms", "soon", "--install", "/i"])).is_err());
         assert!(parse(&args(&[])).unwrap_err().contains("nothing to prepare"));
         assert!(parse(&args(&["--install", "t"])).unwrap_err().contains("absolute"));
         assert!(parse(&args(&["--install"])).unwrap_err().contains("needs a value"));

@@ -42,6 +42,12 @@ const AFTER_END_DRAIN: u64 = 16 << 20;
 
 /// Runs the init; returns the process exit code.
 pub fn main() -> i32 {
+    main_within(None)
+}
+
+/// Runs the init, which gives up when no Start frame came `within` (a Pod whose host died
+/// before it spoke: nothing else would ever end it); returns the process exit code.
+pub fn main_within(within: Option<Duration>) -> i32 {
     // Whatever the host inherited to this process (a worker's stray descriptors) goes no
     // further than the init: nothing from 3 on survives the command's exec.
     child::raw::cloexec_from(3);
@@ -53,7 +59,11 @@ pub fn main() -> i32 {
         }
     };
     match setup() {
-        Ok((signals, pid1)) => Init::new(signals, pid1, link).run(),
+        Ok((signals, pid1)) => {
+            let mut init = Init::new(signals, pid1, link);
+            init.start_by = within.map(|w| Instant::now() + w);
+            init.run()
+        }
         Err(why) => {
             let _ = writeln!(io::stderr(), "stevedore-init: {why}");
             EXIT_SETUP_FAILED
@@ -225,6 +235,8 @@ struct Init {
     stdin: Option<crate::stdin::StdinPump>,
     /// The master side of the command's terminal, when it has one: `Resize` sets its size.
     tty: Option<OwnedFd>,
+    /// When a Start frame must have come by (`None`: wait for it as long as it takes).
+    start_by: Option<Instant>,
 }
 
 /// What running the command found out.
@@ -280,6 +292,7 @@ impl Init {
             record_number: None,
             stdin: None,
             tty: None,
+            start_by: None,
         }
     }
 
@@ -372,7 +385,17 @@ impl Init {
                 PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
                 PollFd::new(self.link.input(), PollFlags::POLLIN),
             ];
-            match poll(&mut fds, PollTimeout::NONE) {
+            let timeout = match self.start_by {
+                None => PollTimeout::NONE,
+                Some(by) => {
+                    let left = by.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err("no start came in time: the host is gone".into());
+                    }
+                    PollTimeout::from(u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX))
+                }
+            };
+            match poll(&mut fds, timeout) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => return Err(format!("poll failed: {e}")),
             }

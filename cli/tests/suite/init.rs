@@ -1061,3 +1061,25 @@ done"#;
         write("cgroup", file, bytes);
     }
 }
+
+#[test]
+fn an_init_told_to_wait_a_while_for_its_start_gives_up_when_none_comes() {
+    // A Pod whose host died before it spoke: its stdin stays open, nothing is written.
+    let mut child = Command::new(init_path())
+        .args(["--start-within-ms", "300"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take();
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(stevedore_init::EXIT_SETUP_FAILED), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no start came in time"), "{out:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300), "not before its time");
+    // A bound that is not a number is refused, never read as none.
+    let bad = Command::new(init_path()).args(["--start-within-ms", "soon"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -192,7 +192,11 @@ async fn the_pod_is_hardened_and_the_network_is_said_to_be_not_enforced() {
     assert_eq!(lines[4], "Seccomp: 2", "the runtime's default seccomp profile");
     assert_eq!(lines[5], "rootfs-read-only");
     assert_eq!(lines[6], "no-token", "no service-account token mounted");
-    assert_eq!(lines[7], "/.stevedore/tools/stevedore-init", "PID 1 is stevedore's init");
+    assert!(
+        lines[7].starts_with("/.stevedore/tools/stevedore-init --start-within-ms "),
+        "PID 1 is stevedore's init: {}",
+        lines[7]
+    );
     assert_eq!(lines[8], "/tmp");
     let ev = &o.evidence;
     assert!(ev.skipped["network"].contains("not enforced"), "{:?}", ev.skipped);

@@ -111,7 +111,7 @@ impl ClusterError {
 
     /// Whether the object the call was about does not exist.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, ClusterError::Api { code: Some(404), .. })
+        matches!(self, ClusterError::Api { code: Some(404), .. } | ClusterError::NoNamespace(_))
     }
 
     /// Whether the server could not be reached at all (no answer, a refused connection).

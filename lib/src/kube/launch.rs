@@ -63,6 +63,13 @@ pub(crate) async fn provision(
         inputs: inputs.as_ref().map(|(_, s)| s.bytes),
         workdir: (!plan.cwd.is_empty()).then_some(plan.cwd.as_str()),
         grace_secs: i64::try_from(grace.as_secs().max(1)).unwrap_or(i64::MAX),
+        host_within_ms: u64::try_from(
+            (site.config.launch_timeout
+                + Duration::from_secs(inputs.as_ref().map_or(0, |(_, s)| s.bytes / SLOWEST_UPLOAD))
+                + DEADLINE_BACKSTOP)
+                .as_millis(),
+        )
+        .unwrap_or(u64::MAX),
         active_deadline_secs: deadline.map(|d| {
             let launch = site.config.launch_timeout;
             i64::try_from((d + grace + launch + DEADLINE_BACKSTOP).as_secs()).unwrap_or(i64::MAX)

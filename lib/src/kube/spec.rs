@@ -43,6 +43,9 @@ pub(crate) struct PodInput<'a> {
     pub grace_secs: i64,
     /// The Pod's own deadline (a backstop behind the host's), from its start.
     pub active_deadline_secs: Option<i64>,
+    /// How long the init waits for the host's Start frame, and the init container for the
+    /// inputs, before each gives up (a host that died before it spoke leaves no Pod waiting).
+    pub host_within_ms: u64,
 }
 
 /// A Pod body and what it enforces or skips.
@@ -115,6 +118,7 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
 
     let mut volumes = vec![empty_dir("stevedore-tools", false, TOOLS_SIZE)];
     let mut prepare_args = vec!["prepare".to_owned(), "--install".to_owned(), tools_init.clone()];
+    prepare_args.extend(["--within-ms".to_owned(), input.host_within_ms.to_string()]);
     let mut prepare_mounts = vec![mount("stevedore-tools", TOOLS_DIR, false)];
     let mut main_mounts = vec![mount("stevedore-tools", TOOLS_DIR, true)];
     if let Some(n) = input.inputs {
@@ -230,7 +234,7 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
         image: Some(input.image.to_owned()),
         image_pull_policy: pull,
         command: Some(vec![tools_init]),
-        args: Some(Vec::new()),
+        args: Some(vec!["--start-within-ms".to_owned(), input.host_within_ms.to_string()]),
         env: Some(env),
         working_dir: input.workdir.map(str::to_owned),
         stdin: Some(true),
@@ -312,6 +316,7 @@ mod tests {
             workdir: None,
             grace_secs: 3,
             active_deadline_secs: Some(40),
+            host_within_ms: 120_000,
         }
     }
 
@@ -328,7 +333,11 @@ mod tests {
         assert_eq!(spec.active_deadline_seconds, Some(40));
         let main = &spec.containers[0];
         assert_eq!(main.command.as_ref().unwrap(), &vec![format!("{TOOLS_DIR}/{INIT_NAME}")]);
-        assert_eq!(main.args.as_ref().unwrap().len(), 0, "the image's CMD never reaches the init");
+        assert_eq!(
+            main.args.as_ref().unwrap(),
+            &vec!["--start-within-ms".to_owned(), "120000".to_owned()],
+            "the image's CMD never reaches the init; a host gone before it spoke ends it"
+        );
         assert_eq!((main.stdin, main.stdin_once, main.tty), (Some(true), Some(true), Some(false)));
         let sc = main.security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_non_root, Some(true));
