@@ -303,15 +303,34 @@ pub(crate) async fn finish(
             e => LaunchError::Staging { what: "reading the input dir".into(), source: Box::new(e) },
         })?;
     if let Some(s) = progress {
-        let p = crate::contract::Progress {
-            phase: crate::contract::Phase::Inputs,
-            done: bytes,
-            total: Some(bytes),
-            finished: true,
-        };
-        s.report(p);
+        finished(s, bytes);
     }
     Ok(report)
+}
+
+/// Says the inputs' `bytes` are all staged.
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) fn finished(progress: &crate::contract::ProgressSink, bytes: u64) {
+    let phase = crate::contract::Phase::Inputs;
+    progress.report(crate::contract::Progress { phase, done: bytes, total: Some(bytes), finished: true });
+}
+
+/// The request's input dir opened and measured, refused when larger than `limit`; `None`
+/// without one.
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) fn opened(
+    dir: Option<&Path>,
+    limit: u64,
+) -> Result<Option<(InputDir, crate::contract::InputsStaged)>, crate::contract::LaunchError> {
+    use crate::contract::LaunchError;
+    let Some(dir) = dir else { return Ok(None) };
+    let staging = |e| LaunchError::Staging { what: format!("input dir {}", dir.display()), source: Box::new(e) };
+    let input = InputDir::open(dir).map_err(staging)?;
+    let (bytes, files) = input.measure().map_err(staging)?;
+    if bytes > limit {
+        return Err(LaunchError::InputTooLarge { bytes, limit });
+    }
+    Ok(Some((input, crate::contract::InputsStaged { files, bytes, limit_bytes: limit, ..Default::default() })))
 }
 
 #[cfg(test)]

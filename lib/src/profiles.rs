@@ -25,9 +25,15 @@ pub fn default_path() -> PathBuf {
 
 /// Loads profile `name` (default `default`) from `path` (default [`default_path`]).
 pub fn load(path: Option<&Path>, name: Option<&str>) -> Result<ContainerConfig, ProfileError> {
+    let (text, path) = read(path)?;
+    parse(&text, &path, name.unwrap_or("default"))
+}
+
+/// The profiles file's text, and where it was read (`path`, else [`default_path`]).
+fn read(path: Option<&Path>) -> Result<(String, PathBuf), ProfileError> {
     let path = path.map(Path::to_path_buf).unwrap_or_else(default_path);
     let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read { path: path.clone(), source })?;
-    parse(&text, &path, name.unwrap_or("default"))
+    Ok((text, path))
 }
 
 /// Parses profiles text and builds the configuration of profile `name`, reading the files
@@ -83,16 +89,14 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, Pro
 
 /// The rung profile `name` of `path` names (`None`: the container rung's, the default).
 pub fn rung(path: Option<&Path>, name: Option<&str>) -> Result<Option<String>, ProfileError> {
-    let path = path.map(Path::to_path_buf).unwrap_or_else(default_path);
-    let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read { path: path.clone(), source })?;
+    let (text, path) = read(path)?;
     Ok(stevedore_parse::profiles::parse(&text, &path, name.unwrap_or("default"))?.rung)
 }
 
 /// Loads profile `name` (default `default`) from `path` as the kube rung's configuration.
 #[cfg(feature = "kube")]
 pub fn load_kube(path: Option<&Path>, name: Option<&str>) -> Result<crate::kube::KubeConfig, ProfileError> {
-    let path = path.map(Path::to_path_buf).unwrap_or_else(default_path);
-    let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read { path: path.clone(), source })?;
+    let (text, path) = read(path)?;
     parse_kube(&text, &path, name.unwrap_or("default"))
 }
 

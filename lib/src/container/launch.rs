@@ -210,13 +210,7 @@ pub(crate) async fn upload_inputs(
     let report = crate::inputs::finish(producer, bytes, None).await?;
     up.map_err(|e| LaunchError::Staging { what: "uploading the inputs".into(), source: Box::new(e) })?;
     if let Some(s) = &progress {
-        let p = crate::contract::Progress {
-            phase: crate::contract::Phase::Inputs,
-            done: bytes,
-            total: Some(bytes),
-            finished: true,
-        };
-        s.report(p);
+        crate::inputs::finished(s, bytes);
     }
     Ok(report)
 }

@@ -53,23 +53,7 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
     };
     let image = resolve_image(shared, &image_ref).await?;
     let argv = argv(req, &image_ref, &image)?;
-    let inputs = match &req.input_dir {
-        None => None,
-        Some(dir) => {
-            let input = InputDir::open(dir).map_err(|e| LaunchError::Staging {
-                what: format!("input dir {}", dir.display()),
-                source: Box::new(e),
-            })?;
-            let (bytes, files) = input.measure().map_err(|e| LaunchError::Staging {
-                what: format!("input dir {}", dir.display()),
-                source: Box::new(e),
-            })?;
-            if bytes > cfg.max_input_bytes {
-                return Err(LaunchError::InputTooLarge { bytes, limit: cfg.max_input_bytes });
-            }
-            Some((input, InputsStaged { files, bytes, limit_bytes: cfg.max_input_bytes, ..InputsStaged::default() }))
-        }
-    };
+    let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
     let caches: Vec<&str> = cfg.caches.iter().map(|c| c.path.as_str()).collect();
     let mounts =

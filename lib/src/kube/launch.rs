@@ -141,7 +141,16 @@ pub(crate) async fn attach(
     container: &str,
     stdin: bool,
 ) -> Result<AttachedProcess, ClusterError> {
-    let ap = AttachParams {
+    let ap = streams(container, stdin);
+    site.call(format!("attaching to {container} of Pod {pod}"), site.pods.attach(pod, &ap))
+        .await
+        .map_err(|e| site.forbidden(e, "pods/attach"))
+}
+
+/// The streams of `container` an attach or an exec carries: stdout and stderr, stdin when
+/// asked, never a terminal (the link is binary), with room for the link's frames.
+pub(crate) fn streams(container: &str, stdin: bool) -> AttachParams {
+    AttachParams {
         container: Some(container.to_owned()),
         stdin,
         stdout: true,
@@ -150,10 +159,7 @@ pub(crate) async fn attach(
         max_stdin_buf_size: Some(256 << 10),
         max_stdout_buf_size: Some(1 << 20),
         max_stderr_buf_size: Some(64 << 10),
-    };
-    site.call(format!("attaching to {container} of Pod {pod}"), site.pods.attach(pod, &ap))
-        .await
-        .map_err(|e| site.forbidden(e, "pods/attach"))
+    }
 }
 
 /// Writes the inputs' tar into the init container's stdin and waits for its word: the tar's

@@ -47,19 +47,7 @@ pub(crate) fn prepare(cfg: &KubeConfig, incarnation: &str, req: &Request, sizes:
         ));
     }
     let argv = argv(req, cfg)?;
-    let inputs = match &req.input_dir {
-        None => None,
-        Some(dir) => {
-            let staging =
-                |e| LaunchError::Staging { what: format!("input dir {}", dir.display()), source: Box::new(e) };
-            let input = InputDir::open(dir).map_err(staging)?;
-            let (bytes, files) = input.measure().map_err(staging)?;
-            if bytes > cfg.max_input_bytes {
-                return Err(LaunchError::InputTooLarge { bytes, limit: cfg.max_input_bytes });
-            }
-            Some((input, InputsStaged { files, bytes, limit_bytes: cfg.max_input_bytes, ..InputsStaged::default() }))
-        }
-    };
+    let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
     let attempt_id = random_hex(6);
     let owner = Owner { worker: &req.worker_id, incarnation, executor: &cfg.name };

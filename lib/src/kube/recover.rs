@@ -13,7 +13,6 @@ use crate::attempt::{Ledger, Teardown};
 use crate::contract::{Checkpoint, RecoverError, Target};
 use crate::labels;
 use crate::link::session::Transport;
-use kube::api::AttachParams;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -72,16 +71,7 @@ pub(crate) async fn reattach(
 /// Runs `argv` in the Pod's attempt's container through the API's `exec`, its streams as
 /// the link's transport.
 pub(crate) async fn exec(site: &KubeSite, pod: &str, argv: Vec<String>) -> Result<Transport, ClusterError> {
-    let ap = AttachParams {
-        container: Some(MAIN.to_owned()),
-        stdin: true,
-        stdout: true,
-        stderr: true,
-        tty: false,
-        max_stdin_buf_size: Some(256 << 10),
-        max_stdout_buf_size: Some(1 << 20),
-        max_stderr_buf_size: Some(64 << 10),
-    };
+    let ap = super::launch::streams(MAIN, true);
     let what = format!("exec in Pod {pod}");
     let attached = site.call(what, site.pods.exec(pod, argv, &ap)).await.map_err(|e| site.forbidden(e, "pods/exec"))?;
     Ok(super::launch::transport(attached))
