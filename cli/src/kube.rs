@@ -27,14 +27,12 @@ pub fn config(g: &Global) -> Result<KubeConfig, String> {
     Ok(cfg)
 }
 
-/// Whether the options' profile names the kube rung (a profile's `rung = "kube"`).
-pub fn profile_says_kube(g: &Global) -> Result<bool, String> {
+/// The rung the options' profile names (its `rung`), if any.
+pub fn profile_rung(g: &Global) -> Result<Option<String>, String> {
     if g.config.is_none() && g.profile.is_none() {
-        return Ok(false);
+        return Ok(None);
     }
-    let rung =
-        stevedore::profiles::rung(g.config.as_deref(), g.profile.as_deref()).map_err(|e| stevedore::error_chain(&e))?;
-    Ok(rung.as_deref() == Some("kube"))
+    stevedore::profiles::rung(g.config.as_deref(), g.profile.as_deref()).map_err(|e| stevedore::error_chain(&e))
 }
 
 /// Connects the rung; on failure the message is printed and `failure` returned.

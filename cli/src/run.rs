@@ -381,11 +381,16 @@ fn adjust_kube(a: &RunArgs, cfg: &mut stevedore::kube::KubeConfig) -> Result<(),
     if !a.publish.is_empty() {
         return refuse("-p/--publish", "a Pod's ports are reached through a Service, which the rung does not make");
     }
-    if let Some(n) = a.network.as_deref().filter(|n| *n != "none") {
-        return Err(format!(
-            "--network {n} is not available on the kube rung: every Pod has the cluster's network, denied only by \
-             a NetworkPolicy (--network-denied once the namespace has one)"
-        ));
+    match a.network.as_deref() {
+        None => {}
+        Some("none") if cfg.network_denied => {}
+        Some(n) => {
+            return Err(format!(
+                "--network {n} is not available on the kube rung: every Pod has the cluster's network, denied only \
+                 by a NetworkPolicy (say --network-denied once the namespace has one; without --network the \
+                 evidence says the network was not enforced)"
+            ));
+        }
     }
     if let Some(p) = &a.pull {
         cfg.image_pull = crate::kube::pull(p);
@@ -553,9 +558,8 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     };
     let on = match a.rung.clone() {
         Some(r) => r,
-        None => match crate::kube::profile_says_kube(g) {
-            Ok(true) => "kube".to_owned(),
-            Ok(false) => "container".to_owned(),
+        None => match crate::kube::profile_rung(g) {
+            Ok(r) => r.unwrap_or_else(|| "container".to_owned()),
             Err(e) => return fail(e),
         },
     };

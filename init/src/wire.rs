@@ -110,6 +110,21 @@ pub mod env {
         "MALLOC_ARENA_MAX",
         "MALLOC_ARENA_TEST",
     ];
+    /// Of [`LOADER`], what the static init's own libc reads when it starts (no dynamic
+    /// loader runs it, and it loads no library). Where the image's values cannot be had
+    /// again (the kube rung), only these are set empty for PID 1, so the command keeps the
+    /// image's `LD_LIBRARY_PATH` and the like.
+    pub const INIT_READS: &[&str] = &[
+        "GLIBC_TUNABLES",
+        "MALLOC_CHECK_",
+        "MALLOC_PERTURB_",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_MMAP_MAX_",
+        "MALLOC_TOP_PAD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_ARENA_MAX",
+        "MALLOC_ARENA_TEST",
+    ];
 }
 
 /// What a frame is.

@@ -41,11 +41,20 @@ impl Cluster {
             .expect("kubectl runs")
     }
 
-    /// The names of the Pods labelled with `worker` (any state, deleting or not).
+    /// The names of stevedore's Pods of `worker` (any state, deleting or not), by its label
+    /// or, for an ID that had to be fitted to Kubernetes' rules, its annotation.
     fn pods_of(&self, worker: &str) -> Vec<String> {
-        let out = self.kubectl(&["get", "pods", "-l", &format!("dev.stevedore.worker={worker}"), "-o", "name"]);
+        let out = self.kubectl(&["get", "pods", "-l", "dev.stevedore.managed=true", "-o", "json"]);
         assert!(out.status.success(), "kubectl get pods: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let key = "dev.stevedore.worker";
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["metadata"]["labels"][key] == worker || p["metadata"]["annotations"][key] == worker)
+            .map(|p| format!("pod/{}", p["metadata"]["name"].as_str().unwrap()))
+            .collect()
     }
 
     /// Whether a Pod of that name exists.
@@ -207,6 +216,37 @@ async fn the_pod_is_hardened_and_the_network_is_said_to_be_not_enforced() {
 }
 
 #[tokio::test]
+async fn the_images_env_and_workdir_reach_the_command_under_every_other_layer() {
+    let Some(c) = setup().await else { return };
+    let docker = support::engine().await.expect("the local engine builds the image");
+    let base = support::busybox_image(&docker).await;
+    let tag = "stevedore-test/kube-env:latest";
+    let dockerfile = format!(
+        "FROM {base}\nENV IMAGE_VAR=image LD_LIBRARY_PATH=/opt/lib MALLOC_ARENA_MAX=2 SHARED=image\nWORKDIR /work\n\
+         LABEL {}=true\n",
+        support::TEST_LABEL
+    );
+    let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]);
+    stevedore::image::build_image_from_dir_tar(support::seam().await, tag, context).await.expect("build");
+    assert!(Command::new(c.var("KUBE_IMPORT")).arg(tag).status().unwrap().success());
+    let w = worker("kube-env");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = "echo $IMAGE_VAR $LD_LIBRARY_PATH ${MALLOC_ARENA_MAX:-unset} $SHARED $HOME $(pwd)";
+    let mut req = Request::command("job", ["sh", "-c", script], dir.path().join("o1")).worker(&w).image(tag);
+    req.env.insert("SHARED".into(), "request".into());
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "image /opt/lib unset request /tmp /work\n", "the image's layer is the lowest");
+    assert!(o.evidence.notes.iter().any(|n| n.contains("MALLOC_ARENA_MAX")), "what does not reach it is said");
+    let mut req = Request::command("job", ["pwd"], dir.path().join("o2")).worker(&w).image(tag);
+    req.workdir = Some("/tmp".into());
+    assert_eq!(stdout_of(&run(&rung, &req).await), "/tmp\n", "-w wins over the image's WORKDIR");
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
 async fn an_exit_code_a_signal_and_a_pod_deleted_from_outside_are_told_apart() {
     let Some(c) = setup().await else { return };
     let w = worker("kube-exit");
@@ -237,6 +277,28 @@ async fn an_exit_code_a_signal_and_a_pod_deleted_from_outside_are_told_apart() {
     let o = attempt.await.unwrap().expect("it ran");
     assert_eq!(o.status, Status::Killed, "{}", o.to_json());
     assert_eq!(o.reason, Some(Reason::RemovedExternally), "{}", o.to_json());
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn an_attempt_dropped_midway_leaves_no_pod_even_for_a_worker_id_kubernetes_cannot_label() {
+    let Some(c) = setup().await else { return };
+    // 70 characters ending in `_`: not a label value, so it is fitted (and annotated whole).
+    let w = format!("{}_", worker("kube-drop").repeat(4).chars().take(69).collect::<String>());
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = sh(c, &w, &dir.path().join("out"), "echo ready; sleep 300");
+    let mut watch = support::watch([&mut req]);
+    let attempt = {
+        let rung = rung.clone();
+        tokio::spawn(async move { rung.run(&req, CancellationToken::new()).await })
+    };
+    watch.until("ready").await;
+    assert_eq!(c.pods_of(&w).len(), 1, "found by its annotation");
+    // The caller gives up on it: no outcome, and the rung removes what it made.
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
     rung.close().await;
     none_left(c, &w);
 }
@@ -396,25 +458,40 @@ fn kill9(mut child: std::process::Child) {
 
 #[tokio::test]
 async fn a_restarted_worker_recovers_its_attempt_through_exec() {
+    use std::io::{BufRead, BufReader};
     let Some(c) = setup().await else { return };
     let w = worker("kube-recover");
     let dir = tempfile::tempdir().unwrap();
     let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
-    // About six seconds of work after the worker is gone: taken over while it runs.
-    let script = "echo ready >&2; i=0; while [ $i -lt 30 ]; do \"$STEVEDORE_INIT\" report heartbeat; sleep 0.2; \
-                  i=$((i+1)); done; echo result > /out/r; echo finished";
+    // The command waits for a gate the test opens only once a report of it reached the
+    // recovering process: the takeover happened while it ran.
+    let script = r#"echo ready >&2; while [ ! -e /tmp/gate ]; do "$STEVEDORE_INIT" report heartbeat; sleep 0.2; done;
+                    echo result > /out/r; echo finished"#;
     kill9(start_cli(c, &w, &out, Some(&cp), script));
     let checkpoint = stevedore::contract::Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap();
-    assert!(matches!(checkpoint.target, stevedore::contract::Target::Pod { .. }), "{:?}", checkpoint.target);
-    assert_eq!(c.pods_of(&w).len(), 1, "the attempt runs on without its worker");
-    let got = Command::new(BIN)
+    let stevedore::contract::Target::Pod { name, .. } = &checkpoint.target else { panic!("{:?}", checkpoint.target) };
+    assert_eq!(c.pods_of(&w), vec![format!("pod/{name}")], "the attempt runs on without its worker");
+    let mut recover = Command::new(BIN)
         .args(["recover", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--logs"])
         .arg(out.with_extension("logs"))
         .arg(&cp)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let o: serde_json::Value = serde_json::from_slice(&got.stdout)
-        .unwrap_or_else(|_| panic!("no outcome: {}", String::from_utf8_lossy(&got.stderr)));
+    let mut lines = BufReader::new(recover.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("heartbeat") => break,
+            Some(Ok(_)) => continue,
+            other => panic!("recover ended before a report came through: {other:?}"),
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let gate = c.kubectl(&["exec", name, "-c", "attempt", "--", "touch", "/tmp/gate"]);
+    assert!(gate.status.success(), "{}", String::from_utf8_lossy(&gate.stderr));
+    let got = recover.wait_with_output().unwrap();
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap_or_else(|_| panic!("no outcome: {got:?}"));
     assert_eq!(o["status"], "ok", "{o}");
     assert!(o["evidence"]["recovered"].as_str().is_some(), "{o}");
     assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "result\n");
@@ -435,6 +512,15 @@ async fn a_launch_that_cannot_run_is_a_clear_error_and_leaves_no_pod() {
     assert!(err.contains("127.0.0.1:9/nothing:1") && err.contains("ErrImagePull"), "{err}");
     none_left(c, &w);
     pulling.close().await;
+    // A Pod that does not run within the launch's time: what it waited for, named.
+    let mut cfg = config(c);
+    cfg.launch_timeout = Duration::from_millis(1);
+    let hasty = KubeExecutor::connect(cfg).await.unwrap();
+    let req = sh(c, &w, &dir.path().join("o1b"), "true");
+    let err = stevedore::error_chain(&hasty.run(&req, CancellationToken::new()).await.expect_err("not in 1 ms"));
+    assert!(err.contains("the Pod did not start within 1ms"), "{err}");
+    none_left(c, &w);
+    hasty.close().await;
     // Larger than any node: the scheduler's reason.
     let rung = rung(c).await;
     let req = sh(c, &w, &dir.path().join("o2"), "true").memory(1 << 50);
@@ -472,8 +558,11 @@ async fn an_unknown_token_or_an_unreachable_server_is_said_as_such() {
     );
     assert!(err.contains("401 Unauthorized"), "{err}");
     assert!(!err.contains(token), "the token is never said");
-    // A server that does not listen: a port just released.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A server that does not listen: a port this test holds bound, never listening on it.
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, getsockname, socket};
+    let held = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    bind(std::os::fd::AsRawFd::as_raw_fd(&held), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+    let port = getsockname::<SockaddrIn>(std::os::fd::AsRawFd::as_raw_fd(&held)).unwrap().port();
     let unreachable = dir.path().join("unreachable");
     std::fs::write(&unreachable, good.replace(c.var("KUBE_SERVER"), &format!("https://127.0.0.1:{port}"))).unwrap();
     let err = KubeExecutor::connect(KubeConfig::default().kubeconfig(&unreachable)).await.expect_err("unreachable");
@@ -519,7 +608,7 @@ async fn the_command_runs_an_attempt_on_the_cluster_with_dockers_flags_streams_a
     assert_eq!(o["evidence"]["executor"], "kube");
     assert_eq!(o["evidence"]["enforcement"]["cpu"], "Pod cpu limit of 500 millicores (cfs quota)");
     // What does not map to a Pod is refused, named, before anything exists.
-    for (flag, value) in [("--cache", "deps:/cache"), ("-p", "8080"), ("--network", "bridge")] {
+    for (flag, value) in [("--cache", "deps:/cache"), ("-p", "8080"), ("--network", "bridge"), ("--network", "none")] {
         let refused = Command::new(BIN)
             .args(["run", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--worker", &w])
             .args(["--image", &c.busybox(), flag, value, "--output"])

@@ -104,6 +104,7 @@ impl ContainerExecutor {
         }
         // An invalid request is refused before it waits for anything.
         req.validate()?;
+        req.policy.admit_network(&name, self.shared.config.network == "none")?;
         let applied = super::sizes::of(&req.limits, &self.shared.config);
         let mib = u32::try_from(applied.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
         if mib > self.memory_budget_mib {

@@ -39,6 +39,17 @@ impl Policy {
         if self.grace_period_ms <= 0 { DEFAULT_GRACE } else { Duration::from_millis(self.grace_period_ms as u64) }
     }
 
+    /// Refuses an attempt whose policy requires no network on rung `rung`, which does not
+    /// deny it (`denies`): a rung called directly keeps the registry's promise too.
+    pub(crate) fn admit_network(&self, rung: &str, denies: bool) -> Result<(), super::LaunchError> {
+        if self.no_network && !denies {
+            return Err(super::LaunchError::NotAllowed(format!(
+                "the policy requires no network, and rung {rung} cannot deny it"
+            )));
+        }
+        Ok(())
+    }
+
     /// Sets the grace period (builder style).
     pub fn with_grace(mut self, grace: Duration) -> Self {
         self.grace_period_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
@@ -57,5 +68,10 @@ mod tests {
         assert_eq!(p.grace(), Duration::from_secs(30));
         let p = Policy::default().with_grace(Duration::from_millis(1500));
         assert_eq!(p.grace(), Duration::from_millis(1500));
+        let closed = Policy { no_network: true, ..Policy::default() };
+        assert!(closed.admit_network("kube", true).is_ok());
+        let err = closed.admit_network("kube", false).unwrap_err().to_string();
+        assert!(err.contains("requires no network") && err.contains("kube"), "{err}");
+        assert!(Policy::default().admit_network("kube", false).is_ok(), "a rung's own setting stands");
     }
 }

@@ -150,6 +150,7 @@ impl InProcessExecutor {
             return Err(LaunchError::Closed(self.name.clone()));
         }
         request.validate()?;
+        request.policy.admit_network(&self.name, false)?;
         let name = match &request.task {
             Task::Handler(name) => name,
             Task::Command(_) => {

@@ -8,12 +8,14 @@ use super::site::KubeSite;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use kube::api::{Api, PostParams};
 
-/// What the rung does, as (resource, subresource, verbs). WebSocket upgrades (attach, exec)
-/// are authorized as `get` on Kubernetes 1.20 and as `create` on later ones: both are asked.
-pub(crate) const NEEDED: &[(&str, &str, &[&str])] = &[
-    ("pods", "", &["create", "get", "list", "watch", "delete"]),
-    ("pods", "attach", &["get", "create"]),
-    ("pods", "exec", &["get", "create"]),
+/// What the rung does, as (resource, subresource, verbs, whether any one of the verbs is
+/// enough). WebSocket upgrades (attach, exec) are authorized as `get` on older servers (1.20)
+/// and as `create` on newer ones: either will do, and a 403 at the upgrade itself still says
+/// which resource it was.
+pub(crate) const NEEDED: &[(&str, &str, &[&str], bool)] = &[
+    ("pods", "", &["create", "get", "list", "watch", "delete"], false),
+    ("pods", "attach", &["get", "create"], true),
+    ("pods", "exec", &["get", "create"], true),
 ];
 
 /// Checks [`NEEDED`] once per rung (a success is kept; a refusal is asked again next time,
@@ -24,7 +26,7 @@ pub(crate) async fn ensure(site: &KubeSite) -> Result<(), ClusterError> {
         return Ok(());
     }
     let reviews: Api<SelfSubjectAccessReview> = Api::all(site.client.clone());
-    for (resource, sub, verbs) in NEEDED {
+    for (resource, sub, verbs, any) in NEEDED {
         let mut missing = Vec::new();
         for verb in *verbs {
             let review = SelfSubjectAccessReview {
@@ -50,7 +52,7 @@ pub(crate) async fn ensure(site: &KubeSite) -> Result<(), ClusterError> {
                 missing.push(*verb);
             }
         }
-        if !missing.is_empty() {
+        if !missing.is_empty() && (!*any || missing.len() == verbs.len()) {
             let resource = if sub.is_empty() { (*resource).to_owned() } else { format!("{resource}/{sub}") };
             return Err(ClusterError::Forbidden {
                 verb: missing.join(", "),

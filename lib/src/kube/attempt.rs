@@ -70,7 +70,7 @@ async fn in_pod(
         cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
         measure: Vec::new(),
         mounts: plan.mounts.clone(),
-        image_env: Some(wire::env::LOADER.iter().map(|k| (*k).to_owned()).collect()),
+        image_env: Some(wire::env::INIT_READS.iter().map(|k| (*k).to_owned()).collect()),
     };
     let own = Own {
         namespace: site.namespace.clone(),

@@ -10,7 +10,21 @@ use super::state;
 use super::watch::{self, Look};
 use crate::attempt::{InFlight, Removed, Teardown};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
+
+/// The create call's answer.
+const UNSURE: u8 = 0;
+const MADE: u8 = 1;
+const REFUSED: u8 = 2;
+/// Pauses between the tries of a removal that failed, or whose Pod may appear late.
+const RETRY: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(16),
+];
 
 /// How long a removal follows a deleted Pod until the kubelet stopped it.
 const GONE_WITHIN: Duration = Duration::from_secs(90);
@@ -25,6 +39,8 @@ pub(crate) struct Cleanup {
     /// The create call, run on the tracked tasks: a removal waits for it, so a Pod made
     /// after its removal was decided is never left.
     creating: Option<tokio::task::JoinHandle<()>>,
+    /// What the create call's answer was (`UNSURE` until it came, or when it never did).
+    made: Arc<AtomicU8>,
     /// This attempt's mark in the rung's in-flight set, until the removal is done.
     in_flight: Option<InFlight>,
 }
@@ -32,7 +48,7 @@ pub(crate) struct Cleanup {
 impl Cleanup {
     pub fn new(site: Arc<KubeSite>, attempt_id: String) -> Self {
         let in_flight = Some(site.base.enter(attempt_id));
-        Self { site, pod: None, creating: None, in_flight }
+        Self { site, pod: None, creating: None, in_flight, made: Arc::new(AtomicU8::new(UNSURE)) }
     }
 
     /// Records the Pod the attempt is about to make (before the call that makes it).
@@ -47,8 +63,17 @@ impl Cleanup {
         call: F,
     ) -> impl Future<Output = Result<T, ClusterError>> + use<T, F> {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let made = self.made.clone();
         self.creating = Some(self.site.base.tracker.spawn(async move {
-            let _ = tx.send(call.await);
+            let r = call.await;
+            let answer = match &r {
+                Ok(_) => MADE,
+                // No answer: the server may have made it all the same.
+                Err(e) if e.is_unreachable() => UNSURE,
+                Err(_) => REFUSED,
+            };
+            made.store(answer, Ordering::Release);
+            let _ = tx.send(r);
         }));
         async move {
             rx.await.unwrap_or_else(|_| {
@@ -63,6 +88,7 @@ impl Cleanup {
             pod: self.pod.take(),
             creating: self.creating.take(),
             in_flight: self.in_flight.take(),
+            made: self.made.clone(),
         }
     }
 }
@@ -73,6 +99,7 @@ struct Work {
     pod: Option<String>,
     creating: Option<tokio::task::JoinHandle<()>>,
     in_flight: Option<InFlight>,
+    made: Arc<AtomicU8>,
 }
 
 impl Work {
@@ -83,11 +110,30 @@ impl Work {
         }
         if let Some(name) = &self.pod {
             let ours = self.site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
-            match remove_pod(&self.site, name).await {
-                Ok(true) => {}
-                Ok(false) if !ours => removed.by_others.push(format!("Pod {name}")),
-                Ok(false) => {}
-                Err(e) => removed.errors.push(format!("Pod {name}: {}", crate::util::error_chain(&e))),
+            let unsure = self.made.load(Ordering::Acquire) == UNSURE;
+            let mut last = None;
+            // An API server out of reach for a moment, or a create that was never answered
+            // (its Pod may appear late), is tried again before the removal gives up.
+            for wait in RETRY {
+                match remove_pod(&self.site, name).await {
+                    Ok(true) => {
+                        last = None;
+                        break;
+                    }
+                    Ok(false) if unsure => last = None,
+                    Ok(false) => {
+                        if !ours && self.made.load(Ordering::Acquire) == MADE {
+                            removed.by_others.push(name.clone());
+                        }
+                        last = None;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(wait).await;
+            }
+            if let Some(e) = last {
+                removed.errors.push(format!("Pod {name}: {}", crate::util::error_chain(&e)));
             }
         }
         drop(self.in_flight);
@@ -95,25 +141,29 @@ impl Work {
     }
 }
 
-/// Deletes the Pod; whether it was there. A Pod in which nothing runs goes at once; one
-/// whose init is ending (after the host's ack) is given [`SETTLE_WITHIN`] to end; one that
-/// still runs then is deleted with a second of grace and followed until the API no longer
-/// has it (the kubelet removes it only once its containers stopped).
+/// Deletes the Pod; whether it was there. A Pod that ended goes at once; one whose init is
+/// ending (after the host's ack) is given [`SETTLE_WITHIN`] to end; any other is deleted with
+/// a second of grace and followed until the API no longer has it: the kubelet removes it only
+/// once its containers stopped, or once it knows none will start.
 pub(crate) async fn remove_pod(site: &KubeSite, name: &str) -> Result<bool, ClusterError> {
-    let settled = watch::until(site, name, SETTLE_WITHIN, |p| match p {
-        None => Look::Done(None),
-        Some(p) if state::nothing_runs(p) => Look::Done(Some(true)),
-        Some(_) => Look::Wait("its containers to end".into()),
-    })
-    .await;
-    let done = match settled {
-        Ok(None) => return Ok(false),
-        Ok(Some(done)) => done,
-        Err(ClusterError::StartTimeout { .. }) => false,
-        Err(e) => return Err(e),
-    };
-    let was = site.delete_pod(name, done).await?;
-    if !done {
+    let Some(pod) = site.get_pod(name).await? else { return Ok(false) };
+    let mut ended = state::finished(&pod);
+    if !ended && state::main_runs(&pod) {
+        let settled = watch::until(site, name, SETTLE_WITHIN, |p| match p {
+            None => Look::Done(None),
+            Some(p) if state::finished(p) => Look::Done(Some(())),
+            Some(_) => Look::Wait("its init to end".into()),
+        })
+        .await;
+        ended = match settled {
+            Ok(None) => return Ok(true),
+            Ok(Some(())) => true,
+            Err(ClusterError::StartTimeout { .. }) => false,
+            Err(e) => return Err(e),
+        };
+    }
+    let was = site.delete_pod(name, ended).await?;
+    if !ended {
         watch::until(site, name, GONE_WITHIN, |p| match p {
             None => Look::Done(()),
             Some(_) => Look::Wait("the kubelet to stop the Pod's containers".into()),
@@ -130,9 +180,13 @@ pub(crate) async fn remove_pod(site: &KubeSite, name: &str) -> Result<bool, Clus
 }
 
 impl Teardown for Cleanup {
+    /// The removal runs on the rung's tracked tasks: a caller that stops waiting for it
+    /// (a dropped future) never cuts it short.
     fn remove(mut self) -> impl Future<Output = Removed> + Send + 'static {
         let work = self.take();
-        work.run()
+        let tracker = work.site.base.tracker.clone();
+        let removal = tracker.spawn(work.run());
+        async move { removal.await.unwrap_or_default() }
     }
 }
 

@@ -80,6 +80,26 @@ pub enum ClusterError {
     },
 }
 
+/// `text` with everything it quotes left out (a value read from a kubeconfig, a credential
+/// plugin's output or command line, in the client's messages), so an error never carries a
+/// secret.
+pub(crate) fn without_values(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut quote = None;
+    for c in text.chars() {
+        match (quote, c) {
+            (None, '"' | '\'' | '`') => {
+                quote = Some(c);
+                out.push('\u{2026}');
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, c) => out.push(c),
+        }
+    }
+    out
+}
+
 impl ClusterError {
     /// An API call's error, with the server's words when it answered.
     pub(crate) fn api(what: impl Into<String>, e: kube::Error) -> Self {
@@ -88,7 +108,11 @@ impl ClusterError {
             kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(c)) => {
                 (format!("the server answered {c} instead of upgrading the connection"), Some(c.as_u16()))
             }
-            other => (other.to_string(), None),
+            // A credential plugin's output, a kubeconfig's values: never said (only their shape).
+            kube::Error::Auth(_) => {
+                (format!("the credentials could not be had: {}", without_values(&e.to_string())), None)
+            }
+            other => (without_values(&other.to_string()), None),
         };
         if code == Some(401) {
             return ClusterError::Unauthorized { message };
@@ -123,5 +147,19 @@ impl ClusterError {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_client_quotes_is_never_said() {
+        let said = without_values("auth exec command 'get-token --secret s3cr3t' failed: Output { stdout: \"tok3n\" }");
+        assert!(!said.contains("s3cr3t") && !said.contains("tok3n"), "{said}");
+        assert!(said.starts_with("auth exec command \u{2026} failed"), "{said}");
+        assert_eq!(without_values("no quotes here"), "no quotes here");
+        assert!(!without_values("an \"unterminated s3cr3t").contains("s3cr3t"));
     }
 }

@@ -2,7 +2,7 @@
 //! validation, admission, then the attempt (`attempt`) on the rung's site (`site`).
 
 use super::config::KubeConfig;
-use super::error::ClusterError;
+use super::error::{ClusterError, without_values};
 use super::site::KubeSite;
 use crate::contract::{
     Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
@@ -23,20 +23,24 @@ pub struct KubeExecutor {
 /// The client configuration, found the way kubectl finds it.
 async fn load(cfg: &KubeConfig) -> Result<kube::Config, ClusterError> {
     let options = kube::config::KubeConfigOptions { context: cfg.context.clone(), ..Default::default() };
-    let config_error = |why: String| ClusterError::Config { why, source: None };
+    // The client's words may quote a kubeconfig's values: those are never said.
+    let config_error = |what: String, e: &dyn std::fmt::Display| ClusterError::Config {
+        why: format!("{what}: {}", without_values(&e.to_string())),
+        source: None,
+    };
     match &cfg.kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| config_error(format!("cannot read kubeconfig {}: {e}", path.display())))?;
+                .map_err(|e| config_error(format!("cannot read kubeconfig {}", path.display()), &e))?;
             kube::Config::from_custom_kubeconfig(file, &options)
                 .await
-                .map_err(|e| config_error(format!("kubeconfig {}: {e}", path.display())))
+                .map_err(|e| config_error(format!("kubeconfig {}", path.display()), &e))
         }
         None if cfg.context.is_some() => kube::Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| config_error(format!("KUBECONFIG or ~/.kube/config: {e}"))),
+            .map_err(|e| config_error("KUBECONFIG or ~/.kube/config".into(), &e)),
         None => kube::Config::infer().await.map_err(|e| {
-            config_error(format!("neither KUBECONFIG, ~/.kube/config nor a Pod's service account gave a cluster ({e})"))
+            config_error("neither KUBECONFIG, ~/.kube/config nor a Pod's service account gave a cluster".into(), &e)
         }),
     }
 }
@@ -140,6 +144,7 @@ impl KubeExecutor {
             return Err(LaunchError::Closed(name));
         }
         req.validate()?;
+        req.policy.admit_network(&name, self.site.config.network_denied)?;
         let sizes = super::sizes::of(&req.limits, &self.site.config);
         let _slot = tokio::select! {
             s = self.slots.clone().acquire_owned() => s.map_err(|_| LaunchError::Closed(name.clone()))?,

@@ -82,11 +82,12 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
             ));
         }
     }
-    ev.notes.push(
+    ev.notes.push(format!(
         "the image's ENV and WORKDIR come from the runtime, below every other layer (the API shows neither): \
-         env_overrides name only the layers stevedore set"
-            .into(),
-    );
+         env_overrides name only the layers stevedore set; the image's values of {} do not reach the command (the \
+         init's libc reads them, so they are empty for it)",
+        stevedore_init::wire::env::INIT_READS.join(", ")
+    ));
     // `/out` is a tmpfs of the sizeLimit only where the cluster sizes memory-backed volumes.
     let out_fs = ended.record.as_ref().and_then(|r| r.as_ref().ok()).and_then(|r| r.out_fs.clone());
     let sized = out_fs.as_ref().map(|fs| fs.total_bytes.abs_diff(own.disk) <= (1 << 20).max(own.disk / 100));

@@ -52,6 +52,8 @@ pub(crate) async fn provision(
     let grace = req.policy.grace();
     let deadline = req.deadline_from(started).map(|d| d.saturating_duration_since(started));
     let inputs = plan.inputs.take();
+    // The inputs' upload has a bound of its own, beside the launch's.
+    let upload = inputs.as_ref().map_or(Duration::ZERO, |(_, s)| upload_bound(site, s.bytes));
     let spec::Spec { pod, enforcement, skipped } = spec::pod(&spec::PodInput {
         config: &site.config,
         name: &plan.name,
@@ -63,15 +65,10 @@ pub(crate) async fn provision(
         inputs: inputs.as_ref().map(|(_, s)| s.bytes),
         workdir: (!plan.cwd.is_empty()).then_some(plan.cwd.as_str()),
         grace_secs: i64::try_from(grace.as_secs().max(1)).unwrap_or(i64::MAX),
-        host_within_ms: u64::try_from(
-            (site.config.launch_timeout
-                + Duration::from_secs(inputs.as_ref().map_or(0, |(_, s)| s.bytes / SLOWEST_UPLOAD))
-                + DEADLINE_BACKSTOP)
-                .as_millis(),
-        )
-        .unwrap_or(u64::MAX),
+        host_within_ms: u64::try_from((site.config.launch_timeout + upload + DEADLINE_BACKSTOP).as_millis())
+            .unwrap_or(u64::MAX),
         active_deadline_secs: deadline.map(|d| {
-            let launch = site.config.launch_timeout;
+            let launch = site.config.launch_timeout + upload;
             i64::try_from((d + grace + launch + DEADLINE_BACKSTOP).as_secs()).unwrap_or(i64::MAX)
         }),
     });
@@ -87,18 +84,34 @@ pub(crate) async fn provision(
     let within = site.config.launch_timeout;
     let mut staged = None;
     let mut staged_at = None;
+    // The time the upload took is not the launch's.
+    let mut staging_took = Duration::ZERO;
     if let Some((dir, measured)) = inputs {
         let at = wait(site, &plan.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
         if at == Launch::Preparing {
-            let report = stage(site, &plan.name, dir, measured.bytes, plan.progress.clone()).await?;
+            let t = Instant::now();
+            let staging = stage(site, &plan.name, dir, measured.bytes, plan.progress.clone());
+            let report = tokio::select! {
+                r = staging => r?,
+                _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+            };
+            staging_took = t.elapsed();
             staged = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..measured });
             staged_at = Some(crate::contract::unix_ms_now());
         }
     }
-    let left = within.saturating_sub(started.elapsed());
+    let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));
     wait(site, &plan.name, left, cancel, false).await?;
-    let attached = attach(site, &plan.name, MAIN, true).await.map_err(|e| staging("attaching to the attempt", e))?;
+    let attached = tokio::select! {
+        a = attach(site, &plan.name, MAIN, true) => a.map_err(|e| staging("attaching to the attempt", e))?,
+        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+    };
     Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at })
+}
+
+/// How long an upload of `bytes` of inputs may take.
+fn upload_bound(site: &KubeSite, bytes: u64) -> Duration {
+    site.config.api_timeout + Duration::from_secs(bytes / SLOWEST_UPLOAD)
 }
 
 fn staging(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
@@ -120,7 +133,13 @@ async fn wait(
         other => Look::Done(other),
     });
     let at = tokio::select! {
-        r = followed => r?,
+        r = followed => r.map_err(|e| match e {
+            // Said as the launch's whole bound, whatever was left of it for this wait.
+            ClusterError::StartTimeout { state, .. } => {
+                ClusterError::StartTimeout { waited: site.config.launch_timeout, state }
+            }
+            e => e,
+        })?,
         _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
     };
     match at {
@@ -180,7 +199,7 @@ async fn stage(
     };
     let (producer, chunks) =
         crate::inputs::tar_stream(dir, site.config.user, site.config.max_input_bytes, bytes, progress.clone());
-    let bound = site.config.api_timeout + Duration::from_secs(bytes / SLOWEST_UPLOAD);
+    let bound = upload_bound(site, bytes);
     let words = async {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut o, mut e) = ((&mut stdout).take(PREPARE_WORDS as u64), (&mut stderr).take(PREPARE_WORDS as u64));

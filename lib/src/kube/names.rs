@@ -40,14 +40,15 @@ pub(crate) fn of_attempt(l: &AttemptLabels<'_>) -> (BTreeMap<String, String>, BT
     let mut labels = BTreeMap::new();
     let mut annotations = BTreeMap::new();
     for (k, v) in l.for_kind(Kind::Attempt, "pod") {
+        // An extra label of the configuration whose key Kubernetes refuses is dropped.
+        if !key_fits(&k) {
+            continue;
+        }
         let fitted = fit(&v);
         if fitted != v {
             annotations.insert(k.clone(), v);
         }
-        // An extra label of the configuration that does not fit a Kubernetes key is dropped.
-        if key_fits(&k) {
-            labels.insert(k, fitted);
-        }
+        labels.insert(k, fitted);
     }
     (labels, annotations)
 }
@@ -109,7 +110,7 @@ mod tests {
         assert_ne!(fit("team/worker 1"), fit("team/worker 2"));
         let extra = BTreeMap::from([
             ("team".to_owned(), "blue".to_owned()),
-            ("bad key!".to_owned(), "x".to_owned()),
+            ("bad key!".to_owned(), "a value that does not fit".to_owned()),
             ("dev.stevedore.worker".to_owned(), "spoofed".to_owned()),
         ]);
         let l = AttemptLabels {
@@ -127,7 +128,7 @@ mod tests {
         assert_eq!(labels_[labels::ATTEMPT], "2");
         assert_eq!(labels_[labels::KIND], "attempt");
         assert_eq!(labels_["team"], "blue");
-        assert!(!labels_.contains_key("bad key!"));
+        assert!(!labels_.contains_key("bad key!") && !annotations.contains_key("bad key!"));
         assert!(labels_.values().all(|v| fits(v)));
         assert!(is_of_worker(&labels_, &annotations, "team/worker 1"));
         assert!(!is_of_worker(&labels_, &annotations, "team/worker 2"));

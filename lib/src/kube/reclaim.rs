@@ -18,10 +18,11 @@ pub(crate) async fn reclaim(site: &KubeSite, worker: &str) -> Result<ReclaimRepo
         return Err(ReclaimError::WorkerId(worker.to_owned()));
     }
     let mut report = ReclaimReport { worker: worker.to_owned(), ..ReclaimReport::default() };
-    let in_flight = site.base.in_flight().clone();
-    crate::attempt::reclaim_captures(&site.base, worker, &in_flight, &mut report);
     let lp = ListParams::default().labels(&names::worker_selector(worker));
     let pods = site.call(format!("listing the Pods of worker {worker}"), site.pods.list(&lp)).await?;
+    // Taken after the list: an attempt of this process that began meanwhile is spared too.
+    let in_flight = site.base.in_flight().clone();
+    crate::attempt::reclaim_captures(&site.base, worker, &in_flight, &mut report);
     let empty = BTreeMap::new();
     let mut doomed = Vec::new();
     for pod in pods.items {

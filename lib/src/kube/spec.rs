@@ -222,10 +222,10 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    // PID 1's own environment: the runtime merges the image's ENV in, so every variable a
-    // loader or libc reads is set to empty; the init is static and reads none of them, and
-    // the command gets the image's other variables back (`Start::image_env`).
-    let env = wire_env::LOADER
+    // PID 1's own environment: the runtime merges the image's ENV in, and the API shows it to
+    // nobody, so only what the static init's libc reads is set to empty for it; the command
+    // gets everything else of the image's back (`Start::image_env`).
+    let env = wire_env::INIT_READS
         .iter()
         .map(|k| EnvVar { name: (*k).to_owned(), value: Some(String::new()), value_from: None })
         .collect();
@@ -354,7 +354,8 @@ mod tests {
             main.volume_mounts.as_ref().unwrap().iter().map(|m| (m.mount_path.as_str(), m.read_only)).collect();
         assert_eq!(mounts, vec![(TOOLS_DIR, Some(true)), (OUT_DIR, Some(false)), (TMP_DIR, Some(false))]);
         let env: Vec<&str> = main.env.as_ref().unwrap().iter().map(|e| e.name.as_str()).collect();
-        assert!(env.contains(&"LD_PRELOAD"), "{env:?}");
+        assert!(env.contains(&"GLIBC_TUNABLES"), "{env:?}");
+        assert!(!env.contains(&"LD_LIBRARY_PATH"), "the image's own reaches the command: {env:?}");
         let vols = spec.volumes.as_ref().unwrap();
         let out = vols.iter().find(|v| v.name == "stevedore-out").unwrap().empty_dir.as_ref().unwrap();
         assert_eq!(out.medium.as_deref(), Some("Memory"));

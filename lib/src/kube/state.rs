@@ -156,15 +156,19 @@ pub(crate) fn main_end(pod: &Pod) -> MainEnd {
     }
 }
 
-/// Whether nothing of the Pod runs (any more, or yet): it can be deleted at once.
-pub(crate) fn nothing_runs(pod: &Pod) -> bool {
-    let Some(st) = &pod.status else { return true };
-    if matches!(st.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        return true;
-    }
-    let all = st.init_container_statuses.iter().flatten().chain(st.container_statuses.iter().flatten());
-    let mut all = all.peekable();
-    all.peek().is_some() && all.all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none()))
+/// Whether nothing of the Pod runs any more and nothing will: a Pod that ended (its phase
+/// says so) can be deleted at once. A Pod whose containers only wait may still be started
+/// by its kubelet: it is not finished.
+pub(crate) fn finished(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// Whether the attempt's container runs (its init may be about to end by itself).
+pub(crate) fn main_runs(pod: &Pod) -> bool {
+    let st = pod.status.as_ref();
+    status(st.and_then(|s| s.container_statuses.as_ref()), MAIN)
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some())
 }
 
 #[cfg(test)]
@@ -231,15 +235,14 @@ mod tests {
         let end = main_end(&p);
         assert_eq!((end.exit_code, end.oom_killed), (Some(0), true));
         assert_eq!(end.container_id.as_deref(), Some("containerd://c1"));
-        assert!(nothing_runs(&p));
+        assert!(finished(&p) && !main_runs(&p));
         let running = pod(serde_json::json!({"phase": "Running",
             "containerStatuses": [{"name": MAIN, "image": "b", "imageID": "", "ready": true,
                 "restartCount": 0, "state": {"running": {}}}]}));
-        assert!(!nothing_runs(&running));
+        assert!(!finished(&running) && main_runs(&running));
         let pulling = pod(serde_json::json!({"phase": "Pending",
-            "initContainerStatuses": [{"name": PREPARE, "image": "i", "imageID": "", "ready": false,
+            "containerStatuses": [{"name": MAIN, "image": "b", "imageID": "", "ready": false,
                 "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull"}}}]}));
-        assert!(nothing_runs(&pulling));
-        assert!(!nothing_runs(&pod(serde_json::json!({"phase": "Pending"}))), "the kubelet may be starting it");
+        assert!(!finished(&pulling), "a waiting container may still be started by its kubelet");
     }
 }

@@ -9,6 +9,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{WatchEvent, WatchParams};
 use std::time::{Duration, Instant};
 
+/// How long a watch that brought nothing is left before the next one.
+const EMPTY_WATCH_PAUSE: Duration = Duration::from_millis(500);
+
 /// What a look at the Pod decided.
 pub(crate) enum Look<T> {
     /// Keep waiting; the words say what for (the timeout's message).
@@ -26,13 +29,10 @@ pub(crate) async fn until<T>(
     mut look: impl FnMut(Option<&Pod>) -> Look<T>,
 ) -> Result<T, ClusterError> {
     let start = Instant::now();
-    let mut waiting = "the Pod to be read".to_owned();
+    let mut waiting;
     let timeout = |waiting: String| ClusterError::StartTimeout { waited: within, state: waiting };
     loop {
-        let left = within.saturating_sub(start.elapsed());
-        if left.is_zero() {
-            return Err(timeout(waiting));
-        }
+        // The Pod is always looked at once, however little time is left.
         let pod = site.get_pod(name).await?;
         let version = match &pod {
             Some(p) => p.metadata.resource_version.clone().unwrap_or_default(),
@@ -46,6 +46,10 @@ pub(crate) async fn until<T>(
             // Gone, and `look` waits on: nothing will change.
             return Err(timeout(waiting));
         }
+        let left = within.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(timeout(waiting));
+        }
         let secs = u32::try_from(left.as_secs().clamp(1, 290)).unwrap_or(290);
         let wp = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(secs);
         let stream = match site.call(format!("watching Pod {name}"), site.pods.watch(&wp, &version)).await {
@@ -54,8 +58,10 @@ pub(crate) async fn until<T>(
             Err(e) => return Err(e),
         };
         let mut stream = std::pin::pin!(stream);
+        let mut events = 0u32;
         let followed = tokio::time::timeout(left, async {
             while let Some(event) = stream.next().await {
+                events += 1;
                 let seen = match event {
                     Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) => Some(p),
                     Ok(WatchEvent::Deleted(_)) => None,
@@ -77,7 +83,9 @@ pub(crate) async fn until<T>(
         match followed {
             Ok(Some(Ok(v))) => return Ok(v),
             Ok(Some(Err(()))) => return Err(timeout(waiting)),
-            // The watch ended: read again and follow again.
+            // The watch ended: read again and follow again; after a pause when it brought
+            // nothing (a proxy that does not stream), so that this is never a busy loop.
+            Ok(None) if events == 0 => tokio::time::sleep(EMPTY_WATCH_PAUSE.min(left)).await,
             Ok(None) => {}
             Err(_) => return Err(timeout(waiting)),
         }

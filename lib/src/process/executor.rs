@@ -130,6 +130,7 @@ impl Executor for ProcessExecutor {
                 return Err(LaunchError::Closed(self.shared.config.name.clone()));
             }
             request.validate()?;
+            request.policy.admit_network(&self.shared.config.name, false)?;
             if cancel.is_cancelled() {
                 return Err(LaunchError::CancelledBeforeStart);
             }
