@@ -381,6 +381,17 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_is_the_configured_extended_resource_in_whole_devices() {
+        let cfg = KubeConfig::default();
+        let s = Sizes { gpus: Some(2), ..sizes() };
+        let spec = pod(&input(&cfg, &s, None));
+        assert_eq!(spec.enforcement["gpu"], "2 of extended resource nvidia.com/gpu");
+        let r = spec.pod.spec.unwrap().containers[0].resources.clone().unwrap();
+        assert_eq!(r.limits.as_ref().unwrap()["nvidia.com/gpu"].0, "2");
+        assert_eq!(r.limits, r.requests);
+    }
+
+    #[test]
     fn the_network_is_claimed_only_when_configured_and_pids_are_skipped() {
         let s = sizes();
         let open = pod(&input(&KubeConfig::default(), &s, None));
