@@ -558,10 +558,8 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     };
     let on = match a.rung.clone() {
         Some(r) => r,
-        None => match crate::kube::profile_rung(g) {
-            Ok(r) => r.unwrap_or_else(|| "container".to_owned()),
-            Err(e) => return fail(e),
-        },
+        // A profile that cannot be read is said by the container rung's path, with its hints.
+        None => crate::kube::profile_rung(g).ok().flatten().unwrap_or_else(|| "container".to_owned()),
     };
     let rung: Arc<dyn Executor> = if on == "kube" {
         match crate::kube::rung(g, 125, |cfg| adjust_kube(&a, cfg)).await {

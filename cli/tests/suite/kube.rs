@@ -296,6 +296,10 @@ async fn an_attempt_dropped_midway_leaves_no_pod_even_for_a_worker_id_kubernetes
     };
     watch.until("ready").await;
     assert_eq!(c.pods_of(&w).len(), 1, "found by its annotation");
+    // This process's own attempt in flight is spared by its reclaim.
+    let report = rung.reclaim(&w).await.expect("reclaim runs");
+    assert_eq!((report.kept_in_flight.len(), report.pods_removed.len()), (1, 0), "{report:?}");
+    assert_eq!(c.pods_of(&w).len(), 1);
     // The caller gives up on it: no outcome, and the rung removes what it made.
     attempt.abort();
     assert!(attempt.await.unwrap_err().is_cancelled());

@@ -75,6 +75,9 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
         ev.container_id = end.container_id.clone();
         ev.node = end.node.clone();
         ev.image_id = end.image_id.clone();
+        if let Some(why) = &end.pod_ended_by {
+            ev.notes.push(format!("the kubelet ended the Pod itself: {why}"));
+        }
         if end.oom_killed {
             ev.notes.push(format!(
                 "the kubelet said OOMKilled (exit code {}): evidence only, the init's cgroup count is the verdict",

@@ -140,6 +140,8 @@ pub(crate) struct MainEnd {
     pub node: Option<String>,
     /// The image's ID as the node resolved it.
     pub image_id: Option<String>,
+    /// Why the kubelet ended the Pod itself, when it did (`Evicted: …`, `DeadlineExceeded: …`).
+    pub pod_ended_by: Option<String>,
 }
 
 /// The attempt's container's end and identity, from `pod`.
@@ -153,6 +155,10 @@ pub(crate) fn main_end(pod: &Pod) -> MainEnd {
         container_id: main.and_then(|m| m.container_id.clone()),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         image_id: main.map(|m| m.image_id.clone()).filter(|i| !i.is_empty()),
+        pod_ended_by: st.and_then(|s| s.reason.as_ref()).map(|r| {
+            let message = st.and_then(|s| s.message.as_deref()).unwrap_or_default();
+            if message.is_empty() { r.clone() } else { format!("{r}: {message}") }
+        }),
     }
 }
 
@@ -234,6 +240,10 @@ mod tests {
                 "state": {"terminated": {"exitCode": 0, "reason": "OOMKilled"}}}]}));
         let end = main_end(&p);
         assert_eq!((end.exit_code, end.oom_killed), (Some(0), true));
+        assert_eq!(end.pod_ended_by, None);
+        let evicted = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted",
+            "message": "Usage of EmptyDir volume \"stevedore-out\" exceeds the limit \"8Mi\"."}));
+        assert_eq!(main_end(&evicted).pod_ended_by.as_deref(), Some("Evicted: Usage of EmptyDir volume \"stevedore-out\" exceeds the limit \"8Mi\"."));
         assert_eq!(end.container_id.as_deref(), Some("containerd://c1"));
         assert!(finished(&p) && !main_runs(&p));
         let running = pod(serde_json::json!({"phase": "Running",
