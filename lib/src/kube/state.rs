@@ -243,7 +243,10 @@ mod tests {
         assert_eq!(end.pod_ended_by, None);
         let evicted = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted",
             "message": "Usage of EmptyDir volume \"stevedore-out\" exceeds the limit \"8Mi\"."}));
-        assert_eq!(main_end(&evicted).pod_ended_by.as_deref(), Some("Evicted: Usage of EmptyDir volume \"stevedore-out\" exceeds the limit \"8Mi\"."));
+        assert_eq!(
+            main_end(&evicted).pod_ended_by.as_deref(),
+            Some("Evicted: Usage of EmptyDir volume \"stevedore-out\" exceeds the limit \"8Mi\".")
+        );
         assert_eq!(end.container_id.as_deref(), Some("containerd://c1"));
         assert!(finished(&p) && !main_runs(&p));
         let running = pod(serde_json::json!({"phase": "Running",
