@@ -111,14 +111,34 @@ pub fn parse_kube(text: &str, path: &Path, name: &str) -> Result<crate::kube::Ku
     let container = parse(text, path, name)?;
     let p = stevedore_parse::profiles::parse(text, path, name)?;
     let bad = |what: &str, why: String| ProfileError::Value { profile: name.into(), what: what.into(), why };
+    // What only the container rung has is refused, whatever the profile's `rung` says:
+    // never silently dropped.
+    let container_only = [
+        ("ports", !p.ports.is_empty()),
+        ("caches", !p.caches.is_empty()),
+        ("pool", p.pool.is_some()),
+        ("runtime (use kube.runtime_class)", p.runtime.is_some()),
+        ("network", p.network.as_deref().is_some_and(|n| n != "none")),
+    ];
+    if let Some((what, _)) = container_only.iter().find(|(_, set)| *set) {
+        return Err(bad(what, "not available on the kube rung".into()));
+    }
     let mut cfg = crate::kube::KubeConfig::default();
-    if p.user.is_some() {
-        let user = container.uid_gid();
+    if let Some(u) = &p.user {
+        let numeric = |x: &str| x.parse::<u32>().ok();
+        let user = match u.split_once(':') {
+            Some((a, b)) => numeric(a).zip(numeric(b)),
+            None => numeric(u).map(|n| (n, n)),
+        }
+        .ok_or_else(|| bad("user", format!("{u:?}: give a numeric UID[:GID]")))?;
         if user.0 == 0 || user.1 == 0 {
             return Err(bad("user", "the kube rung runs attempts as non-root only".into()));
         }
         cfg.user = user;
     }
+    cfg.image = container.worker_image;
+    cfg.wait_for_admission = container.wait_for_admission;
+    cfg.background_cleanup = container.background_cleanup;
     cfg.defaults = container.defaults;
     cfg.ceilings = container.ceilings;
     cfg.env = container.env;
@@ -191,6 +211,17 @@ mod tests {
         assert_eq!(cfg.level(), crate::contract::Level::Vm, "a runtime class named VM-grade");
         let root = "[profiles.k]\nrung = \"kube\"\nuser = \"0:0\"\n";
         assert!(parse_kube(root, Path::new("p.toml"), "k").unwrap_err().to_string().contains("non-root"));
+        let named = "[profiles.k]\nuser = \"nobody\"\n";
+        assert!(parse_kube(named, Path::new("p.toml"), "k").unwrap_err().to_string().contains("numeric"));
+        // A container profile used with --rung kube: its container-only settings are refused, not dropped.
+        let caches = "[profiles.c]\ncaches = { cargo = \"/cache/cargo\" }\n";
+        assert!(parse_kube(caches, Path::new("p.toml"), "c").unwrap_err().to_string().contains("caches"));
+        let image = "[profiles.i]\nimage = \"busybox\"\nwait_for_admission = false\nbackground_cleanup = true\n";
+        let cfg = parse_kube(image, Path::new("p.toml"), "i").unwrap();
+        assert_eq!(
+            (cfg.image.as_deref(), cfg.wait_for_admission, cfg.background_cleanup),
+            (Some("busybox"), false, true)
+        );
     }
 
     #[test]

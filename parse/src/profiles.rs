@@ -429,7 +429,9 @@ impl RawProfile {
                     .as_deref()
                     .map(parse_duration)
                     .transpose()
-                    .map_err(|e| bad("kube.launch_timeout", e.to_string()))?,
+                    .map_err(|e| bad("kube.launch_timeout", e.to_string()))?
+                    // Whole milliseconds: what `to_toml` writes reads back the same.
+                    .map(|d| std::time::Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
                 kubeconfig: k.kubeconfig,
                 context: k.context,
                 namespace: k.namespace,
@@ -526,6 +528,8 @@ mod tests {
             (Some("ci"), Some(std::time::Duration::from_secs(90)), true)
         );
         assert_eq!(parse(&p.to_toml("a"), Path::new("p.toml"), "a").unwrap(), p);
+        let odd = parse_a("[profiles.a]\nkube = { launch_timeout = \"1.0000001s\" }\n").unwrap();
+        assert_eq!(parse(&odd.to_toml("a"), Path::new("p.toml"), "a").unwrap(), odd, "whole milliseconds");
         let bad = parse_a("[profiles.a]\nrung = \"k8s\"\n").unwrap_err().to_string();
         assert!(bad.contains("\"k8s\" is not one of container, process, kube"), "{bad}");
         let caches = parse_a("[profiles.a]\nrung = \"kube\"\ncaches = { c = \"/cache\" }\n").unwrap_err().to_string();

@@ -157,6 +157,10 @@ impl Site for Arc<KubeSite> {
         format!("of image {:?}", own.image)
     }
 
+    fn background_cleanup(&self) -> bool {
+        self.config.background_cleanup
+    }
+
     async fn reattach(&self, cp: &Checkpoint, ledger: &Ledger<Own>) -> Result<Cleanup, RecoverError> {
         super::recover::reattach(self, cp, ledger).await
     }

@@ -17,6 +17,8 @@ use std::time::Duration;
 const UNSURE: u8 = 0;
 const MADE: u8 = 1;
 const REFUSED: u8 = 2;
+/// The name was taken: the Pod of that name is someone else's.
+const TAKEN: u8 = 3;
 /// Pauses between the tries of a removal that failed, or whose Pod may appear late.
 const RETRY: [Duration; 5] = [
     Duration::from_secs(1),
@@ -68,8 +70,10 @@ impl Cleanup {
             let r = call.await;
             let answer = match &r {
                 Ok(_) => MADE,
-                // No answer: the server may have made it all the same.
-                Err(e) if e.is_unreachable() => UNSURE,
+                // A Pod of that name is someone else's: it is never touched.
+                Err(e) if e.code() == Some(409) => TAKEN,
+                // No answer, or the server's own failure: it may have made it all the same.
+                Err(e) if e.is_unreachable() || e.code().is_some_and(|c| c == 429 || c >= 500) => UNSURE,
                 Err(_) => REFUSED,
             };
             made.store(answer, Ordering::Release);
@@ -80,6 +84,11 @@ impl Cleanup {
                 Err(ClusterError::PodFailed { what: "the call that creates the Pod was abandoned".into() })
             })
         }
+    }
+
+    /// The Pod exists already (a recovered attempt's).
+    pub fn made(&mut self) {
+        self.made.store(MADE, Ordering::Release);
     }
 
     fn take(&mut self) -> Work {
@@ -108,29 +117,41 @@ impl Work {
         if let Some(h) = self.creating {
             let _ = h.await;
         }
-        if let Some(name) = &self.pod {
+        let taken = self.made.load(Ordering::Acquire) == TAKEN;
+        if let Some(name) = self.pod.as_ref().filter(|_| !taken) {
             let ours = self.site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
             let unsure = self.made.load(Ordering::Acquire) == UNSURE;
+            // Once a delete was accepted, a Pod found gone is this removal's doing.
+            let mut deleted = false;
             let mut last = None;
             // An API server out of reach for a moment, or a create that was never answered
-            // (its Pod may appear late), is tried again before the removal gives up.
-            for wait in RETRY {
-                match remove_pod(&self.site, name).await {
+            // (its Pod may appear late), is tried again before the removal gives up; a wait
+            // for a Pod whose delete was accepted is not (the kubelet has it, or never will).
+            for (i, wait) in RETRY.iter().enumerate() {
+                match remove_pod(&self.site, name, &mut deleted).await {
                     Ok(true) => {
                         last = None;
                         break;
                     }
-                    Ok(false) if unsure => last = None,
+                    Ok(false) if unsure && !deleted => last = None,
                     Ok(false) => {
-                        if !ours && self.made.load(Ordering::Acquire) == MADE {
+                        if !ours && !deleted && self.made.load(Ordering::Acquire) == MADE {
                             removed.by_others.push(name.clone());
                         }
                         last = None;
                         break;
                     }
-                    Err(e) => last = Some(e),
+                    Err(e) => {
+                        let again = e.is_unreachable() && !deleted;
+                        last = Some(e);
+                        if !again {
+                            break;
+                        }
+                    }
                 }
-                tokio::time::sleep(wait).await;
+                if i + 1 < RETRY.len() {
+                    tokio::time::sleep(*wait).await;
+                }
             }
             if let Some(e) = last {
                 removed.errors.push(format!("Pod {name}: {}", crate::util::error_chain(&e)));
@@ -145,7 +166,7 @@ impl Work {
 /// ending (after the host's ack) is given [`SETTLE_WITHIN`] to end; any other is deleted with
 /// a second of grace and followed until the API no longer has it: the kubelet removes it only
 /// once its containers stopped, or once it knows none will start.
-pub(crate) async fn remove_pod(site: &KubeSite, name: &str) -> Result<bool, ClusterError> {
+pub(crate) async fn remove_pod(site: &KubeSite, name: &str, deleted: &mut bool) -> Result<bool, ClusterError> {
     let Some(pod) = site.get_pod(name).await? else { return Ok(false) };
     let mut ended = state::finished(&pod);
     if !ended && state::main_runs(&pod) {
@@ -163,6 +184,7 @@ pub(crate) async fn remove_pod(site: &KubeSite, name: &str) -> Result<bool, Clus
         };
     }
     let was = site.delete_pod(name, ended).await?;
+    *deleted = true;
     if !ended {
         watch::until(site, name, GONE_WITHIN, |p| match p {
             None => Look::Done(()),

@@ -93,6 +93,13 @@ pub struct KubeConfig {
     pub launch_timeout: Duration,
     /// Attempts in flight at once (default 8).
     pub max_in_flight: usize,
+    /// The image of a request that names none.
+    pub image: Option<String>,
+    /// Whether an attempt over `max_in_flight` waits for a slot (default `true`), or is refused.
+    pub wait_for_admission: bool,
+    /// Whether a finished attempt's Pod is removed after its outcome is returned, on the
+    /// rung's tasks (`close` waits for them; default `false`: removed before).
+    pub background_cleanup: bool,
     /// For a handler request: the argv that runs the worker binary in its image (the image's
     /// `dev.stevedore.entry` label, which the API cannot read). `None`: handlers are refused.
     pub worker_entry: Option<Vec<String>>,
@@ -129,6 +136,9 @@ impl Default for KubeConfig {
             api_timeout: Duration::from_secs(30),
             launch_timeout: Duration::from_secs(120),
             max_in_flight: 8,
+            image: None,
+            wait_for_admission: true,
+            background_cleanup: false,
             worker_entry: None,
             allow_insecure_http: false,
             incarnation: None,

@@ -146,9 +146,15 @@ impl KubeExecutor {
         req.validate()?;
         req.policy.admit_network(&name, self.site.config.network_denied)?;
         let sizes = super::sizes::of(&req.limits, &self.site.config);
-        let _slot = tokio::select! {
-            s = self.slots.clone().acquire_owned() => s.map_err(|_| LaunchError::Closed(name.clone()))?,
-            _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+        let _slot = if self.site.config.wait_for_admission {
+            tokio::select! {
+                s = self.slots.clone().acquire_owned() => s.map_err(|_| LaunchError::Closed(name.clone()))?,
+                _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+            }
+        } else {
+            self.slots.clone().try_acquire_owned().map_err(|_| {
+                LaunchError::AdmissionRefused(format!("{} attempts in flight", self.site.config.max_in_flight))
+            })?
         };
         if self.site.base.tracker.is_closed() {
             return Err(LaunchError::Closed(name));

@@ -86,9 +86,10 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
         }
     }
     ev.notes.push(format!(
-        "the image's ENV and WORKDIR come from the runtime, below every other layer (the API shows neither): \
-         env_overrides name only the layers stevedore set; the image's values of {} do not reach the command (the \
-         init's libc reads them, so they are empty for it)",
+        "the image's ENV and WORKDIR come from the runtime, below every other layer (the API shows neither), with \
+         the kubelet's own variables (KUBERNETES_SERVICE_HOST and the like): env_overrides name only the layers \
+         stevedore set; the image's values of {} do not reach the command (the init's libc reads them, so they are \
+         empty for it)",
         stevedore_init::wire::env::INIT_READS.join(", ")
     ));
     // `/out` is a tmpfs of the sizeLimit only where the cluster sizes memory-backed volumes.

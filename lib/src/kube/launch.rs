@@ -53,7 +53,7 @@ pub(crate) async fn provision(
     let deadline = req.deadline_from(started).map(|d| d.saturating_duration_since(started));
     let inputs = plan.inputs.take();
     // The inputs' upload has a bound of its own, beside the launch's.
-    let upload = inputs.as_ref().map_or(Duration::ZERO, |(_, s)| upload_bound(site, s.bytes));
+    let upload = inputs.as_ref().map_or(Duration::ZERO, |(_, s)| upload_bound(site, s.bytes, s.files));
     let spec::Spec { pod, enforcement, skipped } = spec::pod(&spec::PodInput {
         config: &site.config,
         name: &plan.name,
@@ -69,7 +69,10 @@ pub(crate) async fn provision(
             .unwrap_or(u64::MAX),
         active_deadline_secs: deadline.map(|d| {
             let launch = site.config.launch_timeout + upload;
-            i64::try_from((d + grace + launch + DEADLINE_BACKSTOP).as_secs()).unwrap_or(i64::MAX)
+            // The API takes 1 to 2^31-1 seconds.
+            i64::try_from((d + grace + launch + DEADLINE_BACKSTOP).as_secs())
+                .unwrap_or(i64::MAX)
+                .clamp(1, i64::from(i32::MAX))
         }),
     });
     if cancel.is_cancelled() {
@@ -90,7 +93,7 @@ pub(crate) async fn provision(
         let at = wait(site, &plan.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
         if at == Launch::Preparing {
             let t = Instant::now();
-            let staging = stage(site, &plan.name, dir, measured.bytes, plan.progress.clone());
+            let staging = stage(site, &plan.name, dir, (measured.bytes, measured.files), plan.progress.clone());
             let report = tokio::select! {
                 r = staging => r?,
                 _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
@@ -109,9 +112,11 @@ pub(crate) async fn provision(
     Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at })
 }
 
-/// How long an upload of `bytes` of inputs may take.
-fn upload_bound(site: &KubeSite, bytes: u64) -> Duration {
-    site.config.api_timeout + Duration::from_secs(bytes / SLOWEST_UPLOAD)
+/// How long an upload of `bytes` in `files` files may take (each entry of the tar adds a
+/// header, and a long name another).
+fn upload_bound(site: &KubeSite, bytes: u64, files: u64) -> Duration {
+    let tar = bytes.saturating_add(files.saturating_mul(2048));
+    site.config.api_timeout + Duration::from_secs(tar / SLOWEST_UPLOAD)
 }
 
 fn staging(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
@@ -187,7 +192,7 @@ async fn stage(
     site: &KubeSite,
     pod: &str,
     dir: crate::inputs::InputDir,
-    bytes: u64,
+    (bytes, files): (u64, u64),
     progress: Option<crate::contract::ProgressSink>,
 ) -> Result<crate::inputs::StageReport, LaunchError> {
     let mut ap = attach(site, pod, PREPARE, true).await.map_err(|e| staging("attaching to the init container", e))?;
@@ -199,7 +204,7 @@ async fn stage(
     };
     let (producer, chunks) =
         crate::inputs::tar_stream(dir, site.config.user, site.config.max_input_bytes, bytes, progress.clone());
-    let bound = upload_bound(site, bytes);
+    let bound = upload_bound(site, bytes, files);
     let words = async {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let (mut o, mut e) = ((&mut stdout).take(PREPARE_WORDS as u64), (&mut stderr).take(PREPARE_WORDS as u64));

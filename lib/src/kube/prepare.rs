@@ -40,12 +40,15 @@ fn random_hex(bytes: usize) -> String {
 
 pub(crate) fn prepare(cfg: &KubeConfig, incarnation: &str, req: &Request, sizes: Sizes) -> Result<Plan, LaunchError> {
     let started_ms = crate::contract::unix_ms_now();
-    if req.policy.image.is_empty() {
-        return Err(LaunchError::NotAllowed(
-            "the kube rung needs an image (the request's policy names none, and a Pod has no worker image of its own)"
-                .into(),
-        ));
-    }
+    let image = match (&req.policy.image, &cfg.image) {
+        (i, _) if !i.is_empty() => i.clone(),
+        (_, Some(i)) => i.clone(),
+        _ => {
+            return Err(LaunchError::NotAllowed(
+                "the kube rung needs an image (the request names none, and the configuration has no default)".into(),
+            ));
+        }
+    };
     let argv = argv(req, cfg)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
@@ -67,7 +70,7 @@ pub(crate) fn prepare(cfg: &KubeConfig, incarnation: &str, req: &Request, sizes:
     Ok(Plan {
         name: names::pod_name(&req.worker_id, &attempt_id),
         attempt_id,
-        image: req.policy.image.clone(),
+        image,
         argv,
         env: layer_env(req, cfg),
         cwd: req.workdir.clone().unwrap_or_default(),

@@ -44,7 +44,7 @@ pub(crate) async fn reclaim(site: &KubeSite, worker: &str) -> Result<ReclaimRepo
     }
     let results: Vec<(String, Result<bool, super::ClusterError>)> = futures_util::stream::iter(doomed)
         .map(|name| async move {
-            let r = super::cleanup::remove_pod(site, &name).await;
+            let r = super::cleanup::remove_pod(site, &name, &mut false).await;
             (name, r)
         })
         .buffer_unordered(PARALLEL)

@@ -35,6 +35,7 @@ pub(crate) async fn reattach(
     let cleanup = || {
         let mut c = Cleanup::new(site.clone(), ledger.attempt_id.clone());
         c.pod(name.clone());
+        c.made();
         c
     };
     let Some(pod) = site.get_pod(name).await? else {

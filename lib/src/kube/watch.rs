@@ -54,14 +54,16 @@ pub(crate) async fn until<T>(
         let wp = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(secs);
         let stream = match site.call(format!("watching Pod {name}"), site.pods.watch(&wp, &version)).await {
             Ok(s) => s,
-            Err(e) if e.is_unreachable() => continue,
+            Err(e) if e.is_unreachable() => {
+                tokio::time::sleep(EMPTY_WATCH_PAUSE.min(left)).await;
+                continue;
+            }
             Err(e) => return Err(e),
         };
         let mut stream = std::pin::pin!(stream);
         let mut events = 0u32;
         let followed = tokio::time::timeout(left, async {
             while let Some(event) = stream.next().await {
-                events += 1;
                 let seen = match event {
                     Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) => Some(p),
                     Ok(WatchEvent::Deleted(_)) => None,
@@ -69,6 +71,7 @@ pub(crate) async fn until<T>(
                     Ok(WatchEvent::Bookmark(_)) => continue,
                     Ok(WatchEvent::Error(_)) | Err(_) => return None,
                 };
+                events += 1;
                 match look(seen.as_ref()) {
                     Look::Done(v) => return Some(Ok(v)),
                     Look::Wait(w) => waiting = w,
