@@ -516,6 +516,15 @@ async fn a_launch_that_cannot_run_is_a_clear_error_and_leaves_no_pod() {
     assert!(err.contains("127.0.0.1:9/nothing:1") && err.contains("ErrImagePull"), "{err}");
     none_left(c, &w);
     pulling.close().await;
+    // stevedore's init image missing from the node: named, with how to make and push it.
+    let mut cfg = config(c);
+    cfg.init_image = Some("stevedore-init:not-on-the-node".into());
+    let no_init = KubeExecutor::connect(cfg).await.unwrap();
+    let req = sh(c, &w, &dir.path().join("o1a"), "true");
+    let err = stevedore::error_chain(&no_init.run(&req, CancellationToken::new()).await.expect_err("no init image"));
+    assert!(err.contains("stevedore-init:not-on-the-node") && err.contains("stevedore image init"), "{err}");
+    none_left(c, &w);
+    no_init.close().await;
     // A Pod that does not run within the launch's time: what it waited for, named.
     let mut cfg = config(c);
     cfg.launch_timeout = Duration::from_millis(1);

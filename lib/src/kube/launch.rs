@@ -149,7 +149,14 @@ async fn wait(
     };
     match at {
         Launch::Preparing | Launch::Running => Ok(at),
-        Launch::ImageUnavailable { image, why } => {
+        Launch::ImageUnavailable { image, mut why } => {
+            // The node names images in full (`docker.io/library/…`).
+            if image == site.init_image || image.ends_with(&format!("/{}", site.init_image)) {
+                why.push_str(
+                    " (stevedore's init image: make it with `stevedore image init --tag REPO:TAG`, push it where the \
+                     cluster pulls from, and name it with --init-image)",
+                );
+            }
             Err(LaunchError::ImageUnavailable { image, why, permanent: false, source: None })
         }
         Launch::Unschedulable(reason) => Err(ClusterError::Unschedulable { reason }.into()),
