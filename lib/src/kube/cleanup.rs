@@ -162,13 +162,13 @@ impl Work {
     }
 }
 
-/// Deletes the Pod; whether it was there. A Pod that ended goes at once; one whose init is
-/// ending (after the host's ack) is given [`SETTLE_WITHIN`] to end; any other is deleted with
-/// a second of grace and followed until the API no longer has it: the kubelet removes it only
-/// once its containers stopped, or once it knows none will start.
+/// Deletes the Pod; whether it was there. A Pod in which nothing runs (it ended, or nothing of
+/// it started) goes at once; one whose init is ending (after the host's ack) is given
+/// [`SETTLE_WITHIN`] to end; any other is deleted with a second of grace and followed until
+/// the API no longer has it: the kubelet removes it only once its containers stopped.
 pub(crate) async fn remove_pod(site: &KubeSite, name: &str, deleted: &mut bool) -> Result<bool, ClusterError> {
     let Some(pod) = site.get_pod(name).await? else { return Ok(false) };
-    let mut ended = state::finished(&pod);
+    let mut ended = state::nothing_runs(&pod);
     if !ended && state::main_runs(&pod) {
         let settled = watch::until(site, name, SETTLE_WITHIN, |p| match p {
             None => Look::Done(None),
