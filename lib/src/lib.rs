@@ -3,8 +3,8 @@
 //! and the enforcement that was actually applied.
 //!
 //! # What a job engine uses
-//! A [`Request`] goes to a rung (an [`Executor`]: [`ContainerExecutor`], [`ProcessExecutor`],
-//! [`InProcessExecutor`]), chosen by a [`Registry`] from the request's [`Policy`]; the rung
+//! A [`Request`] goes to a rung (an [`Executor`]: [`ContainerExecutor`], `KubeExecutor`,
+//! [`ProcessExecutor`], [`InProcessExecutor`]), chosen by a [`Registry`] from the request's [`Policy`]; the rung
 //! returns an [`Outcome`] (`Err(`[`LaunchError`]`)` only when nothing ran). [`Hooks`] give
 //! the engine a checkpoint (to [`Executor::recover`] after a restart), cancellation, the
 //! sandbox's reports and the outcome as they happen. A worker binary that runs handlers
@@ -19,6 +19,8 @@
 //!   configuration, labels and named caches; [`engine`]: how it reaches the engine;
 //!   [`image`]: worker images made without a registry; [`profiles`]: named configurations.
 //! - [`process`] (feature `process`): the process rung, a child process per attempt.
+//! - [`crate::kube`] (feature `kube`): the kube rung, a Pod per attempt on a Kubernetes
+//!   cluster; stevedore's init comes from its init image ([`image::init_image`]).
 //! - The in-process rung ([`InProcessExecutor`], level `none`).
 //! - Inside (not public): `attempt`, the life of an attempt whose PID 1 is stevedore's init,
 //!   written once for every rung that runs it; `link`, its host side (frames, the reader,
