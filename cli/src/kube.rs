@@ -3,7 +3,7 @@
 
 use crate::common::Global;
 use stevedore::contract::Executor;
-use stevedore::kube::{ImagePull, KubeConfig, KubeExecutor};
+use stevedore::kube::{KubeConfig, KubeExecutor};
 
 /// The kube rung's configuration for these options: the profile's (`--config`,
 /// `--profile`), then the flags over it.
@@ -79,14 +79,4 @@ pub async fn line(rung: &KubeExecutor) -> serde_json::Value {
         "incarnation": rung.incarnation(),
         "stevedore_version": env!("CARGO_PKG_VERSION"),
     })
-}
-
-/// `run --pull` as the Pods' `imagePullPolicy` (the same promise: missing pulls only what
-/// the node lacks, never never pulls, always always does).
-pub fn pull(p: &str) -> ImagePull {
-    match p {
-        "never" => ImagePull::Never,
-        "always" => ImagePull::Always,
-        _ => ImagePull::IfNotPresent,
-    }
 }

@@ -320,12 +320,7 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
         cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
     }
     if let Some(p) = &a.pull {
-        use stevedore::container::PullPolicy;
-        cfg.pull = match p.as_str() {
-            "never" => PullPolicy::Never,
-            "always" => PullPolicy::Always,
-            _ => PullPolicy::IfMissing,
-        };
+        cfg.pull = pull_policy(p);
     }
     if !a.publish.is_empty() && !cfg.allow_publish {
         return Err(format!("profile {profile:?} forbids publishing ports (allow_publish = false)"));
@@ -335,12 +330,7 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
         cfg.ports.insert(container, host);
     }
     if let Some(u) = &a.user {
-        let numeric = |x: &str| x.parse::<u32>().ok();
-        let parsed = match u.split_once(':') {
-            Some((a, b)) => numeric(a).zip(numeric(b)),
-            None => numeric(u).map(|n| (n, n)),
-        };
-        let Some((uid, gid)) = parsed else {
+        let Some((uid, gid)) = stevedore::contract::parse_user(u) else {
             return Err(format!("--user {u:?}: give a numeric UID[:GID] (images have no user database here)"));
         };
         if (uid == 0 || gid == 0) && !cfg.allow_root {
@@ -362,6 +352,16 @@ fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Resul
         cfg.log_dir = Some(dir.clone());
     }
     Ok(())
+}
+
+/// `--pull`'s word as a policy.
+fn pull_policy(word: &str) -> stevedore::container::PullPolicy {
+    use stevedore::container::PullPolicy;
+    match word {
+        "never" => PullPolicy::Never,
+        "always" => PullPolicy::Always,
+        _ => PullPolicy::IfMissing,
+    }
 }
 
 /// What the options change in the kube rung's configuration; an option that has no
@@ -393,18 +393,14 @@ fn adjust_kube(a: &RunArgs, cfg: &mut stevedore::kube::KubeConfig) -> Result<(),
         }
     }
     if let Some(p) = &a.pull {
-        cfg.image_pull = crate::kube::pull(p);
+        // The Pods' `imagePullPolicy`: the same promises.
+        cfg.image_pull = pull_policy(p).into();
     }
     if let Some(g) = &a.host_loss_grace {
         cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
     }
     if let Some(u) = &a.user {
-        let numeric = |x: &str| x.parse::<u32>().ok();
-        let parsed = match u.split_once(':') {
-            Some((a, b)) => numeric(a).zip(numeric(b)),
-            None => numeric(u).map(|n| (n, n)),
-        };
-        match parsed {
+        match stevedore::contract::parse_user(u) {
             Some((0, _)) | Some((_, 0)) => {
                 return Err(format!("--user {u}: the kube rung runs attempts as non-root only"));
             }

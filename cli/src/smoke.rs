@@ -29,23 +29,33 @@ async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
         common::own_image(&rung, handlers).await?
     };
     let out = tempfile_dir()?;
-    let worker = common::mint_worker();
     let mut req = Request::handler("smoke", "true", out.join("out"))
-        .worker(worker.clone())
+        .worker(common::mint_worker())
         .timeout(std::time::Duration::from_secs(60));
     req.policy.image = image;
     req.fingerprint = Some(handlers.fingerprint());
-    let result = rung.run(&req, CancellationToken::new()).await;
-    let _ = std::fs::remove_dir_all(&out);
-    let mut outcome = result.map_err(|e| format!("attempt: {}", stevedore::error_chain(&e)))?;
-    // A check leaves nothing: its captures go with it.
-    crate::run::drop_captures(&mut outcome);
-    println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
-    if outcome.status != Status::Ok {
-        return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));
-    }
+    attempt(&rung, &req, &out).await
+}
+
+/// Runs the trivial attempt, says how it ended, leaves nothing (its scratch dir, its
+/// captures, the rung's own objects); an error unless it was `ok`.
+async fn attempt(rung: &dyn Executor, req: &Request, out: &std::path::Path) -> Result<(), String> {
+    let result = rung.run(req, CancellationToken::new()).await;
+    let _ = std::fs::remove_dir_all(out);
+    let ended = match result {
+        Ok(mut outcome) => {
+            // A check leaves nothing: its captures go with it.
+            crate::run::drop_captures(&mut outcome);
+            println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
+            match outcome.status {
+                Status::Ok => Ok(()),
+                s => Err(format!("attempt ended {s} ({})", outcome.handler_error)),
+            }
+        }
+        Err(e) => Err(format!("attempt: {}", stevedore::error_chain(&e))),
+    };
     rung.close().await;
-    Ok(())
+    ended
 }
 
 /// The smoke on a cluster: the one image a cluster that runs the rung has is stevedore's
@@ -56,22 +66,12 @@ async fn kube_steps(g: &Global) -> Result<(), String> {
         .map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
     println!("{}", crate::kube::line(&rung).await);
     let out = tempfile_dir()?;
-    let worker = common::mint_worker();
     let argv = [stevedore::image::init_image::INIT_PATH, "report", "note", "smoke"];
     let mut req = Request::command("smoke", argv, out.join("out"))
-        .worker(worker.clone())
+        .worker(common::mint_worker())
         .timeout(std::time::Duration::from_secs(120));
     req.policy.image = rung.init_image().to_owned();
-    let result = rung.run(&req, CancellationToken::new()).await;
-    let _ = std::fs::remove_dir_all(&out);
-    let mut outcome = result.map_err(|e| format!("attempt: {}", stevedore::error_chain(&e)))?;
-    crate::run::drop_captures(&mut outcome);
-    println!("attempt: {} ({} ms)", outcome.status, outcome.usage.wall_time_ms.unwrap_or(0));
-    rung.close().await;
-    if outcome.status != Status::Ok {
-        return Err(format!("attempt ended {} ({})", outcome.status, outcome.handler_error));
-    }
-    Ok(())
+    attempt(&rung, &req, &out).await
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf, String> {

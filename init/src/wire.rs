@@ -63,6 +63,12 @@ pub const TMP_DIR: &str = "/tmp";
 pub const TOOLS_DIR: &str = "/.stevedore/tools";
 /// The init's file name inside [`TOOLS_DIR`].
 pub const INIT_NAME: &str = "stevedore-init";
+
+/// The argv that runs the takeover relay of link `link_id` from the tools dir, giving up
+/// after `within` (what a rung's `exec` runs in the sandbox: `stevedore-init relay`).
+pub fn relay_argv(link_id: &str, within: std::time::Duration) -> Vec<String> {
+    vec![format!("{TOOLS_DIR}/{INIT_NAME}"), "relay".to_owned(), link_id.to_owned(), within.as_millis().to_string()]
+}
 /// The marker argument that makes a worker binary run one handler.
 pub const HANDLER_MARKER: &str = "__stevedore_handler";
 
@@ -99,8 +105,9 @@ pub mod env {
         "LD_SHOW_AUXV",
         "LD_DYNAMIC_WEAK",
         "LD_ORIGIN_PATH",
-        "GLIBC_TUNABLES",
         "GCONV_PATH",
+        // From here on, what the static init's own libc reads ([`INIT_READS`]).
+        "GLIBC_TUNABLES",
         "MALLOC_CHECK_",
         "MALLOC_PERTURB_",
         "MALLOC_MMAP_THRESHOLD_",
@@ -114,17 +121,7 @@ pub mod env {
     /// loader runs it, and it loads no library). Where the image's values cannot be had
     /// again (the kube rung), only these are set empty for PID 1, so the command keeps the
     /// image's `LD_LIBRARY_PATH` and the like.
-    pub const INIT_READS: &[&str] = &[
-        "GLIBC_TUNABLES",
-        "MALLOC_CHECK_",
-        "MALLOC_PERTURB_",
-        "MALLOC_MMAP_THRESHOLD_",
-        "MALLOC_MMAP_MAX_",
-        "MALLOC_TOP_PAD_",
-        "MALLOC_TRIM_THRESHOLD_",
-        "MALLOC_ARENA_MAX",
-        "MALLOC_ARENA_TEST",
-    ];
+    pub const INIT_READS: &[&str] = LOADER.split_at(11).1;
 }
 
 /// What a frame is.
@@ -1193,6 +1190,13 @@ mod tests {
             cgroup_dir: None,
             measure: Vec::new(),
         }
+    }
+
+    #[test]
+    fn what_the_init_reads_is_glibcs_tunables_and_mallocs_and_nothing_of_the_loader() {
+        assert_eq!(env::INIT_READS[0], "GLIBC_TUNABLES");
+        assert!(env::INIT_READS[1..].iter().all(|k| k.starts_with("MALLOC_")), "{:?}", env::INIT_READS);
+        assert_eq!(env::INIT_READS.len(), 9);
     }
 
     #[test]

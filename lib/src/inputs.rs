@@ -295,13 +295,10 @@ pub(crate) async fn finish(
     progress: Option<&crate::contract::ProgressSink>,
 ) -> Result<StageReport, crate::contract::LaunchError> {
     use crate::contract::LaunchError;
-    let report = producer
-        .await
-        .map_err(|e| LaunchError::Staging { what: "the input tar".into(), source: Box::new(e) })?
-        .map_err(|e| match e {
-            StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
-            e => LaunchError::Staging { what: "reading the input dir".into(), source: Box::new(e) },
-        })?;
+    let report = producer.await.map_err(|e| LaunchError::staging("the input tar", e))?.map_err(|e| match e {
+        StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
+        e => LaunchError::staging("reading the input dir", e),
+    })?;
     if let Some(s) = progress {
         finished(s, bytes);
     }
@@ -324,7 +321,7 @@ pub(crate) fn opened(
 ) -> Result<Option<(InputDir, crate::contract::InputsStaged)>, crate::contract::LaunchError> {
     use crate::contract::LaunchError;
     let Some(dir) = dir else { return Ok(None) };
-    let staging = |e| LaunchError::Staging { what: format!("input dir {}", dir.display()), source: Box::new(e) };
+    let staging = |e| LaunchError::staging(format!("input dir {}", dir.display()), e);
     let input = InputDir::open(dir).map_err(staging)?;
     let (bytes, files) = input.measure().map_err(staging)?;
     if bytes > limit {

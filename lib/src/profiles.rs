@@ -39,7 +39,12 @@ fn read(path: Option<&Path>) -> Result<(String, PathBuf), ProfileError> {
 /// Parses profiles text and builds the configuration of profile `name`, reading the files
 /// its `env_files` name.
 pub fn parse(text: &str, path: &Path, name: &str) -> Result<ContainerConfig, ProfileError> {
-    let p = stevedore_parse::profiles::parse(text, path, name)?;
+    from_profile(stevedore_parse::profiles::parse(text, path, name)?, name)
+}
+
+/// A checked profile as the container rung's configuration, reading the files its
+/// `env_files` name.
+fn from_profile(p: stevedore_parse::profiles::Profile, name: &str) -> Result<ContainerConfig, ProfileError> {
     let bad = |what: &str, why: String| ProfileError::Value { profile: name.into(), what: what.into(), why };
     let mut cfg = ContainerConfig { profile: Some(name.to_owned()), ..ContainerConfig::default() };
     cfg.worker_image = p.image;
@@ -102,40 +107,30 @@ pub fn load_kube(path: Option<&Path>, name: Option<&str>) -> Result<crate::kube:
 
 /// Profile `name` as the kube rung's configuration: what the container and kube rungs share
 /// (limits, environment and its secrets, labels, the sandbox user, the log cap, the pull
-/// policy, admission), and its `kube` table. The container rung's own settings are refused
-/// by the parser when the profile names the kube rung.
+/// policy, admission), and its `kube` table. What only the container rung has is refused.
 #[cfg(feature = "kube")]
 pub fn parse_kube(text: &str, path: &Path, name: &str) -> Result<crate::kube::KubeConfig, ProfileError> {
-    use crate::container::PullPolicy;
-    use crate::kube::ImagePull;
-    let container = parse(text, path, name)?;
-    let p = stevedore_parse::profiles::parse(text, path, name)?;
+    let mut p = stevedore_parse::profiles::parse(text, path, name)?;
     let bad = |what: &str, why: String| ProfileError::Value { profile: name.into(), what: what.into(), why };
     // What only the container rung has is refused, whatever the profile's `rung` says:
     // never silently dropped.
-    let container_only = [
-        ("ports", !p.ports.is_empty()),
-        ("caches", !p.caches.is_empty()),
-        ("pool", p.pool.is_some()),
-        ("runtime (use kube.runtime_class)", p.runtime.is_some()),
-        ("network", p.network.as_deref().is_some_and(|n| n != "none")),
-    ];
-    if let Some((what, _)) = container_only.iter().find(|(_, set)| *set) {
+    if let Some(what) = p.container_only() {
         return Err(bad(what, "not available on the kube rung".into()));
     }
     let mut cfg = crate::kube::KubeConfig::default();
     if let Some(u) = &p.user {
-        let numeric = |x: &str| x.parse::<u32>().ok();
-        let user = match u.split_once(':') {
-            Some((a, b)) => numeric(a).zip(numeric(b)),
-            None => numeric(u).map(|n| (n, n)),
-        }
-        .ok_or_else(|| bad("user", format!("{u:?}: give a numeric UID[:GID]")))?;
+        let user =
+            crate::contract::parse_user(u).ok_or_else(|| bad("user", format!("{u:?}: give a numeric UID[:GID]")))?;
         if user.0 == 0 || user.1 == 0 {
             return Err(bad("user", "the kube rung runs attempts as non-root only".into()));
         }
         cfg.user = user;
     }
+    if let Some(pull) = p.pull {
+        cfg.image_pull = pull.into();
+    }
+    let kube = p.kube.take();
+    let container = from_profile(p, name)?;
     cfg.image = container.worker_image;
     cfg.wait_for_admission = container.wait_for_admission;
     cfg.background_cleanup = container.background_cleanup;
@@ -145,12 +140,7 @@ pub fn parse_kube(text: &str, path: &Path, name: &str) -> Result<crate::kube::Ku
     cfg.labels = container.labels;
     cfg.link = container.link;
     cfg.max_in_flight = container.max_in_flight;
-    cfg.image_pull = match p.pull {
-        Some(PullPolicy::Never) => ImagePull::Never,
-        Some(PullPolicy::Always) => ImagePull::Always,
-        _ => ImagePull::IfNotPresent,
-    };
-    if let Some(k) = p.kube {
+    if let Some(k) = kube {
         cfg.kubeconfig = k.kubeconfig;
         cfg.context = k.context;
         cfg.namespace = k.namespace;

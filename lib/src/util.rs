@@ -10,6 +10,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A boxed cause from the filesystem or elsewhere.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// `bytes` random bytes as lowercase hex: an attempt's own ID.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+}
+
 /// The error's text followed by its sources' (those its text does not already end with),
 /// on one line: for places that keep or print only text.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -17,6 +17,16 @@ pub fn valid_job_id(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'@' | b'+' | b'=' | b'-'))
 }
 
+/// A numeric `UID[:GID]` (the gid defaults to the uid); `None` for anything else (images
+/// have no user database stevedore reads).
+pub fn parse_user(s: &str) -> Option<(u32, u32)> {
+    let numeric = |x: &str| x.parse::<u32>().ok();
+    match s.split_once(':') {
+        Some((u, g)) => numeric(u).zip(numeric(g)),
+        None => numeric(s).map(|n| (n, n)),
+    }
+}
+
 /// Checks a named cache: its name (1-64 of `[a-z0-9_.-]`, starting with a letter or digit:
 /// it becomes part of a volume name) and its mount path (absolute, not `/`, no `..`, outside
 /// stevedore's own `/in`, `/out`, `/tmp` and `/.stevedore`).
@@ -47,7 +57,16 @@ pub fn check_cache(name: &str, path: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_cache;
+    use super::{check_cache, parse_user};
+
+    #[test]
+    fn a_user_is_numeric() {
+        assert_eq!(parse_user("1000"), Some((1000, 1000)));
+        assert_eq!(parse_user("1000:2000"), Some((1000, 2000)));
+        for bad in ["nobody", "1000:staff", "", ":1", "-1", "1000:"] {
+            assert_eq!(parse_user(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_cache_path_is_absolute_outside_stevedores_own_and_fits_a_bind() {

@@ -234,6 +234,20 @@ pub fn parse(text: &str, path: &Path, name: &str) -> Result<Profile, ProfileErro
 }
 
 impl Profile {
+    /// The first setting only the container rung has (ports, caches, a pool, a runtime, a
+    /// network), by its name: what the kube rung refuses.
+    pub fn container_only(&self) -> Option<&'static str> {
+        [
+            ("ports", !self.ports.is_empty()),
+            ("caches", !self.caches.is_empty()),
+            ("pool", self.pool.is_some()),
+            ("runtime (use kube.runtime_class)", self.runtime.is_some()),
+            ("network", self.network.as_deref().is_some_and(|n| n != "none")),
+        ]
+        .into_iter()
+        .find_map(|(what, set)| set.then_some(what))
+    }
+
     /// The profile as a profiles file holding only it, under `name`, in the plainest form
     /// of every value (sizes in bytes, CPU in millicores): [`parse`] reads it back as `self`.
     pub fn to_toml(&self, name: &str) -> String {
@@ -408,19 +422,6 @@ impl RawProfile {
         if let Some(r) = self.rung.as_deref().filter(|r| !RUNGS.contains(r)) {
             return Err(bad("rung", format!("{r:?} is not one of {}", RUNGS.join(", "))));
         }
-        if self.rung.as_deref() == Some("kube") {
-            // What does not map to a Pod is refused here, named, never ignored.
-            let container_only = [
-                ("ports", !ports.is_empty()),
-                ("caches", !self.caches.is_empty()),
-                ("pool", pool.is_some()),
-                ("runtime (use kube.runtime_class)", self.runtime.is_some()),
-                ("network", self.network.as_deref().is_some_and(|n| n != "none")),
-            ];
-            if let Some((what, _)) = container_only.iter().find(|(_, set)| *set) {
-                return Err(bad(what, "not available on the kube rung".into()));
-            }
-        }
         let kube = match self.kube {
             None => None,
             Some(k) => Some(Kube {
@@ -441,7 +442,7 @@ impl RawProfile {
                 network_denied: k.network_denied.unwrap_or(false),
             }),
         };
-        Ok(Profile {
+        let profile = Profile {
             rung: self.rung,
             kube,
             image: self.image,
@@ -465,7 +466,14 @@ impl RawProfile {
             env_files: self.env_files,
             defaults: self.defaults.check("defaults", &bad)?,
             ceilings: self.ceilings.check("ceilings", &bad)?,
-        })
+        };
+        // What does not map to a Pod is refused here, named, never ignored.
+        if profile.rung.as_deref() == Some("kube")
+            && let Some(what) = profile.container_only()
+        {
+            return Err(bad(what, "not available on the kube rung".into()));
+        }
+        Ok(profile)
     }
 }
 

@@ -210,7 +210,15 @@ async fn the_pod_is_hardened_and_the_network_is_said_to_be_not_enforced() {
     let ev = &o.evidence;
     assert!(ev.skipped["network"].contains("not enforced"), "{:?}", ev.skipped);
     assert!(!ev.enforcement.contains_key("network"));
-    assert!(!rung.denies_network(), "a policy without network never selects this rung");
+    // A policy that requires no network never selects the rung, nor runs on it when asked.
+    let mut registry = stevedore::Registry::new();
+    registry.register(std::sync::Arc::new(rung.clone())).unwrap();
+    let closed = stevedore::Policy { no_network: true, ..stevedore::Policy::at_least(stevedore::Level::Sandboxed) };
+    assert!(registry.select(&closed).is_err(), "selected without a network");
+    let mut req = sh(c, &w, &dir.path().join("o2"), "true");
+    req.policy.no_network = true;
+    let err = rung.run(&req, CancellationToken::new()).await.expect_err("refused").to_string();
+    assert!(err.contains("requires no network"), "{err}");
     rung.close().await;
     none_left(c, &w);
 }
@@ -391,7 +399,7 @@ async fn reclaim_removes_the_workers_pods_and_spares_another_workers_and_an_unla
         leftovers.push(start_cli(c, who, &dir.path().join(format!("o{n}")), None, "echo ready >&2; sleep 300"));
     }
     for child in leftovers {
-        kill9(child);
+        support::kill9(child);
     }
     let unlabelled = format!("unlabelled-{}", &w[w.len() - 8..]);
     let made = c.kubectl(&[
@@ -432,7 +440,6 @@ async fn reclaim_removes_the_workers_pods_and_spares_another_workers_and_an_unla
 /// `stevedore run --rung kube` of `script`, as a worker process: returns once the command
 /// said `ready` on stderr.
 fn start_cli(c: &Cluster, w: &str, out: &Path, cp: Option<&Path>, script: &str) -> std::process::Child {
-    use std::io::{BufRead, BufReader};
     let mut cmd = Command::new(BIN);
     cmd.args(["run", "--rung", "kube", "--kubeconfig", c.var("KUBE_RUNG_CONFIG"), "--pull", "never"])
         .args(["--worker", w, "--image", &c.busybox(), "--output"])
@@ -443,26 +450,12 @@ fn start_cli(c: &Cluster, w: &str, out: &Path, cp: Option<&Path>, script: &str) 
         cmd.args(["--host-loss-grace", "120s", "--checkpoint"]).arg(cp);
     }
     let mut child = cmd.args(["--", "sh", "-c", script]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("ready") => break,
-            Some(Ok(_)) => continue,
-            other => panic!("stevedore run ended before the command was ready: {other:?}"),
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
+    support::stderr_until(&mut child, "ready");
     child
-}
-
-fn kill9(mut child: std::process::Child) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    child.wait().unwrap();
 }
 
 #[tokio::test]
 async fn a_restarted_worker_recovers_its_attempt_through_exec() {
-    use std::io::{BufRead, BufReader};
     let Some(c) = setup().await else { return };
     let w = worker("kube-recover");
     let dir = tempfile::tempdir().unwrap();
@@ -471,7 +464,7 @@ async fn a_restarted_worker_recovers_its_attempt_through_exec() {
     // recovering process: the takeover happened while it ran.
     let script = r#"echo ready >&2; while [ ! -e /tmp/gate ]; do "$STEVEDORE_INIT" report heartbeat; sleep 0.2; done;
                     echo result > /out/r; echo finished"#;
-    kill9(start_cli(c, &w, &out, Some(&cp), script));
+    support::kill9(start_cli(c, &w, &out, Some(&cp), script));
     let checkpoint = stevedore::contract::Checkpoint::from_json(&std::fs::read(&cp).unwrap()).unwrap();
     let stevedore::contract::Target::Pod { name, .. } = &checkpoint.target else { panic!("{:?}", checkpoint.target) };
     assert_eq!(c.pods_of(&w), vec![format!("pod/{name}")], "the attempt runs on without its worker");
@@ -483,15 +476,8 @@ async fn a_restarted_worker_recovers_its_attempt_through_exec() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(recover.stderr.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("heartbeat") => break,
-            Some(Ok(_)) => continue,
-            other => panic!("recover ended before a report came through: {other:?}"),
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
+    // A report of the command reached the recovering process.
+    support::stderr_until(&mut recover, "heartbeat");
     let gate = c.kubectl(&["exec", name, "-c", "attempt", "--", "touch", "/tmp/gate"]);
     assert!(gate.status.success(), "{}", String::from_utf8_lossy(&gate.stderr));
     let got = recover.wait_with_output().unwrap();

@@ -28,20 +28,8 @@ fn start_worker(image: &str, w: &str, out: &Path, cp: &Path, script: &str) -> Ch
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("ready") => break,
-            Some(_) => continue,
-            None => panic!("stevedore run ended before the command was ready"),
-        }
-    }
+    stderr_until(&mut child, "ready");
     child
-}
-
-fn kill9(mut child: Child) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    child.wait().unwrap();
 }
 
 fn container_of(cp: &Path) -> String {

@@ -55,10 +55,6 @@ impl Drop for Captures {
     }
 }
 
-fn staging(what: impl Into<String>, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
-    LaunchError::Staging { what: what.into(), source: Box::new(e) }
-}
-
 /// The attempt a link belongs to.
 pub(crate) fn scope(req: &Request) -> wire::Scope {
     wire::Scope { job_id: req.job_id.clone(), attempt: req.attempt }
@@ -91,10 +87,11 @@ pub(crate) async fn begin<S: Site>(
     let rung = site.rung();
     let cfg = rung.settings;
     let Provisioned { transport: (inbound, sender), running, own, layout, enforcement, skipped, inputs } = prov;
-    let logs = rung.base.captures.of_worker(&req.worker_id).map_err(|e| staging("the capture dir", e))?;
+    let logs = rung.base.captures.of_worker(&req.worker_id).map_err(|e| LaunchError::staging("the capture dir", e))?;
     let captures = [format!("{}.stdout", plan.name), format!("{}.stderr", plan.name)];
     let capture = |n: &str| {
-        CappedLog::create(&logs, n, cfg.link.log_cap_bytes).map_err(|e| staging(format!("the capture {n}"), e))
+        CappedLog::create(&logs, n, cfg.link.log_cap_bytes)
+            .map_err(|e| LaunchError::staging(format!("the capture {n}"), e))
     };
     let (stdout, stderr) = (capture(&captures[0]), capture(&captures[1]));
     let guard = Captures { dir: Some(logs), names: captures.clone() };
@@ -111,7 +108,7 @@ pub(crate) async fn begin<S: Site>(
         stderr,
         live: LiveSink::new(req.live.clone()),
         outputs: OutputsSink {
-            dest: plan.output_dir.try_clone().map_err(|e| staging("the output dir", e))?,
+            dest: plan.output_dir.try_clone().map_err(|e| LaunchError::staging("the output dir", e))?,
             caps: cfg.link.output_caps,
         },
         reports: ReportRoute::new(scope(req), report_tx),

@@ -39,10 +39,6 @@ pub(crate) struct Plan {
     pub progress: Option<crate::contract::ProgressSink>,
 }
 
-fn random_hex(bytes: usize) -> String {
-    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
-}
-
 pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Sizes) -> Result<Plan, LaunchError> {
     let cfg = &shared.config;
     let started_ms = crate::contract::unix_ms_now();
@@ -59,7 +55,7 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
     let mounts =
         super::mounts::destinations(inputs.is_some(), &caches, &super::spec::masked_volumes(&image.volumes, &caches));
     let env = layer_env(req, &image, cfg);
-    let attempt_id = random_hex(6);
+    let attempt_id = crate::util::random_hex(6);
     let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
     let owner = Owner { worker: &req.worker_id, incarnation: &shared.base.incarnation, executor: &cfg.name };
     let l = AttemptLabels {

@@ -12,7 +12,6 @@ use crate::contract::{Checkpoint, HookSet, Outcome, RecoverError, Target};
 use crate::link::session::Transport;
 use std::sync::Arc;
 use std::time::Duration;
-use stevedore_init::wire::{INIT_NAME, TOOLS_DIR};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) async fn recover(
@@ -88,12 +87,7 @@ pub(crate) async fn takeover(
     within: Duration,
 ) -> Result<Transport, String> {
     let relay_user = (site.config.uid_gid().0 != 0).then_some("0:0");
-    let argv = vec![
-        format!("{TOOLS_DIR}/{INIT_NAME}"),
-        "relay".to_owned(),
-        link_id.to_owned(),
-        within.as_millis().to_string(),
-    ];
+    let argv = stevedore_init::wire::relay_argv(link_id, within);
     let attached = site
         .engine
         .api

@@ -142,6 +142,11 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
+    /// Staging `what` failed with `e`.
+    pub(crate) fn staging(what: impl Into<String>, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        LaunchError::Staging { what: what.into(), source: Box::new(e) }
+    }
+
     /// Whether retrying the same request cannot help.
     pub fn is_permanent(&self) -> bool {
         match self {

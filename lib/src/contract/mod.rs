@@ -35,6 +35,8 @@ pub use outcome::{
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};
-pub use request::{MAX_PAYLOAD_BYTES, PriorOutput, Request, RequestError, Task, valid_job_id, valid_worker_id};
+pub use request::{
+    MAX_PAYLOAD_BYTES, PriorOutput, Request, RequestError, Task, parse_user, valid_job_id, valid_worker_id,
+};
 pub(crate) use status::{Exit, Facts, LaunchFailure, Record};
 pub use status::{Reason, Status};

@@ -212,7 +212,7 @@ fn plain_label(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
 }
 
-pub use stevedore_parse::ids::{valid_job_id, valid_worker_id};
+pub use stevedore_parse::ids::{parse_user, valid_job_id, valid_worker_id};
 
 impl Request {
     /// A request to run the handler `name`.

@@ -7,7 +7,6 @@ use super::cleanup::Cleanup;
 use super::ledger::Own;
 use super::site::KubeSite;
 use super::sizes::Sizes;
-use super::spec::MAIN;
 use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
 use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, Phases, RecoverError, Request, Target};
 use crate::link::judgement::{Account, Witness};
@@ -15,7 +14,7 @@ use crate::link::session::Transport;
 use crate::link::supervise::Ended;
 use std::sync::Arc;
 use std::time::Duration;
-use stevedore_init::wire::{self, IN_DIR, INIT_NAME, OUT_DIR, TOOLS_DIR};
+use stevedore_init::wire::{self, IN_DIR, OUT_DIR};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -136,11 +135,7 @@ impl Site for Arc<KubeSite> {
     async fn init_runs(&self, own: &Own) -> Option<bool> {
         match self.get_pod(&own.pod).await {
             Ok(None) => Some(false),
-            Ok(Some(p)) => {
-                let st = p.status.as_ref()?;
-                let main = st.container_statuses.as_ref()?.iter().find(|c| c.name == MAIN)?;
-                Some(main.state.as_ref().is_some_and(|s| s.running.is_some()))
-            }
+            Ok(Some(p)) => Some(super::state::main_runs(&p)),
             Err(_) => None,
         }
     }
@@ -166,12 +161,8 @@ impl Site for Arc<KubeSite> {
     }
 
     async fn takeover(&self, ledger: &Ledger<Own>, link_id: &str, within: Duration) -> Result<Transport, String> {
-        let argv = vec![
-            format!("{TOOLS_DIR}/{INIT_NAME}"),
-            "relay".to_owned(),
-            link_id.to_owned(),
-            within.as_millis().to_string(),
-        ];
-        super::recover::exec(self, &ledger.own.pod, argv).await.map_err(|e| crate::util::error_chain(&e))
+        super::recover::exec(self, &ledger.own.pod, wire::relay_argv(link_id, within))
+            .await
+            .map_err(|e| crate::util::error_chain(&e))
     }
 }

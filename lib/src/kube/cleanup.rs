@@ -167,22 +167,26 @@ impl Work {
 /// [`SETTLE_WITHIN`] to end; any other is deleted with a second of grace and followed until
 /// the API no longer has it: the kubelet removes it only once its containers stopped.
 pub(crate) async fn remove_pod(site: &KubeSite, name: &str, deleted: &mut bool) -> Result<bool, ClusterError> {
-    let Some(pod) = site.get_pod(name).await? else { return Ok(false) };
-    let mut ended = state::nothing_runs(&pod);
-    if !ended && state::main_runs(&pod) {
-        let settled = watch::until(site, name, SETTLE_WITHIN, |p| match p {
-            None => Look::Done(None),
-            Some(p) if state::finished(p) => Look::Done(Some(())),
-            Some(_) => Look::Wait("its init to end".into()),
-        })
-        .await;
-        ended = match settled {
-            Ok(None) => return Ok(true),
-            Ok(Some(())) => true,
-            Err(ClusterError::StartTimeout { .. }) => false,
-            Err(e) => return Err(e),
-        };
+    /// What the Pod is ready for.
+    enum Next {
+        Gone,
+        AtOnce,
+        WithGrace,
     }
+    // One read decides, and is followed only while the init is ending.
+    let next = watch::until(site, name, SETTLE_WITHIN, |p| match p {
+        None => Look::Done(Next::Gone),
+        Some(p) if state::nothing_runs(p) => Look::Done(Next::AtOnce),
+        Some(p) if !state::main_runs(p) => Look::Done(Next::WithGrace),
+        Some(_) => Look::Wait("its init to end".into()),
+    })
+    .await;
+    let ended = match next {
+        Ok(Next::Gone) => return Ok(false),
+        Ok(Next::AtOnce) => true,
+        Ok(Next::WithGrace) | Err(ClusterError::StartTimeout { .. }) => false,
+        Err(e) => return Err(e),
+    };
     let was = site.delete_pod(name, ended).await?;
     *deleted = true;
     if !ended {

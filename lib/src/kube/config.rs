@@ -23,6 +23,19 @@ pub enum ImagePull {
     Never,
 }
 
+/// A profile's or `run --pull`'s policy as the Pods': the same promises (missing pulls only
+/// what the node lacks, never never pulls, always always does).
+#[cfg(feature = "docker")]
+impl From<crate::container::PullPolicy> for ImagePull {
+    fn from(p: crate::container::PullPolicy) -> Self {
+        match p {
+            crate::container::PullPolicy::Never => ImagePull::Never,
+            crate::container::PullPolicy::Always => ImagePull::Always,
+            _ => ImagePull::IfNotPresent,
+        }
+    }
+}
+
 impl ImagePull {
     /// Kubernetes' word for it.
     pub fn as_str(self) -> &'static str {

@@ -91,22 +91,28 @@ pub(crate) async fn provision(
     let mut staging_took = Duration::ZERO;
     if let Some((dir, measured)) = inputs {
         let at = wait(site, &plan.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
-        if at == Launch::Preparing {
-            let t = Instant::now();
-            let staging = stage(site, &plan.name, dir, (measured.bytes, measured.files), plan.progress.clone());
-            let report = tokio::select! {
-                r = staging => r?,
-                _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
-            };
-            staging_took = t.elapsed();
-            staged = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..measured });
-            staged_at = Some(crate::contract::unix_ms_now());
+        if at != Launch::Preparing {
+            // The init container waits for the inputs: running past it without them would
+            // give the command an empty `/in`.
+            return Err(ClusterError::PodFailed {
+                what: "the init container ended before the inputs were staged".into(),
+            }
+            .into());
         }
+        let t = Instant::now();
+        let staging = stage(site, &plan.name, dir, (measured.bytes, measured.files), plan.progress.clone());
+        let report = tokio::select! {
+            r = staging => r?,
+            _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+        };
+        staging_took = t.elapsed();
+        staged = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..measured });
+        staged_at = Some(crate::contract::unix_ms_now());
     }
     let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));
     wait(site, &plan.name, left, cancel, false).await?;
     let attached = tokio::select! {
-        a = attach(site, &plan.name, MAIN, true) => a.map_err(|e| staging("attaching to the attempt", e))?,
+        a = attach(site, &plan.name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
         _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
     };
     Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at })
@@ -117,10 +123,6 @@ pub(crate) async fn provision(
 fn upload_bound(site: &KubeSite, bytes: u64, files: u64) -> Duration {
     let tar = bytes.saturating_add(files.saturating_mul(2048));
     site.config.api_timeout + Duration::from_secs(tar / SLOWEST_UPLOAD)
-}
-
-fn staging(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
-    LaunchError::Staging { what: what.into(), source: Box::new(e) }
 }
 
 /// Follows the Pod until its init container runs (`preparing`, to stage the inputs) or its
@@ -202,7 +204,9 @@ async fn stage(
     (bytes, files): (u64, u64),
     progress: Option<crate::contract::ProgressSink>,
 ) -> Result<crate::inputs::StageReport, LaunchError> {
-    let mut ap = attach(site, pod, PREPARE, true).await.map_err(|e| staging("attaching to the init container", e))?;
+    let mut ap = attach(site, pod, PREPARE, true)
+        .await
+        .map_err(|e| LaunchError::staging("attaching to the init container", e))?;
     let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) = (ap.stdin(), ap.stdout(), ap.stderr()) else {
         return Err(LaunchError::Staging {
             what: "the init container's streams".into(),
@@ -212,12 +216,7 @@ async fn stage(
     let (producer, chunks) =
         crate::inputs::tar_stream(dir, site.config.user, site.config.max_input_bytes, bytes, progress.clone());
     let bound = upload_bound(site, bytes, files);
-    let words = async {
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let (mut o, mut e) = ((&mut stdout).take(PREPARE_WORDS as u64), (&mut stderr).take(PREPARE_WORDS as u64));
-        let _ = tokio::join!(o.read_to_end(&mut out), e.read_to_end(&mut err));
-        (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned())
-    };
+    let words = async { tokio::join!(words_of(&mut stdout), words_of(&mut stderr)) };
     let stdin_ref = &mut stdin;
     // The chunks go with this future, so a producer that writes after a failure never waits.
     let write = async move {
@@ -249,7 +248,7 @@ async fn stage(
             });
         }
         (Err(e), _) => return Err(e),
-        (Ok(_), Err(e)) => return Err(staging("writing the inputs to the init container", e)),
+        (Ok(_), Err(e)) => return Err(LaunchError::staging("writing the inputs to the init container", e)),
     };
     let unpacked = said
         .lines()
@@ -267,6 +266,21 @@ async fn stage(
         });
     }
     Ok(report)
+}
+
+/// What a stream of the init container says, to its end: the first [`PREPARE_WORDS`] bytes
+/// kept, the rest read and dropped (a stream left unread would stall the whole attach).
+async fn words_of(r: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let room = PREPARE_WORDS.saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
 }
 
 /// Ends an attach's connection when its transport is dropped.

@@ -34,10 +34,6 @@ pub(crate) struct Plan {
     pub progress: Option<crate::contract::ProgressSink>,
 }
 
-fn random_hex(bytes: usize) -> String {
-    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
-}
-
 pub(crate) fn prepare(cfg: &KubeConfig, incarnation: &str, req: &Request, sizes: Sizes) -> Result<Plan, LaunchError> {
     let started_ms = crate::contract::unix_ms_now();
     let image = match (&req.policy.image, &cfg.image) {
@@ -52,7 +48,7 @@ pub(crate) fn prepare(cfg: &KubeConfig, incarnation: &str, req: &Request, sizes:
     let argv = argv(req, cfg)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
-    let attempt_id = random_hex(6);
+    let attempt_id = crate::util::random_hex(6);
     let owner = Owner { worker: &req.worker_id, incarnation, executor: &cfg.name };
     let l = AttemptLabels {
         owner,

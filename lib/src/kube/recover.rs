@@ -53,13 +53,7 @@ pub(crate) async fn reattach(
     }
     let cleanup = cleanup();
     let end = super::state::main_end(&pod);
-    let running = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.iter().find(|c| c.name == MAIN))
-        .is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
-    if !running {
+    if !super::state::main_runs(&pod) {
         cleanup.remove().await;
         return Err(RecoverError::Gone(format!(
             "its init ended while no host was there (exit code {:?}); the record went with it",

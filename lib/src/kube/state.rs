@@ -27,6 +27,16 @@ const IMAGE_REASONS: &[&str] = &["ErrImagePull", "ImagePullBackOff", "InvalidIma
 /// The reasons a kubelet gives a container it could not make or start.
 const FAILED_REASONS: &[&str] = &["CreateContainerConfigError", "CreateContainerError", "RunContainerError"];
 
+/// What the kubelet or a registry says, as an error or a note may carry it: at most
+/// [`SAID_MAX`] bytes, control characters escaped (a container's termination message is the
+/// container's own words).
+fn said(m: &str) -> String {
+    stevedore_init::wire::printable(&stevedore_init::wire::cap_text(m.trim(), SAID_MAX))
+}
+
+/// The most of one message kept.
+const SAID_MAX: usize = 512;
+
 fn status<'a>(list: Option<&'a Vec<ContainerStatus>>, name: &str) -> Option<&'a ContainerStatus> {
     list?.iter().find(|c| c.name == name)
 }
@@ -35,7 +45,7 @@ fn status<'a>(list: Option<&'a Vec<ContainerStatus>>, name: &str) -> Option<&'a 
 fn stuck(c: &ContainerStatus) -> Option<Launch> {
     let waiting = c.state.as_ref()?.waiting.as_ref()?;
     let reason = waiting.reason.as_deref().unwrap_or_default();
-    let message = waiting.message.clone().unwrap_or_default();
+    let message = said(waiting.message.as_deref().unwrap_or_default());
     if IMAGE_REASONS.contains(&reason) {
         let why = if message.is_empty() { reason.to_owned() } else { format!("{reason}: {message}") };
         return Some(Launch::ImageUnavailable { image: c.image.clone(), why });
@@ -51,7 +61,7 @@ fn ended(c: &ContainerStatus) -> Option<String> {
         s.push_str(&format!(" ({r})"));
     }
     if let Some(m) = t.message.as_deref().filter(|m| !m.trim().is_empty()) {
-        s.push_str(&format!(": {}", m.trim()));
+        s.push_str(&format!(": {}", said(m)));
     }
     Some(s)
 }
@@ -68,7 +78,7 @@ pub(crate) fn launch(pod: Option<&Pod>) -> Launch {
         && c.status == "False"
         && c.reason.as_deref() == Some("Unschedulable")
     {
-        return Launch::Unschedulable(c.message.clone().unwrap_or_else(|| "Unschedulable".into()));
+        return Launch::Unschedulable(c.message.as_deref().map_or_else(|| "Unschedulable".into(), said));
     }
     let prepare = status(st.init_container_statuses.as_ref(), PREPARE);
     let main = status(st.container_statuses.as_ref(), MAIN);
@@ -95,7 +105,7 @@ pub(crate) fn launch(pod: Option<&Pod>) -> Launch {
     }
     match st.phase.as_deref() {
         Some("Failed") => {
-            let why = [st.reason.as_deref(), st.message.as_deref()].into_iter().flatten().collect::<Vec<_>>();
+            let why = [st.reason.as_deref(), st.message.as_deref()].into_iter().flatten().map(said).collect::<Vec<_>>();
             return Launch::Failed(if why.is_empty() { "the Pod failed".into() } else { why.join(": ") });
         }
         Some("Succeeded") => return Launch::Failed("the Pod ended".into()),
@@ -120,7 +130,7 @@ fn waiting_words(c: &ContainerStatus, what: &str) -> String {
         Some(w) => format!(
             "{what} ({}{})",
             w.reason.as_deref().unwrap_or("waiting"),
-            w.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+            w.message.as_deref().map(|m| format!(": {}", said(m))).unwrap_or_default()
         ),
         None => what.to_owned(),
     }
@@ -156,8 +166,8 @@ pub(crate) fn main_end(pod: &Pod) -> MainEnd {
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         image_id: main.map(|m| m.image_id.clone()).filter(|i| !i.is_empty()),
         pod_ended_by: st.and_then(|s| s.reason.as_ref()).map(|r| {
-            let message = st.and_then(|s| s.message.as_deref()).unwrap_or_default();
-            if message.is_empty() { r.clone() } else { format!("{r}: {message}") }
+            let message = said(st.and_then(|s| s.message.as_deref()).unwrap_or_default());
+            if message.is_empty() { said(r) } else { format!("{}: {message}", said(r)) }
         }),
     }
 }
@@ -246,6 +256,15 @@ mod tests {
             "containerStatuses": [{"name": MAIN, "image": "busybox", "imageID": "", "ready": false,
                 "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
         assert!(matches!(launch(Some(&waiting)), Launch::Waiting(w) if w.contains("ContainerCreating")));
+    }
+
+    #[test]
+    fn what_the_kubelet_says_is_bounded_and_escaped() {
+        let long =
+            pod(serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "x\u{1b}[2J".repeat(500)}));
+        let said = main_end(&long).pod_ended_by.unwrap();
+        // 3000 bytes said, 512 kept (escaped: about twice as long, here).
+        assert!(said.len() < SAID_MAX * 2 + 16 && !said.contains('\u{1b}'), "{said:?}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub(crate) fn prepare(
         Task::Command(argv) => argv.clone(),
         Task::Handler(_) => vec![worker_exe()?.display().to_string(), HANDLER_MARKER.to_owned()],
     };
-    let attempt_id = random_hex(6);
+    let attempt_id = crate::util::random_hex(6);
     let name = format!("{}-{attempt_id}", &req.worker_id[..req.worker_id.len().min(40)]);
     Ok(Plan { attempt_id, name, argv, limits: resolve(req, cfg), output_dir, started_ms })
 }
@@ -78,10 +78,6 @@ pub(crate) fn env(cfg: &ProcessConfig, req: &Request, dir: &AttemptDir, init: &P
     env.insert(wire_env::OUT.into(), dir.output.display().to_string());
     env.insert(wire_env::INIT.into(), init.display().to_string());
     env.into_iter().collect()
-}
-
-fn random_hex(bytes: usize) -> String {
-    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
 }
 
 #[cfg(test)]

@@ -31,7 +31,8 @@ pub(crate) async fn provision(
     let cfg = &site.config;
     cleanup.lease = lease_uid(site).await?;
     let identity = prepare::identity(cfg, cleanup.lease.as_ref().map(|l| l.uid), site.euid);
-    let dir = AttemptDir::create(&site.attempts, &plan.name, identity).map_err(|e| staging("the attempt's dir", e))?;
+    let dir = AttemptDir::create(&site.attempts, &plan.name, identity)
+        .map_err(|e| LaunchError::staging("the attempt's dir", e))?;
     cleanup.dir = Some(dir.clone());
     let (inputs, sealed) = match &req.input_dir {
         Some(src) => {
@@ -96,11 +97,11 @@ async fn spawn_init(
     if let Some((uid, gid)) = identity {
         cmd.uid(uid).gid(gid);
     }
-    let listener = dir.takeover_listener().map_err(|e| staging("the attempt's takeover socket", e))?;
+    let listener = dir.takeover_listener().map_err(|e| LaunchError::staging("the attempt's takeover socket", e))?;
     super::spawn::with_takeover_fd(&mut cmd, listener);
     let mut child = super::spawn::spawn_when_not_busy(&mut cmd)
         .await
-        .map_err(|e| staging(format!("starting the init {}", site.init.display()), e))?;
+        .map_err(|e| LaunchError::staging(format!("starting the init {}", site.init.display()), e))?;
     // Closes this process's copy of the takeover socket: the init holds it now.
     drop(cmd);
     let init_pid = child.id().map_or(0, |p| p as i32);
@@ -109,7 +110,7 @@ async fn spawn_init(
     let ticks = start_ticks(init_pid).unwrap_or(0);
     let uid = identity.map_or(site.euid, |(u, _)| u);
     std::fs::write(dir.root.join(PID_FILE), format!("{init_pid} {ticks} {uid}\n"))
-        .map_err(|e| staging("the attempt's pid file", e))?;
+        .map_err(|e| LaunchError::staging("the attempt's pid file", e))?;
     if let Some(c) = &cleanup.cgroup {
         c.enter(init_pid as u32)
             .map_err(|e| LaunchError::Staging { what: "moving the init into its cgroup".into(), source: e.into() })?;
@@ -130,17 +131,13 @@ async fn lease_uid(site: &Arc<ProcessSite>) -> Result<Option<super::uids::Lease>
     let s = site.clone();
     let leased = tokio::task::spawn_blocking(move || s.uids.as_ref().map(|u| u.lease()).transpose())
         .await
-        .map_err(|e| staging("leasing a uid", e))?;
+        .map_err(|e| LaunchError::staging("leasing a uid", e))?;
     leased.map_err(|e| match e {
         e @ (super::uids::UidError::Exhausted { .. } | super::uids::UidError::Taken { .. }) => {
             LaunchError::AdmissionRefused(e.to_string())
         }
-        e => staging("leasing a uid", e),
+        e => LaunchError::staging("leasing a uid", e),
     })
-}
-
-fn staging(what: impl Into<String>, e: impl std::error::Error + Send + Sync + 'static) -> LaunchError {
-    LaunchError::Staging { what: what.into(), source: Box::new(e) }
 }
 
 /// Copies the input dir into `dir.input` (regular files, dirs and symlinks, through
@@ -152,14 +149,15 @@ async fn copy_inputs(
     run_as: Option<(u32, u32)>,
     progress: Option<crate::contract::ProgressSink>,
 ) -> Result<(InputsStaged, bool), LaunchError> {
-    let input = InputDir::open(&src).map_err(|e| staging(format!("input dir {}", src.display()), e))?;
-    let (bytes, files) = input.measure().map_err(|e| staging(format!("input dir {}", src.display()), e))?;
+    let input = InputDir::open(&src).map_err(|e| LaunchError::staging(format!("input dir {}", src.display()), e))?;
+    let (bytes, files) =
+        input.measure().map_err(|e| LaunchError::staging(format!("input dir {}", src.display()), e))?;
     if bytes > limit {
         return Err(LaunchError::InputTooLarge { bytes, limit });
     }
     let dest = dir.clone();
     let (report, sealed) = tokio::task::spawn_blocking(move || {
-        let (reader, writer) = std::io::pipe().map_err(|e| staging("a pipe", e))?;
+        let (reader, writer) = std::io::pipe().map_err(|e| LaunchError::staging("a pipe", e))?;
         let into = dest.input.clone();
         let unpack = std::thread::spawn(move || {
             let mut a = tar::Archive::new(reader);
@@ -173,16 +171,17 @@ async fn copy_inputs(
         if let Some(s) = progress.as_ref().filter(|_| written.is_ok()) {
             s.report(crate::contract::Progress { phase, done: bytes, total: Some(bytes), finished: true });
         }
-        let unpacked = unpack.join().map_err(|_| staging("copying the inputs", std::io::Error::other("panicked")))?;
+        let unpacked =
+            unpack.join().map_err(|_| LaunchError::staging("copying the inputs", std::io::Error::other("panicked")))?;
         let report = written.map_err(|e| match e {
             StageError::TooLarge { limit } => LaunchError::InputTooLarge { bytes: limit + 1, limit },
-            e => staging("reading the input dir", e),
+            e => LaunchError::staging("reading the input dir", e),
         })?;
-        unpacked.map_err(|e| staging("copying the inputs", e))?;
-        let sealed = dest.seal_inputs(run_as).map_err(|e| staging("sealing the inputs", e))?;
+        unpacked.map_err(|e| LaunchError::staging("copying the inputs", e))?;
+        let sealed = dest.seal_inputs(run_as).map_err(|e| LaunchError::staging("sealing the inputs", e))?;
         Ok::<_, LaunchError>((report, sealed))
     })
     .await
-    .map_err(|e| staging("copying the inputs", e))??;
+    .map_err(|e| LaunchError::staging("copying the inputs", e))??;
     Ok((InputsStaged { files, bytes, limit_bytes: limit, skipped: report.skipped, sparse: report.sparse }, sealed))
 }

@@ -349,7 +349,6 @@ pub fn stdout_of(o: &stevedore::Outcome) -> String {
 /// Starts `stevedore run --worker w` of a command that says `ready` on stderr and then
 /// sleeps; returns once it said so (its stderr keeps being drained).
 pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
-    use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(BIN)
         .args(["run", "--outcome", "-", "--worker", w, "--image", image, "--grace", "2s", "--output"])
         .arg(out)
@@ -358,17 +357,30 @@ pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    stderr_until(&mut child, "ready");
+    child
+}
+
+/// Waits until `child`'s stderr says a line with `word` in it (a process that ends first
+/// fails the test); the rest of its stderr is drained on a thread, so the child never blocks
+/// on a full pipe.
+pub fn stderr_until(child: &mut std::process::Child, word: &str) {
+    use std::io::{BufRead, BufReader};
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
     loop {
         match lines.next() {
-            Some(Ok(l)) if l.contains("ready") => break,
-            Some(_) => continue,
-            None => panic!("stevedore run ended before the container was ready"),
+            Some(Ok(l)) if l.contains(word) => break,
+            Some(Ok(_)) => continue,
+            other => panic!("the process ended before it said {word:?}: {other:?}"),
         }
     }
-    // Keep draining so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    child
+}
+
+/// SIGKILLs `child` (a worker that dies without a word) and reaps it.
+pub fn kill9(mut child: std::process::Child) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
 }
 
 /// This build's `stevedore` binary without its debug sections (a fifth of the size: a
