@@ -66,6 +66,11 @@ pub fn config(g: &Global) -> Result<ContainerConfig, String> {
         cfg.connection.tls_cert_path = g.tls_cert_path.clone();
     }
     cfg.connection.allow_insecure_tcp |= g.allow_insecure_tcp;
+    match std::env::var("STEVEDORE_INIT_FROM").as_deref() {
+        Err(_) | Ok("" | "auto") => {}
+        Ok("volume") => cfg.init_from_host = false,
+        Ok(other) => return Err(format!("STEVEDORE_INIT_FROM={other:?}: expected auto or volume")),
+    }
     Ok(cfg)
 }
 

@@ -61,6 +61,10 @@ pub const OUT_DIR: &str = "/out";
 pub const TMP_DIR: &str = "/tmp";
 /// Where stevedore's tools (the init) are mounted read-only.
 pub const TOOLS_DIR: &str = "/.stevedore/tools";
+/// Where a parked container of the warm pool mounts its input volume writable, for the
+/// engine's archive API to stage the inputs into (root's entries, no write bits): the
+/// command reads them at [`IN_DIR`], the same volume mounted read-only.
+pub const STAGE_DIR: &str = "/.stevedore/stage";
 /// The init's file name inside [`TOOLS_DIR`].
 pub const INIT_NAME: &str = "stevedore-init";
 

@@ -168,6 +168,73 @@ impl PrivateDir {
         Self::checked(fd, path)
     }
 
+    /// Puts `bytes` as the executable `file` (0755) in the subdirectory `name` (0755, made
+    /// when missing) and returns that subdirectory's path: a directory a local engine
+    /// bind-mounts read-only into containers, so its modes let any uid read. No other user
+    /// reaches it (this directory is 0700); a file already there is kept only when it is
+    /// this user's, a regular file, and holds exactly `bytes` (its sha256 is `digest`).
+    #[cfg(feature = "docker")]
+    pub fn readable_copy(&self, name: &str, file: &str, bytes: &[u8], digest: &str) -> Result<PathBuf, HostDirError> {
+        use sha2::{Digest, Sha256};
+        use std::io::{Read, Write};
+        if !safe_name(name) || !safe_name(file) {
+            return Err(HostDirError::BadName(format!("{name}/{file}")));
+        }
+        let path = self.path.join(name);
+        let io = |op, path: &Path, e: std::io::Error| HostDirError::Io { op, path: path.to_owned(), source: e };
+        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io("create", &path, e.into())),
+        }
+        let dir = match openat(&self.fd, name, dir_flags(), Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                return Err(HostDirError::Untrusted { path, why: "it is not a directory (a symlink?)".into() });
+            }
+            Err(e) => return Err(io("open", &path, e.into())),
+        };
+        let st = fstat(&dir).map_err(|e| io("inspect", &path, e.into()))?;
+        if st.st_uid != geteuid().as_raw() {
+            return Err(HostDirError::Untrusted { path, why: format!("owned by uid {}", st.st_uid) });
+        }
+        if st.st_mode & 0o7777 != 0o755 {
+            fchmod(dir.as_fd(), Mode::from_bits_truncate(0o755)).map_err(|e| io("set the mode of", &path, e.into()))?;
+        }
+        let target = path.join(file);
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        if let Ok(fd) = openat(&dir, file, flags, Mode::empty()) {
+            let kept = fstat(&fd).is_ok_and(|st| {
+                st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
+                    && st.st_uid == geteuid().as_raw()
+                    && st.st_mode & 0o7777 == 0o755
+                    && u64::try_from(st.st_size).ok() == Some(bytes.len() as u64)
+            });
+            let mut held = Vec::with_capacity(bytes.len());
+            if kept
+                && File::from(fd).take(bytes.len() as u64 + 1).read_to_end(&mut held).is_ok()
+                && format!("{:x}", Sha256::digest(&held)) == digest
+            {
+                return Ok(path);
+            }
+        }
+        // Written whole under a new name, then renamed over: a container starting meanwhile
+        // sees the old file or the new one.
+        let tmp = format!("{file}.new-{:08x}", rand::random::<u32>());
+        let created = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = openat(&dir, tmp.as_str(), created, Mode::from_bits_truncate(0o700))
+            .map_err(|e| io("create", &target, e.into()))?;
+        let mut f = File::from(fd);
+        let written = f
+            .write_all(bytes)
+            .and_then(|()| fchmod(f.as_fd(), Mode::from_bits_truncate(0o755)).map_err(Into::into))
+            .and_then(|()| nix::fcntl::renameat(&dir, tmp.as_str(), &dir, file).map_err(Into::into));
+        if let Err(e) = written {
+            let _ = unlinkat(&dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+            return Err(io("write", &target, e));
+        }
+        Ok(path)
+    }
+
     /// Creates the new file `name` (0600); an existing entry of that name is an error.
     pub fn create_file(&self, name: &str) -> Result<File, HostDirError> {
         if !safe_name(name) {

@@ -85,20 +85,18 @@ impl InputDir {
         Ok(totals)
     }
 
-    /// Writes the dir as a tar whose entries belong to `uid:gid` with their modes kept (plus
-    /// owner read, and owner search on directories), symlinks kept as symlinks. `hook` is
-    /// called with each entry's relative path between its classification and its opening
-    /// (tests inject races there).
+    /// Writes the dir as a tar whose entries belong to whom `owners` says, symlinks kept as
+    /// symlinks. `hook` is called with each entry's relative path between its
+    /// classification and its opening (tests inject races there).
     pub fn write_tar(
         &self,
-        uid: u32,
-        gid: u32,
+        owners: Owners,
         limit: u64,
         out: impl Write,
         hook: &dyn Fn(&Path),
     ) -> Result<StageReport, StageError> {
         let mut b = tar::Builder::new(out);
-        let mut s = Stager { uid, gid, limit, report: StageReport::default(), hook };
+        let mut s = Stager { owners, limit, report: StageReport::default(), hook };
         s.dir(&mut b, &self.root, Path::new(""), 0)?;
         b.into_inner().and_then(|mut w| w.flush()).map_err(StageError::Write)?;
         Ok(s.report)
@@ -137,9 +135,39 @@ fn walk_sizes(dir: &OwnedFd, rel: &Path, depth: usize, totals: &mut (u64, u64)) 
     Ok(())
 }
 
+/// Whose the staged entries are, and so their modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owners {
+    /// This uid:gid's, modes kept plus owner read (and owner search on directories): for a
+    /// mount the engine makes read-only.
+    User(u32, u32),
+    /// Root's, every write bit cleared, readable (and directories searchable) by everyone:
+    /// read-only to a sandbox user without capabilities even where the mount itself is
+    /// writable (the warm pool's staging path, `container::pool`).
+    RootReadOnly,
+}
+
+impl Owners {
+    fn ids(self) -> (u32, u32) {
+        match self {
+            Owners::User(uid, gid) => (uid, gid),
+            Owners::RootReadOnly => (0, 0),
+        }
+    }
+
+    /// The mode of an entry whose own permission bits are `perm`.
+    fn mode(self, perm: u32, dir: bool) -> u32 {
+        match (self, dir) {
+            (Owners::User(..), true) => perm | 0o700,
+            (Owners::User(..), false) => perm | 0o400,
+            (Owners::RootReadOnly, true) => (perm & 0o555) | 0o555,
+            (Owners::RootReadOnly, false) => (perm & 0o555) | 0o444,
+        }
+    }
+}
+
 struct Stager<'a> {
-    uid: u32,
-    gid: u32,
+    owners: Owners,
     limit: u64,
     report: StageReport,
     hook: &'a dyn Fn(&Path),
@@ -151,8 +179,9 @@ impl Stager<'_> {
         h.set_entry_type(kind);
         h.set_size(size);
         h.set_mode(mode);
-        h.set_uid(self.uid.into());
-        h.set_gid(self.gid.into());
+        let (uid, gid) = self.owners.ids();
+        h.set_uid(uid.into());
+        h.set_gid(gid.into());
         h.set_mtime(u64::try_from(st.mtime).unwrap_or(0));
         h
     }
@@ -193,7 +222,7 @@ impl Stager<'_> {
                             });
                         }
                     };
-                    let mut h = self.header(&st, tar::EntryType::Directory, perm | 0o700, 0);
+                    let mut h = self.header(&st, tar::EntryType::Directory, self.owners.mode(perm, true), 0);
                     b.append_data(&mut h, &path, io::empty()).map_err(StageError::Write)?;
                     self.report.entries += 1;
                     self.dir(b, &sub, &path, depth + 1)?;
@@ -232,7 +261,7 @@ impl Stager<'_> {
         if self.report.bytes.saturating_add(size) > self.limit {
             return Err(StageError::TooLarge { limit: self.limit });
         }
-        let mut h = self.header(&st, tar::EntryType::Regular, perm | 0o400, size);
+        let mut h = self.header(&st, tar::EntryType::Regular, self.owners.mode(perm, false), size);
         let mut content = tree::Exactly::new((&mut file).take(size), size);
         b.append_data(&mut h, path, &mut content).map_err(StageError::Write)?;
         let short = content.short;
@@ -266,7 +295,7 @@ impl Stager<'_> {
 #[cfg(any(feature = "docker", feature = "kube"))]
 pub(crate) fn tar_stream(
     dir: InputDir,
-    owner: (u32, u32),
+    owners: Owners,
     limit: u64,
     bytes: u64,
     progress: Option<crate::contract::ProgressSink>,
@@ -283,7 +312,7 @@ pub(crate) fn tar_stream(
         total: Some(bytes),
         done: 0,
     };
-    let producer = tokio::task::spawn_blocking(move || dir.write_tar(owner.0, owner.1, limit, writer, &|_| {}));
+    let producer = tokio::task::spawn_blocking(move || dir.write_tar(owners, limit, writer, &|_| {}));
     (producer, chunks)
 }
 
@@ -364,7 +393,7 @@ mod tests {
         let input = InputDir::open(d).unwrap();
         assert_eq!(input.measure().unwrap(), (5, 1));
         let mut buf = Vec::new();
-        let r = input.write_tar(65532, 65533, 1 << 20, &mut buf, &|_| {}).unwrap();
+        let r = input.write_tar(Owners::User(65532, 65533), 1 << 20, &mut buf, &|_| {}).unwrap();
         assert_eq!(r.skipped, vec!["fifo".to_owned()]);
         assert_eq!((r.bytes, r.files), (5, 1));
         let got = tar_entries(&buf);
@@ -393,7 +422,7 @@ mod tests {
             }
         };
         let mut buf = Vec::new();
-        let err = input.write_tar(1, 1, 1 << 20, &mut buf, &swap).unwrap_err();
+        let err = input.write_tar(Owners::User(1, 1), 1 << 20, &mut buf, &swap).unwrap_err();
         assert!(matches!(err, StageError::Changed { ref path, .. } if path == Path::new("sub")), "{err}");
         assert!(!buf.windows(10).any(|w| w == b"TOP SECRET"), "the secret never reaches the tar");
     }
@@ -422,7 +451,7 @@ mod tests {
         // The hook runs before the open: the header then says the grown size, and the file
         // grows again while it is copied.
         let mut buf = Vec::new();
-        let first = input.write_tar(1, 1, 1 << 20, &mut buf, &grow);
+        let first = input.write_tar(Owners::User(1, 1), 1 << 20, &mut buf, &grow);
         // Either way, no entry but the file itself is ever produced.
         let names: Vec<String> = match first {
             Ok(_) => tar_entries(&buf).into_iter().map(|e| e.0).collect(),
@@ -434,7 +463,7 @@ mod tests {
         let file = fs::OpenOptions::new().append(true).open(d.join("grows")).unwrap();
         let during = move |_: &Path| {};
         let mut out = GrowingSink { file, evil: evil.clone(), done: false, inner: Vec::new() };
-        let err = input.write_tar(1, 1, 1 << 20, &mut out, &during).unwrap_err();
+        let err = input.write_tar(Owners::User(1, 1), 1 << 20, &mut out, &during).unwrap_err();
         assert!(matches!(err, StageError::Changed { ref path, .. } if path == Path::new("grows")), "{err}");
     }
 
@@ -469,7 +498,7 @@ mod tests {
         sparse.set_len(1 << 40).unwrap();
         let input = InputDir::open(t.path()).unwrap();
         assert_eq!(input.measure().unwrap(), ((1 << 40) + 100, 2), "apparent size, sparse or not");
-        let err = input.write_tar(1, 1, 1000, io::sink(), &|_| {}).unwrap_err();
+        let err = input.write_tar(Owners::User(1, 1), 1000, io::sink(), &|_| {}).unwrap_err();
         assert!(matches!(err, StageError::TooLarge { limit: 1000 }));
     }
 }

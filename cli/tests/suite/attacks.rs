@@ -313,7 +313,10 @@ async fn an_image_cannot_fill_a_taken_tools_volume_with_its_own_init() {
     stevedore::image::build_image_from_dir_tar(support::seam().await, &image, context)
         .await
         .expect("building the image");
-    let rung = rung_with(ContainerConfig::default()).await;
+    // The init from a tools volume (on a local engine it would come from a host directory).
+    let mut cfg = ContainerConfig::default();
+    cfg.init_from_host = false;
+    let rung = rung_with(cfg).await;
     let w = support::worker("planted-init");
     let t = tempfile::tempdir().unwrap();
 

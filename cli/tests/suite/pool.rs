@@ -10,9 +10,13 @@ use stevedore::{Executor, Reason, Status};
 use support::{labelled, run, setup, sh, worker};
 
 async fn pooled(w: &str, image: &str, size: usize) -> stevedore::ContainerExecutor {
-    let mut cfg = ContainerConfig::default();
+    pooled_with(w, image, size, ContainerConfig::default()).await
+}
+
+async fn pooled_with(w: &str, image: &str, size: usize, mut cfg: ContainerConfig) -> stevedore::ContainerExecutor {
     cfg.pool = Some(PoolConfig::new(size, w).image(image));
-    // /tmp's size is fixed at create and must fit every memory limit the pool serves.
+    // /tmp's size follows the memory limit up to this: one size class for the memory
+    // limits below, which `update` applies at claim.
     cfg.max_tmp_bytes = 16 << 20;
     cfg.background_cleanup = true;
     let rung = support::rung_with(cfg).await;
@@ -73,26 +77,110 @@ async fn inputs_reach_a_parked_container_read_only() {
     let inputs = tempfile::tempdir().unwrap();
     std::fs::write(inputs.path().join("a.txt"), b"input").unwrap();
     let t = tempfile::tempdir().unwrap();
-    let req =
-        sh(&image, &w, &t.path().join("o"), "cat /in/a.txt; touch /in/b 2>/dev/null && echo wrote || echo read-only")
-            .input_dir(inputs.path());
+    std::fs::create_dir(inputs.path().join("d")).unwrap();
+    std::fs::write(inputs.path().join("d/b.txt"), b"deep").unwrap();
+    // The inputs come through a writable mount of the same volume (root's entries, no
+    // write bits): the command tries every way through it and through /in.
+    let script = "cat /in/a.txt; \
+        for try in 'touch /in/b' 'touch /.stevedore/stage/b' 'echo x > /.stevedore/stage/a.txt' \
+                   'chmod 666 /.stevedore/stage/a.txt' 'rm /.stevedore/stage/d/b.txt' \
+                   'mv /.stevedore/stage/d /.stevedore/stage/e' 'touch /.stevedore/stage/d/c'; do \
+          sh -c \"$try\" 2>/dev/null && echo \"wrote: $try\"; done; \
+        cat /in/a.txt /in/d/b.txt; stat -c '%u %a' /in/a.txt /in/d";
+    let req = sh(&image, &w, &t.path().join("o"), script).input_dir(inputs.path());
     let o = run(&rung, &req).await;
     assert_eq!((o.status, o.evidence.warm), (Status::Ok, Some(true)), "{}", o.to_json());
-    assert_eq!(support::stdout_of(&o), "inputread-only\n");
+    assert_eq!(support::stdout_of(&o), "inputinputdeep0 444\n0 555\n", "{}", o.to_json());
+    assert!(o.evidence.enforcement["inputs_read_only"].contains("read-only at /in"), "{:?}", o.evidence.enforcement);
+    assert_eq!(std::fs::read(inputs.path().join("a.txt")).unwrap(), b"input", "the caller's inputs untouched");
     rung.close().await;
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
 }
 
+/// A job engine whose attempts ask for less memory and a smaller disk than the pool's
+/// defaults: the first goes cold and says why, the pool then parks containers of that size
+/// class, and the next attempts are served warm with both limits enforced as asked: writing
+/// past the disk limit meets ENOSPC at it, and the memory limit is the cgroup's.
 #[tokio::test]
-async fn what_does_not_fit_goes_cold_and_says_why() {
+async fn a_smaller_memory_and_disk_limit_is_served_warm_once_asked_for() {
+    let Some((docker, image)) = setup().await else { return };
+    let w = worker("pool-fit");
+    let rung = pooled(&w, &image, 1).await;
+    let t = tempfile::tempdir().unwrap();
+    let (memory, disk) = (96u64 << 20, 8u64 << 20);
+    // 12 MiB into an 8 MiB /out; the memory limit as the cgroup has it.
+    let script = "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes; \
+                  dd if=/dev/zero of=/out/big bs=1M count=12 2>/dev/null; echo dd=$?";
+    let req = |n: &str| sh(&image, &w, &t.path().join(n), script).memory(memory).disk(disk);
+    let first = run(&rung, &req("a")).await;
+    assert_eq!(first.evidence.warm, Some(false), "{}", first.to_json());
+    assert!(first.evidence.skipped["warm_pool"].contains("size class"), "{:?}", first.evidence.skipped);
+    for n in ["b", "c"] {
+        assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool refills");
+        let o = run(&rung, &req(n)).await;
+        assert_eq!(o.evidence.warm, Some(true), "{n}: {}", o.to_json());
+        assert_eq!(o.reason, Some(Reason::DiskLimit), "{n}: {}", o.to_json());
+        assert_eq!(support::stdout_of(&o), format!("{memory}\ndd=1\n"), "{n}: {}", o.to_json());
+        assert!(o.evidence.enforcement["memory"].contains(&format!("{memory} bytes")), "{:?}", o.evidence.enforcement);
+        assert!(o.evidence.enforcement["disk"].contains(&format!("{disk} bytes")), "{:?}", o.evidence.enforcement);
+        let big = std::fs::metadata(t.path().join(n).join("big")).map(|m| m.len()).unwrap_or(0);
+        assert!(big <= disk, "{n}: /out held {big} bytes past its {disk}");
+    }
+    let s = rung.pool_stats();
+    assert_eq!((s.hits, s.misses), (2, 1), "{s:?}");
+    assert!(s.evicted >= 1, "the default class made room for the one asked for: {s:?}");
+    rung.close().await;
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+/// What no class serves (another image: here the pool's own by its id) goes cold, says
+/// why, and makes the pool fill nothing: the parked container stays.
+#[tokio::test]
+async fn what_no_class_serves_goes_cold_and_says_why() {
     let Some((docker, image)) = setup().await else { return };
     let w = worker("pool-misfit");
     let rung = pooled(&w, &image, 1).await;
+    let id = docker.inspect_image(&image).await.unwrap().id.unwrap();
     let t = tempfile::tempdir().unwrap();
-    let o = run(&rung, &sh(&image, &w, &t.path().join("o"), "true").disk(100 << 20)).await;
-    assert_eq!((o.status, o.evidence.warm), (Status::Ok, Some(false)));
-    assert!(o.evidence.skipped["warm_pool"].contains("disk"), "{:?}", o.evidence.skipped);
-    assert_eq!(rung.parked(), 1, "the parked container stays for an attempt that fits");
+    let o = run(&rung, &sh(&id, &w, &t.path().join("o"), "true")).await;
+    assert_eq!((o.status, o.evidence.warm), (Status::Ok, Some(false)), "{}", o.to_json());
+    assert!(o.evidence.skipped["warm_pool"].contains("is not the pool's"), "{:?}", o.evidence.skipped);
+    assert_eq!((rung.parked(), rung.pool_stats().fills_started), (1, 1), "{:?}", rung.pool_stats());
+    rung.close().await;
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+/// Refills are paced: ten attempts at once against a pool of 4 take the 4 parked containers
+/// (the rest go cold: the pool was empty), each container taken is replaced by exactly one
+/// fill, never more than `max_filling` of them at once, and every attempt ran in a
+/// container of its own.
+#[tokio::test]
+async fn refills_follow_the_claims_one_for_one_and_never_in_a_burst() {
+    let Some((docker, image)) = setup().await else { return };
+    let w = worker("pool-pace");
+    let mut cfg = ContainerConfig::default();
+    cfg.pool = Some(PoolConfig::new(4, &w).image(&image).max_filling(2));
+    cfg.max_tmp_bytes = 16 << 20;
+    cfg.background_cleanup = true;
+    let rung = support::rung_with(cfg).await;
+    assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool fills");
+    let t = tempfile::tempdir().unwrap();
+    let runs = (0..10).map(|i| {
+        let req = sh(&image, &w, &t.path().join(format!("o{i}")), "true");
+        let rung = rung.clone();
+        async move { run(&rung, &req).await }
+    });
+    let outcomes = futures_util::future::join_all(runs).await;
+    let mut ids: Vec<&str> = outcomes.iter().filter_map(|o| o.evidence.container_id.as_deref()).collect();
+    assert!(outcomes.iter().all(|o| o.status == Status::Ok));
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 10, "every attempt in a container of its own");
+    assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool refills");
+    let s = rung.pool_stats();
+    assert_eq!((s.hits, s.misses), (4, 6), "{s:?}");
+    assert_eq!(s.fills_started, 4 + s.hits, "one fill per container taken: {s:?}");
+    assert!(s.most_filling <= 2, "never more than max_filling at once: {s:?}");
     rung.close().await;
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]));
 }
@@ -147,14 +235,17 @@ fn a_rung_dropped_by_a_panic_leaves_no_tools_volume_and_no_parked_container() {
     let Some((docker, image)) = here.block_on(setup()) else { return };
     for pool in [false, true] {
         let w = worker(if pool { "drop-pool" } else { "drop-cold" });
+        // The backstop's volumes: the init from a tools volume, not the host directory.
+        let mut cfg = ContainerConfig::default();
+        cfg.init_from_host = false;
         let (docker_in, image_in) = (docker.clone(), image.clone());
         let made = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let rung = if pool {
-                    pooled(&w, &image_in, 1).await
+                    pooled_with(&w, &image_in, 1, cfg).await
                 } else {
-                    let rung = support::rung().await;
+                    let rung = support::rung_with(cfg).await;
                     let t = tempfile::tempdir().unwrap();
                     let o = run(&rung, &sh(&image_in, &w, &t.path().join("out"), "true")).await;
                     assert_eq!(o.status, Status::Ok, "{}", o.to_json());

@@ -113,7 +113,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         memory: plan.applied.memory,
         cpu_millis: plan.applied.cpu_millis,
         disk: plan.applied.disk,
-        tools_volume: tools.volume,
+        tools_volume: tools.bind.map_or_else(|| format!("volume {}", tools.volume), |d| format!("host dir {d}")),
         tools_digest: tools.digest,
         containers: cleanup.left.containers.clone(),
         volumes: cleanup.left.volumes.clone(),

@@ -13,6 +13,7 @@ pub(crate) async fn ensure(
     shared: &ContainerSite,
     req: &Request,
     image: &str,
+    tools: &super::site::ToolsVolume,
 ) -> Result<Vec<(String, String, String)>, LaunchError> {
     let cfg = &shared.config;
     if cfg.caches.is_empty() {
@@ -37,7 +38,7 @@ pub(crate) async fn ensure(
                     c.name
                 )));
             }
-            None => create(shared, &volume, &c.name, app, org, image).await?,
+            None => create(shared, &volume, &c.name, app, org, image, tools).await?,
         }
         out.push((c.name.clone(), volume, c.path.clone()));
     }
@@ -51,6 +52,7 @@ async fn create(
     app: Option<&str>,
     org: Option<&str>,
     image: &str,
+    tools: &super::site::ToolsVolume,
 ) -> Result<(), LaunchError> {
     let api = &shared.engine.api;
     let req = VolumeCreateRequest {
@@ -60,7 +62,7 @@ async fn create(
         ..Default::default()
     };
     api.create_volume(req).await?;
-    let handed = hand_over(shared, volume, name, app, org, image).await;
+    let handed = hand_over(shared, volume, name, app, org, image, tools).await;
     if handed.is_err() {
         let _ = api.remove_volume(volume).await;
     }
@@ -76,17 +78,14 @@ async fn hand_over(
     app: Option<&str>,
     org: Option<&str>,
     image: &str,
+    tools: &super::site::ToolsVolume,
 ) -> Result<(), LaunchError> {
     let api = &shared.engine.api;
-    let tools = shared.tools.lock().await.current.clone().map(|(t, _)| t).ok_or_else(|| LaunchError::Staging {
-        what: "the cache's ownership".into(),
-        source: "stevedore's init is not in the engine yet".into(),
-    })?;
     let (uid, gid) = shared.config.uid_gid();
     let helper = format!("{volume}-own-{:08x}", rand::random::<u32>());
     let body = super::spec::cache_owner(
         image,
-        &tools,
+        tools,
         &shared.base.incarnation,
         volume,
         (uid, gid),

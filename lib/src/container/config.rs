@@ -135,6 +135,10 @@ pub struct ContainerConfig {
     /// the rung's tracked tasks (`close` waits for them), when its record was verified
     /// (default false: `run` returns once they are removed).
     pub background_cleanup: bool,
+    /// Bind the init from a host directory when the engine is on this machine's unix socket
+    /// (default true; `false`: a tools volume of the rung's own, filled through the engine,
+    /// as on every remote engine). The command sets it false for `STEVEDORE_INIT_FROM=volume`.
+    pub init_from_host: bool,
     /// The profile name, for messages.
     pub profile: Option<String>,
     /// The incarnation stamped on what the rung creates (default: the process's one, shared
@@ -191,6 +195,7 @@ impl Default for ContainerConfig {
             allow_caches: true,
             pool: None,
             background_cleanup: false,
+            init_from_host: true,
             profile: None,
             incarnation: None,
         }
@@ -198,6 +203,13 @@ impl Default for ContainerConfig {
 }
 
 impl ContainerConfig {
+    /// Binds the init from a host directory where the engine can (`true`, the default), or
+    /// always fills a tools volume (`false`).
+    pub fn init_from_host(mut self, on: bool) -> Self {
+        self.init_from_host = on;
+        self
+    }
+
     /// The isolation level this configuration provides.
     pub fn level(&self) -> crate::contract::Level {
         match self.runtime.as_deref() {

@@ -18,8 +18,6 @@ use tokio_util::sync::CancellationToken;
 pub struct ContainerExecutor {
     shared: Arc<ContainerSite>,
     slots: Arc<Semaphore>,
-    memory_mib: Arc<Semaphore>,
-    memory_budget_mib: u32,
 }
 
 impl ContainerExecutor {
@@ -43,22 +41,14 @@ impl ContainerExecutor {
 
     /// The rung on an engine already connected.
     pub fn on(engine: Engine, config: ContainerConfig) -> Self {
-        let budget = (engine.facts().mem_total_bytes / (1 << 20)) * 8 / 10;
-        let memory_budget_mib =
-            u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(Semaphore::MAX_PERMITS as u32);
         let incarnation =
             config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
         let shared = Arc::new(ContainerSite::new(engine, config, incarnation));
         // The pool fills in the background from the start (when there is a runtime to do it on).
         if tokio::runtime::Handle::try_current().is_ok() {
-            super::pool::refill(&shared);
+            super::pool::start(&shared);
         }
-        Self {
-            slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))),
-            memory_mib: Arc::new(Semaphore::new(memory_budget_mib as usize)),
-            memory_budget_mib,
-            shared,
-        }
+        Self { slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))), shared }
     }
 
     /// Waits until the warm pool holds its configured number of parked containers, or
@@ -70,6 +60,11 @@ impl ContainerExecutor {
     /// How many containers are parked in the warm pool now.
     pub fn parked(&self) -> usize {
         super::pool::parked(&self.shared)
+    }
+
+    /// What the warm pool did so far (all zero without a pool).
+    pub fn pool_stats(&self) -> super::PoolStats {
+        super::pool::stats(&self.shared)
     }
 
     /// The engine this rung talks to.
@@ -107,15 +102,18 @@ impl ContainerExecutor {
         req.policy.admit_network(&name, self.shared.config.network == "none")?;
         let applied = super::sizes::of(&req.limits, &self.shared.config);
         let mib = u32::try_from(applied.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
-        if mib > self.memory_budget_mib {
+        let budget = &self.shared.budget;
+        if mib > self.shared.budget_mib {
             return Err(LaunchError::AdmissionRefused(format!(
                 "memory limit {} MiB exceeds the rung's budget of {} MiB (80% of the engine host)",
-                mib, self.memory_budget_mib
+                mib, self.shared.budget_mib
             )));
         }
+        // Parked containers hold budget only while attempts leave it free.
+        super::pool::yield_budget(&self.shared, mib);
         let acquire = async {
             let slot = self.slots.clone().acquire_owned().await;
-            let mem = self.memory_mib.clone().acquire_many_owned(mib).await;
+            let mem = budget.clone().acquire_many_owned(mib).await;
             (slot, mem)
         };
         let permits = if self.shared.config.wait_for_admission {
@@ -124,7 +122,7 @@ impl ContainerExecutor {
                 _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
             }
         } else {
-            match (self.slots.clone().try_acquire_owned(), self.memory_mib.clone().try_acquire_many_owned(mib)) {
+            match (self.slots.clone().try_acquire_owned(), budget.clone().try_acquire_many_owned(mib)) {
                 (Ok(s), Ok(m)) => (Ok(s), Ok(m)),
                 _ => {
                     return Err(LaunchError::AdmissionRefused(format!(

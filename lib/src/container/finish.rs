@@ -48,7 +48,7 @@ pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended,
     ev.engine_version = Some(engine.engine_version.clone());
     ev.api_version = Some(engine.api_version.clone());
     ev.runtime = Some(cfg.runtime.clone().unwrap_or_else(|| engine.default_runtime.clone()));
-    ev.init = Some(format!("volume {} (init sha256:{})", own.tools_volume, own.tools_digest));
+    ev.init = Some(format!("{} (init sha256:{})", own.tools_volume, own.tools_digest));
     ev.warm = own.warm;
     if own.warm == Some(true) {
         ev.notes.push(

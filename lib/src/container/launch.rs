@@ -47,9 +47,8 @@ pub(crate) async fn provision(
     left: &mut Leftovers,
     cancel: &CancellationToken,
 ) -> Result<Ready, LaunchError> {
-    let cfg = &shared.config;
-    let tools = tools_volume(shared, &plan.image_ref).await?;
-    let caches = super::caches::ensure(shared, req, &plan.image_ref).await?;
+    let mut tools = tools_volume(shared, &plan.image_ref).await?;
+    let caches = super::caches::ensure(shared, req, &plan.image_ref, &tools).await?;
     // With inputs, the container is created while they upload: it only needs their volume
     // to exist, and the upload goes through the helper, never the container.
     let staging = match plan.inputs.take() {
@@ -63,20 +62,25 @@ pub(crate) async fn provision(
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
-    let facts = shared.engine.facts();
-    let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
-        config: cfg,
-        image: &plan.image_ref,
-        tools: &tools,
-        labels: plan.labels.clone(),
-        input_volume: staging.as_ref().map(|(v, ..)| v.as_str()),
-        applied: &plan.applied,
-        image_volumes: &plan.image.volumes,
-        engine_seccomp: facts.seccomp(),
-        podman: facts.is_podman(),
-        publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
-        caches: &caches,
-    });
+    let input_volume = staging.as_ref().map(|(v, ..)| v.clone());
+    let spec_of = |tools: &ToolsVolume| {
+        let facts = shared.engine.facts();
+        spec::build(&spec::SpecInput {
+            config: &shared.config,
+            image: &plan.image_ref,
+            tools,
+            labels: plan.labels.clone(),
+            input_volume: input_volume.as_deref(),
+            stage: false,
+            applied: &plan.applied,
+            image_volumes: &plan.image.volumes,
+            engine_seccomp: facts.seccomp(),
+            podman: facts.is_podman(),
+            publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
+            caches: &caches,
+        })
+    };
+    let spec::Spec { body, mut enforcement, mut skipped } = spec_of(&tools);
     left.container(plan.name.clone());
     let s = shared.clone();
     let name = plan.name.clone();
@@ -84,15 +88,27 @@ pub(crate) async fn provision(
     let mut inputs = None;
     let (container_id, staged_at) = match staging {
         Some((_, helper, dir, staged)) => {
-            let report = upload_inputs(shared, &helper, dir, staged.bytes, plan.progress.clone()).await;
+            let report =
+                upload_inputs(shared, UploadTo::helper(shared, &helper), dir, staged.bytes, plan.progress.clone())
+                    .await;
             // The create runs on; its result is awaited even when the upload failed.
             let created_id = created(container).await;
             let report = report?;
             inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
-            let staged_at = Some(crate::contract::unix_ms_now());
-            (created_id?, staged_at)
+            (created_id, Some(crate::contract::unix_ms_now()))
         }
-        None => (created(container).await?, None),
+        None => (created(container).await, None),
+    };
+    let container_id = match container_id {
+        Err(e) if host_tools_refused(shared, &tools, &e) => {
+            tools = tools_volume(shared, &plan.image_ref).await?;
+            let again = spec_of(&tools);
+            (enforcement, skipped) = (again.enforcement, again.skipped);
+            let s = shared.clone();
+            let name = plan.name.clone();
+            creating(shared, left, async move { s.engine.api.create_container(&name, again.body).await }).await?
+        }
+        other => other?,
     };
     let attached = shared.engine.api.attach(&plan.name).await?;
     Ok(Ready {
@@ -120,6 +136,9 @@ const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(
 /// This rung's init in the engine: its own tools volume, made on first use and made anew
 /// when it is no longer its own.
 pub(crate) async fn tools_volume(shared: &Arc<ContainerSite>, image: &str) -> Result<ToolsVolume, LaunchError> {
+    if let Some(t) = host_tools(shared).await {
+        return Ok(t);
+    }
     if let Some(t) = trusted(&*shared.tools.lock().await, &shared.engine) {
         return Ok(t);
     }
@@ -154,6 +173,43 @@ pub(crate) async fn tools_volume(shared: &Arc<ContainerSite>, image: &str) -> Re
         })
         .await
         .map_err(|e| LaunchError::Staging { what: "the init's tools volume".into(), source: Box::new(e) })?
+}
+
+/// The init from a host directory, when the engine can bind one (`tools::host_copy`);
+/// looked at once per rung.
+async fn host_tools(shared: &ContainerSite) -> Option<ToolsVolume> {
+    use super::site::HostTools;
+    let state = |s: &ContainerSite| match &*s.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        HostTools::Untried => None,
+        HostTools::Ready(t) => Some(Some(t.clone())),
+        HostTools::Unusable => Some(None),
+    };
+    if !shared.config.init_from_host {
+        return None;
+    }
+    if let Some(known) = state(shared) {
+        return known;
+    }
+    let engine = shared.engine.clone();
+    let found = tokio::task::spawn_blocking(move || super::tools::host_copy(&engine)).await.ok().flatten();
+    let mut slot = shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if matches!(*slot, HostTools::Untried) {
+        *slot = found.map_or(HostTools::Unusable, HostTools::Ready);
+    }
+    match &*slot {
+        HostTools::Ready(t) => Some(t.clone()),
+        _ => None,
+    }
+}
+
+/// After the engine refused `tools`' host directory: volumes from now on. Whether it was that.
+pub(crate) fn host_tools_refused(shared: &ContainerSite, tools: &ToolsVolume, err: &LaunchError) -> bool {
+    if !super::tools::bind_refused(tools, err) {
+        return false;
+    }
+    tracing::info!("the engine cannot bind the init's host directory (not on this machine's filesystem): volumes");
+    *shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = super::site::HostTools::Unusable;
+    true
 }
 
 /// The rung's tools volume when it was known to be its own less than [`TOOLS_RECHECK_AFTER`]
@@ -194,19 +250,36 @@ async fn prepare_staging(
     Ok(helper)
 }
 
-/// Streams the input dir, as a tar written by descriptor, into `/in` of `helper`.
+/// Where the inputs' tar goes: a container, the path in it, and whose the entries are.
+pub(crate) struct UploadTo<'a> {
+    pub container: &'a str,
+    pub path: &'a str,
+    pub owners: crate::inputs::Owners,
+}
+
+impl<'a> UploadTo<'a> {
+    /// `/in` of a never-started helper whose mount of the input volume is writable, the
+    /// entries the sandbox user's (the attempt's own mount of it is read-only, which the
+    /// archive API refuses).
+    pub fn helper(shared: &ContainerSite, helper: &'a str) -> Self {
+        let (uid, gid) = shared.config.uid_gid();
+        Self { container: helper, path: IN_DIR, owners: crate::inputs::Owners::User(uid, gid) }
+    }
+}
+
+/// Streams the input dir, as a tar written by descriptor, to where `to` says.
 pub(crate) async fn upload_inputs(
     shared: &Arc<ContainerSite>,
-    helper: &str,
+    to: UploadTo<'_>,
     dir: crate::inputs::InputDir,
     bytes: u64,
     progress: Option<crate::contract::ProgressSink>,
 ) -> Result<crate::inputs::StageReport, LaunchError> {
     let (producer, chunks) =
-        crate::inputs::tar_stream(dir, shared.config.uid_gid(), shared.config.max_input_bytes, bytes, progress.clone());
+        crate::inputs::tar_stream(dir, to.owners, shared.config.max_input_bytes, bytes, progress.clone());
     let body: ByteStream = Box::pin(chunks);
     let timeout = shared.engine.timeout() + Duration::from_secs(bytes / SLOWEST_UPLOAD);
-    let up = shared.engine.api.upload(helper, IN_DIR, body, timeout).await;
+    let up = shared.engine.api.upload(to.container, to.path, body, timeout).await;
     let report = crate::inputs::finish(producer, bytes, None).await?;
     up.map_err(|e| LaunchError::Staging { what: "uploading the inputs".into(), source: Box::new(e) })?;
     if let Some(s) = &progress {

@@ -14,6 +14,7 @@ pub(crate) struct Own {
     pub memory: u64,
     pub cpu_millis: Option<u64>,
     pub disk: u64,
+    /// Where the init came from: `volume NAME` or `host dir PATH`.
     pub tools_volume: String,
     pub tools_digest: String,
     /// Every container of the attempt (the attempt's and its staging helper's).

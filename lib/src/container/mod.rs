@@ -32,4 +32,4 @@ pub(crate) mod tools;
 
 pub use config::{CacheMount, ContainerConfig, Hardening, HostLoss, PullPolicy, SANDBOX_USER};
 pub use executor::ContainerExecutor;
-pub use pool::PoolConfig;
+pub use pool::{PoolConfig, PoolStats};

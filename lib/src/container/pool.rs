@@ -1,18 +1,35 @@
 //! The warm pool (opt-in, `ContainerConfig::pool`): containers of kind `pool` created AND
-//! started ahead of demand, each with its own empty input volume and a never-started staging
-//! helper, stevedore's init parked waiting for its Start frame over the attach. An attempt
-//! whose fixed settings match claims one: its limits are applied with `docker update`, its
-//! inputs uploaded through the helper (the container's `/in` stays read-only), and it runs
-//! exactly ONE attempt, then it is removed like any attempt's container. The pool refills in
-//! the background (on the rung's tracked tasks) and is drained by `close`. Its objects are in
-//! the in-flight set, so this process's own `reclaim` never eats its live pool.
+//! started ahead of demand, each with its own empty input volume, stevedore's init parked
+//! waiting for its Start frame over the attach. An attempt of the pool's image claims one of
+//! its size class: its memory, CPU and pids are applied with `docker update`, its inputs
+//! staged through the archive API, and it runs exactly ONE attempt, then it is removed like
+//! any attempt's container. Its objects are in the in-flight set, so this process's own
+//! `reclaim` never eats its live pool; `close` drains it.
+//!
+//! Invariants:
+//! - A size class is what the engine fixes at create (`/out`'s and `/tmp`'s tmpfs sizes,
+//!   nofile): an attempt runs only in a container of its own class, so its disk and `/tmp`
+//!   limits are enforced exactly as on the cold path.
+//! - Every claim, hit or miss, asks for one fill of its class: the pool follows what the
+//!   attempts ask for and turns over once per attempt. It holds at most `size` containers; a
+//!   fill for a class it lacks evicts the longest-parked container of another class.
+//! - At most `max_filling` fills run at once, each started when one ends: a burst of claims
+//!   never becomes a burst of creates in front of the attempts that caused it.
+//! - A parked container holds its memory limit of the rung's budget while the budget is
+//!   free; an attempt the budget cannot admit takes it back (`yield_budget`), and a fill
+//!   waits for budget rather than taking an attempt's.
+//! - Where the sandbox user is not root, the inputs go straight into the parked container's
+//!   input volume through a second, writable mount of it at `wire::STAGE_DIR`, entries
+//!   root's and without write bits: the command (no capabilities) can change nothing there,
+//!   and reads them at `/in`, the same volume mounted read-only. Root in the sandbox would
+//!   own them: there a never-started helper stages them, as on the cold path.
 
 use super::cleanup::Leftovers;
 use super::labels::{AttemptLabels, Kind, Owner};
-use super::launch::Ready;
+use super::launch::{Ready, UploadTo};
 use super::prepare::Plan;
-use super::site::{ContainerSite, Parked, Pool, Template};
-use super::sizes;
+use super::site::{ContainerSite, Parked, Pool};
+use super::sizes::{self, Sizes};
 use super::spec;
 use crate::contract::{InputsStaged, LaunchError, ResourceLimits};
 use bollard::models::VolumeCreateRequest;
@@ -20,25 +37,28 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use stevedore_init::wire::IN_DIR;
+use stevedore_init::wire::{IN_DIR, STAGE_DIR};
 
 /// How the rung keeps containers warm.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolConfig {
-    /// Containers kept parked (bounded; 0 disables the pool).
+    /// Containers kept parked at most, across size classes (0 disables the pool).
     pub size: usize,
     /// The worker whose labels the parked containers carry (its `reclaim` removes what a
     /// crashed process left parked).
     pub worker: String,
     /// The image the parked containers run (default: the rung's worker image).
     pub image: Option<String>,
+    /// Fills under way at most at once (default 2): the engine makes them beside the
+    /// attempts, and more at once only slows both.
+    pub max_filling: usize,
 }
 
 impl PoolConfig {
     /// A pool of `size` containers for `worker`.
     pub fn new(size: usize, worker: impl Into<String>) -> Self {
-        Self { size, worker: worker.into(), image: None }
+        Self { size, worker: worker.into(), image: None, max_filling: 2 }
     }
 
     /// Parks containers of `image` instead of the worker image.
@@ -46,6 +66,34 @@ impl PoolConfig {
         self.image = Some(image.into());
         self
     }
+
+    /// At most `n` fills at once (at least 1).
+    pub fn max_filling(mut self, n: usize) -> Self {
+        self.max_filling = n.max(1);
+        self
+    }
+}
+
+/// What the warm pool did since the rung was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Attempts served by a parked container.
+    pub hits: u64,
+    /// Attempts of the pool's image it could not serve (they ran cold).
+    pub misses: u64,
+    /// Fills started (the first `size`, then one per claim).
+    pub fills_started: u64,
+    /// Fills that failed (their objects removed).
+    pub fills_failed: u64,
+    /// Parked containers removed to make room for another size class.
+    pub evicted: u64,
+    /// The most fills ever under way at once.
+    pub most_filling: usize,
+    /// Parked now.
+    pub parked: usize,
+    /// Fills under way now.
+    pub filling: usize,
 }
 
 /// What the pool says to an attempt.
@@ -59,9 +107,35 @@ pub(crate) enum Claim {
     Miss(String),
 }
 
+/// What the engine fixes at create: an attempt runs only in a container of its own class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Class {
+    disk: u64,
+    tmp: u64,
+    nofile: u64,
+}
+
+impl Class {
+    fn of(s: &Sizes) -> Self {
+        Self { disk: s.disk, tmp: s.tmp, nofile: s.nofile }
+    }
+
+    fn describe(&self) -> String {
+        format!("/out {} bytes, /tmp {} bytes, nofile {}", self.disk, self.tmp, self.nofile)
+    }
+}
+
 impl Pool {
     pub(super) fn parked(&self) -> std::sync::MutexGuard<'_, VecDeque<Parked>> {
         self.parked.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn wanted(&self) -> std::sync::MutexGuard<'_, VecDeque<Sizes>> {
+        self.wanted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
+        self.stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -69,47 +143,80 @@ fn config(shared: &ContainerSite) -> Option<&PoolConfig> {
     shared.config.pool.as_ref().filter(|p| p.size > 0)
 }
 
-fn template_of(shared: &ContainerSite) -> Option<Template> {
-    let pc = config(shared)?;
-    let image = pc.image.clone().or_else(|| shared.config.worker_image.clone())?;
-    Some(Template { image, applied: sizes::of(&ResourceLimits::new(), &shared.config) })
+/// The image the pool parks, as configured.
+fn image_of(shared: &ContainerSite) -> Option<String> {
+    config(shared)?.image.clone().or_else(|| shared.config.worker_image.clone())
 }
 
-/// Why `plan` cannot run in a parked container, if it cannot: everything fixed at create
-/// must match; what the engine can change (memory, CPU, pids) is applied at claim.
-fn misfit(t: &Template, plan: &Plan, shared: &ContainerSite) -> Option<String> {
-    let a = &plan.applied;
-    let differs = |what: &str, want: u64, have: u64| {
-        (want != have).then(|| format!("{what} {want} differs from the pool's {have} (fixed at create)"))
-    };
-    if plan.image_ref != t.image {
-        return Some(format!("image {} is not the pool's {}", plan.image_ref, t.image));
+/// Whether the inputs go through the parked container's own staging mount (the sandbox
+/// user is not root, so root's entries are beyond its reach).
+fn stages_directly(shared: &ContainerSite) -> bool {
+    shared.config.uid_gid().0 != 0
+}
+
+/// Why `plan` cannot run in any parked container, if it cannot: what no class changes.
+fn misfit(image: &str, plan: &Plan, shared: &ContainerSite) -> Option<String> {
+    if plan.image_ref != image {
+        return Some(format!("image {} is not the pool's {image}", plan.image_ref));
     }
     if !shared.config.caches.is_empty() {
         return Some("named caches are mounted at create".into());
     }
-    if a.gpus.is_some() {
+    if plan.applied.gpus.is_some() {
         return Some("GPUs are requested at create".into());
     }
-    differs("disk", a.disk, t.applied.disk)
-        .or_else(|| differs("/tmp size", a.tmp, t.applied.tmp))
-        .or_else(|| differs("nofile", a.nofile, t.applied.nofile))
+    None
 }
 
-/// Takes a parked container for `plan`, if the rung has a pool and one fits; starts a
-/// refill either way.
-pub(crate) fn claim(shared: &Arc<ContainerSite>, plan: &Plan) -> Claim {
-    let Some(pool) = &shared.pool else { return Claim::None };
-    let Some(t) = pool.template.get().cloned().or_else(|| template_of(shared)) else { return Claim::None };
-    let claimed = match misfit(&t, plan, shared) {
-        Some(why) => Claim::Miss(why),
-        None => match pool.parked().pop_front() {
-            Some(p) => Claim::Hit(Box::new(p)),
-            None => Claim::Miss("the pool was empty (refilling)".into()),
-        },
-    };
+/// The pool's first fills: `size` of the class of a request that sets no limit.
+pub(crate) fn start(shared: &Arc<ContainerSite>) {
+    let (Some(pool), Some(pc)) = (&shared.pool, config(shared)) else { return };
+    let default = sizes::of(&ResourceLimits::new(), &shared.config);
+    pool.wanted().extend(std::iter::repeat_n(default, pc.size));
     refill(shared);
-    claimed
+}
+
+/// Takes a parked container of `plan`'s class, if the rung has a pool and one is parked;
+/// either way asks for one fill of that class.
+pub(crate) fn claim(shared: &Arc<ContainerSite>, plan: &Plan) -> Claim {
+    let (Some(pool), Some(pc)) = (&shared.pool, config(shared)) else { return Claim::None };
+    let Some(image) = image_of(shared) else { return Claim::None };
+    if let Some(why) = misfit(&image, plan, shared) {
+        pool.stats().misses += 1;
+        return Claim::Miss(why);
+    }
+    let class = Class::of(&plan.applied);
+    let mut wanted = pool.wanted();
+    let mut parked = pool.parked();
+    let hit = parked.iter().position(|p| Class::of(&p.sizes) == class).and_then(|i| parked.remove(i));
+    let empty = parked.is_empty();
+    // A container taken is replaced by one of its class; a miss asks for one only where the
+    // pool has room, or lacks the class altogether (its fill then evicts another class).
+    let room = parked.len() + pool.filling.load(Ordering::SeqCst) + wanted.len() < pc.size;
+    let lacked = !parked.iter().any(|p| Class::of(&p.sizes) == class) && !wanted.iter().any(|s| Class::of(s) == class);
+    if hit.is_some() || room || lacked {
+        wanted.push_back(plan.applied.clone());
+        while wanted.len() > pc.size {
+            wanted.pop_front();
+        }
+    }
+    drop((parked, wanted));
+    refill(shared);
+    let mut stats = pool.stats();
+    match hit {
+        Some(p) => {
+            stats.hits += 1;
+            Claim::Hit(Box::new(p))
+        }
+        None => {
+            stats.misses += 1;
+            Claim::Miss(if empty {
+                "the pool was empty (refilling)".into()
+            } else {
+                format!("no parked container of its size class ({}): one is being made", class.describe())
+            })
+        }
+    }
 }
 
 /// A claimed container made the attempt's: its limits, its inputs, its objects in the
@@ -118,13 +225,17 @@ pub(crate) async fn ready(
     shared: &Arc<ContainerSite>,
     plan: &mut Plan,
     left: &mut Leftovers,
-    p: Parked,
+    mut p: Parked,
 ) -> Result<Ready, LaunchError> {
     left.container(p.name.clone());
-    left.container(p.helper.clone());
+    if let Some(h) = &p.helper {
+        left.container(h.clone());
+    }
     left.volume(p.input_volume.clone());
+    // The attempt holds its own share of the budget (admission).
+    drop(p.budget.take());
     let a = &plan.applied;
-    let t = &shared.pool.as_ref().and_then(|pool| pool.template.get()).expect("a claim means a template").applied;
+    let t = &p.sizes;
     // The engine changes a running container's limits; the call is skipped when they are
     // the ones the container was made with.
     if (a.memory, a.cpu_millis, a.pids) != (t.memory, t.cpu_millis, t.pids) {
@@ -148,11 +259,21 @@ pub(crate) async fn ready(
     let mut inputs = None;
     let mut staged_at = None;
     if let Some((dir, staged)) = plan.inputs.take() {
-        let report = super::launch::upload_inputs(shared, &p.helper, dir, staged.bytes, plan.progress.clone()).await?;
+        let (to, how) = match &p.helper {
+            Some(h) => (UploadTo::helper(shared, h), String::new()),
+            None => (
+                UploadTo { container: &p.name, path: STAGE_DIR, owners: crate::inputs::Owners::RootReadOnly },
+                format!(
+                    " (staged through the archive API at {STAGE_DIR}: root's entries without write bits, beyond \
+                     the reach of a sandbox user without capabilities)"
+                ),
+            ),
+        };
+        let report = super::launch::upload_inputs(shared, to, dir, staged.bytes, plan.progress.clone()).await?;
         inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
         staged_at = Some(crate::contract::unix_ms_now());
         enforcement
-            .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}", p.input_volume));
+            .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}{how}", p.input_volume));
     }
     tracing::debug!(parked_for = ?p.parked_at.elapsed(), "claimed a parked container");
     Ok(Ready {
@@ -169,67 +290,129 @@ pub(crate) async fn ready(
     })
 }
 
-/// Starts as many fills as the pool lacks.
+/// Starts the fills asked for, as many as `max_filling` allows; each fill that ends starts
+/// the next.
 pub(crate) fn refill(shared: &Arc<ContainerSite>) {
     let (Some(pool), Some(pc)) = (&shared.pool, config(shared)) else { return };
     loop {
         if pool.closed.load(Ordering::SeqCst) || shared.base.tracker.is_closed() {
             return;
         }
-        let have = pool.parked().len() + pool.filling.load(Ordering::SeqCst);
-        if have >= pc.size {
+        // One decision at a time: the fill asked for longest ago, if there is room and budget.
+        let mut wanted = pool.wanted();
+        let filling = pool.filling.load(Ordering::SeqCst);
+        if filling >= pc.max_filling {
             return;
         }
-        pool.filling.fetch_add(1, Ordering::SeqCst);
+        let Some(sizes) = wanted.front().cloned() else { return };
+        let class = Class::of(&sizes);
+        let mut parked = pool.parked();
+        // Full: room for this class is made by the longest-parked of another.
+        let evict = match parked.len() + filling < pc.size {
+            true => None,
+            false => match parked.iter().position(|p| Class::of(&p.sizes) != class) {
+                Some(i) => Some(i),
+                None => {
+                    // Full of this class already.
+                    wanted.pop_front();
+                    continue;
+                }
+            },
+        };
+        let mib = u32::try_from(sizes.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+        // Budget the attempts leave free, or no fill now: the ask stays, for the next end.
+        let Ok(budget) = shared.budget.clone().try_acquire_many_owned(mib) else {
+            tracing::debug!(mib, "no memory budget free for a parked container: the pool waits");
+            return;
+        };
+        wanted.pop_front();
+        if let Some(p) = evict.and_then(|i| parked.remove(i)) {
+            pool.stats().evicted += 1;
+            let s = shared.clone();
+            shared.base.tracker.spawn(async move { discard(&s, p).await });
+        }
+        drop(parked);
+        let now = pool.filling.fetch_add(1, Ordering::SeqCst) + 1;
+        drop(wanted);
+        {
+            let mut stats = pool.stats();
+            stats.fills_started += 1;
+            stats.most_filling = stats.most_filling.max(now);
+        }
         let s = shared.clone();
         shared.base.tracker.spawn(async move {
-            let made = fill_one(&s).await;
+            let made = fill_one(&s, sizes).await;
             let pool = s.pool.as_ref().expect("a pool");
-            pool.filling.fetch_sub(1, Ordering::SeqCst);
             match made {
-                Ok(p) if !pool.closed.load(Ordering::SeqCst) => pool.parked().push_back(p),
+                Ok(mut p) if !pool.closed.load(Ordering::SeqCst) => {
+                    p.budget = Some(budget);
+                    pool.parked().push_back(p);
+                }
                 Ok(p) => discard(&s, p).await,
-                Err(e) => tracing::warn!(error = %crate::util::error_chain(&e), "filling the warm pool failed"),
+                Err(e) => {
+                    pool.stats().fills_failed += 1;
+                    tracing::warn!(error = %crate::util::error_chain(&e), "filling the warm pool failed");
+                }
             }
+            pool.filling.fetch_sub(1, Ordering::SeqCst);
+            refill(&s);
         });
     }
 }
 
-/// Makes one parked container; on failure removes what it made.
-/// The settings every parked container is made with, fixed by the first fill.
-async fn template(shared: &ContainerSite, pool: &Pool) -> Result<Template, LaunchError> {
-    if let Some(t) = pool.template.get() {
-        return Ok(t.clone());
+/// Takes back budget parked containers hold, longest-parked first, until `mib` of it is
+/// free or none holds any: an attempt comes before a container waiting for one.
+pub(crate) fn yield_budget(shared: &ContainerSite, mib: u32) {
+    let Some(pool) = &shared.pool else { return };
+    let mut parked = pool.parked();
+    for p in parked.iter_mut() {
+        if shared.budget.available_permits() >= mib as usize {
+            return;
+        }
+        drop(p.budget.take());
     }
-    let t = template_of(shared)
-        .ok_or_else(|| LaunchError::NotAllowed("the warm pool needs an image (pool.image or worker_image)".into()))?;
-    // The image must exist before anything is parked on it.
-    super::prepare::resolve_image(shared, &t.image).await?;
-    Ok(pool.template.get_or_init(|| async { t }).await.clone())
 }
 
-async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
+/// The image the pool parks, checked to exist once.
+async fn pool_image(shared: &ContainerSite, pool: &Pool) -> Result<String, LaunchError> {
+    let image = image_of(shared)
+        .ok_or_else(|| LaunchError::NotAllowed("the warm pool needs an image (pool.image or worker_image)".into()))?;
+    pool.image
+        .get_or_try_init(|| async {
+            super::prepare::resolve_image(shared, &image).await?;
+            Ok::<_, LaunchError>(image.clone())
+        })
+        .await
+        .cloned()
+}
+
+/// Makes one parked container of `sizes`; on failure removes what it made.
+async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, LaunchError> {
     let pool = shared.pool.as_ref().expect("a pool");
-    let t = template(shared, pool).await?;
+    let image_ref = pool_image(shared, pool).await?;
     let pc = config(shared).expect("a pool");
     let cfg = &shared.config;
-    let image = super::prepare::resolve_image(shared, &t.image).await?;
-    let attempt_id: String = (0..6).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    let image = super::prepare::resolve_image(shared, &image_ref).await?;
+    let attempt_id = crate::util::random_hex(6);
     let name = format!("sd-{}-{attempt_id}", &pc.worker[..pc.worker.len().min(40)]);
     let owner = Owner { worker: &pc.worker, incarnation: &shared.base.incarnation, executor: &cfg.name };
     let l = AttemptLabels { owner, attempt_id: &attempt_id, job: None, app: None, org: None, extra: &cfg.labels };
+    let stage = stages_directly(shared);
     // Nothing is parked on an image that would move its mounts.
-    let dests = super::mounts::destinations(true, &[], &spec::masked_volumes(&image.volumes, &[]));
-    let probe = format!("{name}-probe");
-    if let Some(r) = super::mounts::check(shared, &image.id, probe, l.for_kind(Kind::Pool, "probe"), &dests).await? {
-        return Err(LaunchError::NotAllowed(r.explain(&t.image)));
+    let mut dests = super::mounts::destinations(true, &[], &spec::masked_volumes(&image.volumes, &[]));
+    if stage {
+        dests.push(STAGE_DIR.to_owned());
     }
-    let tools = super::launch::tools_volume(shared, &t.image).await?;
+    let probe = format!("{name}-probe");
+    let image_id = if image.id.is_empty() { image_ref.clone() } else { image.id.clone() };
+    if let Some(r) = super::mounts::check(shared, &image_id, probe, l.for_kind(Kind::Pool, "probe"), &dests).await? {
+        return Err(LaunchError::NotAllowed(r.explain(&image_ref)));
+    }
+    let tools = super::launch::tools_volume(shared, &image_ref).await?;
     shared.base.in_flight().insert(attempt_id.clone());
     let mut left = Leftovers::default();
     let made = async {
         let input_volume = format!("{name}-in");
-        let helper = format!("{name}-stage");
         let api = &shared.engine.api;
         left.volume(input_volume.clone());
         api.create_volume(VolumeCreateRequest {
@@ -239,17 +422,24 @@ async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
             ..Default::default()
         })
         .await?;
-        left.container(helper.clone());
-        api.create_container(&helper, spec::staging_helper(&t.image, &input_volume, l.for_kind(Kind::Pool, "stage")))
-            .await?;
+        let helper = if stage {
+            None
+        } else {
+            let helper = format!("{name}-stage");
+            left.container(helper.clone());
+            let body = spec::staging_helper(&image_ref, &input_volume, l.for_kind(Kind::Pool, "stage"));
+            api.create_container(&helper, body).await?;
+            Some(helper)
+        };
         let facts = shared.engine.facts();
         let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
             config: cfg,
-            image: &t.image,
+            image: &image_ref,
             tools: &tools,
             labels: l.for_kind(Kind::Pool, "container"),
             input_volume: Some(&input_volume),
-            applied: &t.applied,
+            stage,
+            applied: &sizes,
             image_volumes: &image.volumes,
             engine_seccomp: facts.seccomp(),
             podman: facts.is_podman(),
@@ -267,14 +457,17 @@ async fn fill_one(shared: &Arc<ContainerSite>) -> Result<Parked, LaunchError> {
             attached,
             input_volume,
             helper,
+            sizes: sizes.clone(),
+            budget: None,
             parked_at: Instant::now(),
             enforcement,
             skipped,
-            tools,
+            tools: tools.clone(),
         })
     }
     .await;
-    if made.is_err() {
+    if let Err(e) = &made {
+        super::launch::host_tools_refused(shared, &tools, e);
         shared.tools_suspect().await;
         remove(shared, &left.containers, &left.volumes).await;
         shared.base.in_flight().remove(&attempt_id);
@@ -293,7 +486,8 @@ async fn remove(shared: &ContainerSite, containers: &[String], volumes: &[String
 
 async fn discard(shared: &ContainerSite, p: Parked) {
     drop(p.attached);
-    remove(shared, &[p.helper.clone(), p.name.clone()], std::slice::from_ref(&p.input_volume)).await;
+    let containers: Vec<String> = p.helper.iter().cloned().chain([p.name.clone()]).collect();
+    remove(shared, &containers, std::slice::from_ref(&p.input_volume)).await;
     shared.base.in_flight().remove(&p.attempt_id);
 }
 
@@ -301,6 +495,7 @@ async fn discard(shared: &ContainerSite, p: Parked) {
 pub(crate) async fn drain(shared: &ContainerSite) {
     let Some(pool) = &shared.pool else { return };
     pool.closed.store(true, Ordering::SeqCst);
+    pool.wanted().clear();
     let parked: Vec<Parked> = pool.parked().drain(..).collect();
     for p in parked {
         discard(shared, p).await;
@@ -312,9 +507,26 @@ pub(crate) fn parked(shared: &ContainerSite) -> usize {
     shared.pool.as_ref().map_or(0, |p| p.parked().len())
 }
 
-/// Waits until the pool is full, or `within` passes; whether it is full.
+/// What the pool did so far.
+pub(crate) fn stats(shared: &ContainerSite) -> PoolStats {
+    let Some(pool) = &shared.pool else { return PoolStats::default() };
+    let mut s = pool.stats().clone();
+    s.parked = pool.parked().len();
+    s.filling = pool.filling.load(Ordering::SeqCst);
+    s
+}
+
+/// Waits until the pool holds `size` parked containers, or `within` passes; whether it does.
 pub(crate) async fn wait_full(shared: &Arc<ContainerSite>, within: Duration) -> bool {
-    let Some(pc) = config(shared) else { return false };
+    let (Some(pool), Some(pc)) = (&shared.pool, config(shared)) else { return false };
+    // What failed fills lost is asked for again, of the class of a request without limits.
+    let short = {
+        let wanted = pool.wanted();
+        pc.size.saturating_sub(pool.parked().len() + pool.filling.load(Ordering::SeqCst) + wanted.len())
+    };
+    if short > 0 {
+        pool.wanted().extend(std::iter::repeat_n(sizes::of(&ResourceLimits::new(), &shared.config), short));
+    }
     refill(shared);
     let until = Instant::now() + within;
     while parked(shared) < pc.size {

@@ -21,17 +21,36 @@ pub(crate) struct ContainerSite {
     pub base: SiteBase,
     /// This rung's tools volume once made, and the names it made.
     pub tools: tokio::sync::Mutex<Slot>,
+    /// The init from a host directory, where the engine can bind it.
+    pub host_tools: Mutex<HostTools>,
     /// The warm pool, when configured.
     pub pool: Option<Pool>,
     /// What is known of images' paths where the attempts mount something (`mounts`).
     pub mounts: Mutex<Seen>,
+    /// The memory the rung's attempts (and parked containers) may hold at once, in MiB.
+    pub budget: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Its size.
+    pub budget_mib: u32,
 }
 
 impl ContainerSite {
     pub fn new(engine: Engine, config: ContainerConfig, incarnation: String) -> Self {
         let pool = config.pool.as_ref().filter(|p| p.size > 0).map(|_| Pool::default());
+        let budget = (engine.facts().mem_total_bytes / (1 << 20)) * 8 / 10;
+        let budget_mib =
+            u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(tokio::sync::Semaphore::MAX_PERMITS as u32);
         let base = SiteBase::new(incarnation, Captures::new(config.log_dir.clone()));
-        Self { engine, config, base, tools: tokio::sync::Mutex::default(), pool, mounts: Mutex::default() }
+        Self {
+            engine,
+            config,
+            base,
+            tools: tokio::sync::Mutex::default(),
+            host_tools: Mutex::default(),
+            pool,
+            mounts: Mutex::default(),
+            budget: std::sync::Arc::new(tokio::sync::Semaphore::new(budget_mib as usize)),
+            budget_mib,
+        }
     }
 
     /// After a launch failed: check the tools volume before the next mount (another process's
@@ -50,6 +69,21 @@ pub struct ToolsVolume {
     pub volume: String,
     /// The init's sha256.
     pub digest: String,
+    /// Instead of the volume: the host directory holding the init, bind-mounted read-only
+    /// (an engine on this machine: `tools::host_copy`).
+    pub bind: Option<String>,
+}
+
+/// Whether the init can come from a host directory (`tools::host_copy`).
+#[derive(Debug, Default)]
+pub(crate) enum HostTools {
+    /// Not looked at yet.
+    #[default]
+    Untried,
+    /// The directory, ready.
+    Ready(ToolsVolume),
+    /// The engine cannot bind it (not on this machine, SELinux, refused once): volumes.
+    Unusable,
 }
 
 /// A rung's tools volume, and the names it made.
@@ -67,16 +101,12 @@ pub(crate) struct Slot {
 pub(crate) struct Pool {
     pub(super) parked: std::sync::Mutex<VecDeque<Parked>>,
     pub(super) filling: AtomicUsize,
+    /// The sizes of the fills asked for and not started yet, oldest first.
+    pub(super) wanted: std::sync::Mutex<VecDeque<Sizes>>,
     pub(super) closed: AtomicBool,
-    /// The settings every parked container was made with.
-    pub(super) template: tokio::sync::OnceCell<Template>,
-}
-
-/// What every parked container is made with.
-#[derive(Debug, Clone)]
-pub(crate) struct Template {
-    pub image: String,
-    pub applied: Sizes,
+    /// The image every parked container runs, once known to exist.
+    pub(super) image: tokio::sync::OnceCell<String>,
+    pub(super) stats: std::sync::Mutex<super::pool::PoolStats>,
 }
 
 /// One parked container and what belongs to it.
@@ -86,7 +116,14 @@ pub(crate) struct Parked {
     pub container_id: String,
     pub attached: Attached,
     pub input_volume: String,
-    pub helper: String,
+    /// The never-started helper the inputs go through (`None`: straight into the
+    /// container's staging mount, `wire::STAGE_DIR`).
+    pub helper: Option<String>,
+    /// What it was made with: its size class and the limits it runs under until updated.
+    pub sizes: Sizes,
+    /// Its share of the rung's memory budget while it waits (given back when an attempt
+    /// needs it: `pool::yield_budget`).
+    pub budget: Option<tokio::sync::OwnedSemaphorePermit>,
     pub parked_at: Instant,
     pub enforcement: BTreeMap<String, String>,
     pub skipped: BTreeMap<String, String>,

@@ -11,7 +11,7 @@ use bollard::models::{
     MountVolumeOptions, PortBinding, ResourcesUlimits,
 };
 use std::collections::{BTreeMap, HashMap};
-use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
+use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, STAGE_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 
 /// Everything the spec is built from.
 #[derive(Debug, Clone)]
@@ -26,6 +26,9 @@ pub struct SpecInput<'a> {
     pub labels: HashMap<String, String>,
     /// The input volume (read-only at `/in`), when the request has inputs.
     pub input_volume: Option<&'a str>,
+    /// Also mount the input volume writable at `STAGE_DIR` (a parked container: its inputs
+    /// come through the archive API, root's and without write bits).
+    pub stage: bool,
     /// The applied limits.
     pub applied: &'a Sizes,
     /// `VOLUME`s the image declares.
@@ -62,6 +65,11 @@ pub(crate) fn volume_mount(source: &str, target: &str, read_only: bool) -> Mount
     }
 }
 
+/// `mount`, never filled from the image's files at its destination.
+fn no_copy(mount: Mount) -> Mount {
+    Mount { volume_options: Some(MountVolumeOptions { no_copy: Some(true), ..Default::default() }), ..mount }
+}
+
 /// The read-only mount of the tools volume at [`TOOLS_DIR`]. Should the volume be gone when
 /// the container is created (another process's `reclaim --tools` took it), the engine creates
 /// one of that name again: then empty (`NoCopy`: never filled from what the image holds at
@@ -69,6 +77,15 @@ pub(crate) fn volume_mount(source: &str, target: &str, read_only: bool) -> Mount
 /// incarnation's tools, but without [`super::tools::TOOLS_CREATED`], so the rung never takes
 /// it for its own and `close`, `reclaim` and `prune` remove it.
 pub(crate) fn tools_mount(tools: &ToolsVolume, incarnation: Option<&str>) -> Mount {
+    if let Some(dir) = &tools.bind {
+        return Mount {
+            typ: Some(MountType::BIND),
+            source: Some(dir.clone()),
+            target: Some(TOOLS_DIR.to_owned()),
+            read_only: Some(true),
+            ..Default::default()
+        };
+    }
     let mut l = labels::tools(&tools.digest, "created-by-a-mount");
     if let Some(i) = incarnation {
         l.insert(labels::INCARNATION.to_owned(), i.to_owned());
@@ -179,9 +196,22 @@ fn put(m: &mut BTreeMap<String, String>, k: &str, v: String) {
 fn mounts(input: &SpecInput<'_>, enforcement: &mut BTreeMap<String, String>) -> Vec<Mount> {
     let a = input.applied;
     let mut mounts = vec![tools_mount(input.tools, input.labels.get(labels::INCARNATION).map(String::as_str))];
+    let host_mounts = match &input.tools.bind {
+        Some(dir) => {
+            format!("only stevedore's init: the directory {dir} (this user's, 0755), read-only at {TOOLS_DIR}")
+        }
+        None => "none: the init comes from an engine volume, nothing from the host".into(),
+    };
+    put(enforcement, "host_mounts", host_mounts);
     if let Some(v) = input.input_volume {
-        mounts.push(volume_mount(v, IN_DIR, true));
+        // Never filled from what the image holds at /in: the volume is the inputs' alone,
+        // and its root stays root's 0755 (a writable image dir copied up would let the
+        // command write through the staging mount).
+        mounts.push(no_copy(volume_mount(v, IN_DIR, true)));
         put(enforcement, "inputs_read_only", format!("volume {v} mounted read-only at {IN_DIR}"));
+        if input.stage {
+            mounts.push(no_copy(volume_mount(v, STAGE_DIR, false)));
+        }
     }
     // The command writes /out; only the init reads it back, so it needs no volume: a tmpfs
     // of the disk limit gives ENOSPC at the limit on any engine.
@@ -245,7 +275,6 @@ fn limits(
             .into(),
     );
     put(enforcement, "log_driver", "none: stdout/stderr captured by stevedore, capped".into());
-    put(enforcement, "host_mounts", "none: the init comes from an engine volume, nothing from the host".into());
     match a.cpu_millis {
         Some(m) => {
             host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
@@ -293,7 +322,7 @@ pub(crate) fn never_started(
 /// The never-started container that mounts `volume` read-write at `/in`: the archive API
 /// refuses the attempt's own read-only mount, so inputs go in through it.
 pub(crate) fn staging_helper(image: &str, volume: &str, labels: HashMap<String, String>) -> ContainerCreateBody {
-    never_started(image, "helper", labels, Some(volume_mount(volume, IN_DIR, false)))
+    never_started(image, "helper", labels, Some(no_copy(volume_mount(volume, IN_DIR, false))))
 }
 
 /// The throwaway container that runs stevedore's init as root with a new cache volume, to
@@ -436,12 +465,17 @@ mod tests {
         SpecInput {
             config: cfg,
             image: "img:1",
-            tools: Box::leak(Box::new(ToolsVolume { volume: "stevedore-tools-abc".into(), digest: "d1".into() })),
+            tools: Box::leak(Box::new(ToolsVolume {
+                volume: "stevedore-tools-abc".into(),
+                digest: "d1".into(),
+                bind: None,
+            })),
             labels: HashMap::from([
                 ("dev.stevedore.managed".into(), "true".into()),
                 (labels::INCARNATION.into(), "inc".into()),
             ]),
             input_volume,
+            stage: false,
             applied,
             image_volumes: leak(&["/data", "/out"]),
             engine_seccomp: true,

@@ -139,7 +139,7 @@ fn setup(b: Behaviour) -> Setup {
     let fake = FakeApi::new(IMAGE);
     fake.script(init(b));
     let dir = tempfile::tempdir().unwrap();
-    let cfg = ContainerConfig::default().log_dir(dir.path().join("logs"));
+    let cfg = ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs"));
     let rung = ContainerExecutor::on(fake.engine(), cfg);
     Setup { fake, rung, dir }
 }
@@ -333,7 +333,10 @@ async fn a_deadline_stops_the_command_through_the_link() {
         })
     }));
     let dir = tempfile::tempdir().unwrap();
-    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let rung = ContainerExecutor::on(
+        fake.engine(),
+        ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs")),
+    );
     let req = Request::command("j", ["sleep", "9"], dir.path().join("out"))
         .worker("w1")
         .image(IMAGE)
@@ -357,7 +360,10 @@ async fn a_dropped_attempt_is_cleaned_up_by_the_backstop() {
         })
     }));
     let dir = tempfile::tempdir().unwrap();
-    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let rung = ContainerExecutor::on(
+        fake.engine(),
+        ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs")),
+    );
     let req = Request::command("j", ["true"], dir.path().join("out")).worker("w1").image(IMAGE);
     let r = tokio::time::timeout(Duration::from_millis(300), rung.run(&req, CancellationToken::new())).await;
     assert!(r.is_err(), "the attempt was still running");
@@ -372,7 +378,10 @@ async fn a_handler_runner_that_never_says_hello_is_a_launch_error_naming_main_ho
     let fake = FakeApi::new(IMAGE);
     fake.script(init(honest(rec)));
     let dir = tempfile::tempdir().unwrap();
-    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let rung = ContainerExecutor::on(
+        fake.engine(),
+        ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs")),
+    );
     // A worker image: the entry label tells how to exec the worker binary.
     let mut req = Request::handler("j", "echo", dir.path().join("out")).worker("w1").image(IMAGE);
     req.fingerprint = None;
@@ -404,7 +413,10 @@ async fn each_rung_fills_its_own_init_volume_and_close_removes_it() {
     // Two processes' rungs on one engine: neither ever mounts the other's volume.
     let rungs: Vec<ContainerExecutor> = (0..2)
         .map(|i| {
-            let cfg = ContainerConfig::default().log_dir(dir.path().join("logs")).incarnation(format!("p{i}"));
+            let cfg = ContainerConfig::default()
+                .init_from_host(false)
+                .log_dir(dir.path().join("logs"))
+                .incarnation(format!("p{i}"));
             ContainerExecutor::on(fake.engine(), cfg)
         })
         .collect();
@@ -479,7 +491,10 @@ async fn a_rung_dropped_without_close_still_removes_its_init_volume() {
     let fake = FakeApi::new(IMAGE);
     fake.script(init(honest(record(WaitStatus::Code(0)))));
     let dir = tempfile::tempdir().unwrap();
-    let rung = ContainerExecutor::on(fake.engine(), ContainerConfig::default().log_dir(dir.path().join("logs")));
+    let rung = ContainerExecutor::on(
+        fake.engine(),
+        ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs")),
+    );
     let req = Request::command("j", ["true"], dir.path().join("o")).worker("w1").image(IMAGE);
     rung.run(&req, CancellationToken::new()).await.unwrap();
     assert_eq!(fake.volume_names().len(), 1, "the rung's init volume");
@@ -535,7 +550,10 @@ async fn a_crashed_rungs_tools_go_with_its_reclaim_and_old_unused_ones_with_prun
 
     let rung = ContainerExecutor::on(
         engine.clone(),
-        ContainerConfig::default().log_dir(tempfile::tempdir().unwrap().path().join("l")).incarnation("me"),
+        ContainerConfig::default()
+            .init_from_host(false)
+            .log_dir(tempfile::tempdir().unwrap().path().join("l"))
+            .incarnation("me"),
     );
     let report = rung.reclaim("w9").await.unwrap();
     assert!(report.volumes_removed.contains(&"stevedore-tools-crashed".to_owned()), "{report:?}");
@@ -559,7 +577,7 @@ async fn a_stalled_collection_keeps_what_came_whole_at_its_deadline() {
     let fake = FakeApi::new(IMAGE);
     fake.script(init(b));
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = ContainerConfig::default().log_dir(dir.path().join("logs"));
+    let mut cfg = ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs"));
     cfg.link.collection = crate::link::Collection { min: Duration::from_millis(1), bytes_per_s: u64::MAX };
     let rung = ContainerExecutor::on(fake.engine(), cfg);
     let req = Request::command("job-1", ["true"], dir.path().join("out")).worker("w1").image(IMAGE);
@@ -636,7 +654,7 @@ async fn what_a_crash_left_is_reclaimed_by_its_record_even_when_the_engine_canno
     }));
     let dir = tempfile::tempdir().unwrap();
     let worker = format!("w-journal-{:08x}", rand::random::<u32>());
-    let cfg = || ContainerConfig::default().log_dir(dir.path().join("logs"));
+    let cfg = || ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs"));
     let dead = ContainerExecutor::on(fake.engine(), cfg().incarnation("dead-process"));
     let mut req = Request::command("job-1", ["true"], dir.path().join("out")).worker(&worker).image(IMAGE);
     req.input_dir = Some(dir.path().to_owned());

@@ -92,6 +92,37 @@ pub(crate) enum PathKind {
 }
 
 impl PathKind {
+    /// Its kind as kept in the state dir (`container::mounts`).
+    pub(crate) fn kept_kind(&self) -> &'static str {
+        match self {
+            PathKind::Dir => "dir",
+            PathKind::File => "file",
+            PathKind::Symlink(_) => "symlink",
+            PathKind::Other => "other",
+            PathKind::Missing => "missing",
+        }
+    }
+
+    /// A symlink's target as kept (empty for every other kind).
+    pub(crate) fn kept_target(&self) -> &str {
+        match self {
+            PathKind::Symlink(t) => t,
+            _ => "",
+        }
+    }
+
+    /// Back from [`Self::kept_kind`] and [`Self::kept_target`]; `None` for an unknown kind.
+    pub(crate) fn from_kept(kind: &str, target: String) -> Option<Self> {
+        Some(match kind {
+            "dir" => PathKind::Dir,
+            "file" => PathKind::File,
+            "symlink" => PathKind::Symlink(target),
+            "other" => PathKind::Other,
+            "missing" => PathKind::Missing,
+            _ => return None,
+        })
+    }
+
     /// From the archive API's stat: a Go `os.FileMode` and the link target.
     fn of(mode: u32, link_target: String) -> Self {
         const DIR: u32 = 1 << 31;

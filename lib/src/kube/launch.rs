@@ -213,8 +213,13 @@ async fn stage(
             source: "not attached".into(),
         });
     };
-    let (producer, chunks) =
-        crate::inputs::tar_stream(dir, site.config.user, site.config.max_input_bytes, bytes, progress.clone());
+    let (producer, chunks) = crate::inputs::tar_stream(
+        dir,
+        crate::inputs::Owners::User(site.config.user.0, site.config.user.1),
+        site.config.max_input_bytes,
+        bytes,
+        progress.clone(),
+    );
     let bound = upload_bound(site, bytes, files);
     let words = async { tokio::join!(words_of(&mut stdout), words_of(&mut stderr)) };
     let stdin_ref = &mut stdin;

@@ -383,6 +383,11 @@ pub(crate) async fn read(
                 router.got.link_error = Some(e);
                 break 'read;
             }
+            // The outputs' end is the last thing the init says: the rest is its exit, which
+            // the container's end (tens of ms after the Ack) would only delay.
+            if router.outputs_done {
+                break 'read;
+            }
         }
     }
     router.finish(cut).await
@@ -410,6 +415,8 @@ struct Router {
     progress: Option<crate::contract::ProgressSink>,
     /// Bytes of the outputs tar received.
     out_bytes: u64,
+    /// The outputs' end was routed: the init has nothing more to say.
+    outputs_done: bool,
 }
 
 fn outputs_progress(done: u64, finished: bool) -> crate::contract::Progress {
@@ -449,6 +456,7 @@ impl Router {
             skip: 0,
             progress,
             out_bytes: 0,
+            outputs_done: false,
         }
     }
 
@@ -575,6 +583,7 @@ impl Router {
                 if let Some(s) = &self.progress {
                     s.report(outputs_progress(self.out_bytes, true));
                 }
+                self.outputs_done = true;
                 let _ = self.events.send(Event::OutputsDone);
             }
             other => return Err(format!("unexpected {other:?} frame")),

@@ -167,7 +167,7 @@ async fn copy_inputs(
         let phase = crate::contract::Phase::Inputs;
         let writer =
             crate::contract::Counting { inner: writer, sink: progress.clone(), phase, total: Some(bytes), done: 0 };
-        let written = input.write_tar(0, 0, limit, writer, &|_| {});
+        let written = input.write_tar(crate::inputs::Owners::User(0, 0), limit, writer, &|_| {});
         if let Some(s) = progress.as_ref().filter(|_| written.is_ok()) {
             s.report(crate::contract::Progress { phase, done: bytes, total: Some(bytes), finished: true });
         }

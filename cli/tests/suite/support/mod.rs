@@ -353,6 +353,8 @@ pub fn start_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
         .args(["run", "--outcome", "-", "--worker", w, "--image", image, "--grace", "2s", "--output"])
         .arg(out)
         .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        // The init from a tools volume: what a crash leaves includes it, for reclaim to find.
+        .env("STEVEDORE_INIT_FROM", "volume")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
