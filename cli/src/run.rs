@@ -313,6 +313,15 @@ fn request(a: &RunArgs) -> Result<Request, String> {
 /// What the options change in the container rung's configuration, within its profile.
 fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Result<(), String> {
     let profile = cfg.profile.clone().unwrap_or_else(|| "default".into());
+    // One attempt per process: a pool would make containers the attempt never gets (it
+    // claims before the first is parked) and remove them again.
+    if cfg.pool.as_ref().is_some_and(|p| p.size > 0) {
+        return Err(format!(
+            "profile {profile:?} has a warm pool, which serves a long-lived process (a job engine using the \
+             library); `stevedore run` is one attempt per process and would only make containers it never uses: \
+             use a profile without `pool` for the command"
+        ));
+    }
     if let Some(n) = &a.network {
         common::choose_network(cfg, n)?;
     }

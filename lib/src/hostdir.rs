@@ -367,6 +367,48 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 
+    /// The init's copy a local engine binds: 0755 inside this user's 0700 dir; a copy that is
+    /// not exactly the init (changed, a symlink planted in its place, another mode) is
+    /// replaced before use, never followed; a directory swapped for a symlink is refused.
+    #[cfg(feature = "docker")]
+    #[test]
+    fn the_inits_readable_copy_is_replaced_unless_it_is_exactly_the_init() {
+        use sha2::{Digest, Sha256};
+        let t = tempfile::tempdir().unwrap();
+        let base = PrivateDir::open(&t.path().join("base")).unwrap();
+        let bytes = b"\x7fELF the init";
+        let digest = format!("{:x}", Sha256::digest(bytes));
+        let dir = base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!((mode(&dir), mode(&dir.join("init"))), (0o755, 0o755));
+        assert_eq!(mode(base.path()), 0o700, "no other user reaches it");
+        let inode = std::fs::metadata(dir.join("init")).unwrap().ino();
+        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        assert_eq!(std::fs::metadata(dir.join("init")).unwrap().ino(), inode, "an exact copy is kept");
+
+        std::fs::write(dir.join("init"), b"\x7fELF planted!!").unwrap();
+        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        assert_eq!(std::fs::read(dir.join("init")).unwrap(), bytes, "a changed copy is replaced");
+
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::write(&elsewhere, bytes).unwrap();
+        std::fs::remove_file(dir.join("init")).unwrap();
+        symlink(&elsewhere, dir.join("init")).unwrap();
+        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        assert!(std::fs::symlink_metadata(dir.join("init")).unwrap().file_type().is_file(), "the symlink is replaced");
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), bytes, "and never written through");
+
+        std::fs::set_permissions(dir.join("init"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        assert_eq!(mode(&dir.join("init")), 0o755, "a copy others could write is replaced");
+
+        std::fs::create_dir(t.path().join("other")).unwrap();
+        symlink(t.path().join("other"), base.path().join("d2")).unwrap();
+        let err = base.readable_copy("d2", "init", bytes, &digest).unwrap_err();
+        assert!(matches!(err, HostDirError::Untrusted { .. }), "{err}");
+        assert!(std::fs::read_dir(t.path().join("other")).unwrap().next().is_none(), "nothing written through it");
+    }
+
     #[test]
     fn names() {
         for ok in ["w1", "cli-0123", "a.b_c-d"] {

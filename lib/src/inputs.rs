@@ -404,6 +404,27 @@ mod tests {
         assert_eq!((before.uid(), before.mode()), (after.uid(), after.mode()), "source untouched");
     }
 
+    /// The warm pool's staging: root's entries, no write bit anywhere, readable (and
+    /// directories searchable) by the sandbox user whatever the source's modes.
+    #[test]
+    fn root_read_only_entries_have_no_write_bit_and_are_readable_by_all() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        fs::write(d.join("sub/secret"), b"s").unwrap();
+        fs::set_permissions(d.join("sub/secret"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(d.join("run.sh"), b"#!/bin/sh\n").unwrap();
+        fs::set_permissions(d.join("run.sh"), fs::Permissions::from_mode(0o777)).unwrap();
+        fs::set_permissions(d.join("sub"), fs::Permissions::from_mode(0o700)).unwrap();
+        let mut buf = Vec::new();
+        InputDir::open(d).unwrap().write_tar(Owners::RootReadOnly, 1 << 20, &mut buf, &|_| {}).unwrap();
+        let modes: Vec<(String, u32, u64)> = tar_entries(&buf).into_iter().map(|e| (e.0, e.2, e.3)).collect();
+        assert_eq!(
+            modes,
+            [("run.sh".to_owned(), 0o555, 0), ("sub".to_owned(), 0o555, 0), ("sub/secret".to_owned(), 0o444, 0)]
+        );
+    }
+
     #[test]
     fn a_subdir_swapped_for_a_symlink_mid_staging_is_refused_not_followed() {
         let t = tempfile::tempdir().unwrap();

@@ -588,6 +588,18 @@ async fn bad_input_gets_a_message_a_person_can_act_on() {
     let err = text(&o.stderr);
     assert!(err.contains("No such file") && err.contains("--config"), "{err}");
     assert!(msg(&["--image", BUSYBOX_IMAGE, "--output", &out, "-u", "nobody", "--", "true"]).contains("numeric"));
+    // A profile with a warm pool serves a long-lived process: the command says so, and
+    // makes nothing.
+    let config = t.path().join("pool.toml");
+    std::fs::write(&config, "[profiles.warm]\nimage = \"busybox\"\npool = { size = 2, worker = \"w-pool-cli\" }\n")
+        .unwrap();
+    let o = Command::new(BIN)
+        .args(["--config", &config.display().to_string(), "--profile", "warm", "run", "--output", &out, "--", "true"])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("warm pool") && err.contains("profile without `pool`"), "{err}");
 }
 
 /// docker's habits: a word starting with `-` before the command is a flag, so a typo is an

@@ -222,6 +222,26 @@ fn remember(image_id: &str, known: &HashMap<String, PathKind>) {
 mod tests {
     use super::*;
 
+    /// What is kept of an image's paths comes back as it was, symlink targets with any byte;
+    /// an id that is not a sha256 is never a file name.
+    #[test]
+    fn what_is_kept_of_an_images_paths_comes_back_whole() {
+        let kinds = [
+            PathKind::Dir,
+            PathKind::File,
+            PathKind::Other,
+            PathKind::Missing,
+            PathKind::Symlink("/.stevedore/tools\n\t\"x".into()),
+        ];
+        for k in kinds {
+            assert_eq!(PathKind::from_kept(k.kept_kind(), k.kept_target().to_owned()), Some(k));
+        }
+        assert_eq!(PathKind::from_kept("socket", String::new()), None);
+        for bad in ["busybox:latest", "sha256:../../etc", &format!("sha256:{}", "g".repeat(64))] {
+            assert!(kept_file(bad).is_none(), "{bad}");
+        }
+    }
+
     #[test]
     fn every_component_of_every_destination_is_judged() {
         let dests = destinations(true, &["/var/cache/app/pip"], &["/data".to_owned()]);
