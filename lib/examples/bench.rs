@@ -1007,6 +1007,9 @@ impl Single {
     }
 }
 
+/// One phase of an attempt's evidence.
+type PhaseOf = fn(&stevedore::contract::Phases) -> Option<u64>;
+
 /// The warm path, phase by phase: the medians of the phases the (e) attempts' evidence
 /// carries (ms from the attempt's start: prepared, inputs staged, claimed (`created`),
 /// started, the command started (the init's `Started`), its record (command ended),
@@ -1018,12 +1021,12 @@ fn warm_profile(b: &Bench) {
         if phases.is_empty() {
             continue;
         }
-        let median = |f: fn(&stevedore::contract::Phases) -> Option<u64>| {
+        let median = |f: PhaseOf| {
             let mut v: Vec<u64> = phases.iter().filter_map(|p| f(p)).collect();
             v.sort_unstable();
             v.get(v.len() / 2).copied()
         };
-        let steps: [(&str, fn(&stevedore::contract::Phases) -> Option<u64>); 8] = [
+        let steps: [(&str, PhaseOf); 8] = [
             ("prepared", |p| p.prepared_ms),
             ("inputs staged", |p| p.inputs_staged_ms),
             ("claimed", |p| p.created_ms),
