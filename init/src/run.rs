@@ -160,6 +160,19 @@ struct OutputFrames<'a> {
 
 impl Write for OutputFrames<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if data.len() >= CHUNK / 4 {
+            // A file's content comes in whole chunks: framed as it is, never copied into
+            // `buf` first (the frame holds its own copy for a resume anyway).
+            self.flush()?;
+            let n = data.len().min(CHUNK);
+            self.link.push(Kind::Output, &data[..n]);
+            self.link.flush_all();
+            return if self.link.out_dead {
+                Err(io::Error::new(io::ErrorKind::BrokenPipe, "the host is gone"))
+            } else {
+                Ok(n)
+            };
+        }
         let n = data.len().min(CHUNK - self.buf.len());
         self.buf.extend_from_slice(&data[..n]);
         if self.buf.len() == CHUNK {
