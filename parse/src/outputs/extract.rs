@@ -68,7 +68,7 @@ pub(crate) fn extract_bounded(
     report: &mut ExtractReport,
 ) -> io::Result<()> {
     let root = dest.try_clone()?;
-    let pool = Pool::start(hashing_threads(), HASH_BUFFERS, HASH_BUFFER_LEN)?;
+    let pool = Pool::new(hashing_threads(), HASH_BUFFERS, HASH_BUFFER_LEN);
     let mut x = Extractor { root, caps: *caps, max_refused, report, entries: 0, pool, hashed: Vec::new() };
     let read = x.read(r);
     let Extractor { pool, hashed, report, .. } = x;
@@ -244,11 +244,11 @@ impl Extractor<'_> {
         }
         let mode = entry.header().mode().unwrap_or(0o644);
         let mode = if mode & 0o100 != 0 { 0o755 } else { 0o644 };
+        let job = self.pool.begin().map_err(Fail::unwritable)?;
         let parent = self.open_dir(dirs)?;
         let mut file = tree::create_file(&parent, name, 0o600)
             .map_err(|e| if e == Errno::EEXIST { Fail::skip("duplicate") } else { Fail::unwritable(e) })?;
-        let job = self.pool.begin();
-        let copied = copy_hashing(entry, &mut file, room, &self.pool, job);
+        let copied = copy_hashing(entry, &mut file, room, &mut self.pool, job);
         let fail = |me: &Self, fail: Fail| {
             let _ = unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir);
             let _ = me;
@@ -282,7 +282,7 @@ fn copy_hashing(
     src: &mut impl Read,
     dst: &mut impl Write,
     room: u64,
-    pool: &Pool,
+    pool: &mut Pool,
     job: Job,
 ) -> Result<(u64, Vec<u8>), Fail> {
     let mut head = Vec::new();

@@ -29,7 +29,8 @@ pub fn hash_backend() -> &'static str {
 /// digest is a sequence); which thread follows from the file's number, and digests are
 /// returned by number, so the result never depends on the timing.
 ///
-/// Memory is bounded by the buffers: [`Pool::buffer`] waits for one to come back.
+/// Memory is bounded by the buffers: [`Pool::buffer`] waits for one to come back. Threads
+/// and buffers are made when first needed: outputs with no file cost nothing.
 #[derive(Debug)]
 pub(crate) struct Pool {
     to: Vec<SyncSender<Msg>>,
@@ -37,6 +38,10 @@ pub(crate) struct Pool {
     give_back: SyncSender<Vec<u8>>,
     threads: Vec<JoinHandle<Digests>>,
     next: u64,
+    want_threads: usize,
+    buffers: usize,
+    made: usize,
+    len: usize,
 }
 
 /// The digests (`sha256:<hex>`) of the files ended, by number.
@@ -62,38 +67,54 @@ impl Job {
 }
 
 impl Pool {
-    /// `threads` hashing threads (at least one) and `buffers` buffers (at least one) of
-    /// `len` bytes.
-    pub fn start(threads: usize, buffers: usize, len: usize) -> std::io::Result<Pool> {
+    /// Up to `threads` hashing threads (at least one) and `buffers` buffers (at least one)
+    /// of `len` bytes.
+    pub fn new(threads: usize, buffers: usize, len: usize) -> Pool {
         let buffers = buffers.max(1);
         let (give_back, free) = sync_channel(buffers);
-        for _ in 0..buffers {
-            give_back.send(vec![0u8; len]).expect("the receiver is here");
+        Pool {
+            to: Vec::new(),
+            free,
+            give_back,
+            threads: Vec::new(),
+            next: 0,
+            want_threads: threads.max(1),
+            buffers,
+            made: 0,
+            len,
         }
-        let mut pool = Pool { to: Vec::new(), free, give_back: give_back.clone(), threads: Vec::new(), next: 0 };
-        for i in 0..threads.max(1) {
-            // Bounded by the buffers in flight, plus room for the ends of small files.
-            let (tx, rx) = sync_channel(buffers + 64);
-            let give_back = give_back.clone();
-            let t =
-                std::thread::Builder::new().name(format!("stevedore-hash-{i}")).spawn(move || hash(rx, give_back))?;
-            pool.to.push(tx);
-            pool.threads.push(t);
-        }
-        Ok(pool)
     }
 
     /// A file to hash.
-    pub fn begin(&mut self) -> Job {
+    pub fn begin(&mut self) -> std::io::Result<Job> {
+        if self.to.is_empty() {
+            for i in 0..self.want_threads {
+                // Bounded by the buffers in flight, plus room for the ends of small files.
+                let (tx, rx) = sync_channel(self.buffers + 64);
+                let give_back = self.give_back.clone();
+                let t = std::thread::Builder::new()
+                    .name(format!("stevedore-hash-{i}"))
+                    .spawn(move || hash(rx, give_back))?;
+                self.to.push(tx);
+                self.threads.push(t);
+            }
+        }
         self.next += 1;
-        Job(self.next - 1)
+        Ok(Job(self.next - 1))
     }
 
     /// A buffer to fill, once one is free.
-    pub fn buffer(&self) -> Vec<u8> {
+    pub fn buffer(&mut self) -> Vec<u8> {
+        if let Ok(buf) = self.free.try_recv() {
+            return buf;
+        }
+        if self.made < self.buffers {
+            self.made += 1;
+            return vec![0u8; self.len];
+        }
         // Each buffer taken comes back (fed and hashed, or given back); the pool holds a
         // sender itself, so this never sees the channel closed.
-        self.free.recv().expect("the hashing threads give the buffers back")
+        self.free.recv().expect("the pool holds a sender")
     }
 
     /// A buffer taken and not fed: every one taken must come back, by either way.
@@ -179,8 +200,8 @@ mod tests {
         let files = contents();
         for threads in [1, 2, 3, 8] {
             for buffers in [1, 2, 8] {
-                let mut pool = Pool::start(threads, buffers, 4096).unwrap();
-                let jobs: Vec<Job> = files.iter().map(|_| pool.begin()).collect();
+                let mut pool = Pool::new(threads, buffers, 4096);
+                let jobs: Vec<Job> = files.iter().map(|_| pool.begin().unwrap()).collect();
                 // Round robin over the files, one chunk of each at a time.
                 let mut at = vec![0usize; files.len()];
                 let mut left = files.len();
@@ -211,9 +232,16 @@ mod tests {
     }
 
     #[test]
+    fn outputs_without_files_start_no_thread_and_hold_no_buffer() {
+        let pool = Pool::new(2, 8, 1 << 20);
+        assert!(pool.threads.is_empty() && pool.made == 0);
+        assert!(pool.finish().unwrap().is_empty());
+    }
+
+    #[test]
     fn a_job_never_ended_has_no_digest_and_the_rest_stand() {
-        let mut pool = Pool::start(2, 2, 16).unwrap();
-        let (a, cut, b) = (pool.begin(), pool.begin(), pool.begin());
+        let mut pool = Pool::new(2, 2, 16);
+        let (a, cut, b) = (pool.begin().unwrap(), pool.begin().unwrap(), pool.begin().unwrap());
         for (job, data) in [(a, &b"abc"[..]), (cut, b"partial"), (b, b"")] {
             let mut buf = pool.buffer();
             buf[..data.len()].copy_from_slice(data);
