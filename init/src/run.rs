@@ -158,23 +158,52 @@ struct OutputFrames<'a> {
     buf: Vec<u8>,
 }
 
-impl Write for OutputFrames<'_> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == CHUNK {
-            self.flush()?;
-        }
-        Ok(n)
-    }
+/// Output frames go out this many bytes at a time (16 frames in one `writev`): the engine's
+/// copy of the init's stdout costs far less per byte fed large writes (containerd-shim, here:
+/// 1.6 CPU-seconds per GiB written 1 MiB at a time, 2.5 at 64 KiB, 4.4 one frame at a time).
+const OUTPUT_BATCH: usize = 1 << 20;
 
-    fn flush(&mut self) -> io::Result<()> {
+impl OutputFrames<'_> {
+    /// Frames what `buf` holds (not written yet).
+    fn stage(&mut self) {
         if !self.buf.is_empty() {
             self.link.push(Kind::Output, &self.buf);
             self.buf.clear();
+        }
+    }
+
+    fn alive(&self) -> io::Result<()> {
+        if self.link.out_dead { Err(io::Error::new(io::ErrorKind::BrokenPipe, "the host is gone")) } else { Ok(()) }
+    }
+}
+
+impl Write for OutputFrames<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = if data.len() >= CHUNK / 4 {
+            // A file's content comes in whole chunks: framed as it is, never copied into
+            // `buf` first (the frame holds its own copy for a resume anyway).
+            self.stage();
+            let n = data.len().min(CHUNK);
+            self.link.push(Kind::Output, &data[..n]);
+            n
+        } else {
+            let n = data.len().min(CHUNK - self.buf.len());
+            self.buf.extend_from_slice(&data[..n]);
+            if self.buf.len() == CHUNK {
+                self.stage();
+            }
+            n
+        };
+        if self.link.queued() >= OUTPUT_BATCH {
             self.link.flush_all();
         }
-        if self.link.out_dead { Err(io::Error::new(io::ErrorKind::BrokenPipe, "the host is gone")) } else { Ok(()) }
+        self.alive().map(|()| n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stage();
+        self.link.flush_all();
+        self.alive()
     }
 }
 

@@ -14,6 +14,8 @@
 //! ```
 //!
 //! `STEVEDORE_LOG=stevedore=debug` shows the time of every engine call stevedore makes.
+//! `STEVEDORE_BENCH_ONLY=g` (or `h`, `gh`) runs only those letters (of the outputs), in the
+//! chosen mode, with their summary.
 //!
 //! # What each letter measures
 //! Every container runs `stevedore-test/busybox:latest`, built here from Debian's static
@@ -56,6 +58,13 @@
 //!   core (per CPU-second of the hashing thread or process, which other load on the machine
 //!   barely changes; MB/s by wall time too) and the ratio. stevedore's own hashing of the
 //!   outputs is already inside the attempt's time.
+//!   First the two ceilings the collection cannot beat on this engine: a raw attach stream
+//!   (bollard) of the same size of zeros in the busybox image, read and discarded (MB/s from
+//!   its first byte to its end; written by `head -c`, in 4 KiB writes, and by `dd bs=1M`:
+//!   the better is the transport's), and in-process sha256 alone (MB/s per CPU-second of one
+//!   thread, 1 MiB updates; the backend is named). Each layout's collection
+//!   (the outcome's `collection.elapsed_ms`: the record's arrival to the outputs extracted
+//!   and hashed) is compared with 70 % of the lower ceiling.
 //! - **(h)** the host RSS (`VmRSS` sampled every 5 ms, `VmHWM` reset just before) while one
 //!   attempt collects 4 GiB of outputs and 1 GiB of stdout. The capture keeps 4 MiB (the
 //!   default cap) but the whole stream is drained and counted.
@@ -83,10 +92,11 @@
 //! tests) and stevedore's shared tools volume, and never removes anything it did not create.
 
 use bollard::Docker;
+use bollard::container::LogOutput;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
 use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
-    RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptionsBuilder, CreateContainerOptions, ListContainersOptionsBuilder, ListVolumesOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
 };
 use futures_util::StreamExt;
 use nix::sys::resource::{UsageWho, getrusage};
@@ -858,6 +868,9 @@ async fn worker_image(engine: &stevedore::engine::Engine, bin: &Path, fingerprin
 
 /// Every measurement, in letter order; the summary rows.
 async fn measure(b: &Bench) -> Res<Vec<Row>> {
+    if let Ok(only) = std::env::var("STEVEDORE_BENCH_ONLY") {
+        return only_outputs(b, &only).await;
+    }
     let mut rows = Vec::new();
     let single = single_attempts(b).await?;
     single.print();
@@ -1288,8 +1301,129 @@ fn check_outputs(o: &Outcome, files: usize, bytes: u64) -> Res<()> {
     Ok(())
 }
 
+/// `STEVEDORE_BENCH_ONLY`: (g) and/or (h) alone, for iterating on the collection.
+async fn only_outputs(b: &Bench, only: &str) -> Res<Vec<Row>> {
+    let mut rows = Vec::new();
+    if only.contains('g') {
+        outputs(b, &mut rows).await?;
+    }
+    if only.contains('h') {
+        rss(b, &mut rows).await?;
+    }
+    if rows.is_empty() {
+        return Err(format!("STEVEDORE_BENCH_ONLY={only:?}: expected g, h or gh"));
+    }
+    Ok(rows)
+}
+
+/// The transport's ceiling: `bytes` of zeros on a raw attach stream, read and discarded;
+/// MB/s from the first byte to the end (the container's start is not the stream's). Written
+/// by `head -c` (busybox's 4 KiB writes) or by `dd` in 1 MiB writes (as large as the init's
+/// 64 KiB frames or larger: what the transport itself carries).
+async fn attach_ceiling(b: &Bench, bytes: u64, large_writes: bool) -> Res<f64> {
+    let (n, count) = (bytes.to_string(), format!("count={}", bytes.div_ceil(MIB)));
+    let argv: &[&str] =
+        if large_writes { &["dd", "if=/dev/zero", "bs=1048576", &count] } else { &["head", "-c", &n, "/dev/zero"] };
+    let bytes = if large_writes { bytes.div_ceil(MIB) * MIB } else { bytes };
+    let body = hardened(&b.worker, argv);
+    let id = b
+        .docker
+        .create_container(None::<CreateContainerOptions>, body)
+        .await
+        .map_err(|e| format!("(g) ceiling: create: {}", chain(&e)))?
+        .id;
+    let streamed = async {
+        let opts = AttachContainerOptionsBuilder::default().stdout(true).stderr(true).stream(true).build();
+        let mut attached = b
+            .docker
+            .attach_container(&id, Some(opts))
+            .await
+            .map_err(|e| format!("(g) ceiling: attach: {}", chain(&e)))?;
+        b.docker
+            .start_container(&id, None::<StartContainerOptions>)
+            .await
+            .map_err(|e| format!("(g) ceiling: start: {}", chain(&e)))?;
+        let (mut got, mut first) = (0u64, None);
+        while let Some(item) = attached.output.next().await {
+            match item {
+                Ok(LogOutput::StdOut { message }) => {
+                    first.get_or_insert_with(Instant::now);
+                    got += message.len() as u64;
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("(g) ceiling: the stream failed: {}", chain(&e))),
+            }
+        }
+        let took = first.map_or(Duration::ZERO, |t| t.elapsed());
+        if got != bytes {
+            return Err(format!("(g) ceiling: the stream carried {got} bytes of {bytes}"));
+        }
+        Ok(mbps(bytes, took.as_secs_f64().max(1e-6)))
+    }
+    .await;
+    let _ = b.docker.remove_container(&id, Some(RemoveContainerOptionsBuilder::new().force(true).build())).await;
+    streamed
+}
+
+/// Hashing alone: sha256 of `bytes` in 1 MiB updates from memory, MB/s per CPU-second of
+/// the hashing thread.
+async fn hash_ceiling(bytes: u64) -> Res<f64> {
+    tokio::task::spawn_blocking(move || {
+        use sha2::Digest;
+        let block: Vec<u8> = (0..MIB as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+        let cpu = cpu_time(UsageWho::RUSAGE_THREAD);
+        let mut h = sha2::Sha256::new();
+        for _ in 0..bytes.div_ceil(MIB) {
+            h.update(&block);
+        }
+        std::hint::black_box(h.finalize());
+        let cpu = cpu_time(UsageWho::RUSAGE_THREAD).saturating_sub(cpu);
+        mbps(bytes.div_ceil(MIB) * MIB, cpu.as_secs_f64().max(1e-6))
+    })
+    .await
+    .map_err(|e| format!("(g) the hashing thread failed: {e}"))
+}
+
+/// The ceilings of (g): the best of a few runs of each (other load only lowers them).
+async fn ceilings(b: &Bench, rows: &mut Vec<Row>) -> Res<f64> {
+    let bytes = b.mode.g_bytes;
+    let (mut head, mut dd, mut hash) = (Stats::default(), Stats::default(), Stats::default());
+    for _ in 0..b.mode.hash_reps.max(1) {
+        head.push(attach_ceiling(b, bytes, false).await?);
+        dd.push(attach_ceiling(b, bytes, true).await?);
+        hash.push(hash_ceiling(bytes).await?);
+    }
+    // The transport's ceiling is the better of the two writers: head's small writes say
+    // more about head than about the transport.
+    let (a, h) = (max(&head).max(max(&dd)), max(&hash));
+    let backend = stevedore::hash_backend();
+    println!(
+        "(g) ceilings: raw attach stream of {}: head -c {:.0} MB/s (median {:.0}), dd bs=1M {:.0} MB/s (median \
+         {:.0}); sha256 alone ({backend}) {h:.0} MB/s per CPU-second (median {:.0}); the lower {:.0} MB/s",
+        size(bytes),
+        max(&head),
+        head.median(),
+        max(&dd),
+        dd.median(),
+        hash.median(),
+        a.min(h)
+    );
+    rows.push(Row::info("(g) ceiling: raw attach, head -c", format!("{:.0} MB/s", max(&head)), "", None));
+    rows.push(Row::info("(g) ceiling: raw attach, dd bs=1M", format!("{:.0} MB/s", max(&dd)), "", None));
+    rows.push(
+        Row::info(format!("(g) ceiling: sha256 per core, {backend}"), format!("{h:.0} MB/s"), "", None)
+            .target("≥ 2000 MB/s", Some(h >= 2000.0)),
+    );
+    Ok(a.min(h))
+}
+
+fn max(s: &Stats) -> f64 {
+    s.sorted().last().copied().unwrap_or(0.0)
+}
+
 async fn outputs(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
     let bytes = b.mode.g_bytes;
+    let ceiling = ceilings(b, rows).await?;
     for files in [b.mode.g_files, 1] {
         let script = fill_script(files, bytes);
         let req = b
@@ -1312,6 +1446,24 @@ async fn outputs(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
             rest.map_or(String::new(), |r| format!(" → {:.0} MB/s launch+collect+hash+cleanup", mbps(bytes, r)))
         );
         rows.push(Row::info(format!("(g) collect {what}"), secs(wall), format!("{:.0} MB/s", mbps(bytes, wall)), None));
+        let collected = o.evidence.collection.as_ref().map(|c| c.elapsed_ms as f64 / 1000.0);
+        let rate = collected.map(|c| mbps(bytes, c.max(1e-3)));
+        println!(
+            "(g) collection of {what} (record to outputs extracted and hashed): {} → {} MB/s = {} of the lower \
+             ceiling ({ceiling:.0} MB/s)",
+            collected.map_or("?".into(), secs),
+            rate.map_or("?".into(), |r| format!("{r:.0}")),
+            rate.map_or("?".into(), |r| format!("{:.0} %", 100.0 * r / ceiling)),
+        );
+        rows.push(
+            Row::info(
+                format!("(g) collection MB/s, {what}"),
+                rate.map_or("n/a".into(), |r| format!("{r:.0} MB/s")),
+                format!("{ceiling:.0} MB/s"),
+                rate.map(|r| r / ceiling),
+            )
+            .target("≥ 0.7 × lower ceiling", rate.map(|r| r >= 0.7 * ceiling)),
+        );
 
         let race = hash_race(&req.output_dir, &o.outputs, b.mode.hash_reps).await?;
         let (s, h) = (race.cli_cpu.median(), race.reader_cpu.median());

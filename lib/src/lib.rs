@@ -114,7 +114,7 @@ pub use inprocess::InProcessExecutor;
 #[cfg(feature = "kube")]
 pub use kube::{KubeConfig, KubeExecutor};
 pub use link::{Collection, HostLoss, LinkConfig};
-pub use outputs::{Caps as OutputCaps, hash_reader};
+pub use outputs::{Caps as OutputCaps, hash_backend, hash_reader};
 #[cfg(feature = "process")]
 pub use process::{ProcessConfig, ProcessExecutor};
 pub use tokio_util::sync::CancellationToken;

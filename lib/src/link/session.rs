@@ -288,12 +288,20 @@ pub(crate) struct Received {
 
 struct Extraction {
     tx: Option<mpsc::Sender<io::Result<Bytes>>>,
+    /// Frame bodies gathered into one chunk for the extractor: one hand-over (and one wake
+    /// of its thread) per [`EXTRACT_CHUNK`] bytes rather than per 64 KiB frame.
+    pending: Vec<u8>,
     join: tokio::task::JoinHandle<OutputsReceived>,
 }
 
+/// Bytes of the outputs tar handed to the extractor at once; with [`EXTRACT_DEPTH`] of them
+/// in flight, what the host holds of the tar (4 MiB).
+const EXTRACT_CHUNK: usize = 512 << 10;
+const EXTRACT_DEPTH: usize = 8;
+
 impl Extraction {
     fn start(sink: OutputsSink) -> Self {
-        let (tx, reader) = crate::pipe::reader(16);
+        let (tx, reader) = crate::pipe::reader(EXTRACT_DEPTH);
         let join = tokio::task::spawn_blocking(move || {
             let mut got = OutputsReceived::default();
             if let Err(e) = extract_into(reader, &sink.dest, &sink.caps, &mut got.report) {
@@ -301,12 +309,26 @@ impl Extraction {
             }
             got
         });
-        Self { tx: Some(tx), join }
+        Self { tx: Some(tx), pending: Vec::new(), join }
     }
 
     async fn feed(&mut self, body: Vec<u8>) {
+        if self.pending.is_empty() && body.len() >= EXTRACT_CHUNK {
+            return self.send(body).await;
+        }
+        if self.pending.capacity() == 0 {
+            self.pending.reserve_exact(EXTRACT_CHUNK);
+        }
+        self.pending.extend_from_slice(&body);
+        if self.pending.len() >= EXTRACT_CHUNK {
+            let chunk = std::mem::take(&mut self.pending);
+            self.send(chunk).await;
+        }
+    }
+
+    async fn send(&mut self, chunk: Vec<u8>) {
         if let Some(tx) = &self.tx
-            && tx.send(Ok(Bytes::from(body))).await.is_err()
+            && tx.send(Ok(Bytes::from(chunk))).await.is_err()
         {
             // The extractor stopped at a cap: the rest is not read.
             self.tx = None;
@@ -314,6 +336,11 @@ impl Extraction {
     }
 
     async fn finish(mut self, end: Option<OutputEnd>, cut: Option<&str>) -> OutputsReceived {
+        // What came before the end (or the cut) is the extractor's, whole frames as ever.
+        let rest = std::mem::take(&mut self.pending);
+        if !rest.is_empty() {
+            self.send(rest).await;
+        }
         if let (Some(tx), Some(why)) = (self.tx.take(), cut) {
             let _ = tx.send(Err(io::Error::other(why.to_owned()))).await;
         }

@@ -3,7 +3,8 @@
 use sha2::{Digest, Sha256};
 use std::io::{self, Read};
 
-const BUF_LEN: usize = 64 * 1024;
+/// Large reads: at 1.8 GB/s of hashing, 64 KiB ones were a syscall every 36 µs.
+const BUF_LEN: usize = 256 << 10;
 
 /// What one pass over a reader found.
 #[derive(Debug, Clone, PartialEq, Eq)]

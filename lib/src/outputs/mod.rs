@@ -6,5 +6,5 @@ mod hash;
 mod walk;
 
 pub use hash::hash_reader;
-pub use stevedore_parse::outputs::{Caps, ExtractReport, extract_into};
+pub use stevedore_parse::outputs::{Caps, ExtractReport, extract_into, hash_backend};
 pub use walk::{WalkReport, walk};

@@ -9,11 +9,11 @@
 //! entries, files and bytes stop the reading: past them nothing more is consumed.
 
 use super::content_type::{SNIFF_LEN, content_type};
+use super::hash::{Job, Pool};
 use super::{Caps, OutputFile, RefusedEntry};
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, fchmod};
 use nix::unistd::{UnlinkatFlags, unlinkat};
-use sha2::{Digest, Sha256};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -68,11 +68,30 @@ pub(crate) fn extract_bounded(
     report: &mut ExtractReport,
 ) -> io::Result<()> {
     let root = dest.try_clone()?;
-    let mut x = Extractor { root, caps: *caps, max_refused, report, entries: 0 };
+    let pool = Pool::new(hashing_threads(), HASH_BUFFERS, HASH_BUFFER_LEN);
+    let mut x = Extractor { root, caps: *caps, max_refused, report, entries: 0, pool, hashed: Vec::new() };
     let read = x.read(r);
+    let Extractor { pool, hashed, report, .. } = x;
+    // Every file listed was whole: its digest is there, however the stream ended.
+    let mut digests = pool.finish()?;
+    for (at, job) in hashed {
+        report.files[at].hash = digests.remove(&job.number()).expect("a file listed was ended");
+    }
     // Sorted however the stream ended: a stream cut mid-file still lists what came before.
-    x.report.files.sort_by(|a, b| a.name.cmp(&b.name));
+    report.files.sort_by(|a, b| a.name.cmp(&b.name));
     read
+}
+
+/// Buffers between the extractor and the hashing threads: what the collection holds of the
+/// outputs at once (2 MiB), in chunks large enough that a write or a hash update costs
+/// little beside its bytes.
+const HASH_BUFFERS: usize = 8;
+const HASH_BUFFER_LEN: usize = 256 << 10;
+
+/// One thread hashes a file as fast as the link brings it; a second hashes the next file
+/// meanwhile when there are many. More would only take CPU from the engine's own copying.
+fn hashing_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
 }
 
 /// Why one entry was not extracted.
@@ -120,6 +139,9 @@ struct Extractor<'a> {
     max_refused: usize,
     report: &'a mut ExtractReport,
     entries: usize,
+    pool: Pool,
+    /// The files listed (where in `report.files`) whose digests the pool is working out.
+    hashed: Vec<(usize, Job)>,
 }
 
 impl Extractor<'_> {
@@ -159,7 +181,10 @@ impl Extractor<'_> {
                 _ => Err(Fail::skip("unsupported")),
             };
             match result {
-                Ok(Some(file)) => self.report.files.push(file),
+                Ok(Some((file, job))) => {
+                    self.hashed.push((self.report.files.len(), job));
+                    self.report.files.push(file);
+                }
                 Ok(None) => {}
                 Err(Fail::Skip(why)) => self.refuse(&shown, why),
                 Err(Fail::OverCap) => {
@@ -212,23 +237,24 @@ impl Extractor<'_> {
         dirs: &[&[u8]],
         name: &[u8],
         shown: &[u8],
-    ) -> Result<Option<OutputFile>, Fail> {
+    ) -> Result<Option<(OutputFile, Job)>, Fail> {
         let room = self.caps.max_total_bytes.saturating_sub(self.report.bytes);
         if self.report.files.len() >= self.caps.max_files || entry.size() > room {
             return Err(Fail::OverCap);
         }
         let mode = entry.header().mode().unwrap_or(0o644);
         let mode = if mode & 0o100 != 0 { 0o755 } else { 0o644 };
+        let job = self.pool.begin().map_err(Fail::unwritable)?;
         let parent = self.open_dir(dirs)?;
         let mut file = tree::create_file(&parent, name, 0o600)
             .map_err(|e| if e == Errno::EEXIST { Fail::skip("duplicate") } else { Fail::unwritable(e) })?;
-        let copied = copy_hashing(entry, &mut file, room);
+        let copied = copy_hashing(entry, &mut file, room, &mut self.pool, job);
         let fail = |me: &Self, fail: Fail| {
             let _ = unlinkat(&parent, name, UnlinkatFlags::NoRemoveDir);
             let _ = me;
             Err(fail)
         };
-        let (size, hash, head) = match copied {
+        let (size, head) = match copied {
             // The stream ended inside the file: what came is not the file the entry named.
             Ok((size, ..)) if size < entry.size() => {
                 let why = format!("the stream ended {size} bytes into a file of {}", entry.size());
@@ -240,39 +266,71 @@ impl Extractor<'_> {
         if let Err(e) = fchmod(file.as_fd(), Mode::from_bits_truncate(mode)) {
             return fail(self, Fail::unwritable(e));
         }
+        self.pool.end(job);
         self.report.bytes += size;
         let name = String::from_utf8(shown.to_vec()).expect("checked to be UTF-8 component by component");
         let content_type = content_type(&name, &head);
-        Ok(Some(OutputFile { name, size, hash, content_type }))
+        // The digest comes from the pool once the stream is read.
+        Ok(Some((OutputFile { name, size, hash: String::new(), content_type }, job)))
     }
 }
 
-/// Copies at most `room` bytes, hashing them and keeping the first [`SNIFF_LEN`]; more is
-/// `OverCap`. Read errors are the stream's, write errors the destination's.
-fn copy_hashing(src: &mut impl Read, dst: &mut impl Write, room: u64) -> Result<(u64, String, Vec<u8>), Fail> {
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut hasher = Sha256::new();
+/// Copies at most `room` bytes, handing each chunk written to the pool to hash as `job`
+/// and keeping the first [`SNIFF_LEN`]; more is `OverCap`. Read errors are the stream's,
+/// write errors the destination's.
+fn copy_hashing(
+    src: &mut impl Read,
+    dst: &mut impl Write,
+    room: u64,
+    pool: &mut Pool,
+    job: Job,
+) -> Result<(u64, Vec<u8>), Fail> {
     let mut head = Vec::new();
     let mut written = 0u64;
     loop {
-        let n = match src.read(&mut buf) {
-            Ok(0) => break,
+        let mut buf = pool.buffer();
+        let n = match fill(src, &mut buf) {
+            Ok(0) => {
+                pool.give_back(buf);
+                break;
+            }
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Fail::Stream(e)),
+            Err(e) => {
+                pool.give_back(buf);
+                return Err(Fail::Stream(e));
+            }
         };
         written += n as u64;
         if written > room {
+            pool.give_back(buf);
             return Err(Fail::OverCap);
         }
-        hasher.update(&buf[..n]);
         if head.len() < SNIFF_LEN {
             let take = n.min(SNIFF_LEN - head.len());
             head.extend_from_slice(&buf[..take]);
         }
-        dst.write_all(&buf[..n]).map_err(Fail::unwritable)?;
+        if let Err(e) = dst.write_all(&buf[..n]) {
+            pool.give_back(buf);
+            return Err(Fail::unwritable(e));
+        }
+        pool.feed(job, buf, n);
     }
-    Ok((written, format!("sha256:{:x}", hasher.finalize()), head))
+    Ok((written, head))
+}
+
+/// Reads into `buf` until it is full or `src` ends: the link brings a frame at a time, and
+/// fewer, larger writes and hash updates cost less.
+fn fill(src: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match src.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -335,6 +393,50 @@ mod tests {
         let mode = |p: &str| fs::metadata(dest.path().join(p)).unwrap().mode() & 0o7777;
         assert_eq!(mode("sub"), 0o755, "no group or other write, whatever the header says");
         assert_eq!(mode("a.json"), 0o644);
+    }
+
+    /// Many more files than buffers between the extractor and the hashing threads, of every
+    /// size around a buffer's: each digest is the serial one, listed under its own name.
+    #[test]
+    fn many_files_hash_on_the_threads_as_they_would_serially() {
+        use sha2::{Digest, Sha256};
+        let dest = tempfile::tempdir().unwrap();
+        let sizes =
+            [0, 1, 511, 512, HASH_BUFFER_LEN - 1, HASH_BUFFER_LEN, HASH_BUFFER_LEN + 1, 3 * HASH_BUFFER_LEN + 5];
+        let mut b = tar::Builder::new(Vec::new());
+        let mut want = Vec::new();
+        for i in 0..(HASH_BUFFERS * 10) {
+            let len = sizes[i % sizes.len()];
+            let data: Vec<u8> =
+                (0..len).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) as u8).collect();
+            let name = format!("d{}/f{i:03}", i % 3);
+            file(&mut b, &name, &data);
+            want.push((name, len as u64, format!("sha256:{:x}", Sha256::digest(&data))));
+        }
+        want.sort();
+        let r = extract(b, dest.path(), Caps::default());
+        assert!(r.refused.is_empty(), "{:?}", r.refused);
+        let got: Vec<(String, u64, String)> =
+            r.files.iter().map(|f| (f.name.clone(), f.size, f.hash.clone())).collect();
+        assert_eq!(got, want);
+    }
+
+    /// More files than buffers, then one past the byte cap: those before it are listed with
+    /// their digests, and the pool is finished although the stream was not read to its end.
+    #[test]
+    fn files_before_the_byte_cap_keep_their_digests() {
+        let dest = tempfile::tempdir().unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        for i in 0..(HASH_BUFFERS * 3) {
+            file(&mut b, &format!("a{i:02}"), b"x");
+        }
+        file(&mut b, "b", b"over");
+        let r = extract(b, dest.path(), Caps { max_files: 100, max_total_bytes: HASH_BUFFERS as u64 * 3 });
+        assert_eq!(r.files.len(), HASH_BUFFERS * 3);
+        assert!(
+            r.files.iter().all(|f| f.hash == "sha256:2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881")
+        );
+        assert!(r.limit_hit);
     }
 
     #[test]

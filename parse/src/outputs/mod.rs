@@ -3,10 +3,12 @@
 
 mod content_type;
 mod extract;
+mod hash;
 
 pub use content_type::{SNIFF_LEN, content_type};
 pub use extract::{ExtractReport, extract_into, extract_tar};
 pub(crate) use extract::{MAX_REFUSED, extract_bounded};
+pub use hash::hash_backend;
 
 use serde::{Deserialize, Serialize};
 
