@@ -144,6 +144,10 @@ pub enum Owners {
     /// Root's, every write bit cleared, readable (and directories searchable) by everyone:
     /// read-only to a sandbox user without capabilities even where the mount itself is
     /// writable (the warm pool's staging path, `container::pool`).
+    #[cfg_attr(
+        all(not(feature = "docker"), not(test)),
+        expect(dead_code, reason = "only the container rung's warm pool stages so")
+    )]
     RootReadOnly,
 }
 

@@ -10,9 +10,11 @@
 //! - A size class is what the engine fixes at create (`/out`'s and `/tmp`'s tmpfs sizes,
 //!   nofile): an attempt runs only in a container of its own class, so its disk and `/tmp`
 //!   limits are enforced exactly as on the cold path.
-//! - Every claim, hit or miss, asks for one fill of its class: the pool follows what the
-//!   attempts ask for and turns over once per attempt. It holds at most `size` containers; a
-//!   fill for a class it lacks evicts the longest-parked container of another class.
+//! - Every container taken is replaced by one fill of its class, started once its attempt
+//!   is ready (its inputs staged: the fill's engine calls never meet the attempt's upload);
+//!   a miss asks for one where the pool has room or lacks the class. The pool follows what
+//!   the attempts ask for and turns over once per warm attempt. It holds at most `size`
+//!   containers; a fill for a class it lacks evicts the longest-parked of another class.
 //! - At most `max_filling` fills run at once, each started when one ends: a burst of claims
 //!   never becomes a burst of creates in front of the attempts that caused it.
 //! - A parked container holds its memory limit of the rung's budget while the budget is
@@ -201,7 +203,11 @@ pub(crate) fn claim(shared: &Arc<ContainerSite>, plan: &Plan) -> Claim {
         }
     }
     drop((parked, wanted));
-    refill(shared);
+    // A hit's refill waits until its attempt is ready (`ready`): the fill's creates and
+    // start would otherwise meet the attempt's own input upload in the engine.
+    if hit.is_none() {
+        refill(shared);
+    }
     let mut stats = pool.stats();
     match hit {
         Some(p) => {
@@ -222,6 +228,18 @@ pub(crate) fn claim(shared: &Arc<ContainerSite>, plan: &Plan) -> Claim {
 /// A claimed container made the attempt's: its limits, its inputs, its objects in the
 /// attempt's leftovers.
 pub(crate) async fn ready(
+    shared: &Arc<ContainerSite>,
+    plan: &mut Plan,
+    left: &mut Leftovers,
+    p: Parked,
+) -> Result<Ready, LaunchError> {
+    let made = made_ready(shared, plan, left, p).await;
+    // The claim's refill, now that the attempt asks nothing more of the engine.
+    refill(shared);
+    made
+}
+
+async fn made_ready(
     shared: &Arc<ContainerSite>,
     plan: &mut Plan,
     left: &mut Leftovers,
