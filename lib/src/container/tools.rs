@@ -112,8 +112,9 @@ pub async fn create(engine: &Engine, image: &str, incarnation: &str) -> Result<T
 /// read-only (`ToolsVolume::bind`): no engine call, where a volume of the rung's own costs a
 /// helper, an upload through the engine's untar and a removal (60-70 ms per process here).
 /// `None` where the engine may not see this machine's files as they are: reached over
-/// anything but a unix socket, labelling files (SELinux would keep the container from
-/// reading them), or an init for another system. The directory is this user's
+/// anything but a unix socket, on a host of another name (a socket mounted into a CI job's
+/// container: the same path on the engine's host could be another user's), labelling files
+/// (SELinux would keep the container from reading them), or an init for another system. The directory is this user's
 /// (`hostdir::PrivateDir::readable_copy`); an engine that still cannot bind it (its daemon
 /// in a VM behind a local socket) refuses the create, and the rung then uses volumes.
 pub fn host_copy(engine: &Engine) -> Option<ToolsVolume> {
@@ -121,7 +122,10 @@ pub fn host_copy(engine: &Engine) -> Option<ToolsVolume> {
     let bytes = init_binary::bytes()?;
     let same_system = facts.os_type == "linux" && normal_arch(&facts.architecture) == normal_arch(init_binary::arch());
     let selinux = facts.security_options.iter().any(|o| o.contains("selinux"));
-    if engine.endpoint().transport != crate::engine::endpoint::Transport::Unix || selinux || !same_system {
+    let here = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let same_host = !facts.host_name.is_empty() && facts.host_name == here.trim();
+    if engine.endpoint().transport != crate::engine::endpoint::Transport::Unix || selinux || !same_system || !same_host
+    {
         return None;
     }
     let digest = init_binary::sha256();

@@ -46,6 +46,8 @@ pub struct EngineFacts {
     pub architecture: String,
     /// The enforcement this engine reports it can apply (probed from its info).
     pub features: Vec<String>,
+    /// The engine host's name, as it says (`info.Name`).
+    pub host_name: String,
 }
 
 impl EngineFacts {
@@ -242,6 +244,7 @@ impl Engine {
             os_type: info.os_type.clone().unwrap_or_default(),
             architecture: info.architecture.clone().unwrap_or_default(),
             features: features(&info),
+            host_name: info.name.clone().unwrap_or_default(),
         };
         let api = Arc::new(BollardApi::new(docker, timeout, change.max(timeout)));
         Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout), watcher: Arc::default(), dialed: true })
