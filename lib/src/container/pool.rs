@@ -35,7 +35,7 @@ use super::sizes::{self, Sizes};
 use super::spec;
 use crate::contract::{InputsStaged, LaunchError, ResourceLimits};
 use bollard::models::VolumeCreateRequest;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -138,6 +138,10 @@ impl Pool {
 
     fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
         self.stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, super::site::Objects>> {
+        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -364,7 +368,10 @@ pub(crate) fn refill(shared: &Arc<ContainerSite>) {
             match made {
                 Ok(mut p) if !pool.closed.load(Ordering::SeqCst) => {
                     p.budget = Some(budget);
-                    pool.parked().push_back(p);
+                    // Parked: the backstop finds it there now.
+                    let mut parked = pool.parked();
+                    pool.pending().remove(&p.attempt_id);
+                    parked.push_back(p);
                 }
                 Ok(p) => discard(&s, p).await,
                 Err(e) => {
@@ -429,8 +436,11 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
     let tools = super::launch::tools_volume(shared, &image_ref).await?;
     shared.base.in_flight().insert(attempt_id.clone());
     let mut left = Leftovers::default();
+    let input_volume = format!("{name}-in");
+    let helper = (!stage).then(|| format!("{name}-stage"));
+    let containers = helper.iter().cloned().chain([name.clone()]).collect();
+    pool.pending().insert(attempt_id.clone(), (containers, vec![input_volume.clone()]));
     let made = async {
-        let input_volume = format!("{name}-in");
         let api = &shared.engine.api;
         left.volume(input_volume.clone());
         api.create_volume(VolumeCreateRequest {
@@ -440,15 +450,11 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
             ..Default::default()
         })
         .await?;
-        let helper = if stage {
-            None
-        } else {
-            let helper = format!("{name}-stage");
+        if let Some(helper) = &helper {
             left.container(helper.clone());
             let body = spec::staging_helper(&image_ref, &input_volume, l.for_kind(Kind::Pool, "stage"));
-            api.create_container(&helper, body).await?;
-            Some(helper)
-        };
+            api.create_container(helper, body).await?;
+        }
         let facts = shared.engine.facts();
         let spec::Spec { body, enforcement, skipped } = spec::build(&spec::SpecInput {
             config: cfg,
@@ -473,8 +479,8 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
             name: name.clone(),
             container_id,
             attached,
-            input_volume,
-            helper,
+            input_volume: input_volume.clone(),
+            helper: helper.clone(),
             sizes: sizes.clone(),
             budget: None,
             parked_at: Instant::now(),
@@ -489,6 +495,7 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
         shared.tools_suspect().await;
         remove(shared, &left.containers, &left.volumes).await;
         shared.base.in_flight().remove(&attempt_id);
+        pool.pending().remove(&attempt_id);
     }
     made
 }
@@ -505,8 +512,11 @@ async fn remove(shared: &ContainerSite, containers: &[String], volumes: &[String
 async fn discard(shared: &ContainerSite, p: Parked) {
     drop(p.attached);
     let containers: Vec<String> = p.helper.iter().cloned().chain([p.name.clone()]).collect();
+    let pool = shared.pool.as_ref().expect("a pool");
+    pool.pending().insert(p.attempt_id.clone(), (containers.clone(), vec![p.input_volume.clone()]));
     remove(shared, &containers, std::slice::from_ref(&p.input_volume)).await;
     shared.base.in_flight().remove(&p.attempt_id);
+    pool.pending().remove(&p.attempt_id);
 }
 
 /// Stops refilling and removes every parked container (awaited by `close`).

@@ -107,7 +107,13 @@ pub(crate) struct Pool {
     /// The image every parked container runs, once known to exist.
     pub(super) image: tokio::sync::OnceCell<String>,
     pub(super) stats: std::sync::Mutex<super::pool::PoolStats>,
+    /// What fills under way (or parked containers being discarded) made, by their id: a
+    /// fill cut short by a runtime going away leaves them to the rung's `Drop` backstop.
+    pub(super) pending: std::sync::Mutex<HashMap<String, Objects>>,
 }
+
+/// Containers and volumes, by name.
+pub(crate) type Objects = (Vec<String>, Vec<String>);
 
 /// One parked container and what belongs to it.
 pub(crate) struct Parked {

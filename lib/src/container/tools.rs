@@ -279,15 +279,22 @@ const BACKSTOP_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 impl Drop for super::site::ContainerSite {
     fn drop(&mut self) {
         let made = std::mem::take(&mut self.tools.get_mut().made);
-        let parked: Vec<super::site::Parked> = match &self.pool {
-            Some(pool) => pool.parked().drain(..).collect(),
-            None => Vec::new(),
+        let (parked, pending): (Vec<super::site::Parked>, Vec<_>) = match &self.pool {
+            Some(pool) => {
+                (pool.parked().drain(..).collect(), pool.pending().drain().map(|(_, objects)| objects).collect())
+            }
+            None => (Vec::new(), Vec::new()),
         };
-        if made.is_empty() && parked.is_empty() {
+        if made.is_empty() && parked.is_empty() && pending.is_empty() {
             return;
         }
-        let (containers, volumes): (Vec<Vec<String>>, Vec<String>) =
+        let (mut containers, mut volumes): (Vec<Vec<String>>, Vec<String>) =
             parked.into_iter().map(|p| (std::iter::once(p.name).chain(p.helper).collect(), p.input_volume)).unzip();
+        // Fills (and discards) a runtime going away cut short.
+        for (c, v) in pending {
+            containers.push(c);
+            volumes.extend(v);
+        }
         let engine = match self.engine.redial() {
             Ok(engine) => engine,
             Err(e) => {
