@@ -190,8 +190,9 @@ impl Sender<'_> {
         let mtime = u64::try_from(st.st_mtime).unwrap_or(0);
         let mut h = header(tar::EntryType::Regular, size, mode, mtime);
         let name_str = std::str::from_utf8(path).expect("checked component by component");
-        // Exactly `size` bytes: the tar header promised them. Read in the link's chunks
-        // (`io::copy` alone moves 8 KiB at a time), so that each write is one whole frame.
+        // Exactly `size` bytes: the tar header promised them. Read from the file in the link's
+        // chunks; `tar` copies through a `dyn Read`, so the writes still come 8 KiB at a time
+        // and `OutputFrames` gathers them into whole frames.
         let mut content =
             io::BufReader::with_capacity(crate::wire::MAX_CHUNK, tree::Exactly::new(file.take(size), size));
         match tar.append_data(&mut h, name_str, &mut content) {

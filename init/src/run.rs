@@ -180,8 +180,9 @@ impl OutputFrames<'_> {
 impl Write for OutputFrames<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let n = if data.len() >= CHUNK / 4 {
-            // A file's content comes in whole chunks: framed as it is, never copied into
-            // `buf` first (the frame holds its own copy for a resume anyway).
+            // A large write is framed as it is, never copied into `buf` first (the frame
+            // holds its own copy for a resume anyway). `tar` writes a file's content 8 KiB at
+            // a time today: those go through `buf` below.
             self.stage();
             let n = data.len().min(CHUNK);
             self.link.push(Kind::Output, &data[..n]);

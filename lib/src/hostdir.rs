@@ -235,6 +235,32 @@ impl PrivateDir {
         Ok(path)
     }
 
+    /// Removes the [`Self::readable_copy`] directories other than `keep` whose `file` was
+    /// last written before `unix_before` (seconds): a copy per version of stevedore would
+    /// otherwise pile up. A process of that version about to bind one meets a missing
+    /// source and falls back to what it does without one. Returns how many went.
+    #[cfg(feature = "docker")]
+    pub fn prune_readable_copies(&self, keep: &str, file: &str, unix_before: i64) -> usize {
+        let Ok((all, _)) = stevedore_init::tree::children(&self.fd, usize::MAX, |_| true) else { return 0 };
+        let mut removed = 0;
+        for c in all.into_iter().filter(|c| c.kind == stevedore_init::tree::Kind::Dir) {
+            let Ok(name) = String::from_utf8(c.name) else { continue };
+            if name == keep || !safe_name(&name) {
+                continue;
+            }
+            let Ok(dir) = openat(&self.fd, name.as_str(), dir_flags(), Mode::empty()) else { continue };
+            let stale = nix::sys::stat::fstatat(&dir, file, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_or(true, |st| st.st_mtime < unix_before);
+            if stale
+                && matches!(unlinkat(&dir, file, UnlinkatFlags::NoRemoveDir), Ok(()) | Err(Errno::ENOENT))
+                && unlinkat(&self.fd, name.as_str(), UnlinkatFlags::RemoveDir).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Creates the new file `name` (0600); an existing entry of that name is an error.
     pub fn create_file(&self, name: &str) -> Result<File, HostDirError> {
         if !safe_name(name) {
@@ -401,6 +427,13 @@ mod tests {
         std::fs::set_permissions(dir.join("init"), std::fs::Permissions::from_mode(0o777)).unwrap();
         base.readable_copy("d1", "init", bytes, &digest).unwrap();
         assert_eq!(mode(&dir.join("init")), 0o755, "a copy others could write is replaced");
+
+        // Another version's copy: kept while young, removed once stale; never this one.
+        let old = base.readable_copy("d0", "init", bytes, &digest).unwrap();
+        let now = i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs());
+        assert_eq!(base.prune_readable_copies("d1", "init", now.unwrap() - 3600), 0);
+        assert_eq!(base.prune_readable_copies("d1", "init", now.unwrap() + 10), 1);
+        assert!(!old.exists() && dir.join("init").exists(), "the stale copy went, ours stayed");
 
         std::fs::create_dir(t.path().join("other")).unwrap();
         symlink(t.path().join("other"), base.path().join("d2")).unwrap();

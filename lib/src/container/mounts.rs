@@ -206,9 +206,20 @@ fn remembered(image_id: &str) -> Option<HashMap<String, PathKind>> {
     rows.into_iter().map(|(path, kind, target)| Some((path, PathKind::from_kept(&kind, target)?))).collect()
 }
 
+/// Images whose paths are kept in the state dir; past it the record starts afresh (a CI
+/// that builds a new image for every run would otherwise grow it for ever).
+const MAX_KEPT: usize = 1024;
+
 /// Keeps what is known of `image_id`'s paths for later processes (best effort).
 fn remember(image_id: &str, known: &HashMap<String, PathKind>) {
     let Some((dir, name)) = kept_file(image_id) else { return };
+    if let Ok(files) = dir.files()
+        && files.len() >= MAX_KEPT
+    {
+        for f in files.iter().filter(|f| **f != name) {
+            let _ = dir.remove_file(f);
+        }
+    }
     let mut rows: Vec<(&str, &str, &str)> =
         known.iter().map(|(p, k)| (p.as_str(), k.kept_kind(), k.kept_target())).collect();
     rows.sort();

@@ -24,7 +24,8 @@
 //!   input volume through a second, writable mount of it at `wire::STAGE_DIR`, entries
 //!   root's and without write bits: the command (no capabilities) can change nothing there,
 //!   and reads them at `/in`, the same volume mounted read-only. Root in the sandbox would
-//!   own them: there a never-started helper stages them, as on the cold path.
+//!   own them, and an engine that ignores `NoCopy` would give the volume's root the image's
+//!   owner: there a never-started helper stages them, as on the cold path.
 
 use super::cleanup::Leftovers;
 use super::labels::{AttemptLabels, Kind, Owner};
@@ -154,10 +155,13 @@ fn image_of(shared: &ContainerSite) -> Option<String> {
     config(shared)?.image.clone().or_else(|| shared.config.worker_image.clone())
 }
 
-/// Whether the inputs go through the parked container's own staging mount (the sandbox
-/// user is not root, so root's entries are beyond its reach).
+/// Whether the inputs go through the parked container's own staging mount: the sandbox
+/// user is not root (root's entries are beyond its reach), and the engine honours `NoCopy`
+/// (Podman 4 ignores it on a mount: the volume's root would then take the owner and mode of
+/// the image's own `/in`, which an image can make the sandbox user's, and the command could
+/// write through the staging mount).
 fn stages_directly(shared: &ContainerSite) -> bool {
-    shared.config.uid_gid().0 != 0
+    shared.config.uid_gid().0 != 0 && shared.engine.facts().honours_nocopy()
 }
 
 /// Why `plan` cannot run in any parked container, if it cannot: what no class changes.

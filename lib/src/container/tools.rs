@@ -131,7 +131,13 @@ pub fn host_copy(engine: &Engine) -> Option<ToolsVolume> {
     let digest = init_binary::sha256();
     let copied = crate::hostdir::PrivateDir::open(&crate::hostdir::default_base())
         .and_then(|base| base.subdir("tools"))
-        .and_then(|tools| tools.readable_copy(short(digest), INIT_NAME, bytes, digest));
+        .and_then(|tools| {
+            let dir = tools.readable_copy(short(digest), INIT_NAME, bytes, digest)?;
+            // Other versions' copies written longer ago than a tools volume is kept.
+            let stale = crate::contract::unix_ms_now() / 1000 - STALE_AFTER.as_secs();
+            tools.prune_readable_copies(short(digest), INIT_NAME, i64::try_from(stale).unwrap_or(0));
+            Ok(dir)
+        });
     match copied {
         Ok(dir) => Some(ToolsVolume {
             volume: String::new(),

@@ -313,17 +313,19 @@ impl Extraction {
     }
 
     async fn feed(&mut self, body: Vec<u8>) {
-        if self.pending.is_empty() && body.len() >= EXTRACT_CHUNK {
-            return self.send(body).await;
+        if self.tx.is_none() {
+            // The extractor stopped at a cap: nothing more is kept.
+            return;
         }
-        if self.pending.capacity() == 0 {
-            self.pending.reserve_exact(EXTRACT_CHUNK);
-        }
-        self.pending.extend_from_slice(&body);
-        if self.pending.len() >= EXTRACT_CHUNK {
+        // A frame (at most `wire::MAX_CHUNK`) never takes a chunk past its size.
+        if self.pending.len() + body.len() > EXTRACT_CHUNK {
             let chunk = std::mem::take(&mut self.pending);
             self.send(chunk).await;
         }
+        if self.pending.capacity() == 0 {
+            self.pending.reserve_exact(EXTRACT_CHUNK.max(body.len()));
+        }
+        self.pending.extend_from_slice(&body);
     }
 
     async fn send(&mut self, chunk: Vec<u8>) {
@@ -411,8 +413,9 @@ pub(crate) async fn read(
                 break 'read;
             }
             // The outputs' end is the last thing the init says: the rest is its exit, which
-            // the container's end (tens of ms after the Ack) would only delay.
-            if router.outputs_done {
+            // the container's end (tens of ms after the Ack) would only delay. What the init
+            // might still write on its stderr after it is not waited for.
+            if router.got.outputs.is_some() {
                 break 'read;
             }
         }
@@ -442,8 +445,6 @@ struct Router {
     progress: Option<crate::contract::ProgressSink>,
     /// Bytes of the outputs tar received.
     out_bytes: u64,
-    /// The outputs' end was routed: the init has nothing more to say.
-    outputs_done: bool,
 }
 
 fn outputs_progress(done: u64, finished: bool) -> crate::contract::Progress {
@@ -483,7 +484,6 @@ impl Router {
             skip: 0,
             progress,
             out_bytes: 0,
-            outputs_done: false,
         }
     }
 
@@ -610,7 +610,6 @@ impl Router {
                 if let Some(s) = &self.progress {
                     s.report(outputs_progress(self.out_bytes, true));
                 }
-                self.outputs_done = true;
                 let _ = self.events.send(Event::OutputsDone);
             }
             other => return Err(format!("unexpected {other:?} frame")),

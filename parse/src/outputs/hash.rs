@@ -92,11 +92,17 @@ impl Pool {
                 // Bounded by the buffers in flight, plus room for the ends of small files.
                 let (tx, rx) = sync_channel(self.buffers + 64);
                 let give_back = self.give_back.clone();
-                let t = std::thread::Builder::new()
-                    .name(format!("stevedore-hash-{i}"))
-                    .spawn(move || hash(rx, give_back))?;
-                self.to.push(tx);
-                self.threads.push(t);
+                match std::thread::Builder::new().name(format!("stevedore-hash-{i}")).spawn(move || hash(rx, give_back))
+                {
+                    Ok(t) => {
+                        self.to.push(tx);
+                        self.threads.push(t);
+                    }
+                    // One thread hashes it all when no second can be had (a pids limit);
+                    // with none, the file cannot be hashed and is refused.
+                    Err(e) if self.to.is_empty() => return Err(e),
+                    Err(_) => break,
+                }
             }
         }
         self.next += 1;
