@@ -119,8 +119,74 @@ pub struct Usage {
     pub peak_memory_bytes: Option<u64>,
     /// Bytes the attempt left in the output dir.
     pub disk_written_bytes: Option<u64>,
+    /// The same resources over time, sampled while the command ran (`docs/outcome.md`,
+    /// "Timeline"); `sources.timeline` says why it is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Timeline>,
     /// For each figure: how it was obtained, or why it is missing.
     pub sources: Sources,
+}
+
+/// The most samples a [`Timeline`] keeps, so that it takes at most 16 KB of an Outcome's
+/// JSON whatever the attempt's length (six figures of up to 12 digits a sample; should the
+/// JSON still pass 16 KB, the host thins it further by the same rule).
+pub const TIMELINE_MAX_SAMPLES: usize = 192;
+
+/// The attempt's resources over time, sampled by stevedore's init from the attempt's cgroup
+/// and its `/out` and `/tmp`. Columns of equal length, one entry per sample, oldest first.
+///
+/// Sampling starts every `first_period_ms` (100 ms: 10 Hz); when [`TIMELINE_MAX_SAMPLES`]
+/// are kept, every second sample is dropped (the first is always kept) and the period
+/// doubles, so a long attempt is covered evenly, more coarsely. After the command ended the
+/// cgroup's own high-water mark is added as `peak`: the highest memory use, which a sample
+/// may have missed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct Timeline {
+    /// The period sampling started at, in ms.
+    pub first_period_ms: u64,
+    /// The period at the end (`first_period_ms` doubled once per thinning), in ms.
+    pub period_ms: u64,
+    /// Times since the command started, in ms.
+    pub t_ms: Vec<u64>,
+    /// Memory in use by the whole sandbox (the cgroup's `memory.current`, v1
+    /// `memory.usage_in_bytes`), bytes; empty when `missing` says why.
+    pub memory_bytes: Vec<u64>,
+    /// CPU used so far by the whole sandbox (user + system), ms; empty when `missing` says why.
+    pub cpu_ms: Vec<u64>,
+    /// Processes (and threads) in the sandbox; empty when `missing` says why.
+    pub pids: Vec<u64>,
+    /// Bytes in `/out`; empty when `missing` says why.
+    pub out_bytes: Vec<u64>,
+    /// Bytes in `/tmp`; empty when `missing` says why.
+    pub tmp_bytes: Vec<u64>,
+    /// The cgroup's recorded memory high-water mark, read once the command ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak: Option<TimelinePeak>,
+    /// The memory limit the cgroup enforced, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    /// The CPU limit, in thousandths of a CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_millicpus: Option<u64>,
+    /// When the kernel's OOM killer was first seen to have killed in the sandbox, ms since
+    /// the command started (the first sample whose count had risen, or the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_kill_ms: Option<u64>,
+    /// Each column that is empty (`memory_bytes`, `cpu_ms`, ...): why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub missing: BTreeMap<String, String>,
+}
+
+/// The cgroup's recorded memory peak, the last point of a [`Timeline`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TimelinePeak {
+    /// When it was read (the command's end), ms since the command started.
+    pub t_ms: u64,
+    /// The high-water mark, bytes.
+    pub memory_bytes: u64,
 }
 
 /// How each usage figure was obtained, or why it is missing.
@@ -142,6 +208,9 @@ pub struct Sources {
     /// Of `evidence.oom_kills`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_kills: Option<Source>,
+    /// Of `timeline`: `sampled`, or why there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<Source>,
 }
 
 /// How a figure was obtained, serialised as one word, or `unavailable: why`.
