@@ -324,7 +324,26 @@ async fn an_image_cannot_fill_a_taken_tools_volume_with_its_own_init() {
     assert_eq!(first.status, Status::Ok, "{}", first.to_json());
     let init = first.evidence.init.clone().unwrap();
     let volume = init.strip_prefix("volume ").and_then(|v| v.split(' ').next()).unwrap().to_owned();
-    docker.remove_volume(&volume, None::<bollard::query_parameters::RemoveVolumeOptions>).await.unwrap();
+    // The take needs the first attempt's container gone. Its removal is awaited unless the
+    // engine refused it for a while (the Outcome's notes then say it goes on in the
+    // background): wait for the engine to say it is removed, as `reclaim` would find it.
+    let id = first.evidence.container_id.clone().expect("a container id");
+    let opts = bollard::query_parameters::WaitContainerOptionsBuilder::default().condition("removed").build();
+    let mut removed = docker.wait_container(&id, Some(opts));
+    let _gone = tokio::time::timeout(Duration::from_secs(150), futures_util::StreamExt::next(&mut removed)).await;
+    if let Err(e) = docker.remove_volume(&volume, None::<bollard::query_parameters::RemoveVolumeOptions>).await {
+        let holders = docker
+            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).build()))
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| (c.id, c.names, c.state, c.labels))
+            .collect::<Vec<_>>();
+        panic!(
+            "taking the tools volume {volume}: {e}; the first attempt's container {id}, notes {:?}; containers now: {holders:?}",
+            first.evidence.notes
+        );
+    }
 
     let second = rung.run(&cmd(&image, &w, &t.path().join("o2"), "echo real"), CancellationToken::new()).await;
     let podman =
