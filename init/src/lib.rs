@@ -19,6 +19,7 @@
 //! - [`prepare`]: `stevedore-init prepare`, a Pod's init container (the kube rung): the init
 //!   copied where the attempt runs it, the inputs unpacked from stdin.
 //! - `handler`: the handler runner's socket.
+//! - `sampler`: the resource timeline, sampled while the command runs, bounded in size.
 //! - `stdin`: the command's stdin from the host, within a window.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
@@ -36,6 +37,7 @@ pub mod prepare;
 mod relay;
 pub mod report;
 mod run;
+mod sampler;
 mod stdin;
 pub mod tree;
 pub mod wire;

@@ -267,6 +267,8 @@ struct Init {
     tty: Option<OwnedFd>,
     /// When a Start frame must have come by (`None`: wait for it as long as it takes).
     start_by: Option<Instant>,
+    /// Samples the attempt's resources while the command runs, when the Start frame asks.
+    sampler: Option<crate::sampler::Sampler>,
 }
 
 /// What running the command found out.
@@ -323,6 +325,7 @@ impl Init {
             stdin: None,
             tty: None,
             start_by: None,
+            sampler: None,
         }
     }
 
@@ -483,6 +486,8 @@ impl Init {
             }
         }
         self.push_started();
+        self.sampler =
+            start.timeline.as_ref().map(|t| crate::sampler::Sampler::new(t, start.cgroup_dir.as_deref(), s.started));
         let mut buf = vec![0u8; CHUNK];
         // The command may have ended before the first SIGCHLD could be read.
         sup.reap_ready();
@@ -741,7 +746,8 @@ impl Init {
 
     fn next_timer(&self, sup: &Supervisor, start: &Start) -> Option<Instant> {
         let takeover = self.takeover.as_ref().and_then(Takeover::next_timer);
-        [sup.kill_at, sup.handshake_by, self.heartbeat_deadline(start), self.abandon_at, takeover]
+        let sample = self.sampler.as_ref().map(crate::sampler::Sampler::next);
+        [sup.kill_at, sup.handshake_by, self.heartbeat_deadline(start), self.abandon_at, takeover, sample]
             .into_iter()
             .flatten()
             .min()
@@ -749,6 +755,9 @@ impl Init {
 
     fn timers(&mut self, sup: &mut Supervisor, start: &Start, handler: Option<&HandlerSocket>) {
         let now = Instant::now();
+        if let Some(s) = self.sampler.as_mut().filter(|_| sup.end.is_none()) {
+            s.tick(now);
+        }
         if sup.kill_at.is_some_and(|t| now >= t) {
             self.kill_everything(Signal::SIGKILL, Some(sup.pid));
             if !matches!(sup.stopped_by, Some(StoppedBy::DeadMan | StoppedBy::Handshake)) {
@@ -879,6 +888,10 @@ impl Init {
                 .iter()
                 .map(|d| wire::Measured { path: d.clone(), seen: outdir::measure(d) })
                 .collect(),
+            timeline: self.sampler.take().map(|s| {
+                let end = s.started() + ended.wall_time;
+                s.finish(end)
+            }),
         }
     }
 

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 7;
+pub const PROTOCOL: u32 = 8;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -433,6 +433,10 @@ pub struct Start {
     pub cgroup_dir: Option<String>,
     /// Directories whose size the record reports once the command ended (caches).
     pub measure: Vec<String>,
+    /// Sample the attempt's resources while the command runs (the record's `timeline`);
+    /// `None`: no timeline.
+    #[serde(default)]
+    pub timeline: Option<TimelineSpec>,
     /// Where the rung mounted something: each must be a real directory at every component
     /// (no symlink), or the command is not started (`SpawnFailureKind::MountRedirected`).
     #[serde(default)]
@@ -906,6 +910,76 @@ pub struct InitRecord {
     pub reports: ReportCounts,
     /// The directories [`Start::measure`] named, as found after the command.
     pub measured: Vec<Measured>,
+    /// The samples [`Start::timeline`] asked for.
+    #[serde(default)]
+    pub timeline: Option<Timeline>,
+}
+
+/// What to sample while the command runs, and how often.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineSpec {
+    /// The first period between samples, ms (at least [`MIN_SAMPLE_PERIOD_MS`]).
+    pub period_ms: u64,
+    /// The most samples kept (at most [`MAX_TIMELINE_SAMPLES`]); at that many, every second
+    /// one is dropped and the period doubles.
+    pub max_samples: u32,
+    /// The cgroup to read (its version found there); `None`: [`Start::cgroup_dir`].
+    pub cgroup: Option<SampledCgroup>,
+    /// The output dir and the scratch dir: their bytes in use are sampled when each is a
+    /// filesystem of its own (a tmpfs), else the record says why not.
+    pub out_dir: Option<String>,
+    /// See `out_dir`.
+    pub tmp_dir: Option<String>,
+}
+
+/// The shortest period the init samples at.
+pub const MIN_SAMPLE_PERIOD_MS: u64 = 10;
+/// The most samples a timeline keeps.
+pub const MAX_TIMELINE_SAMPLES: u32 = 1024;
+
+/// A cgroup the init samples that is not at one root (the process rung's, made on the host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum SampledCgroup {
+    /// A v2 cgroup's directory.
+    V2(String),
+    /// A v1 cgroup made under each controller's hierarchy.
+    V1 {
+        /// Under `memory`.
+        memory: Option<String>,
+        /// Under `cpuacct`.
+        cpuacct: Option<String>,
+        /// Under `pids`.
+        pids: Option<String>,
+    },
+}
+
+/// What the init sampled: columns of equal length, one entry per sample (an empty column:
+/// `missing` says why).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeline {
+    /// The period sampling started at, ms.
+    pub first_period_ms: u64,
+    /// The period at the end, ms.
+    pub period_ms: u64,
+    /// Since the command started, ms.
+    pub t_ms: Vec<u64>,
+    /// Memory in use by the cgroup, bytes.
+    pub memory_bytes: Vec<u64>,
+    /// CPU the cgroup used so far, ms.
+    pub cpu_ms: Vec<u64>,
+    /// Tasks in the cgroup.
+    pub pids: Vec<u64>,
+    /// Bytes in use in the output dir.
+    pub out_bytes: Vec<u64>,
+    /// Bytes in use in the scratch dir.
+    pub tmp_bytes: Vec<u64>,
+    /// The first sample's time at which the cgroup's OOM kill count had risen.
+    pub oom_kill_ms: Option<u64>,
+    /// Each empty column: why.
+    pub missing: BTreeMap<String, String>,
 }
 
 /// The size of a directory, by a walk that follows nothing.
@@ -1193,6 +1267,7 @@ mod tests {
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),
+            timeline: None,
         }
     }
 

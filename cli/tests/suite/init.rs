@@ -62,6 +62,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         rlimits: Vec::new(),
         cgroup_dir: None,
         measure: Vec::new(),
+        timeline: None,
         mounts: Vec::new(),
         stdin: false,
         tty: None,

@@ -115,6 +115,56 @@ async fn oom_is_what_the_kernel_counted() {
     rung.close().await;
 }
 
+/// Memory that grows at a stated rate until the kernel kills: the timeline climbs with it,
+/// ends at the cgroup's recorded peak (marked as the peak, at the limit) and marks the OOM
+/// kill; it stays within its 16 KB whatever the length.
+#[tokio::test]
+async fn the_timeline_climbs_to_the_oom_kill_and_ends_at_the_kernels_peak() {
+    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let _serial = serial().await;
+    let w = support::worker("timeline");
+    let t = tempfile::tempdir().unwrap();
+    // `tail` holds the one endless line it reads: 2 MiB more every 100 ms (the first sample
+    // period) against a 128 MiB limit, 1.6 % of the limit per period. Once `tail` is killed
+    // the writer's `head` gets SIGPIPE, which ends the loop.
+    let grow = "while head -c 2097152 /dev/zero; do sleep 0.1; done | tail";
+    let limit = 128 * MIB;
+    let o = run(&rung, &sh(&image, &w, &t.path().join("a"), grow, memory(128))).await;
+    assert_eq!(o.status, Status::OomKilled, "{}", o.to_json());
+    assert_eq!(o.usage.sources.timeline.as_ref().map(ToString::to_string).as_deref(), Some("sampled"));
+    let line = o.usage.timeline.as_ref().expect("a timeline");
+    let json = serde_json::to_vec(line).unwrap();
+    let n = line.t_ms.len();
+    eprintln!(
+        "timeline: {n} samples, period {}..{} ms, {} bytes of JSON, oom at {:?} ms, peak {:?}, last samples {:?} MiB",
+        line.first_period_ms,
+        line.period_ms,
+        json.len(),
+        line.oom_kill_ms,
+        line.peak,
+        line.memory_bytes.iter().rev().take(4).map(|b| b / MIB).collect::<Vec<_>>()
+    );
+    assert!(json.len() <= 16 << 10, "{} bytes", json.len());
+    assert_eq!(line.first_period_ms, 100);
+    assert!(n >= 10, "at 10 Hz over seconds of growth: {n} samples");
+    assert!(line.t_ms.windows(2).all(|w| w[0] <= w[1]), "{:?}", line.t_ms);
+    assert_eq!((line.memory_bytes.len(), line.cpu_ms.len(), line.pids.len()), (n, n, n), "{:?}", line.missing);
+    assert!(line.cpu_ms.windows(2).all(|w| w[0] <= w[1]), "{:?}", line.cpu_ms);
+    assert_eq!(line.memory_limit_bytes, Some(limit));
+    let peak = line.peak.clone().expect("the cgroup's peak ends the timeline");
+    assert_eq!(Some(peak.memory_bytes), o.usage.peak_memory_bytes, "the peak is usage's");
+    assert!(peak.memory_bytes.abs_diff(limit) <= limit / 20, "peak {} not within 5 % of {limit}", peak.memory_bytes);
+    assert_eq!(peak.t_ms, line.t_ms[n - 1]);
+    let oom = line.oom_kill_ms.expect("the OOM kill is marked");
+    assert!(oom <= peak.t_ms);
+    // The samples saw the climb: the highest is within the last few periods' growth of the limit.
+    let highest = line.memory_bytes.iter().copied().max().unwrap();
+    assert!(highest >= limit * 3 / 4, "highest sample {highest} of {limit}");
+    assert!(line.memory_bytes[0] < limit / 4, "the first sample {} is before the growth", line.memory_bytes[0]);
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    rung.close().await;
+}
+
 #[tokio::test]
 async fn peak_memory_is_the_containers_high_water_mark() {
     let Some((docker, image, rung)) = support::setup_with_rung().await else { return };

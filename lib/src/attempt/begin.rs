@@ -296,6 +296,14 @@ fn start_frame(
         }),
         Task::Command(_) => None,
     };
+    let has_cgroup = layout.cgroup_dir.is_some() || layout.sampled_cgroup.is_some();
+    let timeline = cfg.link.timeline_period.filter(|_| has_cgroup).map(|period| wire::TimelineSpec {
+        period_ms: ms(period),
+        max_samples: u32::try_from(crate::contract::TIMELINE_MAX_SAMPLES).unwrap_or(u32::MAX),
+        cgroup: layout.sampled_cgroup,
+        out_dir: Some(layout.out_dir.clone()),
+        tmp_dir: layout.tmp_dir,
+    });
     Start {
         protocol: wire::PROTOCOL,
         key: hex(key),
@@ -308,7 +316,7 @@ fn start_frame(
         handshake_ms: ms(cfg.link.handshake_timeout),
         heartbeat_timeout_ms: cfg.link.host_loss.heartbeat_timeout.map_or(0, ms),
         host_loss_grace_ms: ms(cfg.link.host_loss.grace),
-        outputs: cfg.link.collection.spec(layout.out_dir, cfg.link.output_caps),
+        outputs: cfg.link.collection.spec(layout.out_dir.clone(), cfg.link.output_caps),
         scope: scope(req),
         link_id: Some(link_id.to_owned()),
         takeover_uid: layout.takeover_uid,
@@ -317,6 +325,7 @@ fn start_frame(
         cgroup_dir: layout.cgroup_dir,
         measure: layout.measure,
         mounts: layout.mounts,
+        timeline,
         image_env: layout.image_env,
         stdin: req.stdin.is_some(),
         tty: req.tty.as_ref().map(|t| {

@@ -149,6 +149,11 @@ pub(crate) struct Layout {
     /// The image's environment is PID 1's, which the host cannot read (`wire::Start::image_env`):
     /// the keys the rung set for PID 1 alone.
     pub image_env: Option<Vec<String>>,
+    /// The scratch dir, sampled for the timeline when it is a filesystem of its own.
+    pub tmp_dir: Option<String>,
+    /// The cgroup the timeline samples when it is not at `cgroup_dir` (the process rung's,
+    /// made on the host); with neither, the Outcome says why there is no timeline.
+    pub sampled_cgroup: Option<stevedore_init::wire::SampledCgroup>,
 }
 
 /// Milliseconds from `started_ms` (unix) to now: a phase's offset.

@@ -15,7 +15,7 @@ use crate::link::session::Transport;
 use crate::link::supervise::Ended;
 use std::sync::Arc;
 use std::time::Duration;
-use stevedore_init::wire::{IN_DIR, OUT_DIR};
+use stevedore_init::wire::{IN_DIR, OUT_DIR, TMP_DIR};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -105,6 +105,8 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         measure: caches.iter().map(|(_, _, path)| path.clone()).collect(),
         mounts: plan.mounts.clone(),
         image_env: None,
+        tmp_dir: Some(TMP_DIR.to_owned()),
+        sampled_cgroup: None,
     };
     let own = Own {
         container_id,

@@ -39,6 +39,7 @@ fn record(wait: WaitStatus) -> InitRecord {
         takeovers: 0,
         reports: Default::default(),
         measured: Vec::new(),
+        timeline: None,
     }
 }
 

@@ -127,6 +127,9 @@ pub struct Usage {
     pub sources: Sources,
 }
 
+/// The period a [`Timeline`]'s sampling starts at, ms (10 Hz).
+pub const TIMELINE_FIRST_PERIOD_MS: u64 = 100;
+
 /// The most samples a [`Timeline`] keeps, so that it takes at most 16 KB of an Outcome's
 /// JSON whatever the attempt's length (six figures of up to 12 digits a sample; should the
 /// JSON still pass 16 KB, the host thins it further by the same rule).

@@ -70,6 +70,8 @@ async fn in_pod(
         measure: Vec::new(),
         mounts: plan.mounts.clone(),
         image_env: Some(wire::env::INIT_READS.iter().map(|k| (*k).to_owned()).collect()),
+        tmp_dir: Some("/tmp".to_owned()),
+        sampled_cgroup: None,
     };
     let own = Own {
         namespace: site.namespace.clone(),

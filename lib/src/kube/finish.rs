@@ -115,7 +115,13 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
     let cpus = own.cpu_millis.map_or(1024.0, |m| m as f64 / 1000.0);
     Account {
         expects_handler: ledger.expects_handler,
-        bounds: Bounds { host_wall: ended.host_wall, cpus, memory: own.memory, cgroup_note: POD_CGROUP },
+        bounds: Bounds {
+            host_wall: ended.host_wall,
+            cpus,
+            memory: own.memory,
+            cpu_limit_millis: own.cpu_millis,
+            cgroup_note: POD_CGROUP,
+        },
         disk_limit,
         hard_stop: "the Pod was deleted (the kubelet SIGKILLs what is left after a second)",
         no_peak_memory: None,

@@ -16,6 +16,8 @@ pub(crate) struct Bounds {
     pub cpus: f64,
     /// The memory limit applied.
     pub memory: u64,
+    /// The CPU limit applied, thousandths of a CPU (drawn on the timeline).
+    pub cpu_limit_millis: Option<u64>,
     /// Who read the cgroup counters, and what they cover, for the evidence.
     pub cgroup_note: &'static str,
 }
@@ -164,6 +166,7 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
             usage.sources.peak_memory_bytes = Some(Source::Unavailable(why));
         }
     }
+    timeline(rec, b, max_cpu_ms, usage, ev);
     match cg.oom_kills {
         Some(n) if n < 1_000_000 => {
             ev.oom_kills = Some(n);
@@ -174,6 +177,101 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
             let why = cg.missing.get("oom_kills").cloned().unwrap_or_else(|| "refused".into());
             usage.sources.oom_kills = Some(Source::Unavailable(why));
         }
+    }
+}
+
+/// Puts the init's samples into `usage.timeline` after bound checks, ending it with the
+/// peak `usage` already holds. The samples are claims from inside the sandbox: a column that
+/// fails a check is left out and named; times that go backwards or past the host's
+/// clock refuse the whole timeline.
+fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev: &mut Evidence) {
+    use crate::contract::{TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak};
+    let Some(t) = &rec.timeline else {
+        usage.sources.timeline =
+            Some(Source::unavailable("the init sampled nothing: the rung has no cgroup of the attempt's own to read"));
+        return;
+    };
+    let host_ms = u64::try_from(b.host_wall.as_millis()).unwrap_or(u64::MAX).saturating_add(1000);
+    let n = t.t_ms.len();
+    let refuse = |ev: &mut Evidence, usage: &mut Usage, why: String| {
+        ev.refused_claims.push(format!("timeline: {why}"));
+        usage.sources.timeline = Some(Source::unavailable("the init's samples failed bound checks"));
+    };
+    if n == 0 || n > TIMELINE_MAX_SAMPLES + 1 {
+        return refuse(ev, usage, format!("{n} samples"));
+    }
+    if !t.t_ms.windows(2).all(|w| w[0] <= w[1]) || t.t_ms[n - 1] > host_ms {
+        return refuse(ev, usage, format!("times out of order or past the host's {host_ms} ms"));
+    }
+    let mut line = Timeline {
+        first_period_ms: t.first_period_ms,
+        period_ms: t.period_ms,
+        t_ms: t.t_ms.clone(),
+        memory_limit_bytes: rec.cgroup.memory_limit_bytes.filter(|&l| l <= b.memory),
+        cpu_limit_millicpus: b.cpu_limit_millis,
+        oom_kill_ms: t.oom_kill_ms.filter(|&ms| ms <= t.t_ms[n - 1]),
+        missing: t
+            .missing
+            .iter()
+            .take(8)
+            .map(|(k, v)| (stevedore_init::wire::cap_text(k, 32), stevedore_init::wire::cap_text(v, 200)))
+            .collect(),
+        ..Timeline::default()
+    };
+    let max_peak = b.memory.saturating_add(4 << 20);
+    let checks: [(&str, &Vec<u64>, &mut Vec<u64>, Box<dyn Fn(&[u64]) -> bool>); 5] = [
+        ("memory_bytes", &t.memory_bytes, &mut line.memory_bytes, Box::new(|c| c.iter().all(|&v| v <= max_peak))),
+        (
+            "cpu_ms",
+            &t.cpu_ms,
+            &mut line.cpu_ms,
+            Box::new(|c| c.windows(2).all(|w| w[0] <= w[1]) && c.iter().all(|&v| v <= max_cpu_ms)),
+        ),
+        ("pids", &t.pids, &mut line.pids, Box::new(|c| c.iter().all(|&v| v <= 1 << 22))),
+        ("out_bytes", &t.out_bytes, &mut line.out_bytes, Box::new(|_| true)),
+        ("tmp_bytes", &t.tmp_bytes, &mut line.tmp_bytes, Box::new(|_| true)),
+    ];
+    for (name, col, into, ok) in checks {
+        if col.is_empty() {
+            line.missing.entry(name.into()).or_insert_with(|| "not sampled".into());
+        } else if col.len() != n || !ok(col) {
+            ev.refused_claims.push(format!("timeline: {name} failed a bound check"));
+            line.missing.insert(name.into(), "refused: failed a bound check".into());
+        } else {
+            into.clone_from(col);
+            line.missing.remove(name);
+        }
+    }
+    if let (Some(p), Some(Source::Cgroup)) = (usage.peak_memory_bytes, &usage.sources.peak_memory_bytes) {
+        line.peak = Some(TimelinePeak { t_ms: t.t_ms[n - 1], memory_bytes: p });
+    }
+    fit(&mut line);
+    usage.timeline = Some(line);
+    usage.sources.timeline = Some(Source::Sampled);
+}
+
+/// The most bytes a timeline takes of an Outcome's JSON.
+pub(crate) const TIMELINE_MAX_JSON: usize = 16 << 10;
+
+/// Thins `line` by its own rule (every second sample dropped, the first kept, the period
+/// doubled) until its JSON takes at most [`TIMELINE_MAX_JSON`] bytes.
+fn fit(line: &mut crate::contract::Timeline) {
+    while line.t_ms.len() > 2 && serde_json::to_vec(&*line).map_or(usize::MAX, |j| j.len()) > TIMELINE_MAX_JSON {
+        for col in [
+            &mut line.t_ms,
+            &mut line.memory_bytes,
+            &mut line.cpu_ms,
+            &mut line.pids,
+            &mut line.out_bytes,
+            &mut line.tmp_bytes,
+        ] {
+            let mut i = 0;
+            col.retain(|_| {
+                i += 1;
+                (i - 1) % 2 == 0
+            });
+        }
+        line.period_ms = line.period_ms.saturating_mul(2);
     }
 }
 
@@ -214,11 +312,18 @@ mod tests {
             takeovers: 0,
             reports: Default::default(),
             measured: Vec::new(),
+            timeline: None,
         }
     }
 
     fn bounds() -> Bounds {
-        Bounds { host_wall: Duration::from_millis(1000), cpus: 1.0, memory: 64 << 20, cgroup_note: "the test's cgroup" }
+        Bounds {
+            host_wall: Duration::from_millis(1000),
+            cpus: 1.0,
+            memory: 64 << 20,
+            cpu_limit_millis: None,
+            cgroup_note: "the test's cgroup",
+        }
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct LinkConfig {
     pub handshake_timeout: Duration,
     /// The host's liveness, as the init sees it.
     pub host_loss: HostLoss,
+    /// How often the init samples the attempt's resources at first (`usage.timeline`,
+    /// default 100 ms; at least 10 ms); `None`: no timeline.
+    pub timeline_period: Option<Duration>,
 }
 
 impl Default for LinkConfig {
@@ -46,6 +49,7 @@ impl Default for LinkConfig {
             kill_margin: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(10),
             host_loss: HostLoss::default(),
+            timeline_period: Some(Duration::from_millis(crate::contract::TIMELINE_FIRST_PERIOD_MS)),
         }
     }
 }

@@ -103,6 +103,7 @@ impl Site for Arc<ProcessSite> {
                 host_wall: ended.host_wall,
                 cpus: own.cpu_millis.map_or(ncpu, |m| (m as f64 / 1000.0).min(ncpu)),
                 memory: own.memory.unwrap_or(u64::MAX),
+                cpu_limit_millis: own.cpu_millis,
                 cgroup_note: "usage read by stevedore from the attempt's own cgroup once everything in it ended: cpu, \
                               memory high-water mark (the init's own included), oom_kill count",
             },

@@ -170,6 +170,17 @@ impl Cgroup {
         all
     }
 
+    /// Where the init samples it for the timeline.
+    pub fn sampled(&self) -> stevedore_init::wire::SampledCgroup {
+        let s = |p: &Path| Some(p.display().to_string());
+        match self {
+            Cgroup::V1 { memory, cpuacct, pids, .. } => {
+                stevedore_init::wire::SampledCgroup::V1 { memory: s(memory), cpuacct: s(cpuacct), pids: s(pids) }
+            }
+            Cgroup::V2(dir) => stevedore_init::wire::SampledCgroup::V2(dir.display().to_string()),
+        }
+    }
+
     /// The counters, once nothing runs in it.
     pub fn read(&self) -> CgroupCounters {
         match self {

@@ -64,6 +64,8 @@ pub(crate) async fn provision(
         measure: Vec::new(),
         mounts: Vec::new(),
         image_env: None,
+        tmp_dir: None,
+        sampled_cgroup: cleanup.cgroup.as_ref().map(cgroup::Cgroup::sampled),
     };
     let own = Own {
         dir,
