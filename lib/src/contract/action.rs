@@ -19,9 +19,10 @@ pub const ACTION_SCHEMA: &str = "stevedore-action/1";
 pub const ACTION_KEY_FILE_ENV: &str = "STEVEDORE_ACTION_KEY_FILE";
 
 /// The keys of [`Action`]'s JSON left out of its digest: the digest itself, the image's
-/// tag (a name that may move: the id is digested), and the applied limits' digest (they
-/// depend on the machine; digested apart).
-pub const NOT_DIGESTED: [&str; 3] = ["digest", "image", "applied_limits_digest"];
+/// tag (a name that may move: the id is digested), the input dir's path (the tree's digest
+/// is what counts, wherever it lies), and the applied limits' digest (they depend on the
+/// machine; digested apart).
+pub const NOT_DIGESTED: [&str; 4] = ["digest", "image", "input_dir", "applied_limits_digest"];
 
 /// What an attempt ran, as far as anything of it can change the result, and its digest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +60,9 @@ pub struct Action {
     pub env_key: Option<String>,
     /// The input tree staged, `None` without an input dir.
     pub inputs: Option<ActionInputs>,
+    /// Where the input dir was, as the request named it (not digested; `replay` looks there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_dir: Option<String>,
     /// The limits as the request asked them (the request's map).
     pub limits: BTreeMap<String, u64>,
     /// The command's own time limit (`Request::run_timeout`), in ms.
@@ -300,6 +304,7 @@ impl Action {
             env,
             env_key: key.map(ActionKey::id),
             inputs,
+            input_dir: req.input_dir.as_ref().map(|d| d.display().to_string()),
             limits: req.limits.0.clone(),
             timeout_ms: req.run_timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             grace_ms: u64::try_from(req.policy.grace().as_millis()).unwrap_or(u64::MAX),
@@ -452,6 +457,7 @@ mod tests {
         };
         same("the tag", &|a| a.image = Some("busybox:latest".into()));
         same("the applied limits", &|a| a.applied_limits_digest = sha256_of(b"x"));
+        same("the input dir's path", &|a| a.input_dir = Some("/elsewhere".into()));
         let other = sealed(&req().attempt(2).worker("w2"));
         assert_eq!(other.digest, base.digest, "the job's identity is not the action");
         let mut applied = base.clone();
