@@ -258,6 +258,17 @@ fn environment(action: &Action, opts: &ReplayOptions, req: &mut Request) -> Resu
     Ok(unchecked)
 }
 
+const PHASE_ORDER: [&str; 8] = [
+    "prepared_ms",
+    "inputs_staged_ms",
+    "created_ms",
+    "started_ms",
+    "command_started_ms",
+    "command_ended_ms",
+    "outputs_collected_ms",
+    "concluded_ms",
+];
+
 /// How the runs' outputs compare: the same names with the same digests in every run, or
 /// the names that differ (present in some runs only, or with different digests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -283,8 +294,8 @@ pub fn compare(runs: &[Outcome]) -> Comparison {
 }
 
 /// Each phase's mean and standard deviation (of the population) over the runs that reached
-/// it, in ms, by the phase's name in `evidence.phases`.
-pub fn phase_stats(runs: &[Outcome]) -> BTreeMap<String, (f64, f64)> {
+/// it, in ms, by the phase's name in `evidence.phases`, in the phases' order.
+pub fn phase_stats(runs: &[Outcome]) -> Vec<(String, (f64, f64))> {
     let mut seen: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for o in runs {
         if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(&o.evidence.phases) {
@@ -295,7 +306,12 @@ pub fn phase_stats(runs: &[Outcome]) -> BTreeMap<String, (f64, f64)> {
             }
         }
     }
-    seen.into_iter()
+    // The phases in the order an attempt reaches them (a JSON map of them would sort them).
+    let mut order: Vec<String> = PHASE_ORDER.iter().map(|s| (*s).to_owned()).filter(|k| seen.contains_key(k)).collect();
+    order.extend(seen.keys().filter(|k| !order.contains(k)).cloned().collect::<Vec<_>>());
+    order
+        .into_iter()
+        .filter_map(|k| seen.remove_entry(&k))
         .map(|(k, xs)| {
             let n = xs.len() as f64;
             let mean = xs.iter().sum::<f64>() / n;
@@ -417,7 +433,7 @@ mod tests {
         };
         let same = [run(&[("y", "h1")], 2), run(&[("y", "h1")], 4)];
         assert!(compare(&same).identical);
-        assert_eq!(phase_stats(&same)["prepared_ms"], (3.0, 1.0));
+        assert_eq!(phase_stats(&same), [("prepared_ms".to_owned(), (3.0, 1.0))]);
         let differ = [run(&[("y", "h1"), ("t", "a")], 1), run(&[("y", "h1"), ("t", "b")], 1), run(&[("y", "h1")], 1)];
         let c = compare(&differ);
         assert!(!c.identical);

@@ -304,7 +304,11 @@ impl Action {
             env,
             env_key: key.map(ActionKey::id),
             inputs,
-            input_dir: req.input_dir.as_ref().map(|d| d.display().to_string()),
+            // Absolute, so that `replay` finds it from wherever it runs.
+            input_dir: req
+                .input_dir
+                .as_ref()
+                .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()).display().to_string()),
             limits: req.limits.0.clone(),
             timeout_ms: req.run_timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             grace_ms: u64::try_from(req.policy.grace().as_millis()).unwrap_or(u64::MAX),

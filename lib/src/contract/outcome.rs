@@ -568,6 +568,8 @@ fn is_zero(n: &u64) -> bool {
 
 /// What staging the inputs moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+// What is left out when empty reads back as empty (`replay` reads Outcomes).
+#[serde(default)]
 pub struct InputsStaged {
     /// Regular files staged.
     pub files: u64,
