@@ -51,6 +51,9 @@ pub struct ReplayArgs {
     /// Show the command's output live
     #[arg(long)]
     live: bool,
+    /// Worker ID of the runs (default: a unique one)
+    #[arg(long, value_name = "ID")]
+    worker: Option<String>,
 }
 
 /// `run`'s options as a replay sets them, parsed as `run` parses its own.
@@ -135,7 +138,7 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("stevedore-replay-{:08x}", rand::random::<u32>())),
     };
-    let worker = crate::common::mint_worker();
+    let worker = a.worker.clone().unwrap_or_else(crate::common::mint_worker);
     let mut runs: Vec<Outcome> = Vec::new();
     for i in 1..=a.runs.max(1) {
         let out = base.join(format!("run-{i}"));
