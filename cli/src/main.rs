@@ -10,6 +10,7 @@ mod kube;
 mod progress;
 mod reclaim;
 mod recover;
+mod replay;
 mod report;
 mod run;
 mod say;
@@ -27,6 +28,7 @@ Examples:
   stevedore run --image stevedore-test/busybox:latest --output ./out -- sh -c 'echo hi > /out/hi'
   stevedore run --handler echo --payload hello --output ./out
   stevedore recover ./attempt.ckpt
+  stevedore replay -n 3 outcome.json
   stevedore cache ls
   stevedore --config profiles.toml --profile web run --image IMG --output ./out -- httpd -f -p 8080
   stevedore reclaim --worker W
@@ -74,6 +76,8 @@ enum Command {
     #[command(after_help = "Prints the Outcome as one JSON line (evidence.recovered says how). Exit status: 0 \
                             when the attempt was recovered, 125 when it could not be (it is then removed).")]
     Recover(recover::RecoverArgs),
+    /// Run an attempt again from its Outcome (`run --outcome FILE`), N times, and compare the outputs
+    Replay(Box<replay::ReplayArgs>),
     /// List or remove named caches (`run --cache NAME:/path`)
     #[command(subcommand, override_usage = "stevedore cache COMMAND", disable_help_subcommand = true)]
     Cache(cache::CacheCommand),
@@ -119,6 +123,7 @@ fn run_cli(handlers: Handlers) -> ExitCode {
             Command::Run(args) => run::run(&cli.global, *args, &handlers).await,
             Command::Reclaim(args) => reclaim::reclaim(&cli.global, args).await,
             Command::Recover(args) => recover::recover(&cli.global, args).await,
+            Command::Replay(args) => replay::replay(&cli.global, *args, &handlers).await,
             Command::Cache(cmd) => cache::cache(&cli.global, cmd).await,
             Command::Report { args } => stevedore_init::report::cli_main(&args).clamp(0, 255) as u8,
             Command::Image(cmd) => image::image(&cli.global, cmd, &handlers).await,

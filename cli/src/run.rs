@@ -162,6 +162,10 @@ pub struct RunArgs {
     /// Expected handler-set fingerprint
     #[arg(long, value_name = "FP", help_heading = "Handler")]
     fingerprint: Option<String>,
+    /// The key environment values enter the action digest under, HMACed (a file only you can
+    /// read; default: $STEVEDORE_ACTION_KEY_FILE; without one the values are left out)
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    action_key_file: Option<PathBuf>,
     /// Accepted as docker's: every attempt's container is removed anyway
     #[arg(long, help_heading = "Attempt")]
     rm: bool,
@@ -182,6 +186,11 @@ fn fail(msg: impl std::fmt::Display) -> u8 {
     125
 }
 
+/// [`fail`] as a refusal of [`execute`].
+fn refuse<T>(msg: impl std::fmt::Display) -> Result<T, u8> {
+    Err(fail(msg))
+}
+
 /// A size option, with a hint when a bare number was meant with a unit.
 fn size_arg(flag: &str, v: &str, floor: u64) -> Result<u64, String> {
     let n = parse_size(v).map_err(|e| format!("--{flag}: {e}"))?;
@@ -193,7 +202,7 @@ fn size_arg(flag: &str, v: &str, floor: u64) -> Result<u64, String> {
 
 /// `K=V` as is; `K` alone takes the host's value, and is skipped when the host has none (as
 /// `docker run -e K` does).
-fn env_pair(kv: &str, what: &str) -> Result<Option<(String, String)>, String> {
+pub(crate) fn env_pair(kv: &str, what: &str) -> Result<Option<(String, String)>, String> {
     match kv.split_once('=') {
         Some(("", _)) => Err(format!("invalid {what} {kv:?}: the name is empty")),
         Some((k, v)) => Ok(Some((k.to_owned(), v.to_owned()))),
@@ -202,7 +211,7 @@ fn env_pair(kv: &str, what: &str) -> Result<Option<(String, String)>, String> {
     }
 }
 
-fn env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--env-file {}: {e}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -306,8 +315,20 @@ fn request(a: &RunArgs) -> Result<Request, String> {
     req.workdir = a.workdir.clone();
     req.entrypoint = a.entrypoint.as_ref().map(|e| if e.is_empty() { Vec::new() } else { vec![e.clone()] });
     req.fingerprint = a.fingerprint.clone();
+    req.action_key = action_key(a.action_key_file.as_deref())?;
     req.validate().map_err(|e| format!("invalid request: {e}"))?;
     Ok(req)
+}
+
+/// The action key in `file`, else in the file `$STEVEDORE_ACTION_KEY_FILE` names; `None`
+/// without either.
+pub(crate) fn action_key(file: Option<&Path>) -> Result<Option<stevedore::contract::ActionKey>, String> {
+    use stevedore::contract::ActionKey;
+    let key = match file {
+        Some(f) => ActionKey::from_file(f).map(Some),
+        None => ActionKey::from_env(),
+    };
+    key.map_err(|e| stevedore::error_chain(&e))
 }
 
 /// What the options change in the container rung's configuration, within its profile.
@@ -552,14 +573,56 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     if a.interactive && a.handler.is_some() {
         return fail("-i: a handler takes its payload (--payload), not a stdin");
     }
-    let mut req = match request(&a) {
+    let req = match request(&a) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    let (outcome, got, req) = match execute(g, &a, req, handlers, to_stdout).await {
+        Ok(done) => done,
+        Err(code) => return code,
+    };
+    let code = match outcome {
+        Some(Ok(mut o)) => {
+            if a.logs.is_none() {
+                drop_captures(&mut o);
+            }
+            let json = o.to_json();
+            if to_stdout {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{json}").and_then(|()| out.flush());
+            } else if let Some(path) = &a.outcome
+                && let Err(e) = write_outcome(path, &json)
+            {
+                crate::say::say(format!("cannot write the outcome to {}: {e}", path.display()));
+            }
+            if !a.quiet {
+                crate::say::say(human::summary(&o, req.policy.grace(), &a.output));
+            }
+            if a.exit_zero { 0 } else { human::exit_code(&o) }
+        }
+        Some(Err(e)) => fail(stevedore::error_chain(&e)),
+        None => 0,
+    };
+    got.unwrap_or(code)
+}
+
+/// What [`execute`] gives: the attempt's end (`None`: dropped by a second signal), the exit
+/// status a first signal asks for, the request as it ran.
+pub(crate) type Executed = (Option<Result<Outcome, stevedore::LaunchError>>, Option<u8>, Request);
+
+/// Runs `req` on the rung `a` chooses and configures, with the live output, the terminal, the
+/// progress and the signals as `run` has them; `Err`: the exit status of a refusal, said.
+pub(crate) async fn execute(
+    g: &Global,
+    a: &RunArgs,
+    mut req: Request,
+    handlers: &Handlers,
+    to_stdout: bool,
+) -> Result<Executed, u8> {
     // Installed before anything can be created, so no signal leaks a container.
     let (mut sigint, mut sigterm) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
         (Ok(i), Ok(t)) => (i, t),
-        _ => return fail("cannot install signal handlers"),
+        _ => return refuse("cannot install signal handlers"),
     };
     let on = match a.rung.clone() {
         Some(r) => r,
@@ -567,16 +630,16 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         None => crate::kube::profile_rung(g).ok().flatten().unwrap_or_else(|| "container".to_owned()),
     };
     let rung: Arc<dyn Executor> = if on == "kube" {
-        match crate::kube::rung(g, 125, |cfg| adjust_kube(&a, cfg)).await {
+        match crate::kube::rung(g, 125, |cfg| adjust_kube(a, cfg)).await {
             Ok(r) => Arc::new(r),
-            Err(code) => return code,
+            Err(code) => return Err(code),
         }
     } else if on == "process" {
         let mut cfg = stevedore::process::ProcessConfig::default();
         if let Some(grace) = &a.host_loss_grace {
             match parse_duration(grace) {
                 Ok(d) => cfg.link.host_loss.grace = d,
-                Err(e) => return fail(format!("--host-loss-grace: {e}")),
+                Err(e) => return refuse(format!("--host-loss-grace: {e}")),
             }
         }
         if let Some(dir) = &a.logs {
@@ -584,12 +647,12 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
         }
         match stevedore::process::ProcessExecutor::new(cfg) {
             Ok(r) => Arc::new(r),
-            Err(e) => return fail(e),
+            Err(e) => return refuse(e),
         }
     } else {
-        let rung = match common::rung(g, 125, |cfg| adjust(&a, cfg)).await {
+        let rung = match common::rung(g, 125, |cfg| adjust(a, cfg)).await {
             Ok(r) => r,
-            Err(code) => return code,
+            Err(code) => return Err(code),
         };
         if req.handler_name().is_some() && req.policy.image.is_empty() {
             let packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
@@ -597,7 +660,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
             drop(packing);
             match packed {
                 Ok(tag) => req.policy.image = tag,
-                Err(e) => return fail(e),
+                Err(e) => return refuse(e),
             }
         }
         Arc::new(rung)
@@ -614,7 +677,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
                 req.tty = Some(terminal);
                 follow = Some(f);
             }
-            Err(e) => return fail(format!("-t: cannot follow this terminal's size: {e}")),
+            Err(e) => return refuse(format!("-t: cannot follow this terminal's size: {e}")),
         }
     }
     // Raw once the command has started (the `started` hook): until then ^C stops stevedore
@@ -667,29 +730,7 @@ pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
     if let Some(p) = printer {
         let _ = tokio::time::timeout(Duration::from_secs(5), p).await;
     }
-    let code = match outcome {
-        Some(Ok(mut o)) => {
-            if a.logs.is_none() {
-                drop_captures(&mut o);
-            }
-            let json = o.to_json();
-            if to_stdout {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{json}").and_then(|()| out.flush());
-            } else if let Some(path) = &a.outcome
-                && let Err(e) = write_outcome(path, &json)
-            {
-                crate::say::say(format!("cannot write the outcome to {}: {e}", path.display()));
-            }
-            if !a.quiet {
-                crate::say::say(human::summary(&o, req.policy.grace(), &a.output));
-            }
-            if a.exit_zero { 0 } else { human::exit_code(&o) }
-        }
-        Some(Err(e)) => fail(stevedore::error_chain(&e)),
-        None => 0,
-    };
-    got.unwrap_or(code)
+    Ok((outcome, got, req))
 }
 
 #[cfg(test)]

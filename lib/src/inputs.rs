@@ -6,8 +6,13 @@
 //! changed size meanwhile fails the staging, named, so nothing the header did not promise
 //! becomes an entry. The apparent size of everything is counted before the upload and
 //! checked against the limit as it is written.
+//!
+//! The same walk digests what it stages (`docs/outcome.md`, "Input tree digest"): each file's
+//! content is hashed from the very reads that copy it into the tar, so the action digest costs
+//! no second read of the inputs, and only what is staged counts (skipped entries do not).
 
 use nix::sys::stat::fstat;
+use sha2::{Digest, Sha256};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -31,6 +36,8 @@ pub struct StageReport {
     pub skipped: Vec<String>,
     /// Files with holes (their blocks hold less than their size): staged in full.
     pub sparse: Vec<crate::contract::SparseInput>,
+    /// The digest of the tree staged, `sha256:<hex>`.
+    pub tree: String,
 }
 
 /// Why the input dir could not be staged.
@@ -97,9 +104,54 @@ impl InputDir {
     ) -> Result<StageReport, StageError> {
         let mut b = tar::Builder::new(out);
         let mut s = Stager { owners, limit, report: StageReport::default(), hook };
-        s.dir(&mut b, &self.root, Path::new(""), 0)?;
+        let root = s.dir(&mut b, &self.root, Path::new(""), 0)?;
         b.into_inner().and_then(|mut w| w.flush()).map_err(StageError::Write)?;
+        s.report.tree = format!("sha256:{}", crate::contract::action::hex(&root));
         Ok(s.report)
+    }
+}
+
+/// The tree digest of the input dir at `path` (`docs/outcome.md`, "Input tree digest"):
+/// the staging walk itself, writing nowhere, so it is the digest an attempt staging these
+/// inputs records (`replay` checks inputs with it).
+pub fn tree_digest(path: &Path) -> Result<StageReport, StageError> {
+    InputDir::open(path)?.write_tar(Owners::User(0, 0), u64::MAX, io::sink(), &|_| {})
+}
+
+/// One entry of a directory's listing in the tree digest: `<type> <hex> <name>\0`, the type
+/// `f` (a regular file), `x` (one its owner may execute), `d` (a directory) or `l` (a
+/// symlink, digested by its target's bytes: never followed).
+fn listing_entry(kind: u8, digest: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(68 + name.len());
+    line.extend_from_slice(&[kind, b' ']);
+    line.extend_from_slice(crate::contract::action::hex(digest).as_bytes());
+    line.push(b' ');
+    line.extend_from_slice(name);
+    line.push(0);
+    line
+}
+
+/// A directory's digest: SHA-256 of its entries' lines in the byte order of their names.
+fn listing_digest(mut entries: Vec<(Vec<u8>, Vec<u8>)>) -> [u8; 32] {
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut h = Sha256::new();
+    for (_, line) in &entries {
+        h.update(line);
+    }
+    h.finalize().into()
+}
+
+/// Hashes what passes through it.
+struct Hashing<'a, R> {
+    inner: R,
+    hasher: &'a mut Sha256,
+}
+
+impl<R: Read> Read for Hashing<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
     }
 }
 
@@ -202,7 +254,8 @@ impl Stager<'_> {
         dir: &OwnedFd,
         rel: &Path,
         depth: usize,
-    ) -> Result<(), StageError> {
+    ) -> Result<[u8; 32], StageError> {
+        let mut listing = Vec::new();
         for child in entries(dir, rel)? {
             let path = rel_of(rel, &child.name);
             // Gone since it was listed: nothing to stage.
@@ -229,20 +282,28 @@ impl Stager<'_> {
                     let mut h = self.header(&st, tar::EntryType::Directory, self.owners.mode(perm, true), 0);
                     b.append_data(&mut h, &path, io::empty()).map_err(StageError::Write)?;
                     self.report.entries += 1;
-                    self.dir(b, &sub, &path, depth + 1)?;
+                    let digest = self.dir(b, &sub, &path, depth + 1)?;
+                    listing.push((child.name.clone(), listing_entry(b'd', &digest, &child.name)));
                 }
-                Kind::File => self.file(b, dir, &child.name, &path, perm)?,
+                Kind::File => {
+                    let digest = self.file(b, dir, &child.name, &path, perm)?;
+                    let kind = if perm & 0o100 != 0 { b'x' } else { b'f' };
+                    listing.push((child.name.clone(), listing_entry(kind, &digest, &child.name)));
+                }
                 Kind::Symlink => {
                     let target = nix::fcntl::readlinkat(dir, child.name.as_slice())
                         .map_err(|e| StageError::Io { path: path.clone(), source: e.into() })?;
                     let mut h = self.header(&st, tar::EntryType::Symlink, 0o777, 0);
                     b.append_link(&mut h, &path, &target).map_err(StageError::Write)?;
                     self.report.entries += 1;
+                    use std::os::unix::ffi::OsStrExt;
+                    let digest: [u8; 32] = Sha256::digest(target.as_bytes()).into();
+                    listing.push((child.name.clone(), listing_entry(b'l', &digest, &child.name)));
                 }
                 _ => self.skip(&path),
             }
         }
-        Ok(())
+        Ok(listing_digest(listing))
     }
 
     fn file<W: Write>(
@@ -252,7 +313,7 @@ impl Stager<'_> {
         name: &[u8],
         path: &Path,
         perm: u32,
-    ) -> Result<(), StageError> {
+    ) -> Result<[u8; 32], StageError> {
         let changed = |why: &str| StageError::Changed { path: path.to_owned(), why: why.into() };
         let (mut file, st) = match tree::open_file(dir, name) {
             Ok(f) => f,
@@ -266,7 +327,8 @@ impl Stager<'_> {
             return Err(StageError::TooLarge { limit: self.limit });
         }
         let mut h = self.header(&st, tar::EntryType::Regular, self.owners.mode(perm, false), size);
-        let mut content = tree::Exactly::new((&mut file).take(size), size);
+        let mut hasher = Sha256::new();
+        let mut content = tree::Exactly::new(Hashing { inner: (&mut file).take(size), hasher: &mut hasher }, size);
         b.append_data(&mut h, path, &mut content).map_err(StageError::Write)?;
         let short = content.short;
         // One more byte, or a size that changed, means the file is not what the header said.
@@ -290,7 +352,7 @@ impl Stager<'_> {
                 allocated_bytes: allocated,
             });
         }
-        Ok(())
+        Ok(hasher.finalize().into())
     }
 }
 
@@ -513,6 +575,67 @@ mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    fn tree_of(d: &Path) -> String {
+        tree_digest(d).unwrap().tree
+    }
+
+    /// A known tree has a known digest, written here (`docs/outcome.md` shows how to get it
+    /// by hand); the executable bit, a rename, a content and a symlink's target each change
+    /// it; modes but the owner's x, owners and times do not; a FIFO (not staged) does not.
+    #[test]
+    fn the_tree_digest_is_the_documented_format() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        fs::create_dir(d.join("sub")).unwrap();
+        fs::write(d.join("sub/a.txt"), b"hello").unwrap();
+        fs::write(d.join("run.sh"), b"#!/bin/sh\n").unwrap();
+        fs::set_permissions(d.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(d.join("sub/a.txt"), fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink("sub/a.txt", d.join("link")).unwrap();
+        // By hand: sub's listing, then the root's, entries in the byte order of their names.
+        let sha = |b: &[u8]| crate::contract::action::hex(&Sha256::digest(b));
+        let sub = sha(format!("f {} a.txt\0", sha(b"hello")).as_bytes());
+        let root = format!("l {} link\0x {} run.sh\0d {sub} sub\0", sha(b"sub/a.txt"), sha(b"#!/bin/sh\n"));
+        let known = format!("sha256:{}", sha(root.as_bytes()));
+        assert_eq!(tree_of(d), known);
+        assert_eq!(
+            known, "sha256:b30c1c25b8c0660aa8fa0ce52a0a3c7451cbbfa20c52738dd2473d837b07b5b5",
+            "the format moved"
+        );
+        let report = tree_digest(d).unwrap();
+        assert_eq!((report.files, report.bytes), (2, 15));
+        // Not digested: group and other bits, times, skipped entries.
+        fs::set_permissions(d.join("sub/a.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+        nix::unistd::mkfifo(&d.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(tree_of(d), known);
+        // Digested: the owner's x bit, a name, a content, a symlink's target.
+        fs::set_permissions(d.join("run.sh"), fs::Permissions::from_mode(0o644)).unwrap();
+        let no_x = tree_of(d);
+        assert_ne!(no_x, known, "the x bit");
+        fs::rename(d.join("run.sh"), d.join("run2.sh")).unwrap();
+        let renamed = tree_of(d);
+        assert_ne!(renamed, no_x, "a rename");
+        fs::write(d.join("sub/a.txt"), b"hellp").unwrap();
+        let content = tree_of(d);
+        assert_ne!(content, renamed, "a content");
+        fs::remove_file(d.join("link")).unwrap();
+        std::os::unix::fs::symlink("sub", d.join("link")).unwrap();
+        assert_ne!(tree_of(d), content, "a symlink's target");
+        // An empty dir: the digest of no entries.
+        let e = tempfile::tempdir().unwrap();
+        assert_eq!(tree_of(e.path()), format!("sha256:{}", sha(b"")));
+    }
+
+    /// What a rung's staging records is what `tree_digest` computes.
+    #[test]
+    fn staging_records_the_tree_digest() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("x"), b"data").unwrap();
+        let mut buf = Vec::new();
+        let r = InputDir::open(t.path()).unwrap().write_tar(Owners::RootReadOnly, 1 << 20, &mut buf, &|_| {}).unwrap();
+        assert_eq!(r.tree, tree_of(t.path()));
     }
 
     #[test]

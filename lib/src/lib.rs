@@ -92,6 +92,7 @@ pub(crate) mod pipe;
 pub mod process;
 #[cfg(feature = "docker")]
 pub mod profiles;
+pub mod replay;
 pub mod sandbox;
 mod util;
 

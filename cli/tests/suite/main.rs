@@ -23,5 +23,6 @@ mod process;
 mod reclaim;
 mod recover;
 mod registry;
+mod replay;
 mod run_cli;
 mod usage;

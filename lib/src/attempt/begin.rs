@@ -129,8 +129,10 @@ pub(crate) async fn begin<S: Site>(
             return Err(e);
         }
     };
+    let action = super::action::of(site, req, &own, inputs.as_ref());
     let captured = Captured { captures, inputs, enforcement, skipped, ports };
-    let ledger = ledger_of(req, &plan, &cfg, captured, own);
+    let mut ledger = ledger_of(req, &plan, &cfg, captured, own);
+    ledger.action = Some(action);
     // The sandbox runs, its init waits for the start: the command has not started yet.
     if let Some(hooks) = &req.hooks {
         let cp = checkpoint(site, req, &ledger, &key, &link_id, started);
@@ -238,6 +240,7 @@ fn ledger_of<O>(req: &Request, plan: &Plan<'_>, cfg: &Settings, got: Captured, o
         inputs,
         ports,
         phases,
+        action: None,
         own,
     }
 }

@@ -75,6 +75,7 @@ pub(crate) async fn conclude<S: Site>(
         witness.why_no_record = "the takeover failed";
     }
     ev.phases = phases(&ledger, &ended);
+    ev.action = super::action::sealed(ledger.action.clone(), &ev);
     let (mut j, silent) = judgement::judgement(&ended, &account, witness, delivered, ev);
     // Only an end the engine's going away explains makes the question worth a call.
     let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_));

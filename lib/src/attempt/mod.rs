@@ -5,6 +5,7 @@
 //!
 //! Invariant: nothing here names a rung; the rungs import this module, never the reverse.
 
+pub(crate) mod action;
 mod begin;
 mod conclude;
 mod recover;

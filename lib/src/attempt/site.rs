@@ -199,6 +199,10 @@ pub(crate) struct Ledger<O> {
     /// The phases timed until the command was told to start.
     #[serde(default)]
     pub phases: Phases,
+    /// The attempt's action, unsealed: its digest is taken once the rung's evidence is in
+    /// (`attempt::action`).
+    #[serde(default)]
+    pub action: Option<crate::contract::Action>,
     pub own: O,
 }
 
@@ -232,6 +236,10 @@ pub(crate) trait Site: Sync {
     /// The rung's evidence of the attempt, after its removal, and the bounds its claims are
     /// checked against.
     fn account(&self, ledger: &Ledger<Self::Own>, ended: &Ended, ev: &mut Evidence) -> Account;
+    /// Sets the rung's part of an attempt's action: the image by id (when known before the
+    /// command starts), the network, the user, the root's writability, the caches
+    /// (`docs/outcome.md`, "Action digest").
+    fn action(&self, own: &Self::Own, action: &mut crate::contract::Action);
     /// The worker binary a handler attempt ran, for the error when it never spoke.
     fn worker_named(&self, own: &Self::Own) -> String;
     /// Whether a finished attempt with a verified record is removed after its outcome is

@@ -210,6 +210,16 @@ impl Site for Arc<ContainerSite> {
         super::finish::account(self, ledger, ended, ev)
     }
 
+    fn action(&self, own: &Own, action: &mut crate::contract::Action) {
+        action.image = Some(own.image_ref.clone());
+        action.image_id = Some(own.image_id.clone()).filter(|i| !i.is_empty());
+        action.init = Some(format!("sha256:{}", own.tools_digest));
+        action.network.clone_from(&self.config.network);
+        action.user.clone_from(&self.config.user);
+        action.read_only_root = self.config.hardening.read_only_rootfs;
+        action.caches = own.caches.iter().map(|(name, _, path)| (name.clone(), path.clone())).collect();
+    }
+
     fn worker_named(&self, own: &Own) -> String {
         format!("of image {:?}", own.image_ref)
     }

@@ -94,7 +94,12 @@ pub(crate) async fn provision(
             // The create runs on; its result is awaited even when the upload failed.
             let created_id = created(container).await;
             let report = report?;
-            inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
+            inputs = Some(InputsStaged {
+                skipped: report.skipped,
+                sparse: report.sparse,
+                tree: Some(report.tree),
+                ..staged
+            });
             (created_id, Some(crate::contract::unix_ms_now()))
         }
         None => (created(container).await, None),

@@ -296,7 +296,8 @@ async fn made_ready(
             ),
         };
         let report = super::launch::upload_inputs(shared, to, dir, staged.bytes, plan.progress.clone()).await?;
-        inputs = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..staged });
+        inputs =
+            Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, tree: Some(report.tree), ..staged });
         staged_at = Some(crate::contract::unix_ms_now());
         enforcement
             .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}{how}", p.input_volume));

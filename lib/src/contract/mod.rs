@@ -1,6 +1,7 @@
 //! The engine-agnostic contract: the request, the outcome and its words, the one judge,
 //! the `Executor` trait every rung implements, and the registry that picks a rung.
 
+pub mod action;
 mod checkpoint;
 mod error;
 mod executor;
@@ -16,6 +17,7 @@ mod registry;
 mod request;
 mod status;
 
+pub use action::{ACTION_KEY_FILE_ENV, ACTION_SCHEMA, Action, ActionInputs, ActionKey, ActionKeyError, ActionTask};
 pub use checkpoint::{CHECKPOINT_VERSION, Checkpoint, LinkSecret, RecoverError, Target};
 pub use error::LaunchError;
 pub use executor::{Executor, ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport};

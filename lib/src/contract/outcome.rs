@@ -458,6 +458,10 @@ pub struct Evidence {
     /// Other facts worth a line.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// What ran, as far as anything of it can change the result, and its digest
+    /// (`docs/outcome.md`, "Action digest"); what `stevedore replay` runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<super::Action>,
 }
 
 /// When an attempt reached each phase: milliseconds since the rung took it (right after
@@ -567,6 +571,8 @@ fn is_zero(n: &u64) -> bool {
 
 /// What staging the inputs moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+// What is left out when empty reads back as empty (`replay` reads Outcomes).
+#[serde(default)]
 pub struct InputsStaged {
     /// Regular files staged.
     pub files: u64,
@@ -582,6 +588,9 @@ pub struct InputsStaged {
     /// upload, like the process rung's copy, writes the holes as zeros).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sparse: Vec<SparseInput>,
+    /// The digest of the tree staged, `sha256:<hex>` (`docs/outcome.md`, "Input tree digest").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
 }
 
 /// An input file with holes.

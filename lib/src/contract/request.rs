@@ -83,6 +83,9 @@ pub struct Request {
     pub workdir: Option<String>,
     /// Replaces the image's `ENTRYPOINT` (an empty vector clears it).
     pub entrypoint: Option<Vec<String>>,
+    /// The key the environment's values are HMACed under in the action digest
+    /// (`evidence.action`); without one the values are left out of it.
+    pub action_key: Option<super::ActionKey>,
 }
 
 /// Why a request is invalid. Always permanent: retrying the same request cannot help.
@@ -255,6 +258,7 @@ impl Request {
             hooks: None,
             workdir: None,
             entrypoint: None,
+            action_key: None,
         }
     }
 
@@ -394,6 +398,11 @@ impl Request {
     /// Replaces the image's `ENTRYPOINT` (empty: none).
     pub fn entrypoint<I: IntoIterator<Item = S>, S: Into<String>>(mut self, argv: I) -> Self {
         self.entrypoint = Some(argv.into_iter().map(Into::into).collect());
+        self
+    }
+    /// Sets the key the environment's values enter the action digest under.
+    pub fn action_key(mut self, key: super::ActionKey) -> Self {
+        self.action_key = Some(key);
         self
     }
     /// Sets the engine's hooks into this attempt.

@@ -110,6 +110,7 @@ impl InProcessExecutor {
         };
         let output_dir = request.open_output_dir()?;
         drop(output_dir);
+        j.evidence.action = Some(self.action(request, &j.evidence).await);
 
         let cancel = cancel.child_token();
         let (hooks, reporter) = HookWiring::new(request, &cancel);
@@ -191,6 +192,30 @@ impl InProcessExecutor {
             ev.skipped.insert("env".into(), "in-process handlers see the worker's own environment".into());
         }
         ev
+    }
+
+    /// The attempt's action (`docs/outcome.md`, "Action digest"): no image and no init; the
+    /// worker's network and user. The handler reads the input dir itself, so the tree digest
+    /// is the one read of the inputs this rung makes (on a blocking thread); a dir that
+    /// cannot be walked leaves the tree empty, and the handler finds out for itself.
+    async fn action(&self, request: &Request, ev: &Evidence) -> crate::contract::Action {
+        let mut action = crate::contract::Action::of_request(request, &self.name, Some(Level::None));
+        action.network = "host".to_owned();
+        action.user = "the worker's".to_owned();
+        if let Some(dir) = request.input_dir.clone() {
+            let staged = tokio::task::spawn_blocking(move || crate::inputs::tree_digest(&dir)).await;
+            if let Ok(Ok(r)) = staged {
+                let staged = crate::contract::InputsStaged {
+                    files: r.files,
+                    bytes: r.bytes,
+                    tree: Some(r.tree),
+                    ..Default::default()
+                };
+                action.staged(Some(&staged));
+            }
+        }
+        action.seal(&ev.enforcement, &ev.skipped);
+        action
     }
 
     async fn walk(&self, dir: PathBuf) -> Result<WalkReport, String> {

@@ -150,6 +150,15 @@ impl Site for Arc<KubeSite> {
         super::finish::account(self, ledger, ended, ev)
     }
 
+    /// The image's id is the Pod's status's, learnt at the end (`attempt::action::sealed`).
+    fn action(&self, own: &Own, action: &mut crate::contract::Action) {
+        action.image = Some(own.image.clone());
+        action.network = if self.config.network_denied { "none" } else { "cluster" }.to_owned();
+        let (uid, gid) = self.config.user;
+        action.user = format!("{uid}:{gid}");
+        action.read_only_root = true;
+    }
+
     fn worker_named(&self, own: &Own) -> String {
         format!("of image {:?}", own.image)
     }

@@ -106,7 +106,8 @@ pub(crate) async fn provision(
             _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
         };
         staging_took = t.elapsed();
-        staged = Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, ..measured });
+        staged =
+            Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, tree: Some(report.tree), ..measured });
         staged_at = Some(crate::contract::unix_ms_now());
     }
     let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));

@@ -93,6 +93,17 @@ impl Site for Arc<ProcessSite> {
         Witness { why_no_record: "no record from the init", ..Witness::default() }
     }
 
+    /// No image: the host's own files; the host's network; a uid of the attempt's own (which
+    /// one does not change the result), a fixed one, or the worker's.
+    fn action(&self, _: &Own, action: &mut crate::contract::Action) {
+        action.network = "host".to_owned();
+        action.user = match (&self.uids, self.config.run_as) {
+            (Some(_), _) => "a uid of the attempt's own".to_owned(),
+            (None, Some((uid, gid))) => format!("{uid}:{gid}"),
+            (None, None) => "the worker's".to_owned(),
+        };
+    }
+
     fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
         let own = &ledger.own;
         ev.init = Some(format!("pid {} ({})", own.init_pid, self.init.display()));

@@ -185,5 +185,15 @@ async fn copy_inputs(
     })
     .await
     .map_err(|e| LaunchError::staging("copying the inputs", e))??;
-    Ok((InputsStaged { files, bytes, limit_bytes: limit, skipped: report.skipped, sparse: report.sparse }, sealed))
+    Ok((
+        InputsStaged {
+            files,
+            bytes,
+            limit_bytes: limit,
+            skipped: report.skipped,
+            sparse: report.sparse,
+            tree: Some(report.tree),
+        },
+        sealed,
+    ))
 }

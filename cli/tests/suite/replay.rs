@@ -1,0 +1,145 @@
+//! `stevedore replay` (the action digest): a deterministic attempt replays with identical
+//! outputs, one that writes the time does not; a tampered Outcome, changed inputs and a
+//! missing secret are refused, and `--inputs` runs on a new set, saying so. Each test runs the
+//! real command against the real engine and leaves nothing labelled behind.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use support::{BIN, BUSYBOX_IMAGE, labelled, setup, worker};
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `stevedore run` of `script` on `input`, its Outcome in `<t>/outcome.json`.
+fn attempt(t: &Path, w: &str, input: &Path, script: &str, env: &[&str]) -> String {
+    let outcome = t.join("outcome.json").display().to_string();
+    let mut c = Command::new(BIN);
+    c.args(["run", "-q", "--worker", w, "--image", BUSYBOX_IMAGE, "--outcome", &outcome]);
+    c.args(["--input", &input.display().to_string(), "--output", &t.join("out0").display().to_string()]);
+    for e in env {
+        c.args(["--env", e]);
+    }
+    let o = c.args(["sh", "-c", script]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    outcome
+}
+
+fn replay(w: &str, outcome: &str, out: &Path, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["replay", "--worker", w, "--output", &out.display().to_string()])
+        .args(extra)
+        .arg(outcome)
+        .output()
+        .unwrap()
+}
+
+fn inputs(t: &Path) -> std::path::PathBuf {
+    let d = t.join("in");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("x"), b"hello\n").unwrap();
+    d
+}
+
+#[tokio::test]
+async fn a_deterministic_attempt_replays_identically_and_the_time_does_not() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("replay-same");
+    let input = inputs(t.path());
+    let outcome = attempt(t.path(), &w, &input, "cat /in/x > /out/y", &[]);
+    let o = replay(&w, &outcome, &t.path().join("r"), &["-n", "3"]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    assert!(out.contains("outputs: identical in all 3 runs"), "{out}");
+    assert_eq!(out.matches("the same action").count(), 3, "the runs' own digests are the attempt's: {out}");
+    assert!(out.contains("phases (mean ± stddev over 3 runs, ms): prepared_ms"), "{out}");
+    for i in 1..=3 {
+        assert_eq!(std::fs::read(t.path().join(format!("r/run-{i}/y"))).unwrap(), b"hello\n");
+    }
+
+    let t2 = tempfile::tempdir().unwrap();
+    let input = inputs(t2.path());
+    let outcome = attempt(t2.path(), &w, &input, "date +%s%N > /out/t; cat /in/x > /out/y", &[]);
+    let o = replay(&w, &outcome, &t2.path().join("r"), &["-n", "3"]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "outputs that differ exit 1: {out}{}", text(&o.stderr));
+    assert!(out.contains("outputs: differ between runs: t\n"), "only t differs: {out}");
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
+}
+
+#[tokio::test]
+async fn a_tampered_outcome_changed_inputs_and_missing_secrets_are_refused() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("replay-refused");
+    let input = inputs(t.path());
+    let outcome = attempt(t.path(), &w, &input, "cat /in/x > /out/y", &["TOKEN=s3cret"]);
+    let json = std::fs::read_to_string(&outcome).unwrap();
+    assert!(!json.contains("s3cret"), "no value in the Outcome");
+    let refused = |file: &str, extra: &[&str], says: &str| {
+        let o = replay(&w, file, &t.path().join(format!("r{}", rand::random::<u32>())), extra);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{err}");
+        assert!(err.contains(says), "{says:?} not in {err}");
+    };
+    // The secret's key is named; given again, it runs.
+    refused(&outcome, &[], "give TOKEN again");
+    // A digest edited, an argv edited, bad JSON, another schema.
+    let edit = |from: &str, to: &str| {
+        let p = t.path().join(format!("edited-{}.json", rand::random::<u32>()));
+        assert!(json.contains(from), "{from}");
+        std::fs::write(&p, json.replacen(from, to, 1)).unwrap();
+        p.display().to_string()
+    };
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let digest = v["evidence"]["action"]["digest"].as_str().unwrap().to_owned();
+    let forged = format!("sha256:{}", "0".repeat(64));
+    refused(&edit(&digest, &forged), &["-e", "TOKEN=s3cret"], "is not that of its fields");
+    refused(&edit("cat /in/x > /out/y", "cat /in/x > /out/z"), &["-e", "TOKEN=s3cret"], "the file was changed");
+    refused(&edit("{", "["), &[], "not an outcome's JSON");
+    refused(&edit("stevedore-action/1", "stevedore-action/9"), &[], "stevedore-action/9");
+    // Inputs that changed are refused; --inputs runs on a new set and says so.
+    std::fs::write(input.join("x"), b"changed\n").unwrap();
+    refused(&outcome, &["-e", "TOKEN=s3cret"], "changed: their tree digest is");
+    let o =
+        replay(&w, &outcome, &t.path().join("new"), &["-e", "TOKEN=s3cret", "--inputs", &input.display().to_string()]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    assert!(out.contains("inputs replaced: digest sha256:"), "{out}");
+    assert_eq!(std::fs::read(t.path().join("new/run-1/y")).unwrap(), b"changed\n");
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
+}
+
+/// With an action key the values enter the digest as HMACs and are checked on replay; the
+/// key never appears.
+#[tokio::test]
+async fn with_an_action_key_the_values_are_checked() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("replay-key");
+    let key = t.path().join("key");
+    std::fs::write(&key, "a key of mine\n").unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let input = inputs(t.path());
+    let outcome = t.path().join("outcome.json").display().to_string();
+    let k = key.display().to_string();
+    let o = Command::new(BIN)
+        .args(["run", "-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--outcome", &outcome, "--action-key-file", &k])
+        .args(["--input", &input.display().to_string(), "--output", &t.path().join("o").display().to_string()])
+        .args(["-e", "TOKEN=s3cret", "sh", "-c", "echo $TOKEN > /out/t"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let json = std::fs::read_to_string(&outcome).unwrap();
+    assert!(json.contains("\"TOKEN\":\"hmac-sha256:") && !json.contains("s3cret") && !json.contains("a key of mine"));
+    let o = replay(&w, &outcome, &t.path().join("r1"), &["--action-key-file", &k, "-e", "TOKEN=other"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(text(&o.stderr).contains("values given for TOKEN are not the attempt's"), "{}", text(&o.stderr));
+    let o = replay(&w, &outcome, &t.path().join("r2"), &["--action-key-file", &k, "-e", "TOKEN=s3cret"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(text(&o.stdout).contains("the same action"), "{}", text(&o.stdout));
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
+}

@@ -1,0 +1,521 @@
+//! The action of an attempt: everything that can change its result, and one digest over it
+//! (`docs/outcome.md`, "Action digest"). The digest is computed by one function
+//! ([`Action::compute_digest`]) when the attempt runs and when `replay` checks a file.
+//!
+//! Environment values never enter as plain hashes (a reader of the Outcome could try every
+//! likely value): only as an HMAC under a key the user holds ([`ActionKey`]), or not at all.
+
+use super::{Level, PriorOutput, Request, Task};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The schema of [`Action`] this build writes and reads; another is refused by `replay`.
+pub const ACTION_SCHEMA: &str = "stevedore-action/1";
+
+/// The environment variable naming the file that holds the action key (the CLI reads it).
+pub const ACTION_KEY_FILE_ENV: &str = "STEVEDORE_ACTION_KEY_FILE";
+
+/// The keys of [`Action`]'s JSON left out of its digest: the digest itself, the image's
+/// tag (a name that may move: the id is digested), the input dir's path (the tree's digest
+/// is what counts, wherever it lies), and the applied limits' digest (they depend on the
+/// machine; digested apart).
+pub const NOT_DIGESTED: [&str; 4] = ["digest", "image", "input_dir", "applied_limits_digest"];
+
+/// What an attempt ran, as far as anything of it can change the result, and its digest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Action {
+    /// [`ACTION_SCHEMA`].
+    pub schema: String,
+    /// `sha256:<hex>` over the other fields but [`NOT_DIGESTED`] ([`Action::compute_digest`]).
+    pub digest: String,
+    /// The rung that ran it (`docker`, `process`, `kube`, `inprocess`).
+    pub rung: String,
+    /// Its isolation level.
+    pub level: Option<Level>,
+    /// The image as named (not digested: a tag may move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The image by id (`sha256:…`); `None` on a rung without images (process, in-process).
+    pub image_id: Option<String>,
+    /// What ran: `{"command": [argv…]}` or `{"handler": "name"}`.
+    pub task: ActionTask,
+    /// The request's replacement of the image's `ENTRYPOINT`, if any.
+    pub entrypoint: Option<Vec<String>>,
+    /// The request's working directory, if any (else the image's).
+    pub workdir: Option<String>,
+    /// `sha256:<hex>` of the payload (of no bytes when there is none).
+    pub payload_sha256: String,
+    /// The handler set's fingerprint the request expected.
+    pub fingerprint: Option<String>,
+    /// Outputs of earlier steps passed through.
+    pub prior_outputs: Vec<PriorOutput>,
+    /// The request's environment: key → `hmac-sha256:<hex>` under the action key, or `null`
+    /// when no key was configured (the values are then left out, and `env_key` is `null`).
+    pub env: BTreeMap<String, Option<String>>,
+    /// Which action key made the HMACs (its id, [`ActionKey::id`]); `None`: values left out.
+    pub env_key: Option<String>,
+    /// The input tree staged, `None` without an input dir.
+    pub inputs: Option<ActionInputs>,
+    /// Where the input dir was, as the request named it (not digested; `replay` looks there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_dir: Option<String>,
+    /// The limits as the request asked them (the request's map).
+    pub limits: BTreeMap<String, u64>,
+    /// The command's own time limit (`Request::run_timeout`), in ms.
+    pub timeout_ms: Option<u64>,
+    /// The grace between SIGTERM and SIGKILL, in ms.
+    pub grace_ms: u64,
+    /// The network the sandbox had (`none`, `bridge`, `host`, `cluster`, …).
+    pub network: String,
+    /// Whom the command ran as (`UID:GID`, or how the rung chooses it).
+    pub user: String,
+    /// The root filesystem is read-only.
+    pub read_only_root: bool,
+    /// Named caches mounted: name → path (their content is outside the action).
+    pub caches: BTreeMap<String, String>,
+    /// `sha256:<hex>` of stevedore's init that ran the attempt; `None` in-process.
+    pub init: Option<String>,
+    /// The command had a stdin (its bytes are not in the action: such an attempt cannot be
+    /// replayed as it was).
+    pub stdin: bool,
+    /// The command had a terminal.
+    pub tty: bool,
+    /// `sha256:<hex>` of the limits as the rung applied and skipped them (`evidence.enforcement`
+    /// and `evidence.skipped`): they depend on the machine, so they are digested apart.
+    pub applied_limits_digest: String,
+}
+
+/// What an attempt ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ActionTask {
+    /// A plain command's argv.
+    Command(Vec<String>),
+    /// A handler, by name.
+    Handler(String),
+}
+
+impl Default for ActionTask {
+    fn default() -> Self {
+        ActionTask::Command(Vec::new())
+    }
+}
+
+/// The input tree an attempt was given.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ActionInputs {
+    /// The tree's digest, `sha256:<hex>` (`docs/outcome.md`, "Input tree digest").
+    pub tree: String,
+    /// Regular files in it.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Named slots: name → path relative to the input dir.
+    pub slots: BTreeMap<String, String>,
+}
+
+/// Why an action key could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActionKeyError {
+    /// the key file cannot be read
+    #[error("cannot read the action key file {path}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// the key is empty
+    #[error("the action key is empty{}", .0.as_ref().map(|p| format!(" (file {})", p.display())).unwrap_or_default())]
+    Empty(Option<std::path::PathBuf>),
+    /// others can read the key file
+    #[error("the action key file {0} can be read by others (mode {1:o}): chmod 600 it")]
+    Readable(std::path::PathBuf, u32),
+}
+
+/// The key environment values are HMACed under: the user's own, so that the same key gives
+/// the same digest on every machine, and a reader of the Outcome without it learns nothing
+/// of the values. Its `Debug` shows its id, never the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ActionKey(Arc<[u8]>);
+
+impl std::fmt::Debug for ActionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ActionKey({})", self.id())
+    }
+}
+
+impl ActionKey {
+    /// A key of these bytes; an empty one is refused.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, ActionKeyError> {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            return Err(ActionKeyError::Empty(None));
+        }
+        Ok(Self(bytes.into()))
+    }
+
+    /// The key in `path`: its bytes, less one trailing newline (`echo` writes one). Refused
+    /// when empty, or when the file can be read by its group or others (a key anyone can
+    /// read protects no value).
+    pub fn from_file(path: &Path) -> Result<Self, ActionKeyError> {
+        use std::os::unix::fs::PermissionsExt;
+        let read = |source| ActionKeyError::Read { path: path.to_owned(), source };
+        let meta = std::fs::metadata(path).map_err(read)?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(ActionKeyError::Readable(path.to_owned(), mode));
+        }
+        let mut bytes = std::fs::read(path).map_err(read)?;
+        if bytes.ends_with(b"\n") {
+            bytes.pop();
+            if bytes.ends_with(b"\r") {
+                bytes.pop();
+            }
+        }
+        Self::new(bytes).map_err(|_| ActionKeyError::Empty(Some(path.to_owned())))
+    }
+
+    /// The key in the file [`ACTION_KEY_FILE_ENV`] names; `None` when it is unset or empty.
+    pub fn from_env() -> Result<Option<Self>, ActionKeyError> {
+        match std::env::var_os(ACTION_KEY_FILE_ENV) {
+            Some(p) if !p.is_empty() => Self::from_file(Path::new(&p)).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// HMAC-SHA256 of `msg` under the key (RFC 2104).
+    pub fn hmac(&self, msg: &[u8]) -> [u8; 32] {
+        hmac_sha256(&self.0, msg)
+    }
+
+    /// Names the key without revealing it: the first 16 hex digits of HMAC(key, "stevedore key id").
+    pub fn id(&self) -> String {
+        hex(&self.hmac(b"stevedore key id")[..8])
+    }
+
+    /// `hmac-sha256:<hex>` of one environment variable: the message is
+    /// `stevedore-env/1\0KEY\0VALUE`, so a value moved to another key changes.
+    pub fn env_value(&self, key: &str, value: &str) -> String {
+        let mut msg = Vec::with_capacity(17 + key.len() + value.len());
+        msg.extend_from_slice(b"stevedore-env/1\0");
+        msg.extend_from_slice(key.as_bytes());
+        msg.push(0);
+        msg.extend_from_slice(value.as_bytes());
+        format!("hmac-sha256:{}", hex(&self.hmac(&msg)))
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104): a few lines over `sha2`, rather than one more dependency.
+pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut k = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| k.map(|b| b ^ byte);
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(msg).finalize();
+    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub(crate) fn sha256_of(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+}
+
+/// Writes `v` as canonical JSON: no whitespace, every object's keys sorted by their bytes,
+/// strings and numbers as `serde_json` writes them (only `"`, `\` and control characters
+/// escaped; the same bytes as Python's `json.dumps(v, sort_keys=True, separators=(",", ":"),
+/// ensure_ascii=False)`). Sorted here, not by the map's order, so a build of `serde_json`
+/// that keeps insertion order gives the same bytes.
+pub(crate) fn canonical_json(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical_json(&m[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+impl Action {
+    /// The action of `req` on rung `rung` at `level`: the request's part, with the key's HMACs
+    /// of its environment. The rung's part (image id, network, user, init, caches, applied
+    /// limits) is the caller's to set; then [`Action::seal`].
+    pub fn of_request(req: &Request, rung: &str, level: Option<Level>) -> Self {
+        let key = req.action_key.as_ref();
+        let env = req.env.iter().map(|(k, v)| (k.clone(), key.map(|key| key.env_value(k, v)))).collect();
+        let inputs = req.input_dir.as_ref().map(|_| ActionInputs {
+            slots: req.inputs.iter().map(|(k, v)| (k.clone(), v.display().to_string())).collect(),
+            ..ActionInputs::default()
+        });
+        Self {
+            schema: ACTION_SCHEMA.to_owned(),
+            rung: rung.to_owned(),
+            level,
+            task: match &req.task {
+                Task::Command(argv) => ActionTask::Command(argv.clone()),
+                Task::Handler(h) => ActionTask::Handler(h.clone()),
+            },
+            entrypoint: req.entrypoint.clone(),
+            workdir: req.workdir.clone(),
+            payload_sha256: sha256_of(&req.payload),
+            fingerprint: req.fingerprint.clone(),
+            prior_outputs: req.prior_outputs.clone(),
+            env,
+            env_key: key.map(ActionKey::id),
+            inputs,
+            // Absolute, so that `replay` finds it from wherever it runs.
+            input_dir: req
+                .input_dir
+                .as_ref()
+                .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone()).display().to_string()),
+            limits: req.limits.0.clone(),
+            timeout_ms: req.run_timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            grace_ms: u64::try_from(req.policy.grace().as_millis()).unwrap_or(u64::MAX),
+            stdin: req.stdin.is_some(),
+            tty: req.tty.is_some(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the input tree's digest and size, as staging found them.
+    pub(crate) fn staged(&mut self, staged: Option<&super::InputsStaged>) {
+        if let (Some(inputs), Some(s)) = (&mut self.inputs, staged) {
+            inputs.tree = s.tree.clone().unwrap_or_default();
+            inputs.files = s.files;
+            inputs.bytes = s.bytes;
+        }
+    }
+
+    /// Digests the applied limits (apart) and the whole action.
+    pub(crate) fn seal(&mut self, enforcement: &BTreeMap<String, String>, skipped: &BTreeMap<String, String>) {
+        let applied = serde_json::json!({ "enforcement": enforcement, "skipped": skipped });
+        let mut text = String::new();
+        canonical_json(&applied, &mut text);
+        self.applied_limits_digest = sha256_of(text.as_bytes());
+        self.digest = self.compute_digest();
+    }
+
+    /// The digest of this action's fields: `sha256:` and the hex of SHA-256 over the bytes
+    /// `stevedore-action/1\n` followed by the canonical JSON ([`canonical_json`]) of the action
+    /// as serialised, less the keys in [`NOT_DIGESTED`].
+    pub fn compute_digest(&self) -> String {
+        let mut v = serde_json::to_value(self).expect("an action always serialises");
+        if let serde_json::Value::Object(m) = &mut v {
+            for k in NOT_DIGESTED {
+                m.remove(k);
+            }
+        }
+        let mut text = format!("{ACTION_SCHEMA}\n");
+        canonical_json(&v, &mut text);
+        sha256_of(text.as_bytes())
+    }
+
+    /// Whether the digest is that of the fields.
+    pub fn digest_matches(&self) -> bool {
+        self.digest == self.compute_digest()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 4231, test cases 1, 2 and 6 (a key longer than a block).
+    #[test]
+    fn hmac_sha256_is_rfc_4231s() {
+        let h = |k: &[u8], m: &[u8]| hex(&hmac_sha256(k, m));
+        assert_eq!(h(&[0x0b; 20], b"Hi There"), "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+        assert_eq!(
+            h(b"Jefe", b"what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            h(&[0xaa; 131], b"Test Using Larger Than Block-Size Key - Hash Key First"),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    fn req() -> Request {
+        Request::command("j", ["sh", "-c", "cat /in/x > /out/y"], "/o").worker("w")
+    }
+
+    fn sealed(r: &Request) -> Action {
+        let mut a = Action::of_request(r, "docker", Some(Level::Sandboxed));
+        a.image_id = Some("sha256:aa".into());
+        a.network = "none".into();
+        a.user = "65532:65532".into();
+        a.init = Some("sha256:11".into());
+        a.seal(&BTreeMap::new(), &BTreeMap::new());
+        a
+    }
+
+    /// The digest of a known action, written down: the format never changes under a schema.
+    #[test]
+    fn a_known_action_has_a_known_digest() {
+        let a = sealed(&req());
+        assert_eq!(a.schema, ACTION_SCHEMA);
+        assert!(a.digest_matches());
+        assert_eq!(a.digest, sealed(&req()).digest, "the same request twice, the same digest");
+        assert_eq!(
+            a.digest,
+            "sha256:2d406b3f43419dbb13dd3a14d357f6bdcf65c5ef11ad704dcb8a9a70e169e943",
+            "{}",
+            serde_json::to_string(&a).unwrap()
+        );
+    }
+
+    /// Every digested field changes the digest; the tag, the applied limits and the job's
+    /// identity (job id, attempt, worker) do not.
+    #[test]
+    fn each_field_changes_the_digest() {
+        let base = sealed(&req());
+        let differs = |what: &str, f: &dyn Fn(&mut Action)| {
+            let mut a = base.clone();
+            f(&mut a);
+            assert_ne!(a.compute_digest(), base.digest, "{what} is not digested");
+        };
+        differs("image_id", &|a| a.image_id = Some("sha256:bb".into()));
+        differs("argv", &|a| a.task = ActionTask::Command(vec!["sh".into()]));
+        differs("handler", &|a| a.task = ActionTask::Handler("sh".into()));
+        differs("entrypoint", &|a| a.entrypoint = Some(vec![]));
+        differs("workdir", &|a| a.workdir = Some("/w".into()));
+        differs("payload", &|a| a.payload_sha256 = sha256_of(b"p"));
+        differs("fingerprint", &|a| a.fingerprint = Some("fp".into()));
+        differs("prior outputs", &|a| a.prior_outputs.push(PriorOutput { name: "a".into(), reference: "r".into() }));
+        differs("env key", &|a| {
+            a.env.insert("A".into(), None);
+        });
+        differs("env value", &|a| {
+            a.env.insert("A".into(), Some("hmac-sha256:00".into()));
+        });
+        differs("env_key", &|a| a.env_key = Some("0011".into()));
+        differs("inputs", &|a| a.inputs = Some(ActionInputs::default()));
+        differs("input tree", &|a| {
+            a.inputs = Some(ActionInputs { tree: "sha256:01".into(), ..ActionInputs::default() })
+        });
+        differs("input slots", &|a| {
+            a.inputs = Some(ActionInputs { slots: [("s".into(), "x".into())].into(), ..ActionInputs::default() })
+        });
+        differs("limits", &|a| {
+            a.limits.insert("memory".into(), 64 << 20);
+        });
+        differs("timeout", &|a| a.timeout_ms = Some(1000));
+        differs("grace", &|a| a.grace_ms = 1);
+        differs("rung", &|a| a.rung = "process".into());
+        differs("level", &|a| a.level = Some(Level::Process));
+        differs("network", &|a| a.network = "bridge".into());
+        differs("user", &|a| a.user = "0:0".into());
+        differs("read-only root", &|a| a.read_only_root = true);
+        differs("caches", &|a| {
+            a.caches.insert("deps".into(), "/cache".into());
+        });
+        differs("init", &|a| a.init = Some("sha256:22".into()));
+        differs("stdin", &|a| a.stdin = true);
+        differs("tty", &|a| a.tty = true);
+        differs("schema", &|a| a.schema = "stevedore-action/2".into());
+        let same = |what: &str, f: &dyn Fn(&mut Action)| {
+            let mut a = base.clone();
+            f(&mut a);
+            assert_eq!(a.compute_digest(), base.digest, "{what} is digested");
+        };
+        same("the tag", &|a| a.image = Some("busybox:latest".into()));
+        same("the applied limits", &|a| a.applied_limits_digest = sha256_of(b"x"));
+        same("the input dir's path", &|a| a.input_dir = Some("/elsewhere".into()));
+        let other = sealed(&req().attempt(2).worker("w2"));
+        assert_eq!(other.digest, base.digest, "the job's identity is not the action");
+        let mut applied = base.clone();
+        applied.seal(&[("memory".into(), "cgroup".into())].into(), &BTreeMap::new());
+        assert_ne!(applied.applied_limits_digest, base.applied_limits_digest);
+        assert_eq!(applied.digest, base.digest);
+    }
+
+    /// Without a key the values are left out: two values, one digest. With one they count,
+    /// and the key never appears.
+    #[test]
+    fn env_values_enter_only_through_the_key() {
+        let a = sealed(&req().env("TOKEN", "one"));
+        let b = sealed(&req().env("TOKEN", "two"));
+        assert_eq!(a.env["TOKEN"], None);
+        assert_eq!(a.env_key, None, "the digest says the values were left out");
+        assert_eq!(a.digest, b.digest);
+        let key = ActionKey::new(*b"correct horse battery staple").unwrap();
+        let with = |v: &str| sealed(&req().env("TOKEN", v).action_key(key.clone()));
+        let (a, b) = (with("one"), with("two"));
+        assert_ne!(a.digest, b.digest);
+        assert_ne!(a.digest, sealed(&req().env("TOKEN", "one")).digest);
+        assert_eq!(a.env_key.as_deref(), Some(key.id().as_str()));
+        assert_eq!(a.digest, with("one").digest, "the same key, the same digest");
+        let json = serde_json::to_string(&a).unwrap();
+        assert!(!json.contains("correct horse") && !json.contains("\"one\""), "{json}");
+        assert!(!format!("{key:?}").contains("horse"));
+        let other = ActionKey::new(*b"another").unwrap();
+        assert_ne!(sealed(&req().env("TOKEN", "one").action_key(other)).digest, a.digest);
+        assert!(a.env["TOKEN"].as_deref().unwrap().starts_with("hmac-sha256:"));
+    }
+
+    #[test]
+    fn key_files_are_the_users_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("key");
+        std::fs::write(&f, "s3cret\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(ActionKey::from_file(&f), Err(ActionKeyError::Readable(..))));
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(ActionKey::from_file(&f).unwrap(), ActionKey::new(*b"s3cret").unwrap(), "one newline dropped");
+        std::fs::write(&f, "\n").unwrap();
+        assert!(matches!(ActionKey::from_file(&f), Err(ActionKeyError::Empty(Some(_)))));
+        assert!(ActionKey::from_file(&t.path().join("none")).is_err());
+    }
+
+    /// The canonical JSON is what Python's `json.dumps(sort_keys=True, separators=(",", ":"),
+    /// ensure_ascii=False)` writes.
+    #[test]
+    fn canonical_json_sorts_and_escapes_as_documented() {
+        let v = serde_json::json!({"b": [1, "x\ny\u{1}\"é"], "a": {"d": null, "c": true}});
+        let mut s = String::new();
+        canonical_json(&v, &mut s);
+        assert_eq!(s, "{\"a\":{\"c\":true,\"d\":null},\"b\":[1,\"x\\ny\\u0001\\\"é\"]}");
+    }
+}
