@@ -258,6 +258,7 @@ fn style() -> String {
          h3{{margin:12px 0 4px;font-size:15px}}\
          svg{{display:block;margin:0}}\
          svg text{{font:12px system-ui,sans-serif;fill:#333}}\
+         svg text.label{{paint-order:stroke;stroke:#fbfbfb;stroke-width:3px}}\
          p{{margin:4px 0}}\
          .note{{color:#555}}\
          .missing{{color:#8a4b00}}\
@@ -468,7 +469,7 @@ impl Chart {
                 s,
                 "<line id=\"{}\" x1=\"{pl}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{LIMIT}\" stroke-width=\"2\" \
                  shape-rendering=\"crispEdges\"/>\
-                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" style=\"fill:{LIMIT}\">{}</text>",
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:{LIMIT}\">{}</text>",
                 l.id,
                 c(pl + pw),
                 c(pl + pw - 4.0),
@@ -483,7 +484,7 @@ impl Chart {
                 s,
                 "<line{id} class=\"oom-mark\" x1=\"{x}\" y1=\"{pt}\" x2=\"{x}\" y2=\"{}\" stroke=\"{OOM}\" \
                  stroke-width=\"2\" shape-rendering=\"crispEdges\"/>\
-                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" style=\"fill:{OOM}\">OOM kill at {}</text>",
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:{OOM}\">OOM kill at {}</text>",
                 c(pt + ph),
                 c(x - 4.0),
                 c(pt + ph - 6.0),
@@ -495,7 +496,7 @@ impl Chart {
             let _ = write!(
                 s,
                 "<circle id=\"memory-peak\" cx=\"{}\" cy=\"{}\" r=\"4.5\" fill=\"{PEAK}\" stroke=\"#ffffff\"/>\
-                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" style=\"fill:#b35900\">peak {}</text>",
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:#b35900\">peak {}</text>",
                 c(x),
                 c(y),
                 c(x - 8.0),
