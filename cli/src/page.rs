@@ -910,7 +910,7 @@ fn capture(p: &mut String, name: &str, cap: &LogCapture) {
     }
     let _ = write!(p, "<h3>{name}</h3><p>{facts}");
     let Some(path) = &cap.path else {
-        p.push_str("; the capture was not kept.</p>\n");
+        p.push_str("; the capture was not kept (<code>stevedore run --logs DIR</code> keeps it).</p>\n");
         return;
     };
     let _ = writeln!(p, "; captured in <code>{}</code>.</p>", text(path));
