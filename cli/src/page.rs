@@ -4,7 +4,7 @@
 //!
 //! Text that came from the sandbox (or from an Outcome file someone handed over) is untrusted
 //! everywhere: it goes through [`text`] or [`block`] (markup escaped, control characters
-//! shown as symbols), never into markup or an attribute of its own.
+//! shown as `say` shows them), never into markup or an attribute of its own.
 //!
 //! The charts have fixed sizes, ids and colours, so that a picture of the page can be checked
 //! (`cli/tests/suite/page.rs`) and read:
@@ -105,8 +105,8 @@ pub fn main(args: &[String]) -> u8 {
     }
 }
 
-/// More than any Outcome (the timeline is capped at 16 KB, the lists at a thousand entries):
-/// a bigger file is not one, and is not read whole.
+/// Far more than any Outcome (its timeline is capped at 16 KB, most of its lists at a thousand
+/// entries): a bigger file is not one, and is not read whole.
 const MAX_OUTCOME_BYTES: u64 = 64 << 20;
 
 fn read_outcome(path: &Path) -> Result<Outcome, String> {
