@@ -7,6 +7,7 @@ mod census;
 mod common;
 mod image;
 mod kube;
+mod page;
 mod progress;
 mod reclaim;
 mod recover;
@@ -29,6 +30,7 @@ Examples:
   stevedore run --handler echo --payload hello --output ./out
   stevedore recover ./attempt.ckpt
   stevedore replay -n 3 outcome.json
+  stevedore report outcome.json --html outcome.html
   stevedore cache ls
   stevedore --config profiles.toml --profile web run --image IMG --output ./out -- httpd -f -p 8080
   stevedore reclaim --worker W
@@ -81,11 +83,16 @@ enum Command {
     /// List or remove named caches (`run --cache NAME:/path`)
     #[command(subcommand, override_usage = "stevedore cache COMMAND", disable_help_subcommand = true)]
     Cache(cache::CacheCommand),
-    /// Send a report from inside an attempt: progress PERCENT [TEXT], heartbeat, note TEXT, data JSON
-    #[command(after_help = "Works only inside an attempt (it writes to the report socket stevedore's init gave \
-                            the command, fd 3). Exit status: 0 sent, 1 not sent, 2 bad arguments.")]
+    /// Write an attempt's page: OUTCOME.json --html FILE; or, inside an attempt, send a report
+    #[command(after_help = "Examples:\n  stevedore report o.json --html o.html\n  \
+                            stevedore report progress 50 half way\n\n\
+                            OUTCOME.json --html FILE writes one self-contained page (the timeline, phases, outputs, \
+                            logs' tails, evidence; `stevedore report o.json --help`). The reports (progress PERCENT \
+                            [TEXT], heartbeat, note TEXT, data JSON) work only inside an attempt (they go to the \
+                            report socket stevedore's init gave the command, fd 3). Exit status: 0 written or \
+                            sent, 1 not, 2 bad arguments.")]
     Report {
-        /// The report: progress PERCENT [TEXT...] | heartbeat | note TEXT... | data JSON
+        /// OUTCOME.json --html FILE | progress PERCENT [TEXT...] | heartbeat | note TEXT... | data JSON
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "REPORT")]
         args: Vec<String>,
     },
@@ -125,6 +132,7 @@ fn run_cli(handlers: Handlers) -> ExitCode {
             Command::Recover(args) => recover::recover(&cli.global, args).await,
             Command::Replay(args) => replay::replay(&cli.global, *args, &handlers).await,
             Command::Cache(cmd) => cache::cache(&cli.global, cmd).await,
+            Command::Report { args } if page::is_page(&args) => page::main(&args),
             Command::Report { args } => stevedore_init::report::cli_main(&args).clamp(0, 255) as u8,
             Command::Image(cmd) => image::image(&cli.global, cmd, &handlers).await,
         }

@@ -35,7 +35,8 @@ pub fn exit_code(o: &Outcome) -> u8 {
     }
 }
 
-fn secs(ms: Option<u64>) -> String {
+/// A duration for people: `?` when unknown, ms below a second, else seconds.
+pub(crate) fn secs(ms: Option<u64>) -> String {
     match ms {
         None => "?".into(),
         Some(ms) if ms < 1000 => format!("{ms} ms"),
@@ -43,7 +44,8 @@ fn secs(ms: Option<u64>) -> String {
     }
 }
 
-fn mib(bytes: u64) -> String {
+/// Bytes in MiB, one decimal.
+pub(crate) fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
@@ -58,9 +60,10 @@ fn signal_name(s: i32) -> String {
     }
 }
 
-/// How a stop went: whether the command ended at SIGTERM or needed SIGKILL.
-fn stop_story(o: &Outcome, grace: Duration) -> String {
-    let g = format!("{} s grace", grace.as_secs_f64());
+/// How a stop went: whether the command ended at SIGTERM or needed SIGKILL; the grace is
+/// named when known (the run's, not the Outcome's).
+fn stop_story(o: &Outcome, grace: Option<Duration>) -> String {
+    let g = grace.map_or_else(|| "grace".to_owned(), |g| format!("{} s grace", g.as_secs_f64()));
     match (o.signal, o.exit_code) {
         (Some(9), _) => format!("SIGTERM, then SIGKILL after the {g}"),
         (Some(s), _) => format!("SIGTERM; it ended by {} within the {g}", signal_name(s)),
@@ -71,6 +74,16 @@ fn stop_story(o: &Outcome, grace: Duration) -> String {
 
 /// One line for people: status, why, exit or signal, times, peak memory, outputs.
 pub fn summary(o: &Outcome, grace: Duration, out_dir: &Path) -> String {
+    line(o, Some(grace), Some(out_dir))
+}
+
+/// The same line from the Outcome alone (`stevedore report --html`): the grace and the output
+/// dir were the run's and are not in the Outcome, so they go unnamed.
+pub fn summary_of(o: &Outcome) -> String {
+    line(o, None, None)
+}
+
+fn line(o: &Outcome, grace: Option<Duration>, out_dir: Option<&Path>) -> String {
     let wall = secs(o.usage.wall_time_ms);
     let head = match (o.status, o.reason) {
         (Status::Ok, None) => format!("ok in {wall}"),
@@ -123,7 +136,11 @@ pub fn summary(o: &Outcome, grace: Duration, out_dir: &Path) -> String {
         facts.push(format!("peak {}", mib(p)));
     }
     let n = o.outputs.len();
-    facts.push(format!("{n} output{} in {}", if n == 1 { "" } else { "s" }, out_dir.display()));
+    let outputs = format!("{n} output{}", if n == 1 { "" } else { "s" });
+    facts.push(match out_dir {
+        Some(dir) => format!("{outputs} in {}", dir.display()),
+        None => outputs,
+    });
     let mut line = format!("{head} ({})", facts.join(", "));
     if let Some(skipped) = o.evidence.inputs.as_ref().map(|i| &i.skipped).filter(|s| !s.is_empty()) {
         line.push_str(&not_staged(skipped));
@@ -220,5 +237,10 @@ mod tests {
         let mut m = o(Status::OomKilled, Some(Reason::Oom), None, Some(9));
         m.evidence.oom_kills = Some(1);
         assert!(summary(&m, Duration::from_secs(1), Path::new("o")).contains("the kernel killed a process"));
+        assert_eq!(
+            summary_of(&t),
+            "timeout after 2.0 s: SIGTERM, then SIGKILL after the grace (cpu 10 ms, 0 outputs)",
+            "from the Outcome alone: no grace, no output dir"
+        );
     }
 }

@@ -18,6 +18,7 @@ mod images;
 mod init;
 mod kube;
 mod leftovers;
+mod page;
 mod pool;
 mod process;
 mod reclaim;

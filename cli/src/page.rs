@@ -1,0 +1,1389 @@
+//! `stevedore report OUTCOME.json --html FILE`: one attempt as one self-contained page to look
+//! at (inline CSS and SVG, no script, nothing fetched): the human line, the timeline, the
+//! phases, the outputs, the tails of the logs and the evidence.
+//!
+//! Text that came from the sandbox (or from an Outcome file someone handed over) is untrusted
+//! everywhere: it goes through [`text`] or [`block`] (markup escaped, control characters
+//! shown as `say` shows them), never into markup or an attribute of its own.
+//!
+//! The charts have fixed sizes, ids and colours, so that a picture of the page can be checked
+//! (`cli/tests/suite/page.rs`) and read:
+//!
+//! | element | id | colour |
+//! |---|---|---|
+//! | memory over time | `memory-path` in `memory-chart` | blue `#1f77b4` |
+//! | the memory limit | `memory-limit` (horizontal, 2 px) | red `#d62728` |
+//! | the OOM kill | `oom-mark` (vertical, 2 px; class `oom-mark` on every chart) | purple `#9467bd` |
+//! | the cgroup's recorded peak | `memory-peak` (a dot) | orange `#ff7f0e` |
+//! | CPU use, in CPUs | `cpu-path` in `cpu-chart` | green `#2ca02c` |
+//! | the CPU limit | `cpu-limit` | red `#d62728` |
+//! | processes | `pids-path` in `pids-chart` | brown `#8c564b` |
+//! | bytes in `/out`, `/tmp` | `out-path`, `tmp-path` in `disk-chart` | cyan `#17becf`, pink `#e377c2` |
+//! | the phases | `phases-bar`, a `phase-NAME` rect each | [`PHASE_COLOURS`] |
+//!
+//! The memory chart is the first thing under the header: its top left corner is at
+//! [`MEMORY_CHART_AT`] in the page (CSS px), whatever the fonts.
+
+use crate::report;
+use clap::Parser;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use stevedore::contract::{LogCapture, Next, Outcome, Status, Timeline};
+
+/// The page's arguments (after `report`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "stevedore report",
+    about = "Write one attempt's Outcome as a page to look at in a browser",
+    after_help = "Example:\n  stevedore run --outcome o.json --image IMG --output ./out -- CMD\n  \
+                  stevedore report o.json --html o.html\n\n\
+                  Exit status: 0 written, 1 not written (the reason on stderr), 2 bad arguments."
+)]
+pub struct ReportArgs {
+    /// The Outcome JSON (`stevedore run --outcome FILE`); `-` reads it from stdin
+    #[arg(value_name = "OUTCOME.json")]
+    outcome: PathBuf,
+    /// Where to write the page (one self-contained HTML file)
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+}
+
+/// The words that make `stevedore report ...` a report from inside an attempt rather than a
+/// page (`stevedore_init::report::parse_args`).
+const SEND_WORDS: [&str; 6] = ["progress", "heartbeat", "note", "data", "--job", "--attempt"];
+
+/// Whether `stevedore report ARGS` asks for a page (`OUTCOME.json --html FILE`) rather than to
+/// send a report from inside an attempt; with no arguments at all, the page's usage names both.
+pub fn is_page(args: &[String]) -> bool {
+    args.first().is_none_or(|a| !SEND_WORDS.contains(&a.as_str()))
+}
+
+/// `stevedore report OUTCOME.json --html FILE`: returns the exit status (0 written, 1 not
+/// written, 2 bad arguments, as the report verb's).
+pub fn main(args: &[String]) -> u8 {
+    if args.is_empty() {
+        eprintln!(
+            "usage: stevedore report OUTCOME.json --html FILE (an attempt's page)\n\
+             or, inside an attempt: stevedore {}",
+            stevedore_init::report::USAGE.trim_start_matches("usage: ")
+        );
+        return 2;
+    }
+    let a = match ReportArgs::try_parse_from(std::iter::once("stevedore report".to_owned()).chain(args.to_vec())) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let Some(html) = a.html else {
+        crate::say::say(format!(
+            "report: --html FILE is required: `stevedore report {} --html FILE` writes the attempt's page",
+            a.outcome.display()
+        ));
+        return 2;
+    };
+    let o = match read_outcome(&a.outcome) {
+        Ok(o) => o,
+        Err(e) => {
+            crate::say::say(e);
+            return 1;
+        }
+    };
+    match write_whole(&html, render(&o).as_bytes()) {
+        Ok(()) => {
+            let shown = std::path::absolute(&html).unwrap_or(html);
+            crate::say::say(format!("wrote the page to {}", shown.display()));
+            0
+        }
+        Err(e) => {
+            crate::say::say(format!("--html {}: {e}", html.display()));
+            1
+        }
+    }
+}
+
+/// Far more than any Outcome (its timeline is capped at 16 KB, most of its lists at a thousand
+/// entries): a bigger file is not one, and is not read whole.
+const MAX_OUTCOME_BYTES: u64 = 64 << 20;
+
+fn read_outcome(path: &Path) -> Result<Outcome, String> {
+    let name = path.display();
+    let mut json = String::new();
+    let read = if path == Path::new("-") {
+        std::io::stdin().lock().take(MAX_OUTCOME_BYTES + 1).read_to_string(&mut json)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(MAX_OUTCOME_BYTES + 1).read_to_string(&mut json))
+    };
+    read.map_err(|e| format!("cannot read the Outcome {name}: {e}"))?;
+    if json.len() as u64 > MAX_OUTCOME_BYTES {
+        return Err(format!("{name}: over {} MiB, too large to be an Outcome", MAX_OUTCOME_BYTES >> 20));
+    }
+    serde_json::from_str(&json).map_err(|e| format!("{name}: not an Outcome JSON ({e})"))
+}
+
+/// Writes `bytes` to `path` whole: a temporary file beside it, renamed over it, so that a
+/// browser never shows half a page. Private (0600): the page holds the tails of the captures,
+/// which stevedore keeps private.
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{:08x}", rand::random::<u32>()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+// ---- escaping ----
+
+/// `s` as HTML text (or a quoted attribute's value) on one line: `& < > " '` escaped, and
+/// every control character (newlines included) and bidirectional override shown as `say`
+/// shows it on a terminal (`\u{1b}`, `\r`, `\n`), never obeyed.
+pub fn text(s: &str) -> String {
+    escape(s, false)
+}
+
+/// `s` as HTML text that keeps its lines and tabs (a log's tail in a `<pre>`); everything else
+/// as [`text`].
+pub fn block(s: &str) -> String {
+    escape(s, true)
+}
+
+fn escape(s: &str, lines: bool) -> String {
+    let mut out = String::with_capacity(s.len() + s.len() / 8);
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '\n' | '\t' if lines => out.push(c),
+            ' '..='~' => out.push(c),
+            // Escape sequences in the words stevedore's lines use (a symbol such as `␛` is
+            // a box in many fonts).
+            c => out.push_str(&crate::say::printable(c.encode_utf8(&mut [0; 4]))),
+        }
+    }
+    out
+}
+
+/// At most `max` bytes of `s` (cut at a character), saying how much was left out.
+fn capped(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let kept = stevedore_init::wire::cap_text(s, max);
+    let left = s.len() - kept.len();
+    format!("{kept}… ({left} bytes more)")
+}
+
+// ---- figures ----
+
+/// Bytes for people, in binary units.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+fn ms(n: u64) -> String {
+    report::secs(Some(n))
+}
+
+/// A number in SVG coordinates, one decimal (finite: every scale divides by at least 1).
+fn c(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+// ---- the page ----
+
+/// The page's header is this tall (CSS px; longer text scrolls inside it), so that what
+/// follows is where the browser test looks for it.
+const HEADER_PX: u32 = 144;
+/// A section's heading is this tall.
+const HEADING_PX: u32 = 32;
+/// The page's side margin.
+const SIDE_PX: u32 = 16;
+/// The charts' width.
+const CHART_W: u32 = 960;
+/// Where the memory chart's top left corner is in the page, in CSS px: the first thing under
+/// the header and the timeline's heading.
+#[cfg_attr(not(test), expect(dead_code, reason = "where the browser test looks, pinned by a unit test"))]
+pub const MEMORY_CHART_AT: (u32, u32) = (SIDE_PX, HEADER_PX + HEADING_PX);
+
+const MEMORY: &str = "#1f77b4";
+const LIMIT: &str = "#d62728";
+const OOM: &str = "#9467bd";
+const PEAK: &str = "#ff7f0e";
+const CPU: &str = "#2ca02c";
+const PIDS: &str = "#8c564b";
+const OUT: &str = "#17becf";
+const TMP: &str = "#e377c2";
+/// The phases' colours, in their order.
+pub const PHASE_COLOURS: [&str; 8] =
+    ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f"];
+
+fn style() -> String {
+    format!(
+        "*{{box-sizing:border-box}}\
+         body{{margin:0;font:14px/20px system-ui,sans-serif;color:#222;background:#fff}}\
+         header{{height:{HEADER_PX}px;overflow:auto;padding:12px {SIDE_PX}px;background:#f4f4f4;\
+         border-left:6px solid #c62828}}\
+         header.ok{{border-left-color:#2e7d32}}\
+         h1{{margin:0;font-size:22px;line-height:32px}}\
+         .meta{{color:#555}}\
+         .human{{margin:4px 0 0;font-family:ui-monospace,monospace;overflow-wrap:anywhere}}\
+         section{{padding:0 {SIDE_PX}px 16px}}\
+         h2{{margin:0;height:{HEADING_PX}px;line-height:{HEADING_PX}px;font-size:18px;overflow:hidden}}\
+         h3{{margin:12px 0 4px;font-size:15px}}\
+         svg{{display:block;margin:0}}\
+         svg text{{font:12px system-ui,sans-serif;fill:#333}}\
+         svg text.label{{paint-order:stroke;stroke:#fbfbfb;stroke-width:3px}}\
+         p{{margin:4px 0}}\
+         .note{{color:#555}}\
+         .missing{{color:#8a4b00}}\
+         table{{border-collapse:collapse;margin:4px 0}}\
+         th,td{{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}}\
+         th{{background:#f4f4f4;font-weight:600}}\
+         td.n{{text-align:right;font-variant-numeric:tabular-nums}}\
+         .kv .kv{{margin:0}}\
+         code,.mono{{font-family:ui-monospace,monospace;overflow-wrap:anywhere}}\
+         pre{{margin:4px 0;padding:6px;background:#f6f6f6;border:1px solid #e4e4e4;\
+         white-space:pre-wrap;overflow-wrap:anywhere;max-width:{CHART_W}px}}\
+         .swatch{{display:inline-block;width:10px;height:10px;margin-right:4px}}\
+         .unknown{{color:#888}}"
+    )
+}
+
+/// The page of one attempt. The captures it names are read now (their tails); the rest is the
+/// Outcome's.
+pub fn render(o: &Outcome) -> String {
+    let mut p = String::with_capacity(64 << 10);
+    let status = o.status.to_string();
+    let reason = o.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+    let who = if o.job_id.is_empty() { "an attempt".to_owned() } else { format!("job {}", o.job_id) };
+    let _ = write!(
+        p,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <title>stevedore: {} · {}{}</title><style>{}</style></head>\n<body>\n",
+        text(&who),
+        text(&status),
+        text(&reason),
+        style()
+    );
+    let class = if o.status == Status::Ok { " class=\"ok\"" } else { "" };
+    let mut meta = vec![who];
+    if o.attempt > 0 {
+        meta.push(format!("attempt {}", o.attempt));
+    }
+    if !o.worker.is_empty() {
+        meta.push(format!("worker {}", o.worker));
+    }
+    if !o.evidence.executor.is_empty() {
+        meta.push(format!("rung {}", o.evidence.executor));
+    }
+    let _ = writeln!(
+        p,
+        "<header{class}><h1 id=\"status\">{}{}</h1><div class=\"meta\">{}</div>\
+         <p class=\"human\" id=\"human\">{}</p></header>",
+        text(&status),
+        text(&reason),
+        text(&meta.join(", ")),
+        text(&report::summary_of(o))
+    );
+    timeline(&mut p, o);
+    phases(&mut p, o);
+    outputs(&mut p, o);
+    logs(&mut p, o);
+    evidence(&mut p, o);
+    p.push_str("</body></html>\n");
+    p
+}
+
+// ---- the timeline ----
+
+/// One chart's frame: its size and where the plot is inside it.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    h: f64,
+    /// Left of the plot (room for the values).
+    left: f64,
+    right: f64,
+    top: f64,
+    bottom: f64,
+}
+
+impl Frame {
+    fn new(h: u32) -> Self {
+        Frame { h: f64::from(h), left: 80.0, right: 24.0, top: 28.0, bottom: 24.0 }
+    }
+    fn plot_w(&self) -> f64 {
+        f64::from(CHART_W) - self.left - self.right
+    }
+    fn plot_h(&self) -> f64 {
+        self.h - self.top - self.bottom
+    }
+}
+
+/// How a chart's values read.
+#[derive(Debug, Clone, Copy)]
+enum Unit {
+    Bytes,
+    Cpus,
+    Count,
+}
+
+impl Unit {
+    fn say(self, v: f64) -> String {
+        match self {
+            // Whole bytes: the axis's values are fractions of a whole number of bytes.
+            Unit::Bytes => bytes(v.round() as u64),
+            Unit::Cpus => format!("{v:.2} CPUs"),
+            Unit::Count => format!("{v:.0}"),
+        }
+    }
+}
+
+/// A line on a chart: `(t_ms, value)` points.
+struct Series {
+    id: &'static str,
+    colour: &'static str,
+    name: &'static str,
+    points: Vec<(f64, f64)>,
+    /// Drawn as steps (a rate over each interval) rather than straight between points.
+    steps: bool,
+}
+
+/// A horizontal line across a chart.
+struct Level {
+    id: &'static str,
+    value: f64,
+    label: String,
+}
+
+struct Chart {
+    id: &'static str,
+    title: String,
+    frame: Frame,
+    unit: Unit,
+    series: Vec<Series>,
+    limit: Option<Level>,
+    /// `(t_ms, bytes)` of the recorded peak.
+    peak: Option<(f64, f64)>,
+    oom_ms: Option<f64>,
+    /// The time axis, shared by every chart of the page.
+    t_max: f64,
+}
+
+impl Chart {
+    fn x(&self, t: f64) -> f64 {
+        self.frame.left + t.clamp(0.0, self.t_max) / self.t_max * self.frame.plot_w()
+    }
+
+    /// The top of the value axis: room above the highest value, the limit and the peak.
+    fn y_max(&self) -> f64 {
+        let highest = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .chain(self.limit.as_ref().map(|l| l.value))
+            .chain(self.peak.map(|p| p.1))
+            .fold(0.0, f64::max);
+        if highest > 0.0 { highest * 1.1 } else { 1.0 }
+    }
+
+    fn y(&self, v: f64, y_max: f64) -> f64 {
+        let f = self.frame;
+        f.top + f.plot_h() - v.clamp(0.0, y_max) / y_max * f.plot_h()
+    }
+
+    fn svg(&self) -> String {
+        let f = self.frame;
+        let y_max = self.y_max();
+        let (w, h) = (CHART_W, f.h);
+        let (pl, pt, pw, ph) = (f.left, f.top, f.plot_w(), f.plot_h());
+        let mut s = format!(
+            "<svg id=\"{}\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\">\
+             <rect x=\"0\" y=\"0\" width=\"{w}\" height=\"{h}\" fill=\"#ffffff\"/>\
+             <text x=\"{pl}\" y=\"18\" font-weight=\"600\">{}</text>\
+             <rect x=\"{pl}\" y=\"{pt}\" width=\"{}\" height=\"{}\" fill=\"#fbfbfb\" stroke=\"#cccccc\"/>",
+            self.id,
+            text(&self.title),
+            c(pw),
+            c(ph)
+        );
+        // Value grid and labels: 0, a half, the top.
+        for frac in [0.0, 0.5, 1.0] {
+            let v = y_max * frac;
+            let y = self.y(v, y_max);
+            let _ = write!(
+                s,
+                "<line x1=\"{pl}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#e6e6e6\"/>\
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+                c(pl + pw),
+                c(pl - 6.0),
+                c(y + 4.0),
+                text(&self.unit.say(v)),
+                y = c(y)
+            );
+        }
+        // Time labels: the start, the middle, the end.
+        for (frac, anchor) in [(0.0, "start"), (0.5, "middle"), (1.0, "end")] {
+            let t = self.t_max * frac;
+            let _ = write!(
+                s,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\">{}</text>",
+                c(self.x(t)),
+                c(pt + ph + 16.0),
+                ms(t.round() as u64)
+            );
+        }
+        for series in &self.series {
+            s.push_str(&self.path(series, y_max));
+        }
+        if let Some(l) = &self.limit {
+            // On a whole pixel, 2 px thick, edges crisp: its rows are exactly its colour.
+            let y = self.y(l.value, y_max).round();
+            let _ = write!(
+                s,
+                "<line id=\"{}\" x1=\"{pl}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{LIMIT}\" stroke-width=\"2\" \
+                 shape-rendering=\"crispEdges\"/>\
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:{LIMIT}\">{}</text>",
+                l.id,
+                c(pl + pw),
+                c(pl + pw - 4.0),
+                c(y - 5.0),
+                text(&l.label)
+            );
+        }
+        if let Some(t) = self.oom_ms {
+            let x = self.x(t).round();
+            let id = if self.id == "memory-chart" { " id=\"oom-mark\"" } else { "" };
+            let _ = write!(
+                s,
+                "<line{id} class=\"oom-mark\" x1=\"{x}\" y1=\"{pt}\" x2=\"{x}\" y2=\"{}\" stroke=\"{OOM}\" \
+                 stroke-width=\"2\" shape-rendering=\"crispEdges\"/>\
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:{OOM}\">OOM kill at {}</text>",
+                c(pt + ph),
+                c(x - 4.0),
+                c(pt + ph - 6.0),
+                ms(t.round() as u64)
+            );
+        }
+        if let Some((t, v)) = self.peak {
+            let (x, y) = (self.x(t), self.y(v, y_max));
+            let _ = write!(
+                s,
+                "<circle id=\"memory-peak\" cx=\"{}\" cy=\"{}\" r=\"4.5\" fill=\"{PEAK}\" stroke=\"#ffffff\"/>\
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:#b35900\">peak {}</text>",
+                c(x),
+                c(y),
+                c(x - 8.0),
+                c(y + 16.0),
+                text(&bytes(v as u64))
+            );
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+
+    fn path(&self, series: &Series, y_max: f64) -> String {
+        let mut d = String::new();
+        let mut previous: Option<f64> = None;
+        for &(t, v) in &series.points {
+            let (x, y) = (c(self.x(t)), c(self.y(v, y_max)));
+            match previous {
+                None => {
+                    let _ = write!(d, "M{x} {y}");
+                }
+                Some(prev_x) if series.steps => {
+                    let _ = write!(d, " L{} {y} L{x} {y}", c(prev_x));
+                }
+                Some(_) => {
+                    let _ = write!(d, " L{x} {y}");
+                }
+            }
+            previous = Some(self.x(t));
+        }
+        if d.is_empty() {
+            return String::new();
+        }
+        let mut s = format!(
+            "<path id=\"{}\" d=\"{d}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2.5\" \
+             stroke-linejoin=\"round\"><title>{}</title></path>",
+            series.id, series.colour, series.name
+        );
+        // One point draws no line: a dot shows it.
+        if let [(t, v)] = series.points[..] {
+            let _ = write!(
+                s,
+                "<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>",
+                c(self.x(t)),
+                c(self.y(v, y_max)),
+                series.colour
+            );
+        }
+        s
+    }
+}
+
+/// `(t, column[i])` for as many samples as both have (a column of another length is cut
+/// short, never read past).
+fn points(t: &[u64], column: &[u64]) -> Vec<(f64, f64)> {
+    t.iter().zip(column).map(|(&t, &v)| (t as f64, v as f64)).collect()
+}
+
+/// CPU use in CPUs over each interval between samples: Δcpu_ms / Δt_ms, drawn from the
+/// interval's start to its end. An interval of no time (or a counter that went back) says
+/// nothing.
+fn cpu_rates(t: &[u64], cpu_ms: &[u64]) -> Vec<(f64, f64)> {
+    let samples: Vec<(u64, u64)> = t.iter().copied().zip(cpu_ms.iter().copied()).collect();
+    let mut out = Vec::new();
+    for pair in samples.windows(2) {
+        let ((t0, c0), (t1, c1)) = (pair[0], pair[1]);
+        let Some(dt) = t1.checked_sub(t0).filter(|&dt| dt > 0) else { continue };
+        let rate = c1.saturating_sub(c0) as f64 / dt as f64;
+        if out.is_empty() {
+            out.push((t0 as f64, rate));
+        }
+        out.push((t1 as f64, rate));
+    }
+    out
+}
+
+/// The columns of the timeline, with their names in the Outcome.
+fn columns(tl: &Timeline) -> [(&'static str, &[u64]); 5] {
+    [
+        ("memory_bytes", &tl.memory_bytes),
+        ("cpu_ms", &tl.cpu_ms),
+        ("pids", &tl.pids),
+        ("out_bytes", &tl.out_bytes),
+        ("tmp_bytes", &tl.tmp_bytes),
+    ]
+}
+
+/// Why `column` has no samples, as a paragraph, or nothing when it has some.
+fn missing(tl: &Timeline, column: &str, samples: usize) -> String {
+    if samples > 0 {
+        return String::new();
+    }
+    let why = tl.missing.get(column).map_or("the Outcome does not say why", String::as_str);
+    format!("<p class=\"missing\">No <code>{column}</code> samples: {}.</p>\n", text(why))
+}
+
+fn timeline(p: &mut String, o: &Outcome) {
+    p.push_str("<section id=\"timeline\"><h2>Timeline</h2>\n");
+    let Some(tl) = &o.usage.timeline else {
+        let why = o.usage.sources.timeline.as_ref().map_or_else(
+            || "the Outcome does not say why (an older stevedore, or a rung that does not sample)".to_owned(),
+            ToString::to_string,
+        );
+        let _ = writeln!(p, "<p id=\"timeline-none\" class=\"missing\">No timeline: {}.</p></section>", text(&why));
+        return;
+    };
+    let t = &tl.t_ms;
+    let t_max =
+        t.iter().copied().chain(tl.peak.as_ref().map(|pk| pk.t_ms)).chain(tl.oom_kill_ms).max().unwrap_or(0).max(1)
+            as f64;
+    let oom_ms = tl.oom_kill_ms.map(|v| v as f64);
+    let memory_limit = tl.memory_limit_bytes.map(|l| Level {
+        id: "memory-limit",
+        value: l as f64,
+        label: format!("limit {}", bytes(l)),
+    });
+    let peak = tl.peak.as_ref().map(|pk| (pk.t_ms as f64, pk.memory_bytes as f64));
+    let mut title = "Memory".to_owned();
+    if let Some(l) = tl.memory_limit_bytes {
+        let _ = write!(title, " (limit {})", bytes(l));
+    }
+    let memory = Chart {
+        id: "memory-chart",
+        title,
+        frame: Frame::new(240),
+        unit: Unit::Bytes,
+        series: vec![Series {
+            id: "memory-path",
+            colour: MEMORY,
+            name: "memory in use",
+            points: points(t, &tl.memory_bytes),
+            steps: false,
+        }],
+        limit: memory_limit,
+        peak,
+        oom_ms,
+        t_max,
+    };
+    // First under the heading, where MEMORY_CHART_AT says.
+    p.push_str(&memory.svg());
+    p.push_str(&missing(tl, "memory_bytes", t.len().min(tl.memory_bytes.len())));
+    if let Some(pk) = &tl.peak {
+        let _ = writeln!(
+            p,
+            "<p class=\"note\">The dot is the cgroup's recorded peak, {} at {}: the highest use, which a \
+             sample may have missed.</p>",
+            bytes(pk.memory_bytes),
+            ms(pk.t_ms)
+        );
+    }
+    let cpu_limit = tl.cpu_limit_millicpus.map(|m| Level {
+        id: "cpu-limit",
+        value: m as f64 / 1000.0,
+        label: format!("limit {:.2} CPUs", m as f64 / 1000.0),
+    });
+    let rates = cpu_rates(t, &tl.cpu_ms);
+    let cpu = Chart {
+        id: "cpu-chart",
+        title: "CPU, in CPUs (CPU time used over each interval ÷ its length)".to_owned(),
+        frame: Frame::new(160),
+        unit: Unit::Cpus,
+        series: vec![Series { id: "cpu-path", colour: CPU, name: "CPU use", points: rates, steps: true }],
+        limit: cpu_limit,
+        peak: None,
+        oom_ms,
+        t_max,
+    };
+    p.push_str(&cpu.svg());
+    let cpu_samples = t.len().min(tl.cpu_ms.len());
+    p.push_str(&missing(tl, "cpu_ms", cpu_samples));
+    if cpu_samples == 1 {
+        p.push_str("<p class=\"missing\">One CPU sample: no interval to measure a rate over.</p>\n");
+    }
+    let pids = Chart {
+        id: "pids-chart",
+        title: "Processes and threads".to_owned(),
+        frame: Frame::new(160),
+        unit: Unit::Count,
+        series: vec![Series { id: "pids-path", colour: PIDS, name: "pids", points: points(t, &tl.pids), steps: false }],
+        limit: None,
+        peak: None,
+        oom_ms,
+        t_max,
+    };
+    p.push_str(&pids.svg());
+    p.push_str(&missing(tl, "pids", t.len().min(tl.pids.len())));
+    let disk = Chart {
+        id: "disk-chart",
+        title: "Bytes in /out (cyan) and /tmp (pink)".to_owned(),
+        frame: Frame::new(160),
+        unit: Unit::Bytes,
+        series: vec![
+            Series { id: "out-path", colour: OUT, name: "/out", points: points(t, &tl.out_bytes), steps: false },
+            Series { id: "tmp-path", colour: TMP, name: "/tmp", points: points(t, &tl.tmp_bytes), steps: false },
+        ],
+        limit: None,
+        peak: None,
+        oom_ms,
+        t_max,
+    };
+    p.push_str(&disk.svg());
+    p.push_str(&missing(tl, "out_bytes", t.len().min(tl.out_bytes.len())));
+    p.push_str(&missing(tl, "tmp_bytes", t.len().min(tl.tmp_bytes.len())));
+    // What the charts rest on.
+    let mut facts = vec![format!("{} samples", t.len())];
+    if tl.first_period_ms > 0 {
+        facts.push(format!("every {} at first", ms(tl.first_period_ms)));
+    }
+    if tl.period_ms > 0 && tl.period_ms != tl.first_period_ms {
+        facts.push(format!("every {} at the end (thinned as the attempt went on)", ms(tl.period_ms)));
+    }
+    if let Some(src) = &o.usage.sources.timeline {
+        facts.push(format!("source: {src}"));
+    }
+    let _ = writeln!(p, "<p class=\"note\">Times since the command started; {}.</p>", text(&facts.join(", ")));
+    if t.is_empty() {
+        p.push_str("<p class=\"missing\">The timeline has no samples.</p>\n");
+    }
+    // A reason not said under a chart: for a column that has samples after all, or for one
+    // this page does not know.
+    for (column, why) in &tl.missing {
+        let said = columns(tl).iter().any(|(name, col)| name == column && t.len().min(col.len()) == 0);
+        if !said {
+            let _ = writeln!(p, "<p class=\"missing\">{}: {}</p>", text(column), text(why));
+        }
+    }
+    p.push_str("</section>\n");
+}
+
+// ---- the phases ----
+
+fn phases(p: &mut String, o: &Outcome) {
+    let ph = &o.evidence.phases;
+    let all = [
+        ("prepared", "prepared", ph.prepared_ms),
+        ("inputs-staged", "inputs staged", ph.inputs_staged_ms),
+        ("created", "created", ph.created_ms),
+        ("started", "started", ph.started_ms),
+        ("command-started", "command started", ph.command_started_ms),
+        ("command-ended", "command ended", ph.command_ended_ms),
+        ("outputs-collected", "outputs collected", ph.outputs_collected_ms),
+        ("concluded", "concluded", ph.concluded_ms),
+    ];
+    p.push_str("<section id=\"phases\"><h2>Phases</h2>\n");
+    // Each reached phase ends a segment that began where the one before it ended (or when the
+    // rung took the attempt). An offset below the one before it (clocks are not that kind,
+    // but an Outcome is only data) makes an empty segment, never a negative one.
+    let mut segments = Vec::new();
+    let mut end = 0u64;
+    for (i, (key, label, at)) in all.iter().enumerate() {
+        if let Some(at) = *at {
+            let start = end;
+            end = end.max(at);
+            segments.push((key, label, PHASE_COLOURS[i], start, end, at));
+        }
+    }
+    if segments.is_empty() {
+        p.push_str(
+            "<p class=\"missing\">No phase was timed (a rung without stevedore's init, or an older \
+             stevedore).</p></section>\n",
+        );
+        return;
+    }
+    let total = end.max(1) as f64;
+    let (w, h, bar_h) = (CHART_W, 40, 28.0);
+    let _ = write!(p, "<svg id=\"phases-bar\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\">");
+    for &(key, label, colour, start, end, _) in &segments {
+        let x = start as f64 / total * f64::from(w);
+        let width = (end - start) as f64 / total * f64::from(w);
+        let took = ms(end - start);
+        let _ = write!(
+            p,
+            "<rect id=\"phase-{key}\" x=\"{}\" y=\"4\" width=\"{}\" height=\"{bar_h}\" fill=\"{colour}\">\
+             <title>until {label}: {took}</title></rect>",
+            c(x),
+            c(width)
+        );
+        // Its time inside it when it fits (about 7 px a character); the table has them all.
+        if width >= (took.len() as f64) * 7.0 + 8.0 {
+            let _ = write!(
+                p,
+                "<text x=\"{}\" y=\"23\" text-anchor=\"middle\" style=\"fill:#111111\">{took}</text>",
+                c(x + width / 2.0)
+            );
+        }
+    }
+    p.push_str("</svg>\n<table id=\"phases-table\"><tr><th>phase</th><th>reached at</th><th>took</th></tr>\n");
+    for &(_, label, colour, start, end, at) in &segments {
+        let _ = writeln!(
+            p,
+            "<tr><td><span class=\"swatch\" style=\"background:{colour}\"></span>{label}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            ms(at),
+            ms(end - start)
+        );
+    }
+    p.push_str(
+        "</table>\n<p class=\"note\">Milliseconds since the rung took the attempt; each segment is the time \
+         until its phase was reached.</p></section>\n",
+    );
+}
+
+// ---- the outputs ----
+
+fn outputs(p: &mut String, o: &Outcome) {
+    p.push_str("<section id=\"outputs\"><h2>Outputs</h2>\n");
+    if o.outputs.is_empty() {
+        p.push_str("<p>No output file.</p>\n");
+    } else {
+        let total: u64 = o.outputs.iter().map(|f| f.size).fold(0, u64::saturating_add);
+        let _ = writeln!(
+            p,
+            "<p>{} file{}, {}.</p>\n<table id=\"outputs-table\"><tr><th>path</th><th>size</th><th>bytes</th>\
+             <th>digest</th><th>type</th></tr>",
+            o.outputs.len(),
+            if o.outputs.len() == 1 { "" } else { "s" },
+            bytes(total)
+        );
+        for f in &o.outputs {
+            let _ = writeln!(
+                p,
+                "<tr><td class=\"mono\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"mono\">{}</td><td>{}</td></tr>",
+                text(&capped(&f.name, 4096)),
+                bytes(f.size),
+                f.size,
+                text(&capped(&f.hash, 200)),
+                text(&capped(&f.content_type, 200))
+            );
+        }
+        p.push_str("</table>\n");
+    }
+    let refused = &o.evidence.refused_outputs;
+    if !refused.is_empty() {
+        p.push_str("<h3>Not collected</h3><table id=\"refused-outputs\"><tr><th>path</th><th>why</th></tr>\n");
+        for r in refused {
+            let _ = writeln!(
+                p,
+                "<tr><td class=\"mono\">{}</td><td>{}</td></tr>",
+                text(&capped(&r.name, 4096)),
+                text(&capped(&r.why, 1024))
+            );
+        }
+        p.push_str("</table>\n");
+    }
+    p.push_str("</section>\n");
+}
+
+// ---- the logs ----
+
+/// Of a capture, at most the last this many bytes...
+const TAIL_BYTES: u64 = 4 << 10;
+/// ...and of those, the last this many lines.
+const TAIL_LINES: usize = 40;
+
+/// The end of the capture at `path`: `(text, whether it is all of the file)`, or why not.
+fn tail(path: &Path) -> Result<(String, bool), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: a FIFO named in an Outcome must not hang the page; it is then refused as
+    // not a regular file.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let from = meta.len().saturating_sub(TAIL_BYTES);
+    f.seek(std::io::SeekFrom::Start(from)).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    f.take(TAIL_BYTES).read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let mut whole = from == 0;
+    let mut kept: &[u8] = &buf;
+    // A tail cut mid-line starts at the next whole line, when there is one.
+    if !whole && let Some(nl) = kept.iter().position(|&b| b == b'\n') {
+        kept = &kept[nl + 1..];
+    }
+    let s = String::from_utf8_lossy(kept);
+    let lines: Vec<&str> = s.lines().collect();
+    if lines.len() > TAIL_LINES {
+        whole = false;
+    }
+    let mut out = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+    if s.ends_with('\n') && !out.is_empty() {
+        out.push('\n');
+    }
+    Ok((out, whole))
+}
+
+fn logs(p: &mut String, o: &Outcome) {
+    p.push_str("<section id=\"logs\"><h2>Logs</h2>\n");
+    let l = &o.evidence.logs;
+    for (name, cap) in [("stdout", &l.stdout), ("stderr", &l.stderr)] {
+        capture(p, name, cap);
+    }
+    if o.evidence.live_dropped_bytes > 0 {
+        let _ = writeln!(
+            p,
+            "<p class=\"note\">{} of live output did not reach the caller (the captures have them).</p>",
+            bytes(o.evidence.live_dropped_bytes)
+        );
+    }
+    p.push_str("</section>\n");
+}
+
+fn capture(p: &mut String, name: &str, cap: &LogCapture) {
+    let mut facts = format!("{} in all", bytes(cap.bytes));
+    if cap.truncated {
+        facts.push_str(", the capture keeps only part of it");
+    }
+    let _ = write!(p, "<h3>{name}</h3><p>{facts}");
+    let Some(path) = &cap.path else {
+        p.push_str("; the capture was not kept (<code>stevedore run --logs DIR</code> keeps it).</p>\n");
+        return;
+    };
+    let _ = writeln!(p, "; captured in <code>{}</code>.</p>", text(path));
+    match tail(Path::new(path)) {
+        Ok((_, _)) if cap.bytes == 0 => {}
+        Ok((t, _)) if t.is_empty() => p.push_str("<p class=\"note\">The capture is empty.</p>\n"),
+        Ok((t, whole)) => {
+            if !whole {
+                let _ =
+                    writeln!(p, "<p class=\"note\">Its last {TAIL_LINES} lines or {} at most:</p>", bytes(TAIL_BYTES));
+            }
+            let _ = writeln!(p, "<pre id=\"{name}-tail\">{}</pre>", block(&t));
+        }
+        Err(why) => {
+            let _ = writeln!(p, "<p class=\"missing\">The capture is gone: {}.</p>", text(&why));
+        }
+    }
+}
+
+// ---- the evidence ----
+
+fn evidence(p: &mut String, o: &Outcome) {
+    p.push_str(
+        "<section id=\"evidence\"><h2>Evidence</h2>\n<h3>The attempt</h3>\n<table class=\"kv\" id=\"attempt-table\">",
+    );
+    let next = match o.next() {
+        Next::Done => "done",
+        Next::Retry => "retry (spends one of the job's retries)",
+        Next::Requeue => "requeue (it never ran: no retry spent)",
+        Next::GiveUp => "give up (retrying cannot help)",
+        _ => "see the Outcome",
+    };
+    let opt = |v: Option<i32>| v.map_or_else(|| "<span class=\"unknown\">none</span>".to_owned(), |v| v.to_string());
+    let rows = [
+        ("status", text(&o.status.to_string())),
+        ("reason", o.reason.map_or_else(|| "<span class=\"unknown\">none</span>".to_owned(), |r| text(&r.to_string()))),
+        ("exit code", opt(o.exit_code)),
+        ("signal", opt(o.signal)),
+        ("permanent", o.permanent.to_string()),
+        ("next", next.to_owned()),
+        ("job", text(&o.job_id)),
+        ("attempt", o.attempt.to_string()),
+        ("worker", text(&o.worker)),
+    ];
+    for (k, v) in rows {
+        let _ = write!(p, "<tr><th>{k}</th><td>{v}</td></tr>");
+    }
+    if !o.handler_error.is_empty() {
+        let _ = write!(
+            p,
+            "<tr><th>handler error</th><td><pre id=\"handler-error\">{}</pre></td></tr>",
+            block(&capped(&o.handler_error, 8 << 10))
+        );
+    }
+    p.push_str(
+        "</table>\n<h3>Usage</h3>\n<table id=\"usage-table\"><tr><th>figure</th><th>value</th><th>source</th></tr>\n",
+    );
+    let u = &o.usage;
+    let src = |s: &Option<stevedore::contract::Source>| {
+        s.as_ref().map_or_else(|| "<span class=\"unknown\">not said</span>".to_owned(), |s| text(&s.to_string()))
+    };
+    let figure = |v: Option<u64>, say: fn(u64) -> String| {
+        v.map_or_else(|| "<span class=\"unknown\">unknown</span>".to_owned(), |v| format!("{} ({v})", say(v)))
+    };
+    let usage_rows = [
+        ("wall time", figure(u.wall_time_ms, ms), src(&u.sources.wall_time_ms)),
+        ("CPU time", figure(u.cpu_time_ms, ms), src(&u.sources.cpu_time_ms)),
+        ("peak memory", figure(u.peak_memory_bytes, bytes), src(&u.sources.peak_memory_bytes)),
+        ("disk written", figure(u.disk_written_bytes, bytes), src(&u.sources.disk_written_bytes)),
+        (
+            "OOM kills",
+            o.evidence.oom_kills.map_or_else(|| "<span class=\"unknown\">unknown</span>".to_owned(), |n| n.to_string()),
+            src(&u.sources.oom_kills),
+        ),
+    ];
+    for (k, v, s) in usage_rows {
+        let _ = writeln!(p, "<tr><th>{k}</th><td class=\"n\">{v}</td><td>{s}</td></tr>");
+    }
+    p.push_str("</table>\n<h3>Facts</h3>\n");
+    // Every field of the evidence, as the JSON names it, but those drawn above.
+    match serde_json::to_value(&o.evidence) {
+        Ok(Value::Object(mut m)) => {
+            m.remove("phases");
+            m.remove("logs");
+            p.push_str("<table class=\"kv\" id=\"evidence-table\">");
+            for (k, v) in &m {
+                let _ = write!(p, "<tr><th>{}</th><td>", text(k));
+                json(p, v, 0);
+                p.push_str("</td></tr>\n");
+            }
+            p.push_str("</table>\n");
+        }
+        _ => p.push_str("<p class=\"missing\">The evidence could not be shown.</p>\n"),
+    }
+    p.push_str("</section>\n");
+}
+
+/// Deeper than any evidence nests: what is below is shown as JSON text.
+const MAX_DEPTH: usize = 6;
+
+/// A JSON value as HTML: objects and arrays of objects as nested key/value tables, lists of
+/// words one a line, `null` as unknown.
+fn json(p: &mut String, v: &Value, depth: usize) {
+    match v {
+        Value::Null => p.push_str("<span class=\"unknown\">unknown</span>"),
+        Value::Bool(b) => p.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => p.push_str(&n.to_string()),
+        Value::String(s) => p.push_str(&text(&capped(s, 4096))),
+        Value::Array(a) if a.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
+        Value::Object(m) if m.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
+        _ if depth >= MAX_DEPTH => p.push_str(&text(&capped(&v.to_string(), 4096))),
+        Value::Array(a) if a.iter().all(|v| !v.is_object() && !v.is_array()) => {
+            for (i, item) in a.iter().enumerate() {
+                if i > 0 {
+                    p.push_str("<br>");
+                }
+                json(p, item, depth + 1);
+            }
+        }
+        Value::Array(a) => {
+            p.push_str("<table class=\"kv\">");
+            for (i, item) in a.iter().enumerate() {
+                let _ = write!(p, "<tr><th>{}</th><td>", i + 1);
+                json(p, item, depth + 1);
+                p.push_str("</td></tr>");
+            }
+            p.push_str("</table>");
+        }
+        Value::Object(m) => {
+            p.push_str("<table class=\"kv\">");
+            for (k, item) in m {
+                let _ = write!(p, "<tr><th>{}</th><td>", text(k));
+                json(p, item, depth + 1);
+                p.push_str("</td></tr>");
+            }
+            p.push_str("</table>");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use stevedore::contract::{
+        CacheUse, EnvOverride, InputsStaged, NarrowedLimit, OutputFile, Reason, RefusedEntry, ReportsSeen, Source,
+        SparseInput, TimelinePeak,
+    };
+
+    /// Markup, a quote that would end an attribute, and the control bytes a terminal obeys.
+    const HOSTILE: &str =
+        "</svg></table></pre><script>alert(1)</script>\"onload=alert(2) 'x' \x1b[31m\0\r\x07\u{9b}\u{202e}";
+
+    fn outcome_with_timeline(n: usize) -> Outcome {
+        let mut o = Outcome::new(Status::OomKilled);
+        o.reason = Some(Reason::Oom);
+        let mut tl = Timeline::default();
+        tl.first_period_ms = 100;
+        tl.period_ms = 100;
+        for i in 0..n as u64 {
+            tl.t_ms.push(i * 100);
+            tl.memory_bytes.push((i + 1) << 20);
+            tl.cpu_ms.push(i * 50);
+            tl.pids.push(1 + i % 3);
+            tl.out_bytes.push(i * 10);
+            tl.tmp_bytes.push(i * 20);
+        }
+        tl.memory_limit_bytes = Some(64 << 20);
+        tl.cpu_limit_millicpus = Some(500);
+        tl.oom_kill_ms = Some(n as u64 * 100);
+        tl.peak = Some(TimelinePeak { t_ms: n as u64 * 100 + 20, memory_bytes: 64 << 20 });
+        o.usage.timeline = Some(tl);
+        o.usage.sources.timeline = Some(Source::Sampled);
+        o
+    }
+
+    /// What no page may ever hold, whatever the Outcome.
+    fn assert_clean(page: &str) {
+        for raw in ["<script", "\"onload=", "'x'", "\x1b", "\0", "\r", "\x07", "\u{9b}", "\u{202e}"] {
+            assert!(!page.contains(raw), "{raw:?} is in the page raw");
+        }
+        assert_eq!(page.matches("<svg ").count(), page.matches("</svg>").count(), "an svg closed early");
+        assert_eq!(page.matches("<pre").count(), page.matches("</pre>").count(), "a pre closed early");
+        for external in ["http:", "https:", "src=", "url(", "<link", "<iframe", "<img", "@import"] {
+            assert!(!page.contains(external), "{external:?} in the page");
+        }
+    }
+
+    /// Every coordinate a number (`format!` writes `NaN` and `inf` for what is not).
+    fn assert_finite(page: &str) {
+        for bad in ["NaN", "\"inf", "\"-inf", " inf", "Linf", "Minf"] {
+            assert!(!page.contains(bad), "{bad:?} in the page: {page}");
+        }
+    }
+
+    #[test]
+    fn escaping_shows_markup_and_control_bytes_as_text() {
+        assert_eq!(text("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&#39;");
+        assert_eq!(text("\x1b[31m\0\r\n\t\x7f"), "\\u{1b}[31m\\u{0}\\r\\n\\t\\u{7f}");
+        assert_eq!(block("a\nb\tc\r"), "a\nb\tc\\r");
+        assert_eq!(text("\u{9b}x\u{202e}y"), "\\u{9b}x\\u{202e}y");
+        assert_eq!(text("plain ünïcode ✓"), "plain ünïcode ✓");
+    }
+
+    #[test]
+    fn sandbox_text_is_escaped_in_every_field() {
+        let h = || HOSTILE.to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stdout.log");
+        std::fs::write(&log, format!("line one\n{HOSTILE}\nlast\n")).unwrap();
+        let mut o = outcome_with_timeline(5);
+        o.job_id = h();
+        o.worker = h();
+        o.handler_error = format!("{HOSTILE}\nsecond line {HOSTILE}");
+        o.outputs.push(OutputFile { name: h(), size: 3, hash: h(), content_type: h() });
+        let e = &mut o.evidence;
+        e.executor = h();
+        e.worker = h();
+        e.incarnation = h();
+        e.container_id = Some(h());
+        e.pod = Some(h());
+        e.node = Some(h());
+        e.image = Some(h());
+        e.image_id = Some(h());
+        e.engine_version = Some(h());
+        e.api_version = Some(h());
+        e.runtime = Some(h());
+        e.enforcement.insert(h(), h());
+        e.skipped.insert(h(), h());
+        e.limits_narrowed.push(NarrowedLimit { key: h(), from: 2, to: 1, why: h() });
+        e.logs.stdout = LogCapture { path: Some(log.to_string_lossy().into_owned()), bytes: 40, truncated: false };
+        e.logs.stderr = LogCapture { path: Some(format!("/nonexistent/{HOSTILE}")), bytes: 4, truncated: true };
+        e.refused_outputs.push(RefusedEntry { name: h(), why: h() });
+        e.env_overrides.push(EnvOverride { key: h(), origin: h(), overrode: vec![h()] });
+        e.ports.insert(h(), h());
+        e.refused_claims.push(h());
+        e.init = Some(h());
+        e.inputs = Some(InputsStaged {
+            skipped: vec![h()],
+            sparse: vec![SparseInput { name: h(), apparent_bytes: 1, allocated_bytes: 0 }],
+            ..Default::default()
+        });
+        e.init_diagnostics.push(h());
+        e.caches.insert(h(), CacheUse { volume: h(), path: h(), bytes: None });
+        e.recovered = Some(h());
+        e.reports = Some(ReportsSeen { refusals: vec![h()], ..Default::default() });
+        e.hook_failures.push(h());
+        e.notes.push(h());
+        let s = &mut o.usage.sources;
+        s.wall_time_ms = Some(Source::unavailable(HOSTILE));
+        s.cpu_time_ms = Some(Source::unavailable(HOSTILE));
+        s.timeline = Some(Source::unavailable(HOSTILE));
+        if let Some(tl) = o.usage.timeline.as_mut() {
+            tl.pids.clear();
+            tl.missing.insert("pids".into(), h());
+            tl.missing.insert(h(), h());
+        }
+        let page = render(&o);
+        assert_clean(&page);
+        assert!(page.contains(
+            "&lt;script&gt;alert(1)&lt;/script&gt;&quot;onload=alert(2) &#39;x&#39; \\u{1b}[31m\\u{0}\\r\\u{7}"
+        ));
+        // The hostile text shows in each place it was put (the evidence's map keys twice).
+        assert!(page.matches("&lt;script&gt;").count() >= 40, "{}", page.matches("&lt;script&gt;").count());
+        assert!(page.contains("id=\"stdout-tail\">line one\n"), "the capture's tail is shown");
+        assert!(page.contains("The capture is gone"));
+        // Without a timeline, the reason is the untrusted one.
+        o.usage.timeline = None;
+        assert_clean(&render(&o));
+    }
+
+    #[test]
+    fn no_timeline_says_why() {
+        let mut o = Outcome::new(Status::Ok);
+        o.usage.sources.timeline = Some(Source::unavailable("the rung does not sample"));
+        let page = render(&o);
+        assert!(page.contains("id=\"timeline-none\""));
+        assert!(page.contains("No timeline: unavailable: the rung does not sample."), "{page}");
+        assert!(!page.contains("memory-chart"));
+        o.usage.sources.timeline = None;
+        assert!(render(&o).contains("No timeline: the Outcome does not say why"));
+        assert_clean(&render(&o));
+    }
+
+    #[test]
+    fn an_oom_is_marked_with_the_limit_and_the_peak() {
+        let o = outcome_with_timeline(20);
+        let page = render(&o);
+        for id in ["memory-chart", "memory-path", "memory-limit", "oom-mark", "memory-peak", "cpu-path", "cpu-limit"] {
+            assert!(page.contains(&format!("id=\"{id}\"")), "no {id}");
+        }
+        assert_eq!(page.matches("class=\"oom-mark\"").count(), 4, "on every chart");
+        assert!(page.contains("OOM kill at 2.0 s"));
+        assert!(page.contains(&format!("stroke=\"{LIMIT}\"")));
+        // The memory chart comes first in the timeline, where MEMORY_CHART_AT says.
+        let timeline = page.find("<section id=\"timeline\">").unwrap();
+        let first_svg = timeline + page[timeline..].find("<svg").unwrap();
+        assert!(page[first_svg..].starts_with("<svg id=\"memory-chart\" width=\"960\" height=\"240\""));
+        assert_eq!(MEMORY_CHART_AT, (16, 176));
+        assert_clean(&page);
+        let mut ok = outcome_with_timeline(3);
+        if let Some(tl) = ok.usage.timeline.as_mut() {
+            tl.oom_kill_ms = None;
+        }
+        assert!(!render(&ok).contains("oom-mark"));
+    }
+
+    #[test]
+    fn the_limit_line_is_above_the_memory_and_on_a_whole_pixel() {
+        let page = render(&outcome_with_timeline(10));
+        let limit = &page[page.find("id=\"memory-limit\"").unwrap()..];
+        let y1: f64 = limit.split("y1=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert_eq!(y1.fract(), 0.0);
+        let path = &page[page.find("id=\"memory-path\"").unwrap()..];
+        let d = path.split(" d=\"").nth(1).unwrap().split('"').next().unwrap();
+        let ys: Vec<f64> = d
+            .split(['M', 'L'])
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| p.split_whitespace().nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(ys.len(), 10);
+        assert!(ys.iter().all(|&y| y > y1), "memory below its limit: {ys:?} vs {y1}");
+        assert!(ys.windows(2).all(|w| w[1] < w[0]), "climbing: {ys:?}");
+    }
+
+    #[test]
+    fn one_sample_or_empty_columns_draw_without_dividing_by_zero() {
+        let mut o = outcome_with_timeline(1);
+        let page = render(&o);
+        assert!(page.contains("One CPU sample: no interval"));
+        assert_finite(&page);
+        let tl = o.usage.timeline.as_mut().unwrap();
+        tl.t_ms = vec![0, 0, 0];
+        tl.memory_bytes.clear();
+        tl.cpu_ms = vec![5, 3, 9];
+        tl.pids.clear();
+        tl.out_bytes.clear();
+        tl.tmp_bytes = vec![1];
+        tl.peak = None;
+        tl.oom_kill_ms = None;
+        tl.memory_limit_bytes = None;
+        tl.cpu_limit_millicpus = None;
+        tl.missing = BTreeMap::from([("memory_bytes".to_owned(), "no memory.current".to_owned())]);
+        let page = render(&o);
+        assert_finite(&page);
+        assert!(page.contains("No <code>memory_bytes</code> samples: no memory.current."));
+        assert!(page.contains("No <code>pids</code> samples: the Outcome does not say why."));
+        assert!(!page.contains("id=\"cpu-path\""), "no interval of any length: no rate");
+        o.usage.timeline = Some(Timeline::default());
+        let page = render(&o);
+        assert!(page.contains("The timeline has no samples."));
+        assert_finite(&page);
+    }
+
+    #[test]
+    fn huge_values_do_not_overflow() {
+        let mut o = outcome_with_timeline(3);
+        o.usage.wall_time_ms = Some(u64::MAX);
+        o.usage.peak_memory_bytes = Some(u64::MAX);
+        o.outputs =
+            vec![OutputFile { name: "a".into(), size: u64::MAX, hash: String::new(), content_type: String::new() }; 2];
+        let tl = o.usage.timeline.as_mut().unwrap();
+        tl.t_ms = vec![0, u64::MAX - 1, u64::MAX];
+        tl.memory_bytes = vec![u64::MAX; 3];
+        tl.cpu_ms = vec![0, u64::MAX, 0];
+        tl.memory_limit_bytes = Some(u64::MAX);
+        tl.cpu_limit_millicpus = Some(u64::MAX);
+        tl.oom_kill_ms = Some(u64::MAX);
+        tl.peak = Some(TimelinePeak { t_ms: u64::MAX, memory_bytes: u64::MAX });
+        let ph = &mut o.evidence.phases;
+        ph.prepared_ms = Some(u64::MAX);
+        ph.created_ms = Some(3);
+        ph.concluded_ms = Some(u64::MAX);
+        let page = render(&o);
+        assert!(page.contains("16.0 EiB"));
+        assert_finite(&page);
+        assert_clean(&page);
+    }
+
+    #[test]
+    fn the_phases_are_one_bar_in_their_order() {
+        let mut o = Outcome::new(Status::Ok);
+        let ph = &mut o.evidence.phases;
+        ph.prepared_ms = Some(10);
+        ph.created_ms = Some(40);
+        ph.started_ms = Some(30);
+        ph.command_started_ms = Some(100);
+        ph.concluded_ms = Some(1000);
+        let page = render(&o);
+        let ids = ["phase-prepared", "phase-created", "phase-started", "phase-command-started", "phase-concluded"];
+        let at: Vec<usize> = ids.iter().map(|id| page.find(&format!("id=\"{id}\"")).unwrap()).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "in order");
+        assert!(!page.contains("phase-inputs-staged"), "a phase not reached has no segment");
+        assert!(page.contains("<title>until concluded: 900 ms</title>"));
+        assert!(page.contains("<title>until started: 0 ms</title>"), "an offset that went back is empty");
+        assert!(!render(&Outcome::new(Status::Ok)).contains("phases-bar"));
+    }
+
+    #[test]
+    fn a_capture_shows_its_tail_and_says_when_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = dir.path().join("long");
+        let lines: String = (0..1000).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&long, &lines).unwrap();
+        let (t, whole) = tail(&long).unwrap();
+        assert!(!whole);
+        assert_eq!(t.lines().count(), TAIL_LINES);
+        assert!(t.starts_with("line 960\n") && t.ends_with("line 999\n"), "{t}");
+        let short = dir.path().join("short");
+        std::fs::write(&short, "a\nb").unwrap();
+        assert_eq!(tail(&short).unwrap(), ("a\nb".to_owned(), true));
+        assert!(tail(dir.path()).is_err(), "a directory is not a capture");
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(tail(&fifo).unwrap_err(), "not a regular file", "and a FIFO does not hang the page");
+        let mut o = Outcome::new(Status::Ok);
+        o.evidence.logs.stdout =
+            LogCapture { path: Some(long.to_string_lossy().into()), bytes: 8890, truncated: false };
+        o.evidence.logs.stderr = LogCapture { path: None, bytes: 0, truncated: false };
+        let page = render(&o);
+        assert!(page.contains("Its last 40 lines"));
+        assert!(page.contains("the capture was not kept"));
+    }
+
+    #[test]
+    fn the_page_is_whole_and_fetches_nothing() {
+        let mut o = outcome_with_timeline(30);
+        o.outputs.push(OutputFile {
+            name: "report/sizes.txt".into(),
+            size: 1234,
+            hash: format!("sha256:{}", "ab".repeat(32)),
+            content_type: "text/plain".into(),
+        });
+        o.evidence.enforcement.insert("memory".into(), "cgroup memory limit".into());
+        o.evidence.phases.concluded_ms = Some(12);
+        let page = render(&o);
+        assert!(page.starts_with("<!DOCTYPE html>") && page.ends_with("</html>\n"));
+        assert!(
+            page.contains("report/sizes.txt") && page.contains("1.2 KiB") && page.contains("ab".repeat(32).as_str())
+        );
+        assert!(page.contains(&report::summary_of(&o)), "the human line, as `run` says it");
+        assert_clean(&page);
+    }
+
+    #[test]
+    fn arguments_choose_the_page_or_a_report() {
+        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(is_page(&words(&["o.json", "--html", "o.html"])));
+        assert!(is_page(&words(&["--html", "o.html", "o.json"])));
+        assert!(is_page(&[]));
+        for send in [&["progress", "50"][..], &["note", "hi"], &["heartbeat"], &["--job", "j", "note", "x"]] {
+            assert!(!is_page(&words(send)), "{send:?}");
+        }
+    }
+
+    #[test]
+    fn the_page_is_written_whole_and_bad_input_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().join("o.json");
+        std::fs::write(&o, outcome_with_timeline(3).to_json()).unwrap();
+        let html = dir.path().join("o.html");
+        let args = |a: &[&Path]| a.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>();
+        assert_eq!(main(&args(&[&o, Path::new("--html"), &html])), 0);
+        assert!(std::fs::read_to_string(&html).unwrap().contains("memory-chart"));
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 2, "no temporary file left: {left:?}");
+        assert_eq!(main(&args(&[&o])), 2, "without --html");
+        assert_eq!(main(&args(&[&dir.path().join("none.json"), Path::new("--html"), &html])), 1);
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "{\"status\": ").unwrap();
+        assert_eq!(main(&args(&[&bad, Path::new("--html"), &html])), 1);
+        assert!(read_outcome(&bad).unwrap_err().contains("not an Outcome JSON"));
+        assert!(read_outcome(&dir.path().join("none.json")).unwrap_err().starts_with("cannot read the Outcome"));
+        assert_eq!(main(&args(&[&o, Path::new("--html"), &dir.path().join("no/such/dir/o.html")])), 1);
+    }
+}
