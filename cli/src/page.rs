@@ -410,7 +410,13 @@ impl Chart {
             .chain(self.limit.as_ref().map(|l| l.value))
             .chain(self.peak.map(|p| p.1))
             .fold(0.0, f64::max);
-        if highest > 0.0 { highest * 1.1 } else { 1.0 }
+        match (highest > 0.0, &self.unit) {
+            (true, _) => highest * 1.1,
+            // An axis of nothing but zeros still reads as whole figures.
+            (false, Unit::Bytes) => 4096.0,
+            (false, Unit::Count) => 2.0,
+            (false, Unit::Cpus) => 1.0,
+        }
     }
 
     fn y(&self, v: f64, y_max: f64) -> f64 {

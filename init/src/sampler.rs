@@ -328,7 +328,7 @@ mod tests {
         assert!(line.t_ms.len() <= 8, "{}", line.t_ms.len());
         assert_eq!(line.t_ms[0], 0);
         assert_eq!(*line.t_ms.last().unwrap(), u64::try_from((end - t0).as_millis()).unwrap());
-        assert!(line.period_ms > 100 && line.period_ms % 100 == 0 && (line.period_ms / 100).is_power_of_two());
+        assert!(line.period_ms > 100 && line.period_ms.is_multiple_of(100) && (line.period_ms / 100).is_power_of_two());
         assert!(line.t_ms.windows(2).all(|w| w[0] < w[1]), "{:?}", line.t_ms);
         assert!(line.memory_bytes.is_empty() && line.missing.contains_key("memory_bytes"));
     }

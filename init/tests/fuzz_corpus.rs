@@ -63,6 +63,13 @@ fn start() -> wire::Start {
         rlimits: vec![wire::Rlimit { resource: wire::RlimitResource::Nofile, soft: 1024, hard: 4096 }],
         cgroup_dir: Some("/sys/fs/cgroup".into()),
         measure: vec!["/cache/cargo".into()],
+        timeline: Some(wire::TimelineSpec {
+            period_ms: 100,
+            max_samples: 192,
+            cgroup: None,
+            out_dir: Some("/out".into()),
+            tmp_dir: Some("/tmp".into()),
+        }),
         mounts: vec!["/.stevedore/tools".into(), "/in".into(), "/out".into(), "/tmp".into()],
         stdin: true,
         tty: Some(wire::TermSize { rows: 24, cols: 80 }),
@@ -129,6 +136,18 @@ fn init_record() -> InitRecord {
             path: "/cache/cargo".into(),
             seen: wire::OutScan { files: 2, apparent_bytes: 10, written_bytes: 10, truncated: false },
         }],
+        timeline: Some(wire::Timeline {
+            first_period_ms: 100,
+            period_ms: 200,
+            t_ms: vec![0, 200, 400],
+            memory_bytes: vec![1 << 20, 2 << 20, 3 << 20],
+            cpu_ms: vec![0, 150, 310],
+            pids: vec![1, 2, 2],
+            out_bytes: vec![0, 4096, 8192],
+            tmp_bytes: Vec::new(),
+            oom_kill_ms: Some(400),
+            missing: [("tmp_bytes".to_owned(), "/tmp is not a filesystem of its own".to_owned())].into(),
+        }),
     }
 }
 

@@ -161,6 +161,10 @@ async fn the_timeline_climbs_to_the_oom_kill_and_ends_at_the_kernels_peak() {
     let highest = line.memory_bytes.iter().copied().max().unwrap();
     assert!(highest >= limit * 3 / 4, "highest sample {highest} of {limit}");
     assert!(line.memory_bytes[0] < limit / 4, "the first sample {} is before the growth", line.memory_bytes[0]);
+    // Its page, as a browser draws it: the climb, the limit, the peak and the kill.
+    let outcome = t.path().join("o.json");
+    std::fs::write(&outcome, o.to_json()).unwrap();
+    crate::page::shows_the_climb_the_peak_and_the_kill(t.path(), &outcome, None);
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
     rung.close().await;
 }

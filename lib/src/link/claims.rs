@@ -219,22 +219,23 @@ fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev:
         ..Timeline::default()
     };
     let max_peak = b.memory.saturating_add(4 << 20);
-    let checks: [(&str, &Vec<u64>, &mut Vec<u64>, Box<dyn Fn(&[u64]) -> bool>); 5] = [
-        ("memory_bytes", &t.memory_bytes, &mut line.memory_bytes, Box::new(|c| c.iter().all(|&v| v <= max_peak))),
-        (
-            "cpu_ms",
-            &t.cpu_ms,
-            &mut line.cpu_ms,
-            Box::new(|c| c.windows(2).all(|w| w[0] <= w[1]) && c.iter().all(|&v| v <= max_cpu_ms)),
-        ),
-        ("pids", &t.pids, &mut line.pids, Box::new(|c| c.iter().all(|&v| v <= 1 << 22))),
-        ("out_bytes", &t.out_bytes, &mut line.out_bytes, Box::new(|_| true)),
-        ("tmp_bytes", &t.tmp_bytes, &mut line.tmp_bytes, Box::new(|_| true)),
+    let ok = |name: &str, c: &[u64]| match name {
+        "memory_bytes" => c.iter().all(|&v| v <= max_peak),
+        "cpu_ms" => c.windows(2).all(|w| w[0] <= w[1]) && c.iter().all(|&v| v <= max_cpu_ms),
+        "pids" => c.iter().all(|&v| v <= 1 << 22),
+        _ => true,
+    };
+    let checks = [
+        ("memory_bytes", &t.memory_bytes, &mut line.memory_bytes),
+        ("cpu_ms", &t.cpu_ms, &mut line.cpu_ms),
+        ("pids", &t.pids, &mut line.pids),
+        ("out_bytes", &t.out_bytes, &mut line.out_bytes),
+        ("tmp_bytes", &t.tmp_bytes, &mut line.tmp_bytes),
     ];
-    for (name, col, into, ok) in checks {
+    for (name, col, into) in checks {
         if col.is_empty() {
             line.missing.entry(name.into()).or_insert_with(|| "not sampled".into());
-        } else if col.len() != n || !ok(col) {
+        } else if col.len() != n || !ok(name, col) {
             ev.refused_claims.push(format!("timeline: {name} failed a bound check"));
             line.missing.insert(name.into(), "refused: failed a bound check".into());
         } else {
