@@ -14,7 +14,7 @@
 //! ```
 //!
 //! `STEVEDORE_LOG=stevedore=debug` shows the time of every engine call stevedore makes.
-//! `STEVEDORE_BENCH_ONLY=g` (or `h`, `gh`) runs only those letters (of the outputs), in the
+//! `STEVEDORE_BENCH_ONLY=g` (or `h`, `k`, `gh`, ...) runs only those letters (the outputs, the timeline), in the
 //! chosen mode, with their summary.
 //!
 //! # What each letter measures
@@ -71,6 +71,10 @@
 //! - **(i)** `reclaim(worker)` of 200 leaked containers (one in ten running, the rest only
 //!   created) against a raw parallel removal (8 at once, bollard `remove_container` with
 //!   force) of 200 identical ones.
+//! - **(k)** what the resource timeline costs an attempt: the CPU its cgroup counted (the
+//!   init's sampling included) for `sleep 5` with the timeline (10 Hz) and without
+//!   (`LinkConfig::timeline_period = None`), alternating; the difference as a share of one CPU
+//!   over the attempt's wall time.
 //!
 //! Short mode (`--short`, or `STEVEDORE_BENCH=short`): fewer rounds and attempts, (g) of
 //! 128 MiB, (h) of 512 MiB + 128 MiB, (i) of 30 containers per set. Every letter still prints.
@@ -887,6 +891,7 @@ async fn measure(b: &Bench) -> Res<Vec<Row>> {
     outputs(b, &mut rows).await?;
     rss(b, &mut rows).await?;
     reclaim(b, &mut rows).await?;
+    sampling(b, &mut rows).await?;
     Ok(rows)
 }
 
@@ -1301,7 +1306,7 @@ fn check_outputs(o: &Outcome, files: usize, bytes: u64) -> Res<()> {
     Ok(())
 }
 
-/// `STEVEDORE_BENCH_ONLY`: (g) and/or (h) alone, for iterating on the collection.
+/// `STEVEDORE_BENCH_ONLY`: (g), (h) and/or (k) alone, for iterating on one of them.
 async fn only_outputs(b: &Bench, only: &str) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
     if only.contains('g') {
@@ -1310,8 +1315,11 @@ async fn only_outputs(b: &Bench, only: &str) -> Res<Vec<Row>> {
     if only.contains('h') {
         rss(b, &mut rows).await?;
     }
+    if only.contains('k') {
+        sampling(b, &mut rows).await?;
+    }
     if rows.is_empty() {
-        return Err(format!("STEVEDORE_BENCH_ONLY={only:?}: expected g, h or gh"));
+        return Err(format!("STEVEDORE_BENCH_ONLY={only:?}: expected g, h, k or a mix"));
     }
     Ok(rows)
 }
@@ -1714,6 +1722,70 @@ async fn remove_raw(docker: &Docker, ids: &[String]) -> Res<()> {
         .collect()
         .await;
     results.into_iter().collect::<Result<Vec<()>, _>>().map(drop).map_err(|e| format!("(i) raw remove: {}", chain(&e)))
+}
+
+/// (k) What the resource timeline costs the attempt: the CPU the attempt's cgroup counted
+/// (the init's sampling included) for `sleep`, with the timeline and without, alternating.
+async fn sampling(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
+    let mut cfg = ContainerConfig::default();
+    cfg.link.timeline_period = None;
+    let off = ContainerExecutor::connect(cfg).await.map_err(|e| format!("(k) the rung: {}", chain(&e)))?;
+    let secs = if b.mode.name == "full" { 5 } else { 3 };
+    let pairs = if b.mode.name == "full" { 4 } else { 1 };
+    let (mut on_cpu, mut off_cpu, mut wall, mut samples) = (Stats::default(), Stats::default(), 0.0, 0);
+    let sleep = secs.to_string();
+    let result = async {
+        for pair in 0..pairs {
+            // ABBA: each side runs first equally often.
+            let sides = if pair % 2 == 0 { [true, false] } else { [false, true] };
+            for sampled in sides {
+                let req = b.command("k", &["sleep", &sleep]);
+                let o = if sampled {
+                    b.attempt(&req).await?.1
+                } else {
+                    let o = off.run(&req, CancellationToken::new()).await.map_err(|e| format!("(k): {}", chain(&e)))?;
+                    if o.status != Status::Ok {
+                        return Err(format!("(k) ended {}: {}", o.status, o.to_json()));
+                    }
+                    o
+                };
+                let cpu = o.usage.cpu_time_ms.ok_or("(k) no cpu figure")? as f64;
+                if sampled {
+                    let line = o.usage.timeline.as_ref().ok_or("(k) no timeline with sampling on")?;
+                    samples += line.t_ms.len();
+                    wall += o.usage.wall_time_ms.unwrap_or(0) as f64;
+                    on_cpu.push(cpu);
+                } else if o.usage.timeline.is_some() {
+                    return Err("(k) a timeline with sampling off".into());
+                } else {
+                    off_cpu.push(cpu);
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    off.close().await;
+    result?;
+    let (on, offm) = (on_cpu.median(), off_cpu.median());
+    let share = (on - offm) / (wall / pairs as f64);
+    println!(
+        "(k) `sleep {secs}` x{pairs}: cgroup cpu (median) {on:.1} ms with the timeline ({} samples an attempt), {offm:.1} ms \
+         without: {:+.1} ms, {:.3} % of one CPU over the attempt",
+        samples / pairs,
+        on - offm,
+        share * 100.0
+    );
+    rows.push(
+        Row::info(
+            "(k) the timeline's sampling, CPU of the attempt",
+            format!("{:+.1} ms", on - offm),
+            "wall",
+            Some(share),
+        )
+        .target("< 1 %", Some(share < 0.01)),
+    );
+    Ok(())
 }
 
 async fn reclaim(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
