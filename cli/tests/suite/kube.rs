@@ -364,6 +364,14 @@ async fn a_memory_hog_is_oom_killed_by_the_kernels_count() {
     assert_eq!(json["usage"]["sources"]["peak_memory_bytes"], "cgroup", "{json}");
     let peak = o.usage.peak_memory_bytes.expect("peak from the cgroup");
     assert!(peak > 40 << 20 && peak <= 48 << 20, "the peak is the limit's: {peak}");
+    // The Pod's container's cgroup, sampled by the init: the climb, the peak, the kill, and
+    // the memory-backed /out and /tmp.
+    let line = o.usage.timeline.as_ref().unwrap_or_else(|| panic!("a timeline: {json}"));
+    let n = line.t_ms.len();
+    assert!(n >= 2 && line.memory_bytes.len() == n && line.pids.len() == n, "{line:?}");
+    assert_eq!(line.peak.as_ref().map(|p| p.memory_bytes), Some(peak));
+    assert!(line.oom_kill_ms.is_some(), "{line:?}");
+    assert_eq!((line.out_bytes.len(), line.tmp_bytes.len()), (n, n), "{:?}", line.missing);
     rung.close().await;
     none_left(c, &w);
 }

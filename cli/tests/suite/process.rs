@@ -188,6 +188,10 @@ async fn without_a_cgroup_cpu_comes_from_rusage_and_peak_memory_is_unknown() {
     assert_eq!(o.usage.peak_memory_bytes, None);
     assert!(o.usage.sources.peak_memory_bytes.as_ref().unwrap().to_string().contains("not knowable without one"));
     assert!(o.evidence.skipped["memory"].contains("RLIMIT_AS is not a memory limit"), "{:?}", o.evidence.skipped);
+    // No cgroup of its own: nothing to sample, and the Outcome says so.
+    assert_eq!(o.usage.timeline, None);
+    let why = o.usage.sources.timeline.as_ref().map(ToString::to_string).unwrap_or_default();
+    assert!(why.starts_with("unavailable: ") && why.contains("cgroup"), "{why}");
 }
 
 #[tokio::test]
@@ -209,6 +213,14 @@ async fn with_a_cgroup_usage_is_the_kernels_and_an_oom_kill_is_seen() {
     assert_eq!(stdout_of(&o), "41943040\n");
     assert!((40 << 20..=256 << 20).contains(&peak), "peak {peak}");
     assert!(o.evidence.enforcement["memory"].contains("cgroup"), "{:?}", o.evidence.enforcement);
+    // The init sampled the attempt's own cgroup, made on the host; /out is a directory of
+    // the host's filesystem, which it says it does not sample.
+    assert_eq!(o.usage.sources.timeline, Some(Source::Sampled), "{}", o.to_json());
+    let line = o.usage.timeline.as_ref().unwrap();
+    let n = line.t_ms.len();
+    assert!(n >= 2 && line.memory_bytes.len() == n && line.cpu_ms.len() == n, "{line:?}");
+    assert_eq!(line.peak.as_ref().map(|p| p.memory_bytes), Some(peak));
+    assert!(line.missing.get("out_bytes").is_some_and(|w| w.contains("not a filesystem of its own")), "{line:?}");
 
     let out = tempfile::tempdir().unwrap();
     let req = sh(&w, out.path(), "x=$(head -c 209715200 /dev/zero | tr '\\0' a); echo ${#x}").memory(32 << 20);
