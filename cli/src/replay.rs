@@ -136,7 +136,12 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
     }
     let base = match &a.output {
         Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("stevedore-replay-{:08x}", rand::random::<u32>())),
+        // Made here, new and private (never a directory another local user placed first),
+        // and kept: the runs' outputs are what the user came for.
+        None => match tempfile::Builder::new().prefix("stevedore-replay-").tempdir() {
+            Ok(d) => d.keep(),
+            Err(e) => return refuse(format!("replay {what}: a directory for the runs' outputs: {e}")),
+        },
     };
     let worker = a.worker.clone().unwrap_or_else(crate::common::mint_worker);
     let mut runs: Vec<Outcome> = Vec::new();

@@ -217,6 +217,8 @@ impl Site for Arc<ContainerSite> {
         action.network.clone_from(&self.config.network);
         action.user.clone_from(&self.config.user);
         action.read_only_root = self.config.hardening.read_only_rootfs;
+        action.limits =
+            crate::contract::limits::requested(&action.limits, &self.config.defaults, &self.config.ceilings);
         action.caches = own.caches.iter().map(|(name, _, path)| (name.clone(), path.clone())).collect();
     }
 

@@ -63,7 +63,8 @@ pub struct Action {
     /// Where the input dir was, as the request named it (not digested; `replay` looks there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_dir: Option<String>,
-    /// The limits as the request asked them (the request's map).
+    /// The limits as requested: the request's map after the rung's configured defaults and
+    /// ceilings (a profile's limits); what the rung applied is digested apart.
     pub limits: BTreeMap<String, u64>,
     /// The command's own time limit (`Request::run_timeout`), in ms.
     pub timeout_ms: Option<u64>,

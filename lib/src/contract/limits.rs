@@ -80,6 +80,21 @@ impl ResourceLimits {
     }
 }
 
+/// The limits as requested after a rung's configured defaults and ceilings (a profile's
+/// limits): the request's map, each dimension it leaves out taken from `defaults`, each above
+/// its ceiling narrowed to it. What the rung then applies depends on the machine too (its
+/// fallbacks, what it cannot enforce): that is the evidence's.
+pub(crate) fn requested(asked: &BTreeMap<String, u64>, defaults: &Limits, ceilings: &Limits) -> BTreeMap<String, u64> {
+    let mut out = asked.clone();
+    for ((key, default), (_, ceiling)) in defaults.dims().into_iter().zip(ceilings.dims()) {
+        let want = out.get(key).copied().filter(|v| *v > 0).or(default);
+        if let Some(v) = want {
+            out.insert(key.to_owned(), ceiling.map_or(v, |c| v.min(c)));
+        }
+    }
+    out
+}
+
 /// What a rung's configuration and nature say of limits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RungLimits<'a> {
@@ -133,6 +148,21 @@ pub(crate) fn resolve(asked: &ResourceLimits, rung: RungLimits<'_>) -> Applied {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn requested_is_the_request_after_the_profiles_defaults_and_ceilings() {
+        let asked: BTreeMap<String, u64> = [("memory".to_owned(), 512 << 20), ("cpu".to_owned(), 4000)].into();
+        let mut defaults = Limits::NONE;
+        (defaults.pids, defaults.memory_bytes) = (Some(100), Some(64 << 20));
+        let mut ceilings = Limits::NONE;
+        (ceilings.cpu_millis, ceilings.pids) = (Some(2000), Some(50));
+        let got = requested(&asked, &defaults, &ceilings);
+        let want: BTreeMap<String, u64> =
+            [("memory".to_owned(), 512 << 20), ("cpu".to_owned(), 2000), ("pids".to_owned(), 50)].into();
+        assert_eq!(got, want, "the request wins over a default; a ceiling narrows both");
+        assert_eq!(requested(&BTreeMap::new(), &Limits::NONE, &Limits::NONE), BTreeMap::new());
+    }
+
     use super::*;
 
     fn rung<'a>(d: &'a Limits, c: &'a Limits, f: &'a Limits) -> RungLimits<'a> {

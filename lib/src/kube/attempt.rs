@@ -157,6 +157,8 @@ impl Site for Arc<KubeSite> {
         let (uid, gid) = self.config.user;
         action.user = format!("{uid}:{gid}");
         action.read_only_root = true;
+        action.limits =
+            crate::contract::limits::requested(&action.limits, &self.config.defaults, &self.config.ceilings);
     }
 
     fn worker_named(&self, own: &Own) -> String {

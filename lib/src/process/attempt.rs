@@ -102,6 +102,8 @@ impl Site for Arc<ProcessSite> {
             (None, Some((uid, gid))) => format!("{uid}:{gid}"),
             (None, None) => "the worker's".to_owned(),
         };
+        action.limits =
+            crate::contract::limits::requested(&action.limits, &self.config.defaults, &self.config.ceilings);
     }
 
     fn account(&self, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
