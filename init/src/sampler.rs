@@ -168,20 +168,14 @@ impl Sampler {
     /// Drops every second sample (keeping the first) and doubles the period.
     fn thin(&mut self) {
         let line = &mut self.line;
-        for col in [
+        crate::wire::thin_columns([
             &mut line.t_ms,
             &mut line.memory_bytes,
             &mut line.cpu_ms,
             &mut line.pids,
             &mut line.out_bytes,
             &mut line.tmp_bytes,
-        ] {
-            let mut i = 0;
-            col.retain(|_| {
-                i += 1;
-                (i - 1) % 2 == 0
-            });
-        }
+        ]);
         self.period = self.period.saturating_mul(2);
         line.period_ms = u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX);
     }

@@ -955,6 +955,18 @@ pub enum SampledCgroup {
     },
 }
 
+/// The thinning rule of a timeline, the init's and the host's: every second entry of each
+/// column dropped, the first kept.
+pub fn thin_columns<const N: usize>(columns: [&mut Vec<u64>; N]) {
+    for col in columns {
+        let mut keep = false;
+        col.retain(|_| {
+            keep = !keep;
+            keep
+        });
+    }
+}
+
 /// What the init sampled: columns of equal length, one entry per sample (an empty column:
 /// `missing` says why).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

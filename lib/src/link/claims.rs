@@ -258,20 +258,14 @@ pub(crate) const TIMELINE_MAX_JSON: usize = 16 << 10;
 /// doubled) until its JSON takes at most [`TIMELINE_MAX_JSON`] bytes.
 fn fit(line: &mut crate::contract::Timeline) {
     while line.t_ms.len() > 2 && serde_json::to_vec(&*line).map_or(usize::MAX, |j| j.len()) > TIMELINE_MAX_JSON {
-        for col in [
+        stevedore_init::wire::thin_columns([
             &mut line.t_ms,
             &mut line.memory_bytes,
             &mut line.cpu_ms,
             &mut line.pids,
             &mut line.out_bytes,
             &mut line.tmp_bytes,
-        ] {
-            let mut i = 0;
-            col.retain(|_| {
-                i += 1;
-                (i - 1) % 2 == 0
-            });
-        }
+        ]);
         line.period_ms = line.period_ms.saturating_mul(2);
     }
 }
@@ -325,6 +319,83 @@ mod tests {
             cpu_limit_millis: None,
             cgroup_note: "the test's cgroup",
         }
+    }
+
+    fn timeline(n: u64) -> stevedore_init::wire::Timeline {
+        stevedore_init::wire::Timeline {
+            first_period_ms: 100,
+            period_ms: 100,
+            t_ms: (0..n).map(|i| i * 100).collect(),
+            memory_bytes: (0..n).map(|i| (i + 1) << 20).collect(),
+            cpu_ms: (0..n).map(|i| i * 10).collect(),
+            pids: vec![1; n as usize],
+            out_bytes: vec![0; n as usize],
+            tmp_bytes: Vec::new(),
+            oom_kill_ms: None,
+            missing: [("tmp_bytes".to_owned(), "/tmp is not a filesystem of its own".to_owned())].into(),
+        }
+    }
+
+    #[test]
+    fn a_timeline_ends_at_the_peak_and_keeps_what_passed_its_checks() {
+        let mut rec = record();
+        rec.timeline = Some(timeline(9));
+        let mut ev = Evidence::default();
+        let c = apply(&rec, bounds(), false, false, false, &mut ev);
+        let line = c.usage.timeline.expect("a timeline");
+        assert_eq!(c.usage.sources.timeline, Some(Source::Sampled));
+        assert_eq!(line.t_ms.len(), 9);
+        assert_eq!(line.peak, Some(crate::contract::TimelinePeak { t_ms: 800, memory_bytes: 10 << 20 }));
+        assert_eq!(line.memory_limit_bytes, Some(64 << 20));
+        assert!(line.tmp_bytes.is_empty() && line.missing["tmp_bytes"].contains("own"), "{line:?}");
+        assert!(ev.refused_claims.is_empty(), "{:?}", ev.refused_claims);
+
+        // Memory above the limit, CPU going backwards: those columns are refused and named.
+        let mut t = timeline(9);
+        t.memory_bytes[3] = 1 << 40;
+        t.cpu_ms[5] = 0;
+        rec.timeline = Some(t);
+        let mut ev = Evidence::default();
+        let line = apply(&rec, bounds(), false, false, false, &mut ev).usage.timeline.unwrap();
+        assert!(line.memory_bytes.is_empty() && line.cpu_ms.is_empty() && line.pids.len() == 9, "{line:?}");
+        assert_eq!(ev.refused_claims.len(), 2, "{:?}", ev.refused_claims);
+    }
+
+    #[test]
+    fn a_timeline_out_of_order_or_past_the_hosts_clock_is_refused_whole() {
+        for bad in [vec![0, 200, 100], vec![0, 100, 5000], Vec::new()] {
+            let mut t = timeline(bad.len() as u64);
+            t.t_ms = bad.clone();
+            let mut rec = record();
+            rec.timeline = Some(t);
+            let mut ev = Evidence::default();
+            let c = apply(&rec, bounds(), false, false, false, &mut ev);
+            assert_eq!(c.usage.timeline, None, "{bad:?}");
+            assert!(c.usage.sources.timeline.as_ref().unwrap().to_string().starts_with("unavailable"), "{bad:?}");
+            assert!(ev.refused_claims.iter().any(|r| r.starts_with("timeline: ")), "{bad:?}");
+        }
+        let mut ev = Evidence::default();
+        let c = apply(&record(), bounds(), false, false, false, &mut ev);
+        assert!(c.usage.sources.timeline.unwrap().to_string().contains("sampled nothing"));
+    }
+
+    #[test]
+    fn a_timeline_of_huge_figures_is_thinned_to_16_kb() {
+        let mut line = crate::contract::Timeline::default();
+        for i in 0..192u64 {
+            line.t_ms.push(u64::MAX / 4 + i);
+            for col in
+                [&mut line.memory_bytes, &mut line.cpu_ms, &mut line.pids, &mut line.out_bytes, &mut line.tmp_bytes]
+            {
+                col.push(u64::MAX - i);
+            }
+        }
+        line.period_ms = 100;
+        fit(&mut line);
+        let json = serde_json::to_vec(&line).unwrap();
+        assert!(json.len() <= TIMELINE_MAX_JSON, "{}", json.len());
+        assert_eq!((line.t_ms[0], line.period_ms), (u64::MAX / 4, 200), "the first kept, the period doubled");
+        assert!(line.memory_bytes.len() == line.t_ms.len() && line.t_ms.len() >= 64);
     }
 
     #[test]
