@@ -857,19 +857,39 @@ const TAIL_BYTES: u64 = 4 << 10;
 /// ...and of those, the last this many lines.
 const TAIL_LINES: usize = 40;
 
-/// The end of the capture at `path`: `(text, whether it is all of the file)`, or why not.
-fn tail(path: &Path) -> Result<(String, bool), String> {
-    use std::os::unix::fs::OpenOptionsExt;
+/// The end of the capture of `stream` at `path`: `(text, whether it is all of the file)`, or
+/// why not.
+///
+/// The Outcome is input: a path in it could name any file of the user's (a key, a token) and
+/// the page is made to be passed around. So only what looks as stevedore leaves a capture is
+/// read: a regular file named `*.{stream}` (`<attempt>.stdout`), not reached through a
+/// symlink, owned by this user and private to them (no group or other bits), in a directory
+/// that is also theirs and private.
+fn tail(path: &Path, stream: &str) -> Result<(String, bool), String> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let euid = nix::unistd::geteuid().as_raw();
+    let named = path.extension().is_some_and(|e| e == stream) && path.is_absolute();
+    if !named {
+        return Err(format!("not a stevedore capture (an absolute path named *.{stream}): not read"));
+    }
+    let private = |m: &std::fs::Metadata| m.uid() == euid && m.mode() & 0o077 == 0;
+    let dir = path.parent().map(std::fs::symlink_metadata).transpose().map_err(|e| e.to_string())?;
+    if !dir.is_some_and(|d| d.is_dir() && private(&d)) {
+        return Err("its directory is not this user's private one: not read".into());
+    }
     // Non-blocking: a FIFO named in an Outcome must not hang the page; it is then refused as
-    // not a regular file.
+    // not a regular file. No symlink followed at the last component.
     let mut f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOFOLLOW).bits())
         .open(path)
         .map_err(|e| e.to_string())?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".into());
+    }
+    if !private(&meta) {
+        return Err("not a private file of this user's: not read".into());
     }
     let from = meta.len().saturating_sub(TAIL_BYTES);
     f.seek(std::io::SeekFrom::Start(from)).map_err(|e| e.to_string())?;
@@ -920,7 +940,7 @@ fn capture(p: &mut String, name: &str, cap: &LogCapture) {
         return;
     };
     let _ = writeln!(p, "; captured in <code>{}</code>.</p>", text(path));
-    match tail(Path::new(path)) {
+    match tail(Path::new(path), name) {
         Ok((_, _)) if cap.bytes == 0 => {}
         Ok((t, _)) if t.is_empty() => p.push_str("<p class=\"note\">The capture is empty.</p>\n"),
         Ok((t, whole)) => {
@@ -1125,8 +1145,8 @@ mod tests {
     fn sandbox_text_is_escaped_in_every_field() {
         let h = || HOSTILE.to_owned();
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("stdout.log");
-        std::fs::write(&log, format!("line one\n{HOSTILE}\nlast\n")).unwrap();
+        let log = dir.path().join("a.stdout");
+        private(&log, &format!("line one\n{HOSTILE}\nlast\n"));
         let mut o = outcome_with_timeline(5);
         o.job_id = h();
         o.worker = h();
@@ -1315,23 +1335,31 @@ mod tests {
         assert!(!render(&Outcome::new(Status::Ok)).contains("phases-bar"));
     }
 
+    /// A private file of this user's at `path`, in a private dir, as stevedore writes a capture.
+    fn private(path: &Path, content: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, content).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(path.parent().unwrap(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+
     #[test]
     fn a_capture_shows_its_tail_and_says_when_it_is_gone() {
         let dir = tempfile::tempdir().unwrap();
-        let long = dir.path().join("long");
+        let long = dir.path().join("long.stdout");
         let lines: String = (0..1000).map(|i| format!("line {i}\n")).collect();
-        std::fs::write(&long, &lines).unwrap();
-        let (t, whole) = tail(&long).unwrap();
+        private(&long, &lines);
+        let (t, whole) = tail(&long, "stdout").unwrap();
         assert!(!whole);
         assert_eq!(t.lines().count(), TAIL_LINES);
         assert!(t.starts_with("line 960\n") && t.ends_with("line 999\n"), "{t}");
-        let short = dir.path().join("short");
-        std::fs::write(&short, "a\nb").unwrap();
-        assert_eq!(tail(&short).unwrap(), ("a\nb".to_owned(), true));
-        assert!(tail(dir.path()).is_err(), "a directory is not a capture");
-        let fifo = dir.path().join("fifo");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
-        assert_eq!(tail(&fifo).unwrap_err(), "not a regular file", "and a FIFO does not hang the page");
+        let short = dir.path().join("short.stderr");
+        private(&short, "a\nb");
+        assert_eq!(tail(&short, "stderr").unwrap(), ("a\nb".to_owned(), true));
+        assert!(tail(dir.path(), "stdout").is_err(), "a directory is not a capture");
+        let fifo = dir.path().join("fifo.stdout");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
+        assert_eq!(tail(&fifo, "stdout").unwrap_err(), "not a regular file", "and a FIFO does not hang the page");
         let mut o = Outcome::new(Status::Ok);
         o.evidence.logs.stdout =
             LogCapture { path: Some(long.to_string_lossy().into()), bytes: 8890, truncated: false };
@@ -1339,6 +1367,40 @@ mod tests {
         let page = render(&o);
         assert!(page.contains("Its last 40 lines"));
         assert!(page.contains("the capture was not kept"));
+    }
+
+    /// An Outcome is input: one that names a secret of the user's as its capture must not
+    /// copy it into a page made to be passed around.
+    #[test]
+    fn an_outcome_naming_another_file_as_its_capture_gets_nothing_of_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("id_ed25519");
+        private(&key, "-----BEGIN OPENSSH PRIVATE KEY-----\n");
+        let open = dir.path().join("shared.stdout");
+        private(&open, "-----BEGIN OPENSSH PRIVATE KEY-----\n");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = dir.path().join("link.stdout");
+        std::os::unix::fs::symlink(&key, &link).unwrap();
+        let public = tempfile::tempdir().unwrap();
+        let in_public = public.path().join("a.stdout");
+        private(&in_public, "-----BEGIN OPENSSH PRIVATE KEY-----\n");
+        std::fs::set_permissions(public.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for (path, stream) in [
+            (key.clone(), "stdout"),
+            (open, "stdout"),
+            (link, "stdout"),
+            (in_public, "stdout"),
+            (dir.path().join("long.stdout"), "stderr"),
+            ("/proc/self/environ".into(), "stdout"),
+        ] {
+            assert!(tail(&path, stream).is_err(), "{} read as {stream}", path.display());
+            let mut o = Outcome::new(Status::Ok);
+            o.evidence.logs.stdout =
+                LogCapture { path: Some(path.to_string_lossy().into()), bytes: 40, truncated: false };
+            let page = render(&o);
+            assert!(!page.contains("PRIVATE KEY") && !page.contains("PATH="), "{}", path.display());
+        }
     }
 
     #[test]

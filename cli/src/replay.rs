@@ -54,6 +54,10 @@ pub struct ReplayArgs {
     /// Worker ID of the runs (default: a unique one)
     #[arg(long, value_name = "ID")]
     worker: Option<String>,
+    /// Give the runs what the Outcome asks beyond a plain sandbox (a network other than none
+    /// or bridge, named caches): only for an Outcome you trust
+    #[arg(long)]
+    trust: bool,
 }
 
 /// `run`'s options as a replay sets them, parsed as `run` parses its own.
@@ -124,7 +128,22 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
             action.rung
         ));
     };
+    // The digest proves the fields agree, not who wrote them: what widens the sandbox comes
+    // only with --trust, and what will run is said first.
+    let widening: Vec<String> = std::iter::once(&action.network)
+        .filter(|n| rung == "container" && !matches!(n.as_str(), "" | "none" | "bridge" | "default"))
+        .map(|n| format!("network {n}"))
+        .chain(action.caches.iter().filter(|_| rung == "container").map(|(n, p)| format!("cache {n} at {p}")))
+        .collect();
+    if !widening.is_empty() && !a.trust {
+        return refuse(format!(
+            "replay {what}: the attempt had {}: an Outcome file can ask for anything; give --trust to replay an \
+             Outcome you trust with them",
+            widening.join(", ")
+        ));
+    }
     println!("replaying action {} ({} run{}, rung {rung})", action.digest, a.runs, if a.runs == 1 { "" } else { "s" });
+    println!("  {}", describe(action));
     if let Some((then, now)) = &plan.inputs_replaced {
         println!("inputs replaced: digest {then} → {now}");
     }
@@ -197,6 +216,29 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
     } else {
         0
     }
+}
+
+/// What will run, on one line, every text escaped.
+fn describe(action: &stevedore::contract::Action) -> String {
+    use stevedore::contract::ActionTask;
+    let p = stevedore_init::wire::printable;
+    let task = match &action.task {
+        ActionTask::Command(argv) => format!("command {}", p(&format!("{argv:?}"))),
+        ActionTask::Handler(h) => format!("handler {}", p(h)),
+        _ => "a task of another build".to_owned(),
+    };
+    let image = match (&action.image_id, &action.image) {
+        (Some(id), Some(tag)) => format!("image {} ({})", p(id), p(tag)),
+        (Some(id), None) => format!("image {}", p(id)),
+        _ => "no image".to_owned(),
+    };
+    let caches: Vec<String> = action.caches.iter().map(|(n, path)| format!("{}:{}", p(n), p(path))).collect();
+    format!(
+        "{task}, {image}, network {}, user {}{}",
+        p(&action.network),
+        p(&action.user),
+        if caches.is_empty() { String::new() } else { format!(", caches {}", caches.join(" ")) }
+    )
 }
 
 /// One run's line and its outputs' digests.

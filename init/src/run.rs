@@ -603,6 +603,11 @@ impl Init {
             }
         }
         let (wait, at) = sup.end.take().expect("the loop only ends with the command");
+        // The last sample, as the command ended: what its stragglers and the end do after is
+        // not the command's.
+        if let Some(s) = &mut self.sampler {
+            s.sample(at);
+        }
         Ended {
             wait,
             stopped_by: sup.stopped_by,
@@ -888,10 +893,7 @@ impl Init {
                 .iter()
                 .map(|d| wire::Measured { path: d.clone(), seen: outdir::measure(d) })
                 .collect(),
-            timeline: self.sampler.take().map(|s| {
-                let end = s.started() + ended.wall_time;
-                s.finish(end)
-            }),
+            timeline: self.sampler.take().map(crate::sampler::Sampler::finish),
         }
     }
 

@@ -101,11 +101,6 @@ impl Sampler {
         Self { files, started, period, max, next: started, oom_base, line }
     }
 
-    /// When the command started: the timeline's zero.
-    pub fn started(&self) -> Instant {
-        self.started
-    }
-
     /// When the next sample is due.
     pub fn next(&self) -> Instant {
         self.next
@@ -180,10 +175,9 @@ impl Sampler {
         line.period_ms = u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX);
     }
 
-    /// The timeline, with a last sample at `end` (the command's end) and, when the OOM
-    /// killer acted but no sample saw it rise, the mark at the end.
-    pub fn finish(mut self, end: Instant) -> Timeline {
-        self.sample(end);
+    /// The timeline (its last sample taken by the caller at the command's end) and, when the
+    /// OOM killer acted but no sample saw it rise, the mark at the end.
+    pub fn finish(mut self) -> Timeline {
         if self.line.oom_kill_ms.is_none()
             && let (Some(base), Some(kills)) = (self.oom_base, self.files.oom.as_deref().and_then(oom_kills))
             && kills > base
@@ -230,7 +224,14 @@ fn own_filesystem(dir: &str) -> Result<PathBuf, String> {
     if here.dev() == above.dev() {
         return Err(format!("{dir} is not a filesystem of its own: its bytes are counted once, after the command"));
     }
-    Ok(path.to_owned())
+    // A disk mounted there holds more than the attempt's bytes: only a tmpfs is the attempt's.
+    match nix::sys::statfs::statfs(path) {
+        Ok(fs) if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC => Ok(path.to_owned()),
+        Ok(_) => Err(format!(
+            "{dir} is a mount of a filesystem that is not a tmpfs: its bytes are counted once, after the command"
+        )),
+        Err(e) => Err(format!("{dir}: statfs: {e}")),
+    }
 }
 
 fn used_bytes(path: &Path) -> Result<u64, String> {
@@ -267,7 +268,8 @@ mod tests {
         put(root, "memory.current", "2097152\n");
         put(root, "memory.events", "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n");
         s.tick(t0 + Duration::from_millis(100));
-        let line = s.finish(t0 + Duration::from_millis(150));
+        s.sample(t0 + Duration::from_millis(150));
+        let line = s.finish();
         assert_eq!(line.t_ms, [0, 100, 150]);
         assert_eq!(line.memory_bytes, [1 << 20, 2 << 20, 2 << 20]);
         assert_eq!(line.cpu_ms, [2, 2, 2]);
@@ -285,7 +287,9 @@ mod tests {
         put(root, "cpuacct/cpuacct.usage", "3000000\n");
         put(root, "pids/pids.current", "1\n");
         let t0 = Instant::now();
-        let line = Sampler::new(&spec(16), Some(root.to_str().unwrap()), t0).finish(t0);
+        let mut s = Sampler::new(&spec(16), Some(root.to_str().unwrap()), t0);
+        s.sample(t0);
+        let line = s.finish();
         assert_eq!((line.memory_bytes, line.cpu_ms, line.pids), (vec![4096], vec![3], vec![1]));
         assert_eq!(line.oom_kill_ms, None);
     }
@@ -302,7 +306,8 @@ mod tests {
         let mut s = Sampler::new(&spec(16), Some(root.to_str().unwrap()), t0);
         s.tick(t0);
         put(root, "pids.current", "max\n");
-        let line = s.finish(t0 + Duration::from_millis(100));
+        s.sample(t0 + Duration::from_millis(100));
+        let line = s.finish();
         assert_eq!(line.memory_bytes, [1, 1]);
         assert!(line.pids.is_empty());
         assert!(line.missing["pids"].contains("malformed"), "{:?}", line.missing);
@@ -318,7 +323,8 @@ mod tests {
             now = s.next();
         }
         let end = now;
-        let line = s.finish(end);
+        s.sample(end);
+        let line = s.finish();
         assert!(line.t_ms.len() <= 8, "{}", line.t_ms.len());
         assert_eq!(line.t_ms[0], 0);
         assert_eq!(*line.t_ms.last().unwrap(), u64::try_from((end - t0).as_millis()).unwrap());
@@ -333,6 +339,12 @@ mod tests {
         std::fs::create_dir(d.path().join("out")).unwrap();
         let why = own_filesystem(d.path().join("out").to_str().unwrap()).unwrap_err();
         assert!(why.contains("not a filesystem of its own"), "{why}");
-        assert!(own_filesystem("/proc").is_ok(), "procfs is a filesystem of its own");
+        let why = own_filesystem("/proc").unwrap_err();
+        assert!(why.contains("not a tmpfs"), "procfs is a filesystem of its own, not the attempt's: {why}");
+        if let Ok(fs) = nix::sys::statfs::statfs("/dev/shm")
+            && fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC
+        {
+            assert!(own_filesystem("/dev/shm").is_ok());
+        }
     }
 }

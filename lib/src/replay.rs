@@ -39,6 +39,9 @@ pub enum ReplayError {
     /// the attempt read a stdin
     #[error("the attempt read a stdin, whose bytes the outcome does not hold")]
     Stdin,
+    /// the attempt had a terminal
+    #[error("the attempt ran on a terminal, whose keystrokes and size the outcome does not hold")]
+    Tty,
     /// the inputs cannot be read
     #[error("cannot read the inputs {path}")]
     Inputs {
@@ -166,6 +169,9 @@ pub fn plan(outcome: &Outcome, opts: &ReplayOptions) -> Result<Replay, ReplayErr
     if action.stdin {
         return Err(ReplayError::Stdin);
     }
+    if action.tty {
+        return Err(ReplayError::Tty);
+    }
     let job = format!("replay-{:08x}", rand::random::<u32>());
     let mut req = match &action.task {
         ActionTask::Handler(h) => Request::handler(job, h.clone(), PathBuf::new()),
@@ -181,10 +187,12 @@ pub fn plan(outcome: &Outcome, opts: &ReplayOptions) -> Result<Replay, ReplayErr
     policy.image = action.image_id.clone().or_else(|| action.image.clone()).unwrap_or_default();
     req.policy = policy;
     // The payload.
-    let empty = crate::contract::action::sha256_of(b"");
+    // Under the attempt's key when it had one: `environment` below refuses another key.
+    let key = opts.key.as_ref().filter(|_| action.env_key.is_some());
+    let empty = crate::contract::action::payload_digest(b"", key);
     match &opts.payload {
         Some(p) => {
-            let given = crate::contract::action::sha256_of(p);
+            let given = crate::contract::action::payload_digest(p, key);
             if given != action.payload_sha256 {
                 return Err(ReplayError::PayloadDiffers { then: action.payload_sha256.clone(), given });
             }
@@ -215,7 +223,8 @@ pub fn plan(outcome: &Outcome, opts: &ReplayOptions) -> Result<Replay, ReplayErr
         inputs_replaced = Some(("no inputs".to_owned(), input_tree(d)?));
         req.input_dir = Some(d.clone());
     }
-    req.action_key.clone_from(&opts.key);
+    // Only where the attempt had one: a key it did not have would change the runs' digests.
+    req.action_key = opts.key.clone().filter(|_| action.env_key.is_some());
     Ok(Replay { action, request: req, inputs_replaced, env_unchecked })
 }
 
@@ -235,7 +244,7 @@ fn environment(action: &Action, opts: &ReplayOptions, req: &mut Request) -> Resu
         (Some(then), Some(key)) if *then != key.id() => {
             return Err(ReplayError::KeyDiffers { then: then.clone(), now: format!("the key given is {}", key.id()) });
         }
-        (Some(then), None) if !action.env.is_empty() => {
+        (Some(then), None) if !action.env.is_empty() || action.payload_sha256.starts_with("hmac-") => {
             return Err(ReplayError::KeyDiffers {
                 then: then.clone(),
                 now: "none was given to check the values with".into(),

@@ -283,8 +283,10 @@ pub(crate) fn shows_the_climb_the_peak_and_the_kill(dir: &Path, outcome: &Path, 
 fn a_browser_draws_the_memory_limit_and_the_oom_kill() {
     support::time_limit();
     let t = tempfile::tempdir().unwrap();
-    let log = t.path().join("stdout.log");
+    let log = t.path().join("a.stdout");
     std::fs::write(&log, "allocating\nallocating\n").unwrap();
+    std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let outcome = t.path().join("o.json");
     std::fs::write(&outcome, oom_outcome(&log).to_json()).unwrap();
     let dir = t.keep();

@@ -143,3 +143,33 @@ async fn with_an_action_key_the_values_are_checked() {
     assert!(text(&o.stdout).contains("the same action"), "{}", text(&o.stdout));
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
 }
+
+/// The digest proves that the fields agree, not who wrote the file: an Outcome forged to ask
+/// for the host's network, its digest made again, is refused unless the user trusts it; what
+/// would run is said first.
+#[tokio::test]
+async fn a_forged_outcome_widening_the_sandbox_needs_trust() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("replay-forged");
+    let input = inputs(t.path());
+    let outcome = attempt(t.path(), &w, &input, "cat /in/x > /out/y", &[]);
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&outcome).unwrap()).unwrap();
+    let mut action: stevedore::contract::Action = serde_json::from_value(v["evidence"]["action"].clone()).unwrap();
+    action.network = "host".into();
+    action.digest = action.compute_digest();
+    v["evidence"]["action"] = serde_json::to_value(&action).unwrap();
+    let forged = t.path().join("forged.json");
+    std::fs::write(&forged, v.to_string()).unwrap();
+    let o = replay(&w, &forged.display().to_string(), &t.path().join("r1"), &[]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{err}{}", text(&o.stdout));
+    assert!(err.contains("network host") && err.contains("--trust"), "{err}");
+    // The genuine one says what will run before it runs.
+    let o = replay(&w, &outcome, &t.path().join("r2"), &[]);
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    assert!(out.contains("command [\"sh\", \"-c\", \"cat /in/x > /out/y\"], image sha256:"), "{out}");
+    assert!(out.contains("network none"), "{out}");
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
+}

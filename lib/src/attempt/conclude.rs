@@ -75,8 +75,10 @@ pub(crate) async fn conclude<S: Site>(
         witness.why_no_record = "the takeover failed";
     }
     ev.phases = phases(&ledger, &ended);
-    ev.action = super::action::sealed(ledger.action.clone(), &ev);
     let (mut j, silent) = judgement::judgement(&ended, &account, witness, delivered, ev);
+    // Sealed once the init's claims are in the evidence too (the record adds `oom_guard` to
+    // the enforcement): the applied limits' digest is of the evidence the Outcome carries.
+    j.evidence.action = super::action::sealed(ledger.action.clone(), &j.evidence);
     // Only an end the engine's going away explains makes the question worth a call.
     let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_));
     if explained

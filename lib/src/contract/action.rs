@@ -140,6 +140,9 @@ pub enum ActionKeyError {
     /// others can read the key file
     #[error("the action key file {0} can be read by others (mode {1:o}): chmod 600 it")]
     Readable(std::path::PathBuf, u32),
+    /// the key file belongs to another user
+    #[error("the action key file {0} belongs to uid {1}, not to this user or root")]
+    NotOwned(std::path::PathBuf, u32),
 }
 
 /// The key environment values are HMACed under: the user's own, so that the same key gives
@@ -168,14 +171,23 @@ impl ActionKey {
     /// when empty, or when the file can be read by its group or others (a key anyone can
     /// read protects no value).
     pub fn from_file(path: &Path) -> Result<Self, ActionKeyError> {
-        use std::os::unix::fs::PermissionsExt;
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
         let read = |source| ActionKeyError::Read { path: path.to_owned(), source };
-        let meta = std::fs::metadata(path).map_err(read)?;
-        let mode = meta.permissions().mode() & 0o777;
+        // Checked and read through one descriptor: the file checked is the file read.
+        let file = std::fs::File::open(path).map_err(read)?;
+        let meta = file.metadata().map_err(read)?;
+        let mode = meta.mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(ActionKeyError::Readable(path.to_owned(), mode));
         }
-        let mut bytes = std::fs::read(path).map_err(read)?;
+        let euid = nix::unistd::geteuid().as_raw();
+        if meta.uid() != euid && meta.uid() != 0 {
+            return Err(ActionKeyError::NotOwned(path.to_owned(), meta.uid()));
+        }
+        let mut bytes = Vec::new();
+        // A key is short; the cap keeps a FIFO or a huge file from holding the command.
+        file.take(64 << 10).read_to_end(&mut bytes).map_err(read)?;
         if bytes.ends_with(b"\n") {
             bytes.pop();
             if bytes.ends_with(b"\r") {
@@ -203,8 +215,17 @@ impl ActionKey {
         hex(&self.hmac(b"stevedore key id")[..8])
     }
 
-    /// `hmac-sha256:<hex>` of one environment variable: the message is
-    /// `stevedore-env/1\0KEY\0VALUE`, so a value moved to another key changes.
+    /// A payload as the action holds it under a key: HMAC-SHA256 of `stevedore-payload/1\0`
+    /// and its bytes (a plain hash would let a reader try likely payloads).
+    pub fn payload_value(&self, payload: &[u8]) -> String {
+        let mut msg = Vec::with_capacity(20 + payload.len());
+        msg.extend_from_slice(b"stevedore-payload/1\0");
+        msg.extend_from_slice(payload);
+        format!("hmac-sha256:{}", hex(&self.hmac(&msg)))
+    }
+
+    /// An environment value as the action holds it: HMAC-SHA256 of
+    /// `stevedore-env/1\0KEY\0VALUE`.
     pub fn env_value(&self, key: &str, value: &str) -> String {
         let mut msg = Vec::with_capacity(17 + key.len() + value.len());
         msg.extend_from_slice(b"stevedore-env/1\0");
@@ -213,6 +234,12 @@ impl ActionKey {
         msg.extend_from_slice(value.as_bytes());
         format!("hmac-sha256:{}", hex(&self.hmac(&msg)))
     }
+}
+
+/// The payload's digest in an action: `hmac-sha256:` under the action key when there is one,
+/// else `sha256:` (a low-entropy secret payload then needs the key).
+pub fn payload_digest(payload: &[u8], key: Option<&ActionKey>) -> String {
+    key.map_or_else(|| sha256_of(payload), |k| k.payload_value(payload))
 }
 
 /// HMAC-SHA256 (RFC 2104): a few lines over `sha2`, rather than one more dependency.
@@ -299,7 +326,7 @@ impl Action {
             },
             entrypoint: req.entrypoint.clone(),
             workdir: req.workdir.clone(),
-            payload_sha256: sha256_of(&req.payload),
+            payload_sha256: payload_digest(&req.payload, key),
             fingerprint: req.fingerprint.clone(),
             prior_outputs: req.prior_outputs.clone(),
             env,
@@ -473,6 +500,22 @@ mod tests {
 
     /// Without a key the values are left out: two values, one digest. With one they count,
     /// and the key never appears.
+    #[test]
+    fn under_a_key_the_payload_is_an_hmac_no_reader_can_try_payloads_against() {
+        let payload = |p: &[u8], key: Option<ActionKey>| {
+            let mut r = req().payload(p.to_vec());
+            if let Some(k) = key {
+                r = r.action_key(k);
+            }
+            sealed(&r).payload_sha256
+        };
+        assert_eq!(payload(b"yes", None), sha256_of(b"yes"), "without a key, a plain digest");
+        let key = ActionKey::new(*b"correct horse battery staple").unwrap();
+        let (yes, no) = (payload(b"yes", Some(key.clone())), payload(b"no", Some(key.clone())));
+        assert!(yes.starts_with("hmac-sha256:") && yes != no && yes != sha256_of(b"yes"), "{yes}");
+        assert_eq!(yes, payload_digest(b"yes", Some(&key)), "what replay checks against");
+    }
+
     #[test]
     fn env_values_enter_only_through_the_key() {
         let a = sealed(&req().env("TOKEN", "one"));

@@ -85,7 +85,8 @@ impl ResourceLimits {
 /// its ceiling narrowed to it. What the rung then applies depends on the machine too (its
 /// fallbacks, what it cannot enforce): that is the evidence's.
 pub(crate) fn requested(asked: &BTreeMap<String, u64>, defaults: &Limits, ceilings: &Limits) -> BTreeMap<String, u64> {
-    let mut out = asked.clone();
+    // 0 asks for nothing (as no entry does): the same request, the same digest.
+    let mut out: BTreeMap<String, u64> = asked.iter().filter(|(_, v)| **v > 0).map(|(k, v)| (k.clone(), *v)).collect();
     for ((key, default), (_, ceiling)) in defaults.dims().into_iter().zip(ceilings.dims()) {
         let want = out.get(key).copied().filter(|v| *v > 0).or(default);
         if let Some(v) = want {
@@ -161,6 +162,8 @@ mod tests {
             [("memory".to_owned(), 512 << 20), ("cpu".to_owned(), 2000), ("pids".to_owned(), 50)].into();
         assert_eq!(got, want, "the request wins over a default; a ceiling narrows both");
         assert_eq!(requested(&BTreeMap::new(), &Limits::NONE, &Limits::NONE), BTreeMap::new());
+        let zero: BTreeMap<String, u64> = [("memory".to_owned(), 0)].into();
+        assert_eq!(requested(&zero, &Limits::NONE, &Limits::NONE), BTreeMap::new(), "0 asks for nothing");
     }
 
     use super::*;

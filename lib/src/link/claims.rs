@@ -166,7 +166,6 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
             usage.sources.peak_memory_bytes = Some(Source::Unavailable(why));
         }
     }
-    timeline(rec, b, max_cpu_ms, usage, ev);
     match cg.oom_kills {
         Some(n) if n < 1_000_000 => {
             ev.oom_kills = Some(n);
@@ -178,6 +177,7 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
             usage.sources.oom_kills = Some(Source::Unavailable(why));
         }
     }
+    timeline(rec, b, max_cpu_ms, usage, ev);
 }
 
 /// Puts the init's samples into `usage.timeline` after bound checks, ending it with the
@@ -187,8 +187,10 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
 fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev: &mut Evidence) {
     use crate::contract::{TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak};
     let Some(t) = &rec.timeline else {
-        usage.sources.timeline =
-            Some(Source::unavailable("the init sampled nothing: the rung has no cgroup of the attempt's own to read"));
+        usage.sources.timeline = Some(Source::unavailable(
+            "the init sampled nothing: the rung has no cgroup of the attempt's own to read, or sampling is off \
+                 (LinkConfig::timeline_period)",
+        ));
         return;
     };
     let host_ms = u64::try_from(b.host_wall.as_millis()).unwrap_or(u64::MAX).saturating_add(1000);
@@ -209,7 +211,8 @@ fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev:
         t_ms: t.t_ms.clone(),
         memory_limit_bytes: rec.cgroup.memory_limit_bytes.filter(|&l| l <= b.memory),
         cpu_limit_millicpus: b.cpu_limit_millis,
-        oom_kill_ms: t.oom_kill_ms.filter(|&ms| ms <= t.t_ms[n - 1]),
+        // A mark only where the kernel's count (checked above) says a kill happened.
+        oom_kill_ms: t.oom_kill_ms.filter(|&ms| ms <= t.t_ms[n - 1] && ev.oom_kills.is_some_and(|k| k > 0)),
         missing: t
             .missing
             .iter()
@@ -258,6 +261,17 @@ pub(crate) const TIMELINE_MAX_JSON: usize = 16 << 10;
 /// doubled) until its JSON takes at most [`TIMELINE_MAX_JSON`] bytes.
 fn fit(line: &mut crate::contract::Timeline) {
     while line.t_ms.len() > 2 && serde_json::to_vec(&*line).map_or(usize::MAX, |j| j.len()) > TIMELINE_MAX_JSON {
+        // The last sample is the command's end: kept, as the first is.
+        let last = |c: &Vec<u64>| c.last().copied();
+        let ends = [
+            last(&line.t_ms),
+            last(&line.memory_bytes),
+            last(&line.cpu_ms),
+            last(&line.pids),
+            last(&line.out_bytes),
+            last(&line.tmp_bytes),
+        ];
+        let even = line.t_ms.len().is_multiple_of(2);
         stevedore_init::wire::thin_columns([
             &mut line.t_ms,
             &mut line.memory_bytes,
@@ -266,6 +280,19 @@ fn fit(line: &mut crate::contract::Timeline) {
             &mut line.out_bytes,
             &mut line.tmp_bytes,
         ]);
+        if even {
+            let cols = [
+                &mut line.t_ms,
+                &mut line.memory_bytes,
+                &mut line.cpu_ms,
+                &mut line.pids,
+                &mut line.out_bytes,
+                &mut line.tmp_bytes,
+            ];
+            for (col, end) in cols.into_iter().zip(ends) {
+                col.extend(end);
+            }
+        }
         line.period_ms = line.period_ms.saturating_mul(2);
     }
 }
@@ -396,6 +423,7 @@ mod tests {
         assert!(json.len() <= TIMELINE_MAX_JSON, "{}", json.len());
         assert_eq!((line.t_ms[0], line.period_ms), (u64::MAX / 4, 200), "the first kept, the period doubled");
         assert!(line.memory_bytes.len() == line.t_ms.len() && line.t_ms.len() >= 64);
+        assert_eq!(line.t_ms.last(), Some(&(u64::MAX / 4 + 191)), "the end is kept");
     }
 
     #[test]
