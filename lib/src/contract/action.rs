@@ -308,7 +308,7 @@ pub(crate) fn canonical_json(v: &serde_json::Value, out: &mut String) {
 impl Action {
     /// The action of `req` on rung `rung` at `level`: the request's part, with the key's HMACs
     /// of its environment. The rung's part (image id, network, user, init, caches, applied
-    /// limits) is the caller's to set; then [`Action::seal`].
+    /// limits) is the caller's to set; then `Action::seal`.
     pub fn of_request(req: &Request, rung: &str, level: Option<Level>) -> Self {
         let key = req.action_key.as_ref();
         let env = req.env.iter().map(|(k, v)| (k.clone(), key.map(|key| key.env_value(k, v)))).collect();
@@ -365,7 +365,7 @@ impl Action {
     }
 
     /// The digest of this action's fields: `sha256:` and the hex of SHA-256 over the bytes
-    /// `stevedore-action/1\n` followed by the canonical JSON ([`canonical_json`]) of the action
+    /// `stevedore-action/1\n` followed by the canonical JSON (`canonical_json`) of the action
     /// as serialised, less the keys in [`NOT_DIGESTED`].
     pub fn compute_digest(&self) -> String {
         let mut v = serde_json::to_value(self).expect("an action always serialises");
