@@ -186,6 +186,8 @@ pub fn plan(outcome: &Outcome, opts: &ReplayOptions) -> Result<Replay, ReplayErr
     let mut policy = Policy::default().with_grace(std::time::Duration::from_millis(action.grace_ms));
     policy.image = action.image_id.clone().or_else(|| action.image.clone()).unwrap_or_default();
     req.policy = policy;
+    // The environment first: it checks the key, under which the payload is digested too.
+    let env_unchecked = environment(&action, opts, &mut req)?;
     // The payload.
     // Under the attempt's key when it had one: `environment` below refuses another key.
     let key = opts.key.as_ref().filter(|_| action.env_key.is_some());
@@ -201,7 +203,6 @@ pub fn plan(outcome: &Outcome, opts: &ReplayOptions) -> Result<Replay, ReplayErr
         None if action.payload_sha256 != empty => return Err(ReplayError::PayloadMissing(action.payload_sha256)),
         None => {}
     }
-    let env_unchecked = environment(&action, opts, &mut req)?;
     // The inputs.
     let mut inputs_replaced = None;
     if let Some(inputs) = &action.inputs {
