@@ -365,9 +365,16 @@ impl Init {
         }
         // Only a host that may come back needs what went out kept.
         self.link.retain = self.may_wait(&start);
+        // Made before the command exists: its OOM baseline is then the cgroup's before it.
+        self.sampler = start
+            .timeline
+            .as_ref()
+            .map(|t| crate::sampler::Sampler::new(t, start.cgroup_dir.as_deref(), Instant::now()));
         let ended = match child::spawn(&start) {
             Ok(spawned) => self.supervise(&start, spawned),
             Err(failure) => {
+                // Nothing ran: no timeline, rather than one of no samples.
+                self.sampler = None;
                 self.diag(&format!("cannot start the command: {}", failure.message));
                 Ended {
                     wait: WaitStatus::SpawnFailed(failure),
@@ -486,8 +493,9 @@ impl Init {
             }
         }
         self.push_started();
-        self.sampler =
-            start.timeline.as_ref().map(|t| crate::sampler::Sampler::new(t, start.cgroup_dir.as_deref(), s.started));
+        if let Some(sampler) = &mut self.sampler {
+            sampler.begin(s.started);
+        }
         let mut buf = vec![0u8; CHUNK];
         // The command may have ended before the first SIGCHLD could be read.
         sup.reap_ready();

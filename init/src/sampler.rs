@@ -48,8 +48,9 @@ pub(crate) struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler for `spec`, counting from `started` (the command's start); `cgroup_dir` is
-    /// the Start frame's, read when the spec names no cgroup of its own.
+    /// A sampler for `spec`, counting from `started` (the command's start, or see
+    /// [`Sampler::begin`]); `cgroup_dir` is the Start frame's, read when the spec names no
+    /// cgroup of its own. The OOM kill count read here is the baseline a mark needs it above.
     pub fn new(spec: &TimelineSpec, cgroup_dir: Option<&str>, started: Instant) -> Self {
         let period = Duration::from_millis(spec.period_ms.max(MIN_SAMPLE_PERIOD_MS));
         let max = usize::try_from(spec.max_samples.clamp(2, MAX_TIMELINE_SAMPLES)).unwrap_or(2);
@@ -99,6 +100,12 @@ impl Sampler {
         }
         let oom_base = files.oom.as_deref().and_then(oom_kills);
         Self { files, started, period, max, next: started, oom_base, line }
+    }
+
+    /// Counts from `started` (the command's start), the first sample due at once.
+    pub fn begin(&mut self, started: Instant) {
+        self.started = started;
+        self.next = started;
     }
 
     /// When the next sample is due.

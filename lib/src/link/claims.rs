@@ -187,6 +187,10 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
 fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev: &mut Evidence) {
     use crate::contract::{TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak};
     let Some(t) = &rec.timeline else {
+        if let WaitStatus::SpawnFailed(_) = rec.wait {
+            usage.sources.timeline = Some(Source::unavailable("the command never started"));
+            return;
+        }
         usage.sources.timeline = Some(Source::unavailable(
             "the init sampled nothing: the rung has no cgroup of the attempt's own to read, or sampling is off \
                  (LinkConfig::timeline_period)",
