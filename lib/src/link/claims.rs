@@ -266,39 +266,21 @@ pub(crate) const TIMELINE_MAX_JSON: usize = 16 << 10;
 fn fit(line: &mut crate::contract::Timeline) {
     while line.t_ms.len() > 2 && serde_json::to_vec(&*line).map_or(usize::MAX, |j| j.len()) > TIMELINE_MAX_JSON {
         // The last sample is the command's end: kept, as the first is.
-        let last = |c: &Vec<u64>| c.last().copied();
-        let ends = [
-            last(&line.t_ms),
-            last(&line.memory_bytes),
-            last(&line.cpu_ms),
-            last(&line.pids),
-            last(&line.out_bytes),
-            last(&line.tmp_bytes),
-        ];
         let even = line.t_ms.len().is_multiple_of(2);
-        stevedore_init::wire::thin_columns([
-            &mut line.t_ms,
-            &mut line.memory_bytes,
-            &mut line.cpu_ms,
-            &mut line.pids,
-            &mut line.out_bytes,
-            &mut line.tmp_bytes,
-        ]);
+        let ends = columns(line).map(|c| c.last().copied());
+        stevedore_init::wire::thin_columns(columns(line));
         if even {
-            let cols = [
-                &mut line.t_ms,
-                &mut line.memory_bytes,
-                &mut line.cpu_ms,
-                &mut line.pids,
-                &mut line.out_bytes,
-                &mut line.tmp_bytes,
-            ];
-            for (col, end) in cols.into_iter().zip(ends) {
+            for (col, end) in columns(line).into_iter().zip(ends) {
                 col.extend(end);
             }
         }
         line.period_ms = line.period_ms.saturating_mul(2);
     }
+}
+
+/// Every column of `line`, `t_ms` first.
+fn columns(line: &mut crate::contract::Timeline) -> [&mut Vec<u64>; 6] {
+    [&mut line.t_ms, &mut line.memory_bytes, &mut line.cpu_ms, &mut line.pids, &mut line.out_bytes, &mut line.tmp_bytes]
 }
 
 /// Without the kernel's count, the engine's `State.OOMKilled` says at least one OOM kill.
