@@ -237,3 +237,40 @@ pub fn write_secret(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> 
     f.write_all(data)?;
     f.sync_all()
 }
+
+/// Far more than any Outcome (its timeline is capped at 16 KB, most of its lists at a thousand
+/// entries): a bigger file is not one, and is not read whole.
+const MAX_OUTCOME_BYTES: u64 = 64 << 20;
+
+/// The text of the Outcome file at `path` (`-`: stdin), read within [`MAX_OUTCOME_BYTES`]:
+/// an Outcome given to `report` or `replay` is input.
+pub fn read_outcome_text(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let name = path.display();
+    let mut json = String::new();
+    let read = if path == std::path::Path::new("-") {
+        std::io::stdin().lock().take(MAX_OUTCOME_BYTES + 1).read_to_string(&mut json)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(MAX_OUTCOME_BYTES + 1).read_to_string(&mut json))
+    };
+    read.map_err(|e| format!("cannot read the Outcome {name}: {e}"))?;
+    if json.len() as u64 > MAX_OUTCOME_BYTES {
+        return Err(format!("{name}: over {} MiB, too large to be an Outcome", MAX_OUTCOME_BYTES >> 20));
+    }
+    Ok(json)
+}
+
+/// The payload in the file `path`, read within the largest a request takes (a bigger one is
+/// refused as the request would refuse it, without reading it whole).
+pub fn read_payload(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let max = stevedore::contract::MAX_PAYLOAD_BYTES;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read payload file {}: {e}", path.display()))?;
+    if bytes.len() > max {
+        return Err(format!("payload file {}: over the {max}-byte limit", path.display()));
+    }
+    Ok(bytes)
+}

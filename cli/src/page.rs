@@ -105,23 +105,9 @@ pub fn main(args: &[String]) -> u8 {
     }
 }
 
-/// Far more than any Outcome (its timeline is capped at 16 KB, most of its lists at a thousand
-/// entries): a bigger file is not one, and is not read whole.
-const MAX_OUTCOME_BYTES: u64 = 64 << 20;
-
 fn read_outcome(path: &Path) -> Result<Outcome, String> {
-    let name = path.display();
-    let mut json = String::new();
-    let read = if path == Path::new("-") {
-        std::io::stdin().lock().take(MAX_OUTCOME_BYTES + 1).read_to_string(&mut json)
-    } else {
-        std::fs::File::open(path).and_then(|f| f.take(MAX_OUTCOME_BYTES + 1).read_to_string(&mut json))
-    };
-    read.map_err(|e| format!("cannot read the Outcome {name}: {e}"))?;
-    if json.len() as u64 > MAX_OUTCOME_BYTES {
-        return Err(format!("{name}: over {} MiB, too large to be an Outcome", MAX_OUTCOME_BYTES >> 20));
-    }
-    serde_json::from_str(&json).map_err(|e| format!("{name}: not an Outcome JSON ({e})"))
+    let json = crate::common::read_outcome_text(path)?;
+    serde_json::from_str(&json).map_err(|e| format!("{}: not an Outcome JSON ({e})", path.display()))
 }
 
 /// Writes `bytes` to `path` whole: a temporary file beside it, renamed over it, so that a

@@ -85,9 +85,9 @@ fn rung_of(name: &str) -> Option<&'static str> {
 /// Runs `stevedore replay`.
 pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
     let what = a.outcome.display().to_string();
-    let text = match std::fs::read_to_string(&a.outcome) {
+    let text = match crate::common::read_outcome_text(&a.outcome) {
         Ok(t) => t,
-        Err(e) => return refuse(format!("replay {what}: {e}")),
+        Err(e) => return refuse(format!("replay: {e}")),
     };
     let outcome = match lib::read(&text) {
         Ok(o) => o,
@@ -110,9 +110,9 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
     }
     opts.payload = match (&a.payload, &a.payload_file) {
         (Some(p), _) => Some(p.clone().into_bytes()),
-        (None, Some(f)) => match std::fs::read(f) {
+        (None, Some(f)) => match crate::common::read_payload(f) {
             Ok(b) => Some(b),
-            Err(e) => return refuse(format!("--payload-file {}: {e}", f.display())),
+            Err(e) => return refuse(format!("--payload-file: {e}")),
         },
         (None, None) => None,
     };

@@ -274,7 +274,7 @@ fn request(a: &RunArgs) -> Result<Request, String> {
         req.payload = p.clone().into_bytes();
     }
     if let Some(f) = &a.payload_file {
-        req.payload = std::fs::read(f).map_err(|e| format!("cannot read payload file {}: {e}", f.display()))?;
+        req.payload = common::read_payload(f)?;
     }
     req.input_dir = a.input.clone();
     for s in &a.slots {

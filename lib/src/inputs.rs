@@ -106,7 +106,7 @@ impl InputDir {
         let mut s = Stager { owners, limit, report: StageReport::default(), hook };
         let root = s.dir(&mut b, &self.root, Path::new(""), 0)?;
         b.into_inner().and_then(|mut w| w.flush()).map_err(StageError::Write)?;
-        s.report.tree = format!("sha256:{}", crate::contract::action::hex(&root));
+        s.report.tree = format!("sha256:{}", crate::util::hex(&root));
         Ok(s.report)
     }
 }
@@ -124,7 +124,7 @@ pub fn tree_digest(path: &Path) -> Result<StageReport, StageError> {
 fn listing_entry(kind: u8, digest: &[u8], name: &[u8]) -> Vec<u8> {
     let mut line = Vec::with_capacity(68 + name.len());
     line.extend_from_slice(&[kind, b' ']);
-    line.extend_from_slice(crate::contract::action::hex(digest).as_bytes());
+    line.extend_from_slice(crate::util::hex(digest).as_bytes());
     line.push(b' ');
     line.extend_from_slice(name);
     line.push(0);
@@ -595,7 +595,7 @@ mod tests {
         fs::set_permissions(d.join("sub/a.txt"), fs::Permissions::from_mode(0o644)).unwrap();
         std::os::unix::fs::symlink("sub/a.txt", d.join("link")).unwrap();
         // By hand: sub's listing, then the root's, entries in the byte order of their names.
-        let sha = |b: &[u8]| crate::contract::action::hex(&Sha256::digest(b));
+        let sha = |b: &[u8]| crate::util::hex(&Sha256::digest(b));
         let sub = sha(format!("f {} a.txt\0", sha(b"hello")).as_bytes());
         let root = format!("l {} link\0x {} run.sh\0d {sub} sub\0", sha(b"sub/a.txt"), sha(b"#!/bin/sh\n"));
         let known = format!("sha256:{}", sha(root.as_bytes()));

@@ -12,7 +12,16 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// `bytes` random bytes as lowercase hex: an attempt's own ID.
 pub(crate) fn random_hex(bytes: usize) -> String {
-    (0..bytes).map(|_| format!("{:02x}", rand::random::<u8>())).collect()
+    hex(&(0..bytes).map(|_| rand::random::<u8>()).collect::<Vec<u8>>())
+}
+
+/// `bytes` as lowercase hex (keys, digests).
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 /// The error's text followed by its sources' (those its text does not already end with),

@@ -11,6 +11,7 @@ use crate::link::reports::{self, ReportRoute};
 use crate::link::session::{self, Heard, OutputsSink, ReaderSetup, Sender};
 use crate::link::supervise::{Linked, Rejoin};
 use crate::link::{CappedLog, LiveSink};
+use crate::util::hex;
 use std::sync::Arc;
 use std::time::Instant;
 use stevedore_init::wire::{self, HandlerRequest, KEY_LEN, Start};
@@ -58,10 +59,6 @@ impl Drop for Captures {
 /// The attempt a link belongs to.
 pub(crate) fn scope(req: &Request) -> wire::Scope {
     wire::Scope { job_id: req.job_id.clone(), attempt: req.attempt }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The link's reports to the engine's hook, when the request has hooks.

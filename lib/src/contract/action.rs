@@ -6,6 +6,7 @@
 //! likely value): only as an HMAC under a key the user holds ([`ActionKey`]), or not at all.
 
 use super::{Level, PriorOutput, Request, Task};
+use crate::util::hex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -242,26 +243,12 @@ pub fn payload_digest(payload: &[u8], key: Option<&ActionKey>) -> String {
     key.map_or_else(|| sha256_of(payload), |k| k.payload_value(payload))
 }
 
-/// HMAC-SHA256 (RFC 2104): a few lines over `sha2`, rather than one more dependency.
+/// HMAC-SHA256 (RFC 2104), by the `hmac` crate the init's link already uses.
 pub(crate) fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut k = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| k.map(|b| b ^ byte);
-    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(msg).finalize();
-    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(msg);
+    mac.finalize().into_bytes().into()
 }
 
 /// `sha256:<hex>` of `bytes`.

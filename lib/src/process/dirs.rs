@@ -3,6 +3,7 @@
 //! dir with `in/` (a private, read-only copy of the inputs), `out/` and `tmp/` (the
 //! command's). Nothing is followed through a symlink another local user could have put first.
 
+use crate::util::hex;
 use nix::sys::stat::{Mode, fchmod, fstat};
 use nix::unistd::{Gid, Uid, chown};
 use sha2::{Digest, Sha256};
@@ -102,10 +103,6 @@ fn read_nofollow(path: &Path) -> io::Result<Vec<u8>> {
     let mut v = Vec::new();
     f.read_to_end(&mut v)?;
     Ok(v)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One attempt's dir and its parts.
