@@ -115,7 +115,8 @@ pub struct RunArgs {
     /// Disk limit for /out (e.g. 50m)
     #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
     disk: Option<String>,
-    /// Deadline from now (e.g. 10s, 500ms, 2m)
+    /// The longest the command may run, counted from its start (waiting for a slot, staging
+    /// inputs and starting the sandbox do not count), e.g. 10s, 500ms, 2m
     #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
     timeout: Option<String>,
     /// Time between SIGTERM and SIGKILL (default 30s)

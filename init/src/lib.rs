@@ -20,6 +20,7 @@
 //!   copied where the attempt runs it, the inputs unpacked from stdin.
 //! - `handler`: the handler runner's socket.
 //! - `sampler`: the resource timeline, sampled while the command runs, bounded in size.
+//! - `reserve`: memory held while the command runs, let go for the delivery of the outputs.
 //! - `stdin`: the command's stdin from the host, within a window.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
@@ -36,6 +37,7 @@ mod outdir;
 pub mod prepare;
 mod relay;
 pub mod report;
+mod reserve;
 mod run;
 mod sampler;
 mod stdin;
@@ -44,4 +46,4 @@ pub mod wire;
 
 pub use outdir::send as send_outputs;
 pub use relay::main as relay_main;
-pub use run::{EXIT_SETUP_FAILED, main, main_within};
+pub use run::{EXIT_SETUP_FAILED, Options, main, main_with};

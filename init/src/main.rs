@@ -12,11 +12,12 @@ fn main() {
     };
     let code = match args.first().map(String::as_str) {
         None => stevedore_init::main(),
-        // PID 1 that gives up when no Start frame came in time (the kube rung's Pods).
-        Some("--start-within-ms") if args.len() == 2 => match args[1].parse::<u64>() {
-            Ok(ms) => stevedore_init::main_within(Some(std::time::Duration::from_millis(ms))),
-            Err(_) => {
-                eprintln!("stevedore-init: --start-within-ms takes a number of milliseconds");
+        // An attempt's PID 1 as the rung started it: giving up when no Start frame came in
+        // time (the kube rung's Pods), holding the delivery's reserve.
+        Some(flag) if flag.starts_with("--") => match stevedore_init::Options::parse(&args) {
+            Ok(options) => stevedore_init::main_with(options),
+            Err(why) => {
+                eprintln!("stevedore-init: {why}");
                 2
             }
         },

@@ -40,14 +40,51 @@ const CHUNK: usize = wire::MAX_CHUNK;
 /// What is still taken from the command's pipes after it ended, per pipe.
 const AFTER_END_DRAIN: u64 = 16 << 20;
 
-/// Runs the init; returns the process exit code.
-pub fn main() -> i32 {
-    main_within(None)
+/// How the rung started the init (its arguments).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Give up when no Start frame came within this long (a Pod whose host died before it
+    /// spoke: nothing else would ever end it). `None`: wait as long as it takes.
+    pub start_within: Option<Duration>,
+    /// Bytes to hold in the attempt's cgroup until every process of the attempt is gone
+    /// (`reserve`): the rung added them to the cgroup's limit.
+    pub reserve_bytes: u64,
 }
 
-/// Runs the init, which gives up when no Start frame came `within` (a Pod whose host died
-/// before it spoke: nothing else would ever end it); returns the process exit code.
-pub fn main_within(within: Option<Duration>) -> i32 {
+impl Options {
+    /// Parses the init's arguments (`[--start-within-ms MS] [--reserve BYTES]`, each at most
+    /// once, in any order).
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Self::default();
+        let mut it = args.iter();
+        let (mut within, mut reserve) = (false, false);
+        while let Some(flag) = it.next() {
+            let number = |it: &mut std::slice::Iter<'_, String>, what: &str| {
+                it.next().and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| format!("{flag} takes a number of {what}"))
+            };
+            match flag.as_str() {
+                "--start-within-ms" if !within => {
+                    within = true;
+                    o.start_within = Some(Duration::from_millis(number(&mut it, "milliseconds")?));
+                }
+                "--reserve" if !reserve => {
+                    reserve = true;
+                    o.reserve_bytes = number(&mut it, "bytes")?;
+                }
+                other => return Err(format!("unexpected argument {other:?}")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Runs the init; returns the process exit code.
+pub fn main() -> i32 {
+    main_with(Options::default())
+}
+
+/// Runs the init as the rung's [`Options`] say; returns the process exit code.
+pub fn main_with(options: Options) -> i32 {
     // Whatever the host inherited to this process (a worker's stray descriptors) goes no
     // further than the init: nothing from 3 on survives the command's exec.
     child::raw::cloexec_from(3);
@@ -61,7 +98,10 @@ pub fn main_within(within: Option<Duration>) -> i32 {
     match setup() {
         Ok((signals, pid1)) => {
             let mut init = Init::new(signals, pid1, link);
-            init.start_by = within.map(|w| Instant::now() + w);
+            init.start_by = options.start_within.map(|w| Instant::now() + w);
+            // Before the Start frame, so a parked init holds it while it waits and a cold
+            // one while the host sends the frame: never on the command's path.
+            init.reserve = crate::reserve::Reserve::hold(options.reserve_bytes);
             init.run()
         }
         Err(why) => {
@@ -269,6 +309,8 @@ struct Init {
     start_by: Option<Instant>,
     /// Samples the attempt's resources while the command runs, when the Start frame asks.
     sampler: Option<crate::sampler::Sampler>,
+    /// Held until every process of the attempt is gone, then let go for the delivery.
+    reserve: crate::reserve::Reserve,
 }
 
 /// What running the command found out.
@@ -326,6 +368,7 @@ impl Init {
             tty: None,
             start_by: None,
             sampler: None,
+            reserve: crate::reserve::Reserve::default(),
         }
     }
 
@@ -855,6 +898,13 @@ impl Init {
             self.try_takeover(&[], true);
         }
         let stragglers_killed = self.reap_stragglers(ended.pgid);
+        // Nothing of the command is left to take it: the room is the delivery's now, before
+        // the counters are read (their files, the record and the outputs all need pages).
+        let reserve_bytes = self.reserve.held_bytes();
+        self.reserve.release();
+        if let Some(why) = self.reserve.failed.take() {
+            self.diag(&format!("no delivery reserve was held: {why}"));
+        }
         // Every writer is gone (or, outside a pid namespace, escaped the group): take what
         // is in the pipes without waiting for more.
         let mut buf = vec![0u8; CHUNK];
@@ -902,6 +952,7 @@ impl Init {
                 .map(|d| wire::Measured { path: d.clone(), seen: outdir::measure(d) })
                 .collect(),
             timeline: self.sampler.take().map(crate::sampler::Sampler::finish),
+            reserve_bytes,
         }
     }
 
@@ -1174,6 +1225,17 @@ mod tests {
             }
         }
         assert_eq!(kill_target(true, None), KillTarget::Namespace);
+    }
+
+    #[test]
+    fn the_options_are_each_given_once_with_a_number() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let o = Options::parse(&args(&["--reserve", "8388608", "--start-within-ms", "300"])).unwrap();
+        assert_eq!(o, Options { start_within: Some(Duration::from_millis(300)), reserve_bytes: 8 << 20 });
+        assert_eq!(Options::parse(&[]).unwrap(), Options::default());
+        for bad in [&["--reserve"][..], &["--reserve", "8m"], &["--reserve", "1", "--reserve", "2"], &["--other"]] {
+            assert!(Options::parse(&args(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -6,11 +6,15 @@
 //! dropped (the first is kept) and the period doubles: the timeline covers the whole run
 //! evenly, more coarsely the longer it is. A sample is a handful of small reads of kernel
 //! files and two `statvfs`; one that fails leaves its column empty with the reason.
+//!
+//! The kernel files are opened once, before the command starts, and read again from their
+//! start at every sample: a sample then needs no new memory of the kernel's (a `struct
+//! file`, a read buffer) or of the init's, so sampling a cgroup the command has filled does
+//! not make the init the next process the OOM killer takes (`reserve`).
 
 use crate::cgroup::{self, Version};
 use crate::wire::{MAX_TIMELINE_SAMPLES, MIN_SAMPLE_PERIOD_MS, SampledCgroup, Timeline, TimelineSpec};
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,14 +29,46 @@ const TMP: &str = "tmp_bytes";
 #[derive(Debug, Default)]
 struct Files {
     /// `memory.current` (v2) or `memory.usage_in_bytes` (v1).
-    memory: Option<PathBuf>,
+    memory: Option<Kernel>,
     /// `cpu.stat` (v2, `usage_usec`) or `cpuacct.usage` (v1, ns).
-    cpu: Option<(PathBuf, Version)>,
-    pids: Option<PathBuf>,
+    cpu: Option<(Kernel, Version)>,
+    pids: Option<Kernel>,
     /// `memory.events` (v2) or `memory.oom_control` (v1): the `oom_kill` line.
-    oom: Option<PathBuf>,
+    oom: Option<Kernel>,
     out: Option<PathBuf>,
     tmp: Option<PathBuf>,
+}
+
+/// A kernel file read at every sample, open from the sampler's start (or why it could not be).
+#[derive(Debug)]
+struct Kernel {
+    path: PathBuf,
+    file: Result<std::fs::File, String>,
+}
+
+impl Kernel {
+    fn open(path: PathBuf) -> Self {
+        let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()));
+        Self { path, file }
+    }
+
+    /// The file's figure, read from its start into a buffer of the stack.
+    fn read(&self, parse: impl FnOnce(&str) -> Result<u64, String>) -> Result<u64, String> {
+        let file = self.file.as_ref().map_err(Clone::clone)?;
+        // Kernel files are small; the cap guards against an impostor bind-mounted in their place.
+        let mut buf = [0u8; 4096];
+        let mut n = 0;
+        while n < buf.len() {
+            match file.read_at(&mut buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("{}: {e}", self.path.display())),
+            }
+        }
+        let text = std::str::from_utf8(&buf[..n]).map_err(|e| format!("{} malformed: {e}", self.path.display()))?;
+        parse(text).map_err(|e| format!("{} malformed: {e}", self.path.display()))
+    }
 }
 
 /// Samples at its period while the command runs; [`Sampler::finish`] gives the timeline.
@@ -61,20 +97,21 @@ impl Sampler {
         match (&spec.cgroup, cgroup_dir) {
             (Some(SampledCgroup::V2(dir)), _) => v2(&mut files, Path::new(dir)),
             (Some(SampledCgroup::V1 { memory, cpuacct, pids }), _) => {
-                files.memory = memory.as_ref().map(|d| Path::new(d).join("memory.usage_in_bytes"));
-                files.oom = memory.as_ref().map(|d| Path::new(d).join("memory.oom_control"));
-                files.cpu = cpuacct.as_ref().map(|d| (Path::new(d).join("cpuacct.usage"), Version::V1));
-                files.pids = pids.as_ref().map(|d| Path::new(d).join("pids.current"));
+                let at = |d: &String, f: &str| Kernel::open(Path::new(d).join(f));
+                files.memory = memory.as_ref().map(|d| at(d, "memory.usage_in_bytes"));
+                files.oom = memory.as_ref().map(|d| at(d, "memory.oom_control"));
+                files.cpu = cpuacct.as_ref().map(|d| (at(d, "cpuacct.usage"), Version::V1));
+                files.pids = pids.as_ref().map(|d| at(d, "pids.current"));
             }
             (None, Some(root)) => match cgroup::detect(Path::new(root)) {
                 Some(Version::V2) => v2(&mut files, Path::new(root)),
                 Some(Version::V1) => {
                     let root = Path::new(root);
-                    files.memory = Some(root.join("memory/memory.usage_in_bytes"));
-                    files.oom = Some(root.join("memory/memory.oom_control"));
+                    files.memory = Some(Kernel::open(root.join("memory/memory.usage_in_bytes")));
+                    files.oom = Some(Kernel::open(root.join("memory/memory.oom_control")));
                     let cpu = if root.join("cpuacct/cpuacct.usage").exists() { "cpuacct" } else { "cpu,cpuacct" };
-                    files.cpu = Some((root.join(cpu).join("cpuacct.usage"), Version::V1));
-                    files.pids = Some(root.join("pids/pids.current"));
+                    files.cpu = Some((Kernel::open(root.join(cpu).join("cpuacct.usage")), Version::V1));
+                    files.pids = Some(Kernel::open(root.join("pids/pids.current")));
                 }
                 None => {}
             },
@@ -98,7 +135,7 @@ impl Sampler {
                 }
             }
         }
-        let oom_base = files.oom.as_deref().and_then(oom_kills);
+        let oom_base = files.oom.as_ref().and_then(oom_kills);
         Self { files, started, period, max, next: started, oom_base, line }
     }
 
@@ -132,16 +169,16 @@ impl Sampler {
         // Times only go forward, whatever order the caller's instants came in.
         let t = t.max(self.line.t_ms.last().copied().unwrap_or(0));
         let f = &self.files;
-        let memory = f.memory.as_deref().map(|p| read_figure(p, cgroup::parse_single));
-        let cpu = f.cpu.as_ref().map(|(p, v)| match v {
-            Version::V2 => read_figure(p, |s| cgroup::parse_keyed(s, "usage_usec").map(|us| us / 1000)),
-            Version::V1 => read_figure(p, cgroup::parse_single).map(|ns| ns / 1_000_000),
+        let memory = f.memory.as_ref().map(|k| k.read(cgroup::parse_single));
+        let cpu = f.cpu.as_ref().map(|(k, v)| match v {
+            Version::V2 => k.read(|s| cgroup::parse_keyed(s, "usage_usec").map(|us| us / 1000)),
+            Version::V1 => k.read(cgroup::parse_single).map(|ns| ns / 1_000_000),
         });
-        let pids = f.pids.as_deref().map(|p| read_figure(p, cgroup::parse_single));
+        let pids = f.pids.as_ref().map(|k| k.read(cgroup::parse_single));
         let out = f.out.as_deref().map(used_bytes);
         let tmp = f.tmp.as_deref().map(used_bytes);
         if self.line.oom_kill_ms.is_none()
-            && let (Some(base), Some(now_kills)) = (self.oom_base, f.oom.as_deref().and_then(oom_kills))
+            && let (Some(base), Some(now_kills)) = (self.oom_base, f.oom.as_ref().and_then(oom_kills))
             && now_kills > base
         {
             self.line.oom_kill_ms = Some(t);
@@ -186,7 +223,7 @@ impl Sampler {
     /// OOM killer acted but no sample saw it rise, the mark at the end.
     pub fn finish(mut self) -> Timeline {
         if self.line.oom_kill_ms.is_none()
-            && let (Some(base), Some(kills)) = (self.oom_base, self.files.oom.as_deref().and_then(oom_kills))
+            && let (Some(base), Some(kills)) = (self.oom_base, self.files.oom.as_ref().and_then(oom_kills))
             && kills > base
         {
             self.line.oom_kill_ms = self.line.t_ms.last().copied();
@@ -196,24 +233,15 @@ impl Sampler {
 }
 
 fn v2(files: &mut Files, dir: &Path) {
-    files.memory = Some(dir.join("memory.current"));
-    files.cpu = Some((dir.join("cpu.stat"), Version::V2));
-    files.pids = Some(dir.join("pids.current"));
-    files.oom = Some(dir.join("memory.events"));
+    files.memory = Some(Kernel::open(dir.join("memory.current")));
+    files.cpu = Some((Kernel::open(dir.join("cpu.stat")), Version::V2));
+    files.pids = Some(Kernel::open(dir.join("pids.current")));
+    files.oom = Some(Kernel::open(dir.join("memory.events")));
 }
 
 /// The cgroup's OOM kill count, if it can be read.
-fn oom_kills(path: &Path) -> Option<u64> {
-    read_figure(path, |s| cgroup::parse_keyed(s, "oom_kill")).ok()
-}
-
-fn read_figure(path: &Path, parse: impl FnOnce(&str) -> Result<u64, String>) -> Result<u64, String> {
-    let mut s = String::new();
-    // Kernel files are small; the cap guards against an impostor bind-mounted in their place.
-    std::fs::File::open(path)
-        .and_then(|f| f.take(4096).read_to_string(&mut s))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    parse(&s).map_err(|e| format!("{} malformed: {e}", path.display()))
+fn oom_kills(k: &Kernel) -> Option<u64> {
+    k.read(|s| cgroup::parse_keyed(s, "oom_kill")).ok()
 }
 
 /// `dir` when it is the root of a filesystem of its own (its `statvfs` then counts only what

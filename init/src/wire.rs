@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 8;
+pub const PROTOCOL: u32 = 9;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -913,6 +913,12 @@ pub struct InitRecord {
     /// The samples [`Start::timeline`] asked for.
     #[serde(default)]
     pub timeline: Option<Timeline>,
+    /// Bytes the init held in its cgroup from before the command started until every
+    /// process of the attempt was gone (`stevedore-init --reserve`), then let go, so that
+    /// sending the outputs finds memory in a cgroup the command filled (0: none was asked,
+    /// or it could not be had). The cgroup's figures above include it.
+    #[serde(default)]
+    pub reserve_bytes: u64,
 }
 
 /// What to sample while the command runs, and how often.

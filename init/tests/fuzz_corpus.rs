@@ -148,6 +148,7 @@ fn init_record() -> InitRecord {
             oom_kill_ms: Some(400),
             missing: [("tmp_bytes".to_owned(), "/tmp is not a filesystem of its own".to_owned())].into(),
         }),
+        reserve_bytes: 8 << 20,
     }
 }
 

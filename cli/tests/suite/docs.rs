@@ -65,7 +65,7 @@ fn the_reason_and_status_words_are_the_codes() {
 #[test]
 fn the_usage_sources_are_the_codes() {
     let words = table_words(&doc(), "Usage sources");
-    assert_eq!(words.len(), 9);
+    assert_eq!(words.len(), 10);
     for w in &words {
         let s: Source = w.parse().unwrap_or_else(|e| panic!("{w}: {e}"));
         assert_eq!(&s.to_string(), w);

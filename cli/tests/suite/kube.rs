@@ -674,3 +674,74 @@ async fn the_command_runs_an_attempt_on_the_cluster_with_dockers_flags_streams_a
         String::from_utf8_lossy(&smoke.stderr)
     );
 }
+
+/// A command that fills its memory through `/out` until the kernel kills it: what it wrote
+/// reaches the caller (the init's delivery reserve is in the Pod's limit, and the Pod's own
+/// limit is above its container's), never an `ok` with the file missing.
+#[tokio::test]
+async fn outputs_written_until_the_oom_kill_are_delivered() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-deliver");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let runs = crate::engines::delivery_runs();
+    for i in 0..runs {
+        let out = dir.path().join(format!("o{i}"));
+        let o = run(&rung, &sh(c, &w, &out, crate::engines::FILL_OUT).memory(64 << 20).disk(200 << 20)).await;
+        assert_eq!((o.status, o.exit_code), (Status::Ok, Some(0)), "{}", o.to_json());
+        assert!(o.evidence.oom_kills >= Some(1), "the kernel killed the filler: {}", o.to_json());
+        let big = o.outputs.iter().find(|f| f.name == "big").unwrap_or_else(|| panic!("delivered: {}", o.to_json()));
+        assert_eq!(std::fs::metadata(out.join("big")).unwrap().len(), big.size);
+        assert!(big.size > 32 << 20, "{}", big.size);
+        assert_eq!(o.evidence.outputs_lost, None);
+    }
+    eprintln!("with the delivery reserve: {runs} of {runs} attempts delivered the file");
+    rung.close().await;
+    none_left(c, &w);
+}
+
+/// `/tmp` filled past the memory limit: an OOM kill, told as `oom_killed` whoever has the
+/// kernel's word. In a Burstable Pod (no CPU limit) the kubelet gives the container's
+/// processes an OOM score adjustment of about 998, the command gets 1000 and the kernel picks
+/// by resident size: a command smaller than the init (this `dd`) leaves the init to be
+/// killed, and the rung then waits for the kubelet's `OOMKilled` (issue 40: it read the Pod
+/// before the kubelet had said so, and told `killed`/`init_lost`).
+#[tokio::test]
+async fn a_tmp_filled_past_the_limit_is_oom_killed_by_the_kubelets_word_when_the_init_is_gone() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-tmp-oom");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let req = sh(c, &w, &dir.path().join("o"), "dd if=/dev/zero of=/tmp/big bs=64k count=1600").memory(64 << 20);
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::OomKilled, "{}", o.to_json());
+    let json: serde_json::Value = serde_json::from_str(&o.to_json()).unwrap();
+    let source = json["usage"]["sources"]["oom_kills"].as_str().unwrap_or_default().to_owned();
+    eprintln!("the /tmp OOM: {} {:?}, oom_kills by {source}", o.status, o.reason);
+    if o.usage.wall_time_ms.is_some() && json["usage"]["sources"]["wall_time_ms"] == "init_clock" {
+        // The init lived to send its record: the kernel's count, as it read it.
+        assert_eq!(source, "cgroup", "{json}");
+    } else {
+        assert_eq!(source, "kubelet", "{json}");
+        assert_eq!(o.evidence.engine_oom_killed, Some(true), "{json}");
+        assert!(o.evidence.outputs_lost.as_ref().is_some_and(|l| l.unknown), "{json}");
+    }
+    rung.close().await;
+    none_left(c, &w);
+}
+
+/// A timeout counts from the command's start on this rung as on every other.
+#[tokio::test]
+async fn a_timeout_is_counted_from_the_commands_start() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-timeout");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_millis(500);
+    let o = run(&rung, &sh(c, &w, &dir.path().join("o"), "exec sleep 30").timeout(timeout)).await;
+    assert_eq!((o.status, o.reason, o.signal), (Status::Timeout, Some(Reason::Deadline), Some(15)), "{}", o.to_json());
+    let ran = Duration::from_millis(o.usage.wall_time_ms.expect("the init's clock"));
+    assert!(ran >= timeout && ran < timeout + Duration::from_secs(3), "the command ran {ran:?}: {}", o.to_json());
+    rung.close().await;
+    none_left(c, &w);
+}

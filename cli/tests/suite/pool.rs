@@ -120,8 +120,11 @@ async fn a_smaller_memory_and_disk_limit_is_served_warm_once_asked_for() {
         let o = run(&rung, &req(n)).await;
         assert_eq!(o.evidence.warm, Some(true), "{n}: {}", o.to_json());
         assert_eq!(o.reason, Some(Reason::DiskLimit), "{n}: {}", o.to_json());
-        assert_eq!(support::stdout_of(&o), format!("{memory}\ndd=1\n"), "{n}: {}", o.to_json());
-        assert!(o.evidence.enforcement["memory"].contains(&format!("{memory} bytes")), "{:?}", o.evidence.enforcement);
+        // The cgroup holds the attempt's memory and the init's delivery reserve.
+        let limit = memory + stevedore::LinkConfig::default().delivery_reserve;
+        assert_eq!(support::stdout_of(&o), format!("{limit}\ndd=1\n"), "{n}: {}", o.to_json());
+        let said = &o.evidence.enforcement["memory"];
+        assert!(said.contains(&format!("{limit} bytes: the attempt's {memory}")), "{said}");
         assert!(o.evidence.enforcement["disk"].contains(&format!("{disk} bytes")), "{:?}", o.evidence.enforcement);
         let big = std::fs::metadata(t.path().join(n).join("big")).map(|m| m.len()).unwrap_or(0);
         assert!(big <= disk, "{n}: /out held {big} bytes past its {disk}");

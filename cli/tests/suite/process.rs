@@ -124,6 +124,24 @@ async fn statuses_outputs_and_cleanup() {
     nothing_left(&r, &w);
 }
 
+/// A timeout counts from the command's start on this rung too (the uid's lease, the copy of
+/// the inputs and the init's spawn are not the command's time).
+#[tokio::test]
+async fn a_timeout_is_counted_from_the_commands_start() {
+    let r = rung(Delegation::Auto);
+    let w = worker("p-timeout");
+    let input = tempfile::tempdir().unwrap();
+    std::fs::write(input.path().join("a"), vec![7u8; 4 << 20]).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_millis(500);
+    let req = sh(&w, out.path(), "exec sleep 30").input_dir(input.path()).timeout(timeout);
+    let o = run(&r, &req).await;
+    assert_eq!((o.status, o.reason, o.signal), (Status::Timeout, Some(Reason::Deadline), Some(15)), "{}", o.to_json());
+    let ran = Duration::from_millis(o.usage.wall_time_ms.expect("the init's clock"));
+    assert!(ran >= timeout && ran < timeout + Duration::from_secs(2), "the command ran {ran:?}: {}", o.to_json());
+    nothing_left(&r, &w);
+}
+
 #[tokio::test]
 async fn the_command_runs_as_another_uid_with_only_its_environment_and_read_only_inputs() {
     let r = rung(Delegation::None);

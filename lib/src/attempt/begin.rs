@@ -132,7 +132,7 @@ pub(crate) async fn begin<S: Site>(
     ledger.action = Some(action);
     // The sandbox runs, its init waits for the start: the command has not started yet.
     if let Some(hooks) = &req.hooks {
-        let cp = checkpoint(site, req, &ledger, &key, &link_id, started);
+        let cp = checkpoint(site, req, &ledger, &key, &link_id);
         if let Err(e) = checkpointed(hooks, &cp).await {
             reader.abort();
             return Err(LaunchError::Hook(e));
@@ -150,7 +150,7 @@ pub(crate) async fn begin<S: Site>(
     }
     // Watched before the size is read for the start: a resize in between is sent, not lost.
     let resizes = req.tty.as_ref().map(crate::contract::Terminal::watch);
-    let start = start_frame(req, &plan, layout, &key, &link_id, &cfg, started);
+    let start = start_frame(req, &plan, layout, &key, &link_id, &cfg);
     // The payload goes from the request itself: a large one is never copied into a frame.
     let head = wire::start_head(&start, req.payload.len());
     if let Err(e) = sender.raw_parts(&[&head, &req.payload]).await {
@@ -249,7 +249,6 @@ fn checkpoint<S: Site>(
     ledger: &Ledger<S::Own>,
     key: &[u8; KEY_LEN],
     link_id: &str,
-    started: Instant,
 ) -> Checkpoint {
     let rung = site.rung();
     let now_ms = crate::contract::unix_ms_now();
@@ -262,8 +261,9 @@ fn checkpoint<S: Site>(
         level: rung.level,
         incarnation: rung.base.incarnation.to_owned(),
         started_at_unix_ms: ledger.started_ms,
+        // The command starts right after the checkpoint: its timeout counts from about now.
         deadline_at_unix_ms: req
-            .deadline_from(started)
+            .deadline_from(Instant::now())
             .map(|d| now_ms.saturating_add(d.saturating_duration_since(Instant::now()).as_millis() as u64)),
         grace_ms: req.policy.grace().as_millis() as u64,
         output_dir: std::path::absolute(&req.output_dir).unwrap_or_else(|_| req.output_dir.clone()),
@@ -281,7 +281,6 @@ fn start_frame(
     key: &[u8; KEY_LEN],
     link_id: &str,
     cfg: &Settings,
-    started: Instant,
 ) -> Start {
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let handler = match &req.task {
@@ -292,7 +291,7 @@ fn start_frame(
             attempt: req.attempt,
             inputs: req.inputs.iter().map(|(k, v)| (k.clone(), format!("{}/{}", layout.in_dir, v.display()))).collect(),
             prior_outputs: req.prior_outputs.iter().map(crate::link::convert::prior_out).collect(),
-            deadline_ms: req.deadline_from(started).map(|d| ms(d.saturating_duration_since(Instant::now()))),
+            deadline_ms: req.deadline_from(Instant::now()).map(|d| ms(d.saturating_duration_since(Instant::now()))),
         }),
         Task::Command(_) => None,
     };

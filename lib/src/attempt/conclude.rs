@@ -10,7 +10,7 @@
 
 use super::site::{Ledger, Removed, Site, Teardown};
 use crate::contract::{Evidence, Exit, Outcome, Record, Request, Source, judge};
-use crate::link::judgement;
+use crate::link::judgement::{self, OomWitness};
 use crate::link::reports::{self, Delivered};
 use crate::link::supervise::Ended;
 
@@ -46,9 +46,13 @@ pub(crate) async fn conclude<S: Site>(
 ) -> (Outcome, Option<String>) {
     let Ending { ledger, mut ended, reports } = ending;
     let verified = ended.record.as_ref().is_some_and(Result::is_ok);
-    let mut witness = site.witness(&ledger.own, verified).await;
+    // The init's last frame is the outputs' end: with it the link is the verdict, and the
+    // rung is asked only its cheap facts; without it the rung's witness is what is left
+    // (`ARCHITECTURE.md`, "Judging").
+    let last_frame = verified && ended.received.outputs.as_ref().is_some_and(|o| o.end.is_some());
+    let mut witness = site.witness(&ledger.own, last_frame || ended.collection_timed_out).await;
     let removed = match how {
-        How::Fresh { background: true } if verified => {
+        How::Fresh { background: true } if last_frame => {
             // Nothing the removal finds changes the outcome: it runs on the rung's tracked
             // tasks (`close` waits for them) while the outcome is returned.
             site.rung().base.tracker.spawn(async move {
@@ -66,6 +70,12 @@ pub(crate) async fn conclude<S: Site>(
     // Read by the rung once everything of the attempt had ended, so final: they replace the
     // init's own figures.
     if let (Some(c), Some(Ok(rec))) = (removed.counters.clone(), &mut ended.record) {
+        // A kill the kernel counted after the init's own read: the init's, while it sent
+        // the outputs (nothing else of the attempt was left).
+        if !last_frame && c.oom_kills.unwrap_or(0) > rec.cgroup.oom_kills.unwrap_or(0) {
+            witness.oom_killed = Some(true);
+            witness.oom_by = OomWitness::Cgroup;
+        }
         rec.cgroup = c;
     }
     let delivered = reports::finish(reports).await;
@@ -80,7 +90,7 @@ pub(crate) async fn conclude<S: Site>(
     // the enforcement): the applied limits' digest is of the evidence the Outcome carries.
     j.evidence.action = super::action::sealed(ledger.action.clone(), &j.evidence);
     // Only an end the engine's going away explains makes the question worth a call.
-    let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_));
+    let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_)) || j.facts.outputs_lost;
     if explained
         && !j.facts.deadline_fired
         && !j.facts.cancelled

@@ -224,9 +224,11 @@ pub(crate) trait Site: Sync {
     /// Whether the attempt's init still runs (`None`: the rung cannot tell now, as while
     /// the engine is out of reach): a cut link is not waited for once it is gone.
     fn init_runs(&self, own: &Self::Own) -> impl Future<Output = Option<bool>> + Send;
-    /// What the rung saw of the end, asked before the removal (`verified`: a verified record
-    /// arrived, and only the rung's cheap facts are worth having).
-    fn witness(&self, own: &Self::Own, verified: bool) -> impl Future<Output = Witness> + Send;
+    /// What the rung saw of the end, asked before the removal. `link_verdict`: the init's
+    /// last frame arrived (its verified record, then the outputs' end), and only the rung's
+    /// cheap facts are worth having; else the rung waits, bounded, for its engine's view of
+    /// the end (exit, OOM), and lists `/out` where it can still reach it.
+    fn witness(&self, own: &Self::Own, link_verdict: bool) -> impl Future<Output = Witness> + Send;
     /// What the engine's going away looked like, if it went away while the attempt ran;
     /// asked only when the end is one that explains (a signal, no verified record). A rung
     /// without an engine to lose has nothing to say.

@@ -101,7 +101,9 @@ impl ContainerExecutor {
         req.validate()?;
         req.policy.admit_network(&name, self.shared.config.network == "none")?;
         let applied = super::sizes::of(&req.limits, &self.shared.config);
-        let mib = u32::try_from(applied.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+        // The cgroup's whole limit: the delivery reserve is the host's memory too.
+        let limit = applied.memory.saturating_add(self.shared.config.link.delivery_reserve);
+        let mib = u32::try_from(limit.div_ceil(1 << 20)).unwrap_or(u32::MAX);
         let budget = &self.shared.budget;
         if mib > self.shared.budget_mib {
             return Err(LaunchError::AdmissionRefused(format!(

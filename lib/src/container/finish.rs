@@ -10,21 +10,41 @@ use crate::engine::ContainerState;
 use crate::link::claims::{self, Bounds};
 use crate::link::judgement::{Account, Witness};
 use crate::link::supervise::Ended;
+use std::time::Duration;
 
-/// What the engine says of the container, before it is removed. Without a verified record
-/// the engine's own state is the only witness left.
-pub(crate) async fn witness(site: &ContainerSite, own: &Own, verified: bool) -> Witness {
-    if verified {
+/// How long the rung waits for the engine to see the container's end once the link ended
+/// without the init's last frame: the attach's end can come a moment before the engine's
+/// state says so, and the judgement needs the engine's exit code and OOM flag.
+const END_SEEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// What the engine says of the container, before it is removed. Once the init's last frame
+/// arrived the link is the verdict and nothing is asked (`ARCHITECTURE.md`, "Judging");
+/// without it the engine's own state is the only witness left, read once the container ended
+/// (bounded by [`END_SEEN_WITHIN`]).
+pub(crate) async fn witness(site: &ContainerSite, own: &Own, link_verdict: bool) -> Witness {
+    if link_verdict {
         return Witness { why_no_record: "no record from the init", ..Witness::default() };
     }
-    let state = match site.engine.api.inspect_container(&own.container_id).await {
-        Ok(s) => Some(s),
-        Err(e) if e.is_not_found() => None,
-        Err(e) => {
-            tracing::warn!(error = %e, "inspecting the container failed");
-            Some(ContainerState::default())
+    let inspect = || async {
+        match site.engine.api.inspect_container(&own.container_id).await {
+            Ok(s) => Some(s),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "inspecting the container failed");
+                Some(ContainerState::default())
+            }
         }
     };
+    let mut state = inspect().await;
+    // Running, or ended without its exit code recorded yet (Podman shows that state for a
+    // moment): the engine's wait says when it ended, and how.
+    if state.as_ref().is_some_and(|s| s.running || s.exit_code.is_none()) {
+        let waited = tokio::time::timeout(END_SEEN_WITHIN, site.engine.api.wait_exit(&own.container_id)).await;
+        state = inspect().await;
+        if let (Some(s), Ok(Ok(code))) = (&mut state, waited) {
+            s.exit_code = s.exit_code.or(Some(code));
+        }
+    }
     Witness {
         removed_externally: state.as_ref().is_none_or(|s| s.removing),
         // stevedore's init never exits above 128 by itself: such a code is a signal from outside.
@@ -34,6 +54,7 @@ pub(crate) async fn witness(site: &ContainerSite, own: &Own, verified: bool) -> 
         },
         oom_killed: state.as_ref().and_then(|s| s.oom_killed),
         why_no_record: "no record from the init",
+        ..Witness::default()
     }
 }
 
@@ -71,6 +92,7 @@ pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended,
             cpus: cpus.min(ncpu),
             memory: own.memory,
             cpu_limit_millis: own.cpu_millis,
+            reserve: site.config.link.delivery_reserve,
             cgroup_note: claims::CONTAINER_CGROUP,
         },
         disk_limit: Some(own.disk),

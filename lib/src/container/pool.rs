@@ -264,12 +264,13 @@ async fn made_ready(
     let t = &p.sizes;
     // The engine changes a running container's limits; the call is skipped when they are
     // the ones the container was made with.
+    let reserve = shared.config.link.delivery_reserve;
     if (a.memory, a.cpu_millis, a.pids) != (t.memory, t.cpu_millis, t.pids) {
         let cpus = a.cpu_millis.map(|m| m.saturating_mul(1_000_000));
-        shared.engine.api.update(&p.name, a.memory, cpus, a.pids).await?;
+        shared.engine.api.update(&p.name, a.memory.saturating_add(reserve), cpus, a.pids).await?;
     }
     let mut enforcement = p.enforcement;
-    enforcement.insert("memory".into(), format!("cgroup memory limit {} bytes, swap off (as claimed)", a.memory));
+    enforcement.insert("memory".into(), spec::memory_text(a.memory, reserve, true));
     enforcement.insert("pids".into(), format!("cgroup pids limit {} (as claimed)", a.pids));
     let mut skipped = p.skipped;
     match a.cpu_millis {
@@ -346,7 +347,8 @@ pub(crate) fn refill(shared: &Arc<ContainerSite>) {
                 }
             },
         };
-        let mib = u32::try_from(sizes.memory.div_ceil(1 << 20)).unwrap_or(u32::MAX);
+        let mib = u32::try_from(sizes.memory.saturating_add(shared.config.link.delivery_reserve).div_ceil(1 << 20))
+            .unwrap_or(u32::MAX);
         // Budget the attempts leave free, or no fill now: the ask stays, for the next end.
         let Ok(budget) = shared.budget.clone().try_acquire_many_owned(mib) else {
             tracing::debug!(mib, "no memory budget free for a parked container: the pool waits");

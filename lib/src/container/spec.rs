@@ -143,11 +143,13 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     let mut skipped = BTreeMap::new();
     let mounts = mounts(input, &mut enforcement);
     let binds: Vec<String> = input.caches.iter().map(|(_, volume, path)| cache_bind(volume, path)).collect();
+    let reserve = cfg.link.delivery_reserve;
+    let memory = clamp(a.memory.saturating_add(reserve));
     let mut host = HostConfig {
         mounts: Some(mounts),
         binds: (!binds.is_empty()).then_some(binds),
-        memory: Some(clamp(a.memory)),
-        memory_swap: Some(clamp(a.memory)),
+        memory: Some(memory),
+        memory_swap: Some(memory),
         pids_limit: Some(clamp(a.pids)),
         ulimits: Some(ulimits(a, input.podman)),
         network_mode: Some(cfg.network.clone()),
@@ -158,7 +160,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         runtime: cfg.runtime.clone(),
         ..Default::default()
     };
-    limits(a, &mut host, &mut enforcement, &mut skipped);
+    limits(a, reserve, &mut host, &mut enforcement, &mut skipped);
     hardening(cfg, input.engine_seccomp, &mut host, &mut enforcement, &mut skipped);
     let exposed = publish(cfg, input.publish_ip, &mut host);
 
@@ -170,7 +172,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     let body = ContainerCreateBody {
         image: Some(input.image.to_owned()),
         entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
-        cmd: Some(Vec::new()),
+        cmd: Some(init_args(reserve)),
         env: Some(env),
         user: Some(cfg.user.clone()),
         attach_stdin: Some(true),
@@ -186,6 +188,21 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         ..Default::default()
     };
     Spec { body, enforcement, skipped }
+}
+
+/// The evidence's `memory` line: at create, or as a parked container's limit set at its
+/// claim (`claimed`).
+pub(crate) fn memory_text(memory: u64, reserve: u64, claimed: bool) -> String {
+    let how = if claimed { "swap off (as claimed)" } else { "swap off (memory+swap = memory)" };
+    crate::link::memory_limit_text(memory, reserve, how)
+}
+
+/// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`).
+pub(crate) fn init_args(reserve: u64) -> Vec<String> {
+    match reserve {
+        0 => Vec::new(),
+        r => vec!["--reserve".into(), r.to_string()],
+    }
 }
 
 fn put(m: &mut BTreeMap<String, String>, k: &str, v: String) {
@@ -257,11 +274,12 @@ fn ulimits(a: &Sizes, podman: bool) -> Vec<ResourcesUlimits> {
 /// The limits as the engine applies them, and the evidence of each.
 fn limits(
     a: &Sizes,
+    reserve: u64,
     host: &mut HostConfig,
     enforcement: &mut BTreeMap<String, String>,
     skipped: &mut BTreeMap<String, String>,
 ) {
-    put(enforcement, "memory", format!("cgroup memory limit {} bytes, swap off (memory+swap = memory)", a.memory));
+    put(enforcement, "memory", memory_text(a.memory, reserve, false));
     put(enforcement, "pids", format!("cgroup pids limit {}", a.pids));
     put(enforcement, "nofile", format!("rlimit nofile {}", a.nofile));
     put(enforcement, "tmp", format!("tmpfs {TMP_DIR} of {} bytes (counts as memory)", a.tmp));
@@ -547,7 +565,16 @@ mod tests {
         assert_eq!(mounts.iter().filter(|m| m.target.as_deref() == Some("/out")).count(), 1);
         assert_eq!(find("/tmp").typ, Some(MountType::TMPFS));
         assert_eq!(s.body.user.as_deref(), Some("65532:65532"));
-        assert_eq!(s.body.cmd, Some(vec![]), "the image's CMD never reaches the init");
+        // The image's CMD never reaches the init: its arguments are the rung's own.
+        assert_eq!(s.body.cmd, Some(vec!["--reserve".to_owned(), (8u64 << 20).to_string()]));
+        // The cgroup holds the attempt's memory and the init's delivery reserve.
+        assert_eq!(h.memory, Some(i64::try_from(applied.memory + (8 << 20)).unwrap()));
+        assert!(s.enforcement["memory"].contains(&format!("the attempt's {}", applied.memory)), "{:?}", s.enforcement);
+        let mut none = cfg.clone();
+        none.link.delivery_reserve = 0;
+        let without = build(&input(&none, Some("vin"), &applied));
+        assert_eq!(without.body.cmd, Some(vec![]));
+        assert_eq!(without.body.host_config.unwrap().memory, Some(i64::try_from(applied.memory).unwrap()));
         assert_eq!(s.body.open_stdin, Some(true));
         assert_eq!(s.body.stdin_once, Some(true));
         assert_eq!(s.body.entrypoint, Some(vec!["/.stevedore/tools/stevedore-init".to_owned()]));

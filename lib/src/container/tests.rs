@@ -40,6 +40,7 @@ fn record(wait: WaitStatus) -> InitRecord {
         reports: Default::default(),
         measured: Vec::new(),
         timeline: None,
+        reserve_bytes: 0,
     }
 }
 

@@ -33,8 +33,8 @@ pub use live::{LiveChunk, LiveOutput, Phase, Progress, ProgressSink, StdinFeed, 
 pub(crate) use outcome::unix_ms_now;
 pub use outcome::{
     CacheUse, CollectionSeen, EnvOverride, Evidence, InputsStaged, LinkResumed, LogCapture, Logs, NarrowedLimit, Next,
-    Outcome, OutputFile, Phases, RefusedEntry, ReportsSeen, Source, Sources, SparseInput, TIMELINE_FIRST_PERIOD_MS,
-    TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak, Usage,
+    Outcome, OutputFile, OutputsLost, Phases, RefusedEntry, ReportsSeen, Source, Sources, SparseInput,
+    TIMELINE_FIRST_PERIOD_MS, TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak, Usage,
 };
 pub use policy::{DEFAULT_GRACE, Policy};
 pub use registry::{Registry, SelectError};

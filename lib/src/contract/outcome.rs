@@ -238,6 +238,8 @@ pub enum Source {
     Walked,
     /// The engine's own state (`State.OOMKilled`).
     Engine,
+    /// The kubelet's word on the attempt's container (its `OOMKilled`).
+    Kubelet,
     /// Missing, and why.
     Unavailable(String),
 }
@@ -261,6 +263,7 @@ impl std::fmt::Display for Source {
             Source::Extracted => "extracted",
             Source::Walked => "walked",
             Source::Engine => "engine",
+            Source::Kubelet => "kubelet",
             Source::Unavailable(why) => return write!(f, "unavailable: {why}"),
         })
     }
@@ -279,6 +282,7 @@ impl std::str::FromStr for Source {
             "extracted" => Source::Extracted,
             "walked" => Source::Walked,
             "engine" => Source::Engine,
+            "kubelet" => Source::Kubelet,
             other => match other.strip_prefix("unavailable: ") {
                 Some(why) => Source::Unavailable(why.to_owned()),
                 None => return Err(format!("unknown usage source {other:?}")),
@@ -346,6 +350,20 @@ pub struct NarrowedLimit {
     pub why: String,
 }
 
+/// What is known of outputs that did not arrive ([`Evidence::outputs_lost`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+#[non_exhaustive]
+pub struct OutputsLost {
+    /// Why they did not arrive.
+    pub why: String,
+    /// `true`: what `/out` held beyond what arrived is unknown (nothing could list it once
+    /// the init was gone: a container's or a Pod's `/out` goes with its init). `false`: the
+    /// host listed `/out` after the loss, and every file not delivered is named in
+    /// `refused_outputs` as `not_delivered`.
+    pub unknown: bool,
+}
+
 /// Facts, not verdicts, about one attempt.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -404,6 +422,10 @@ pub struct Evidence {
     pub engine_oom_killed: Option<bool>,
     /// Output entries not followed or hashed.
     pub refused_outputs: Vec<RefusedEntry>,
+    /// Set when the outputs did not all arrive (reason `outputs_lost`): `outputs` is then not
+    /// all that `/out` held (`docs/outcome.md`, "Outputs lost").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outputs_lost: Option<OutputsLost>,
     /// Environment keys set by more than one layer.
     pub env_overrides: Vec<EnvOverride>,
     /// The handler is still running after the attempt returned (in-process rung only).

@@ -92,6 +92,10 @@ pub enum Reason {
     /// The engine went away mid-attempt (restarted, stopped, or the connection to it was
     /// cut), and that explains the end: the engine's error is in `handler_error`.
     EngineLost,
+    /// The outputs were not all delivered: the init died while sending them (by the kernel's
+    /// OOM killer: `oom_killed`), so `outputs` is not all that `/out` held
+    /// (`evidence.outputs_lost` says what is known of the rest).
+    OutputsLost,
 }
 
 impl Reason {
@@ -116,6 +120,7 @@ impl Reason {
             Reason::RecordInvalid => "record_invalid",
             Reason::MountRedirected => "mount_redirected",
             Reason::EngineLost => "engine_lost",
+            Reason::OutputsLost => "outputs_lost",
         }
     }
 
@@ -139,6 +144,7 @@ impl Reason {
         Reason::RecordInvalid,
         Reason::MountRedirected,
         Reason::EngineLost,
+        Reason::OutputsLost,
     ];
 }
 
@@ -237,6 +243,11 @@ pub struct Facts {
     pub engine_lost: bool,
     /// The sandbox's own record.
     pub record: Record,
+    /// The record arrived, the outputs did not all: the init died while sending them.
+    pub outputs_lost: bool,
+    /// The init died while sending the outputs because the kernel OOM-killed it (or what the
+    /// delivery needed), as a witness with the kernel's word says.
+    pub delivery_oom: bool,
 }
 
 /// The status decided from the facts, with a reason when the status alone does not say why.
@@ -270,6 +281,11 @@ pub fn decide(f: &Facts) -> Verdict {
     if f.panicked {
         return verdict(Status::Killed, Some(Reason::Panicked));
     }
+    // Outputs the kernel's OOM killer kept from arriving: whatever the command did, the
+    // attempt's result is not all there, and a retry with more memory may deliver it.
+    if f.outputs_lost && f.delivery_oom {
+        return verdict(Status::OomKilled, Some(Reason::OutputsLost));
+    }
     let succeeded = f.exit == Exit::Code(0)
         && f.record == Record::Present
         && f.handler_error.is_none()
@@ -279,7 +295,7 @@ pub fn decide(f: &Facts) -> Verdict {
     }
     // An exit code is the command's own answer, whatever the engine did afterwards; a signal
     // or a lost record is what an engine going away does to an attempt.
-    if f.engine_lost && (f.record != Record::Present || !matches!(f.exit, Exit::Code(_))) {
+    if f.engine_lost && (f.record != Record::Present || !matches!(f.exit, Exit::Code(_)) || f.outputs_lost) {
         return verdict(Status::Killed, Some(Reason::EngineLost));
     }
     let lost = match f.record {
@@ -295,7 +311,7 @@ pub fn decide(f: &Facts) -> Verdict {
         };
     }
     let disk = f.disk_full.then_some(Reason::DiskLimit);
-    let outputs = f.output_limit.then_some(Reason::OutputLimit);
+    let outputs = f.outputs_lost.then_some(Reason::OutputsLost).or(f.output_limit.then_some(Reason::OutputLimit));
     match f.exit {
         Exit::Signal(_) => return verdict(Status::Killed, disk.or(Some(Reason::Signalled))),
         Exit::Unknown => return verdict(Status::Killed, disk.or(Some(Reason::InitLost))),
@@ -307,6 +323,10 @@ pub fn decide(f: &Facts) -> Verdict {
     }
     if f.expects_result && !f.has_result {
         return verdict(Status::Killed, Some(Reason::NoResultRecord));
+    }
+    // Never `ok` with outputs missing: what the command made did not all arrive.
+    if f.outputs_lost {
+        return verdict(Status::Killed, Some(Reason::OutputsLost));
     }
     // Success stays success: the reason says the outputs or the disk hit a limit.
     verdict(Status::Ok, disk.or(outputs))
@@ -362,6 +382,27 @@ mod tests {
         for r in Reason::ALL {
             assert_eq!(serde_json::to_string(r).unwrap(), format!("\"{}\"", r.as_str()));
         }
+    }
+
+    #[test]
+    fn outputs_not_delivered_are_never_ok() {
+        let lost = Facts { outputs_lost: true, ..ok_facts() };
+        // The kernel's OOM killer took the delivery: an OOM, whatever the command did.
+        let oom = verdict(Status::OomKilled, Some(Reason::OutputsLost));
+        assert_eq!(decide(&Facts { delivery_oom: true, ..lost.clone() }), oom);
+        assert_eq!(decide(&Facts { delivery_oom: true, oom_kills: 1, ..lost.clone() }), oom);
+        assert_eq!(decide(&Facts { delivery_oom: true, exit: Exit::Code(3), ..lost.clone() }), oom);
+        // Otherwise a success is not one, and a failure keeps its status.
+        assert_eq!(decide(&lost), verdict(Status::Killed, Some(Reason::OutputsLost)));
+        assert_eq!(decide(&Facts { oom_kills: 1, ..lost.clone() }), verdict(Status::Killed, Some(Reason::OutputsLost)));
+        let failed = Facts { exit: Exit::Code(3), ..lost.clone() };
+        assert_eq!(decide(&failed), verdict(Status::HandlerError, Some(Reason::OutputsLost)));
+        // What stevedore did first still wins, and an engine gone away explains the loss.
+        assert_eq!(decide(&Facts { deadline_fired: true, ..lost.clone() }).status, Status::Timeout);
+        let gone = Facts { engine_lost: true, ..lost };
+        assert_eq!(decide(&gone), verdict(Status::Killed, Some(Reason::EngineLost)));
+        // A child OOM-killed in an attempt that delivered everything is still ok.
+        assert_eq!(decide(&Facts { oom_kills: 1, ..ok_facts() }), verdict(Status::Ok, None));
     }
 
     #[test]

@@ -2,33 +2,65 @@
 //! container (its exit code, `OOMKilled`, whether someone deleted the Pod), read before the
 //! removal, and the rung's evidence and bounds for the judge (`attempt::Site::account`).
 //!
-//! The kubelet's `OOMKilled` is evidence, never the verdict alone: on cgroup v1 it says so
-//! when any process of the container was killed (a memory hog's child, the shell going on,
-//! exit code 0). The OOM verdict comes from the init's own cgroup count; without a record,
-//! only an init that was itself SIGKILLed while the kubelet said `OOMKilled` counts as one.
+//! Judging (`ARCHITECTURE.md`, "Judging"): once the init's last frame arrived, the link is the
+//! verdict, and the kubelet's `OOMKilled` is evidence only (on cgroup v1 it says so when any
+//! process of the container was killed: a memory hog's child, the shell going on, exit code
+//! 0). When the link ended without it, the kubelet has the kernel's word the init could not
+//! give: the rung waits (bounded) for the kubelet to report the container terminated, and an
+//! init that was itself SIGKILLed while the kubelet says `OOMKilled` is an OOM kill, named
+//! `kubelet` in `usage.sources`.
 
+use super::error::ClusterError;
 use super::ledger::Own;
 use super::site::KubeSite;
 use super::state;
+use super::watch::Look;
 use crate::attempt::Ledger;
 use crate::contract::{Evidence, Exit};
 use crate::link::claims::Bounds;
-use crate::link::judgement::{Account, Witness};
+use crate::link::judgement::{Account, OomWitness, Witness};
 use crate::link::supervise::Ended;
+use std::time::Duration;
 
 /// What `claims` says the usage figures are, on this rung.
 const POD_CGROUP: &str = "usage read by the init from its container's cgroup after the command and its stragglers \
     ended: cpu of the whole container, memory high-water mark (the memory-backed /out and /tmp included), oom_kill \
     count; the Pod's init container is not counted";
 
-/// What the kubelet says of the attempt's container, before the Pod is removed.
-pub(crate) async fn witness(site: &KubeSite, own: &Own, verified: bool) -> Witness {
+/// How long the rung waits for the kubelet to report the attempt's container terminated, once
+/// the link ended without the init's last frame: a 1.20 kubelet sees a container's end at its
+/// next relist (every second) and then updates the Pod's status.
+const END_SEEN_WITHIN: Duration = Duration::from_secs(10);
+
+/// What the kubelet says of the attempt's container, before the Pod is removed: read once
+/// when the link is the verdict (`link_verdict`), else followed until the kubelet reports the
+/// container's end (bounded by [`END_SEEN_WITHIN`]).
+pub(crate) async fn witness(site: &KubeSite, own: &Own, link_verdict: bool) -> Witness {
     let ours = site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&own.pod);
-    let pod = match site.get_pod(&own.pod).await {
+    let read = if link_verdict {
+        site.get_pod(&own.pod).await
+    } else {
+        let ended = super::watch::until(site, &own.pod, END_SEEN_WITHIN, |pod| match pod {
+            Some(p) if state::main_end(p).exit_code.is_none() => Look::Wait("the kubelet to report the end".into()),
+            other => Look::Done(other.cloned()),
+        })
+        .await;
+        match ended {
+            Ok(p) => Ok(p),
+            // Not seen within the bound: judged from what the Pod says now.
+            Err(ClusterError::StartTimeout { .. }) => site.get_pod(&own.pod).await,
+            Err(e) => Err(e),
+        }
+    };
+    let pod = match read {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "reading the Pod at the end failed");
-            return Witness { why_no_record: "no record from the init", ..Witness::default() };
+            return Witness {
+                why_no_record: "no record from the init",
+                oom_by: OomWitness::Kubelet,
+                ..Witness::default()
+            };
         }
     };
     let end = pod.as_ref().map(state::main_end);
@@ -36,10 +68,11 @@ pub(crate) async fn witness(site: &KubeSite, own: &Own, verified: bool) -> Witne
     // A Pod deleted by someone else: its kubelet TERMs the init first, which then stops the
     // command and still sends its record, so this is said whether or not a record came.
     let deleted = pod.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some());
-    if verified {
+    if link_verdict {
         return Witness {
             removed_externally: deleted && !ours,
             why_no_record: "no record from the init",
+            oom_by: OomWitness::Kubelet,
             ..Witness::default()
         };
     }
@@ -52,7 +85,9 @@ pub(crate) async fn witness(site: &KubeSite, own: &Own, verified: bool) -> Witne
             _ => Exit::Unknown,
         },
         oom_killed: end.as_ref().map(|e| e.oom_killed && exit_code == Some(137)),
+        oom_by: OomWitness::Kubelet,
         why_no_record: "no record from the init",
+        listed: None,
     }
 }
 
@@ -80,7 +115,8 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
         }
         if end.oom_killed {
             ev.notes.push(format!(
-                "the kubelet said OOMKilled (exit code {}): evidence only, the init's cgroup count is the verdict",
+                "the kubelet said OOMKilled (exit code {}): the init's cgroup count is the verdict when its record \
+                 came, the kubelet's word when it did not",
                 end.exit_code.map_or_else(|| "unknown".into(), |c| c.to_string())
             ));
         }
@@ -120,6 +156,7 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
             cpus,
             memory: own.memory,
             cpu_limit_millis: own.cpu_millis,
+            reserve: site.config.link.delivery_reserve,
             cgroup_note: POD_CGROUP,
         },
         disk_limit,

@@ -96,9 +96,13 @@ fn hardened(cfg: &KubeConfig) -> SecurityContext {
     }
 }
 
-/// Requests equal to limits (a Guaranteed Pod: never evicted for others' pressure first).
+/// How much the Pod's memory limit is above its attempt's container's (see `prepare`).
+pub(crate) const POD_HEADROOM: u64 = 16 << 20;
+
+/// Requests equal to limits (a Guaranteed Pod: never evicted for others' pressure first);
+/// the memory is the attempt's and the init's delivery reserve (`init/src/reserve.rs`).
 fn resources(cfg: &KubeConfig, s: &Sizes) -> ResourceRequirements {
-    let mut r = BTreeMap::from([("memory".to_owned(), bytes(s.memory))]);
+    let mut r = BTreeMap::from([("memory".to_owned(), bytes(s.memory.saturating_add(cfg.link.delivery_reserve)))]);
     if let Some(m) = s.cpu_millis {
         r.insert("cpu".into(), Quantity(format!("{}m", m.max(1))));
     }
@@ -106,6 +110,16 @@ fn resources(cfg: &KubeConfig, s: &Sizes) -> ResourceRequirements {
         r.insert(cfg.gpu_resource.clone(), Quantity(n.to_string()));
     }
     ResourceRequirements { limits: Some(r.clone()), requests: Some(r), ..Default::default() }
+}
+
+/// The init's arguments: how long it waits for the host's Start frame, and the delivery
+/// reserve it holds meanwhile and while the command runs.
+fn init_args(within_ms: u64, reserve: u64) -> Vec<String> {
+    let mut args = vec!["--start-within-ms".to_owned(), within_ms.to_string()];
+    if reserve > 0 {
+        args.extend(["--reserve".to_owned(), reserve.to_string()]);
+    }
+    args
 }
 
 /// The attempt's Pod.
@@ -135,11 +149,8 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
     main_mounts.push(mount("stevedore-out", OUT_DIR, false));
     main_mounts.push(mount("stevedore-tmp", TMP_DIR, false));
 
-    put(
-        &mut enforcement,
-        "memory",
-        format!("Pod memory limit {} bytes (requests = limits; cgroup, no swap on a kubelet node)", s.memory),
-    );
+    let how = "the Pod's (requests = limits), no swap on a kubelet node";
+    put(&mut enforcement, "memory", crate::link::memory_limit_text(s.memory, cfg.link.delivery_reserve, how));
     match s.cpu_millis {
         Some(m) => put(&mut enforcement, "cpu", format!("Pod cpu limit of {m} millicores (cfs quota)")),
         None => put(&mut skipped, "cpu", "no cpu limit requested or configured"),
@@ -217,7 +228,12 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
         stdin_once: Some(input.inputs.is_some()),
         tty: Some(false),
         volume_mounts: Some(prepare_mounts),
-        resources: Some(resources(cfg, s)),
+        // Above the attempt's container: the Pod's cgroup takes the larger of its init
+        // containers' limits and the sum of its containers', so the Pod's own limit is never
+        // the one the command reaches first (there the kernel would reclaim the pages of the
+        // init's binary, which this container wrote, and OOM-kill among every process of the
+        // Pod); the attempt's container's limit is.
+        resources: Some(resources(cfg, &Sizes { memory: s.memory.saturating_add(POD_HEADROOM), ..s.clone() })),
         security_context: Some(hardened(cfg)),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
@@ -234,7 +250,7 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
         image: Some(input.image.to_owned()),
         image_pull_policy: pull,
         command: Some(vec![tools_init]),
-        args: Some(vec!["--start-within-ms".to_owned(), input.host_within_ms.to_string()]),
+        args: Some(init_args(input.host_within_ms, cfg.link.delivery_reserve)),
         env: Some(env),
         working_dir: input.workdir.map(str::to_owned),
         stdin: Some(true),
@@ -335,8 +351,8 @@ mod tests {
         assert_eq!(main.command.as_ref().unwrap(), &vec![format!("{TOOLS_DIR}/{INIT_NAME}")]);
         assert_eq!(
             main.args.as_ref().unwrap(),
-            &vec!["--start-within-ms".to_owned(), "120000".to_owned()],
-            "the image's CMD never reaches the init; a host gone before it spoke ends it"
+            &vec!["--start-within-ms", "120000", "--reserve", "8388608"],
+            "the image's CMD never reaches the init; a host gone before it spoke ends it; it holds the delivery reserve"
         );
         assert_eq!((main.stdin, main.stdin_once, main.tty), (Some(true), Some(true), Some(false)));
         let sc = main.security_context.as_ref().unwrap();
@@ -348,7 +364,8 @@ mod tests {
         assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
         let r = main.resources.as_ref().unwrap();
         assert_eq!(r.limits, r.requests, "Guaranteed");
-        assert_eq!(r.limits.as_ref().unwrap()["memory"].0, (64u64 << 20).to_string());
+        // The attempt's 64 MiB and the init's 8 MiB delivery reserve.
+        assert_eq!(r.limits.as_ref().unwrap()["memory"].0, (72u64 << 20).to_string());
         assert_eq!(r.limits.as_ref().unwrap()["cpu"].0, "500m");
         let mounts: Vec<(&str, Option<bool>)> =
             main.volume_mounts.as_ref().unwrap().iter().map(|m| (m.mount_path.as_str(), m.read_only)).collect();
@@ -363,7 +380,11 @@ mod tests {
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(init.image.as_deref(), Some("stevedore-init:0123"));
         assert_eq!(init.stdin, Some(false), "no inputs: nothing is read");
-        assert_eq!(init.resources, main.resources, "the init container keeps the Pod Guaranteed");
+        let limits = |c: &Container| c.resources.as_ref().unwrap().limits.clone().unwrap();
+        assert_eq!(limits(init)["memory"].0, (88u64 << 20).to_string(), "the Pod's limit is above its container's");
+        assert_eq!(limits(init)["cpu"], limits(main)["cpu"]);
+        let r = init.resources.as_ref().unwrap();
+        assert_eq!(r.limits, r.requests, "the init container keeps the Pod Guaranteed");
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub(crate) struct Bounds {
     pub cpus: f64,
     /// The memory limit applied.
     pub memory: u64,
+    /// The init's delivery reserve the rung added to the cgroup's limit (0: none).
+    pub reserve: u64,
     /// The CPU limit applied, thousandths of a CPU (drawn on the timeline).
     pub cpu_limit_millis: Option<u64>,
     /// Who read the cgroup counters, and what they cover, for the evidence.
@@ -152,8 +154,17 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
             }
         }
     }
-    let max_peak = b.memory.saturating_add(4 << 20);
-    match cg.memory_peak_bytes {
+    // The init's reserve was in the cgroup all along the command's run: the attempt's own
+    // figures leave it out (it is let go before the delivery, which fits in it).
+    let held = rec.reserve_bytes.min(b.reserve);
+    if held > 0 {
+        ev.notes.push(format!(
+            "peak_memory_bytes and the timeline's memory leave out the {held} bytes the init held for the delivery"
+        ));
+    }
+    // What the init could not hold was the command's to use.
+    let max_peak = b.memory.saturating_add(b.reserve - held).saturating_add(4 << 20);
+    match cg.memory_peak_bytes.map(|p| p.saturating_sub(held)) {
         Some(p) if p <= max_peak => {
             usage.peak_memory_bytes = Some(p);
             usage.sources.peak_memory_bytes = Some(Source::Cgroup);
@@ -177,14 +188,22 @@ fn counters(rec: &InitRecord, b: Bounds, c: &mut Claimed, ev: &mut Evidence) {
             usage.sources.oom_kills = Some(Source::Unavailable(why));
         }
     }
-    timeline(rec, b, max_cpu_ms, usage, ev);
+    timeline(rec, b, Memory { held, max_peak }, max_cpu_ms, usage, ev);
+}
+
+/// The memory figures' part of the bounds: the init's reserve, left out of every figure,
+/// and the most a figure may then be.
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    held: u64,
+    max_peak: u64,
 }
 
 /// Puts the init's samples into `usage.timeline` after bound checks, ending it with the
 /// peak `usage` already holds. The samples are claims from inside the sandbox: a column that
 /// fails a check is left out and named; times that go backwards or past the host's
 /// clock refuse the whole timeline.
-fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev: &mut Evidence) {
+fn timeline(rec: &InitRecord, b: Bounds, mem: Memory, max_cpu_ms: u64, usage: &mut Usage, ev: &mut Evidence) {
     use crate::contract::{TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak};
     let Some(t) = &rec.timeline else {
         if let WaitStatus::SpawnFailed(_) = rec.wait {
@@ -213,7 +232,12 @@ fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev:
         first_period_ms: t.first_period_ms,
         period_ms: t.period_ms,
         t_ms: t.t_ms.clone(),
-        memory_limit_bytes: rec.cgroup.memory_limit_bytes.filter(|&l| l <= b.memory),
+        // The limit as the attempt has it: the cgroup's, less the reserve the rung added.
+        memory_limit_bytes: rec
+            .cgroup
+            .memory_limit_bytes
+            .map(|l| l.saturating_sub(b.reserve))
+            .filter(|&l| l <= b.memory),
         cpu_limit_millicpus: b.cpu_limit_millis,
         // A mark only where the kernel's count (checked above) says a kill happened.
         oom_kill_ms: t.oom_kill_ms.filter(|&ms| ms <= t.t_ms[n - 1] && ev.oom_kills.is_some_and(|k| k > 0)),
@@ -225,15 +249,15 @@ fn timeline(rec: &InitRecord, b: Bounds, max_cpu_ms: u64, usage: &mut Usage, ev:
             .collect(),
         ..Timeline::default()
     };
-    let max_peak = b.memory.saturating_add(4 << 20);
+    let memory: Vec<u64> = t.memory_bytes.iter().map(|v| v.saturating_sub(mem.held)).collect();
     let ok = |name: &str, c: &[u64]| match name {
-        "memory_bytes" => c.iter().all(|&v| v <= max_peak),
+        "memory_bytes" => c.iter().all(|&v| v <= mem.max_peak),
         "cpu_ms" => c.windows(2).all(|w| w[0] <= w[1]) && c.iter().all(|&v| v <= max_cpu_ms),
         "pids" => c.iter().all(|&v| v <= 1 << 22),
         _ => true,
     };
     let checks = [
-        ("memory_bytes", &t.memory_bytes, &mut line.memory_bytes),
+        ("memory_bytes", &memory, &mut line.memory_bytes),
         ("cpu_ms", &t.cpu_ms, &mut line.cpu_ms),
         ("pids", &t.pids, &mut line.pids),
         ("out_bytes", &t.out_bytes, &mut line.out_bytes),
@@ -283,12 +307,17 @@ fn columns(line: &mut crate::contract::Timeline) -> [&mut Vec<u64>; 6] {
     [&mut line.t_ms, &mut line.memory_bytes, &mut line.cpu_ms, &mut line.pids, &mut line.out_bytes, &mut line.tmp_bytes]
 }
 
-/// Without the kernel's count, the engine's `State.OOMKilled` says at least one OOM kill.
-pub(crate) fn oom_from_engine(ev: &mut Evidence, facts: &mut Facts, usage: &mut Usage, why: &str) {
+/// Without the init's read of the kernel's count, the rung's witness (the engine's
+/// `State.OOMKilled`, the kubelet's `OOMKilled`) says at least one OOM kill.
+pub(crate) fn oom_from_witness(ev: &mut Evidence, facts: &mut Facts, usage: &mut Usage, by: Source, why: &str) {
     ev.oom_kills = Some(1);
     facts.oom_kills = 1;
-    usage.sources.oom_kills = Some(Source::Engine);
-    ev.notes.push(format!("oom_kills from the engine's State.OOMKilled: {why}"));
+    let whose = match by {
+        Source::Kubelet => "the kubelet's OOMKilled",
+        _ => "the engine's State.OOMKilled",
+    };
+    ev.notes.push(format!("oom_kills from {whose}: {why}"));
+    usage.sources.oom_kills = Some(by);
 }
 
 #[cfg(test)]
@@ -321,6 +350,7 @@ mod tests {
             reports: Default::default(),
             measured: Vec::new(),
             timeline: None,
+            reserve_bytes: 0,
         }
     }
 
@@ -330,6 +360,7 @@ mod tests {
             cpus: 1.0,
             memory: 64 << 20,
             cpu_limit_millis: None,
+            reserve: 0,
             cgroup_note: "the test's cgroup",
         }
     }
@@ -372,6 +403,35 @@ mod tests {
         let line = apply(&rec, bounds(), false, false, false, &mut ev).usage.timeline.unwrap();
         assert!(line.memory_bytes.is_empty() && line.cpu_ms.is_empty() && line.pids.len() == 9, "{line:?}");
         assert_eq!(ev.refused_claims.len(), 2, "{:?}", ev.refused_claims);
+    }
+
+    #[test]
+    fn the_inits_delivery_reserve_is_left_out_of_the_attempts_memory() {
+        let reserve = 8 << 20;
+        let mut rec = record();
+        rec.reserve_bytes = reserve;
+        rec.cgroup.memory_peak_bytes = Some((64 << 20) + reserve);
+        rec.cgroup.memory_limit_bytes = Some((64 << 20) + reserve);
+        let mut t = timeline(9);
+        t.memory_bytes = t.memory_bytes.iter().map(|v| v + reserve).collect();
+        rec.timeline = Some(t);
+        let b = Bounds { reserve, ..bounds() };
+        let mut ev = Evidence::default();
+        let c = apply(&rec, b, false, false, false, &mut ev);
+        assert_eq!(c.usage.peak_memory_bytes, Some(64 << 20), "{:?}", ev.refused_claims);
+        let line = c.usage.timeline.expect("a timeline");
+        assert_eq!(line.memory_limit_bytes, Some(64 << 20));
+        assert_eq!(line.memory_bytes, timeline(9).memory_bytes);
+        assert!(ev.notes.iter().any(|n| n.contains("leave out the 8388608 bytes")), "{:?}", ev.notes);
+        // A reserve the init could not hold was the command's to use: its peak may reach it.
+        rec.reserve_bytes = 0;
+        let mut ev = Evidence::default();
+        let c = apply(&rec, b, false, false, false, &mut ev);
+        assert_eq!(c.usage.peak_memory_bytes, Some((64 << 20) + reserve), "{:?}", ev.refused_claims);
+        // A record claiming more than the rung's reserve leaves out only the rung's.
+        rec.reserve_bytes = 1 << 30;
+        let c = apply(&rec, b, false, false, false, &mut Evidence::default());
+        assert_eq!(c.usage.peak_memory_bytes, Some(64 << 20));
     }
 
     #[test]

@@ -5,20 +5,60 @@
 use super::claims::{self, Bounds};
 use super::reports::{self, Delivered};
 use super::supervise::Ended;
-use crate::contract::{Evidence, Exit, Judgement, Record, RefusedEntry, Source};
+use crate::contract::{Evidence, Exit, Judgement, OutputsLost, Record, RefusedEntry, Source};
 use stevedore_init::wire::{InitRecord, StoppedBy};
 
-/// What the rung itself knows of the end, for when the init left no verified record.
+/// What the rung itself knows of the end, for when the init's last frame did not arrive
+/// (no verified record, or outputs that did not all come).
 #[derive(Debug, Default)]
 pub(crate) struct Witness {
     /// How the sandbox ended, as the rung saw it.
     pub exit: Exit,
-    /// The rung's own OOM flag (the engine's), if it has one.
+    /// The rung's own OOM flag (the engine's `State.OOMKilled`, the kubelet's `OOMKilled`
+    /// of a SIGKILLed init, the host's read of the cgroup), if it has one.
     pub oom_killed: Option<bool>,
+    /// Who says `oom_killed`.
+    pub oom_by: OomWitness,
     /// Someone else removed the sandbox.
     pub removed_externally: bool,
     /// Why there is no record, for the usage sources.
     pub why_no_record: &'static str,
+    /// What `/out` held when the outputs did not all arrive, listed by the host (`None`: it
+    /// cannot list it, as `/out` went with the init).
+    pub listed: Option<Vec<String>>,
+}
+
+/// Who has the kernel's word on an OOM kill when the init could not say it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OomWitness {
+    /// The engine's `State.OOMKilled` (its runtime's OOM event for the container's cgroup).
+    #[default]
+    Engine,
+    /// The kubelet's `OOMKilled` for the attempt's container.
+    #[cfg(feature = "kube")]
+    Kubelet,
+    /// The host's own read of the attempt's cgroup after everything in it ended.
+    Cgroup,
+}
+
+impl OomWitness {
+    fn source(self) -> Source {
+        match self {
+            OomWitness::Engine => Source::Engine,
+            #[cfg(feature = "kube")]
+            OomWitness::Kubelet => Source::Kubelet,
+            OomWitness::Cgroup => Source::Cgroup,
+        }
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            OomWitness::Engine => "the engine's State.OOMKilled",
+            #[cfg(feature = "kube")]
+            OomWitness::Kubelet => "the kubelet's OOMKilled",
+            OomWitness::Cgroup => "the host's read of the attempt's cgroup",
+        }
+    }
 }
 
 /// What the rung says about the attempt, beyond the record.
@@ -43,23 +83,27 @@ pub(crate) fn judgement(
     mut ev: Evidence,
 ) -> (Judgement, bool) {
     link_evidence(ended, account, &mut ev);
-    ev.engine_oom_killed = witness.oom_killed;
+    // The engine's or the kubelet's flag, as evidence; the host's own read is the cgroup's.
+    ev.engine_oom_killed = witness.oom_killed.filter(|_| witness.oom_by != OomWitness::Cgroup);
     let mut j = Judgement::default();
     let mut handler_silent = false;
     match &ended.record {
         Some(Ok(rec)) => {
-            handler_silent = from_record(rec, ended, account, &mut j, &mut ev);
+            handler_silent = from_record(rec, ended, account, witness.oom_by, &mut j, &mut ev);
             // Stopped by a signal the host never asked for, while someone else removed the
             // sandbox (a Pod's deletion TERMs its init first): the removal is the why.
             if witness.removed_externally && matches!(rec.stopped_by, Some(StoppedBy::Term | StoppedBy::Kill)) {
                 j.facts.removed_externally = true;
             }
         }
-        other => without_record(other.as_ref().map(|r| r.as_ref().map(|_| ())), ended, witness, &mut j, &mut ev),
+        other => without_record(other.as_ref().map(|r| r.as_ref().map(|_| ())), ended, &witness, &mut j, &mut ev),
     }
     let init_reports = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| &r.reports);
     ev.reports = reports::seen(init_reports, &ended.received.reports, delivered, &mut ev.hook_failures);
     outputs(ended, &mut j, &mut ev);
+    if j.facts.outputs_lost {
+        lost(ended, &witness, &mut j, &mut ev);
+    }
     if let Some(why) = account.no_peak_memory {
         j.usage.sources.peak_memory_bytes = Some(Source::unavailable(why));
     }
@@ -123,14 +167,21 @@ fn link_evidence(ended: &Ended, account: &Account, ev: &mut Evidence) {
 
 /// The facts and usage from a verified record; whether a handler runner never spoke the
 /// protocol.
-fn from_record(rec: &InitRecord, ended: &Ended, account: &Account, j: &mut Judgement, ev: &mut Evidence) -> bool {
+fn from_record(
+    rec: &InitRecord,
+    ended: &Ended,
+    account: &Account,
+    by: OomWitness,
+    j: &mut Judgement,
+    ev: &mut Evidence,
+) -> bool {
     let c = claims::apply(rec, account.bounds, account.expects_handler, ended.deadline_fired, ended.cancelled, ev);
     j.facts = c.facts;
     j.usage = c.usage;
     j.error_text = c.error_text;
     j.permanent = c.permanent;
     if j.facts.oom_kills == 0 && ev.oom_kills.is_none() && ev.engine_oom_killed == Some(true) {
-        claims::oom_from_engine(ev, &mut j.facts, &mut j.usage, "no cgroup count");
+        claims::oom_from_witness(ev, &mut j.facts, &mut j.usage, by.source(), "no cgroup count");
     }
     if let (Some(fs), Some(disk)) = (&rec.out_fs, account.disk_limit)
         && fs.free_bytes < (1 << 20).max(fs.total_bytes / 100)
@@ -146,7 +197,7 @@ fn from_record(rec: &InitRecord, ended: &Ended, account: &Account, j: &mut Judge
 fn without_record(
     record: Option<Result<(), &String>>,
     ended: &Ended,
-    witness: Witness,
+    witness: &Witness,
     j: &mut Judgement,
     ev: &mut Evidence,
 ) {
@@ -159,7 +210,7 @@ fn without_record(
     j.facts.removed_externally = witness.removed_externally;
     j.facts.exit = witness.exit;
     if ev.engine_oom_killed == Some(true) {
-        claims::oom_from_engine(ev, &mut j.facts, &mut j.usage, "the init left no record");
+        claims::oom_from_witness(ev, &mut j.facts, &mut j.usage, witness.oom_by.source(), "the init left no record");
     }
     j.usage.wall_time_ms = Some(ended.host_wall.as_millis() as u64);
     j.usage.sources.wall_time_ms = Some(Source::HostClock);
@@ -167,10 +218,53 @@ fn without_record(
     j.usage.sources.peak_memory_bytes = Some(Source::unavailable(witness.why_no_record));
 }
 
+/// The outputs did not all arrive: why, as the rung's witness says (the kernel's OOM killer,
+/// by the witness that has its word, is an OOM kill of its own), and what is known of the rest.
+fn lost(ended: &Ended, witness: &Witness, j: &mut Judgement, ev: &mut Evidence) {
+    let verified = ended.record.as_ref().is_some_and(Result::is_ok);
+    // The init SIGKILLed (or, read by the host, one more kill in the cgroup than the record
+    // counted) while the witness says OOM, and not by stevedore's own hard stop.
+    let sigkilled = witness.exit == Exit::Signal(9) || witness.oom_by == OomWitness::Cgroup;
+    let by_oom = verified && witness.oom_killed == Some(true) && sigkilled && !ended.hard_killed;
+    let why = if by_oom {
+        j.facts.delivery_oom = true;
+        let counted = ev.oom_kills.unwrap_or(0);
+        // The host's own read already counts the init's kill; the others' word is one more.
+        if witness.oom_by != OomWitness::Cgroup {
+            ev.oom_kills = Some(counted + 1);
+        }
+        j.usage.sources.oom_kills = Some(witness.oom_by.source());
+        ev.notes.push(format!(
+            "the init was OOM-killed while it sent the outputs ({}); the init's cgroup read had counted {counted} \
+             kill(s) before it",
+            witness.oom_by.words()
+        ));
+        "the kernel's OOM killer killed the init while it sent them".to_owned()
+    } else if !verified {
+        "the init left no verified record, and sends the outputs only after it".to_owned()
+    } else {
+        match witness.exit {
+            Exit::Signal(s) => format!("the init was killed by signal {s} while it sent them"),
+            _ => "the link ended while the init sent them".to_owned(),
+        }
+    };
+    ev.outputs_lost = Some(OutputsLost { why, unknown: witness.listed.is_none() });
+    for name in witness.listed.iter().flatten() {
+        if !j.outputs.iter().any(|o| &o.name == name) && !ev.refused_outputs.iter().any(|r| &r.name == name) {
+            ev.refused_outputs.push(RefusedEntry { name: name.clone(), why: "not_delivered".into() });
+        }
+    }
+    ev.refused_outputs.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
 /// The outputs as extracted (hashed once, on the way in), and what the init saw of the
-/// output dir.
+/// output dir. Without the outputs' end (the init's last frame), they did not all arrive:
+/// `outputs_lost`, unless the host itself stopped reading them (their deadline).
 fn outputs(ended: &Ended, j: &mut Judgement, ev: &mut Evidence) {
     let usage = &mut j.usage;
+    let ran = ended.command_started_at.is_some() || ended.record.is_some();
+    let ended_whole = ended.received.outputs.as_ref().is_some_and(|o| o.end.is_some());
+    j.facts.outputs_lost = ran && !ended_whole && !ended.collection_timed_out;
     let Some(out) = &ended.received.outputs else {
         let why = if ended.record.as_ref().is_some_and(Result::is_ok) {
             "the outputs did not arrive"
@@ -207,4 +301,128 @@ fn outputs(ended: &Ended, j: &mut Judgement, ev: &mut Evidence) {
     }
     j.facts.output_limit = limit;
     ev.refused_outputs.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Request;
+    use crate::contract::{Reason, Status, judge};
+    use crate::link::session::OutputsReceived;
+    use crate::outputs::ExtractReport;
+    use stevedore_init::wire::{CgroupCounters, ChildrenRusage, OutputEnd, ReportCounts, WaitStatus};
+
+    fn record() -> InitRecord {
+        InitRecord {
+            wait: WaitStatus::Code(0),
+            stopped_by: None,
+            stragglers_killed: 0,
+            wall_time_ms: 100,
+            cgroup: CgroupCounters { oom_kills: Some(1), ..CgroupCounters::default() },
+            rusage: ChildrenRusage::default(),
+            out_fs: None,
+            oom_guard: None,
+            handler: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            host_lost: false,
+            takeovers: 0,
+            reports: ReportCounts::default(),
+            measured: Vec::new(),
+            timeline: None,
+            reserve_bytes: 0,
+        }
+    }
+
+    fn account() -> Account {
+        Account {
+            expects_handler: false,
+            bounds: Bounds {
+                host_wall: std::time::Duration::from_secs(1),
+                cpus: 1.0,
+                memory: 64 << 20,
+                cpu_limit_millis: None,
+                reserve: 0,
+                cgroup_note: "the test's cgroup",
+            },
+            disk_limit: None,
+            hard_stop: "stopped",
+            no_peak_memory: None,
+        }
+    }
+
+    /// A record, and outputs that stopped before their end (`end`: they ended).
+    fn ended(end: bool) -> Ended {
+        let mut e = Ended { record: Some(Ok(Box::new(record()))), ..Ended::default() };
+        e.received.outputs = Some(OutputsReceived {
+            report: ExtractReport::default(),
+            end: end.then(OutputEnd::default),
+            error: (!end).then(|| "the link ended inside the outputs tar".into()),
+        });
+        e
+    }
+
+    /// The status, the reason, the evidence and the usage the judge gives.
+    fn judged(e: &Ended, w: Witness) -> (Status, Option<Reason>, Evidence, crate::contract::Usage) {
+        let (j, _) = judgement(e, &account(), w, None, Evidence::default());
+        let o = judge(&Request::command("j", ["true"], "/nonexistent"), j);
+        (o.status, o.reason, o.evidence, o.usage)
+    }
+
+    #[test]
+    fn outputs_whose_end_arrived_are_the_verdict_a_child_oom_kill_stays_ok() {
+        let (status, reason, ev, _) = judged(&ended(true), Witness::default());
+        assert_eq!((status, reason, ev.outputs_lost, ev.oom_kills), (Status::Ok, None, None, Some(1)));
+    }
+
+    #[test]
+    fn an_init_the_oom_killer_took_mid_delivery_is_oom_killed_by_the_witness_that_says_so() {
+        let witnesses = [
+            (OomWitness::Engine, "engine"),
+            #[cfg(feature = "kube")]
+            (OomWitness::Kubelet, "kubelet"),
+        ];
+        for (by, word) in witnesses {
+            let w = Witness { exit: Exit::Signal(9), oom_killed: Some(true), oom_by: by, ..Witness::default() };
+            let (status, reason, ev, usage) = judged(&ended(false), w);
+            assert_eq!((status, reason), (Status::OomKilled, Some(Reason::OutputsLost)));
+            let lost = ev.outputs_lost.expect("said");
+            assert!(lost.unknown && lost.why.contains("OOM"), "{lost:?}");
+            // The record's count, and the init's own kill the witness saw.
+            assert_eq!(ev.oom_kills, Some(2));
+            assert_eq!(usage.sources.oom_kills.map(|s| s.to_string()).as_deref(), Some(word));
+        }
+        // The host's own read of the cgroup already counts the init's kill.
+        let w = Witness { oom_killed: Some(true), oom_by: OomWitness::Cgroup, ..Witness::default() };
+        let (status, _, ev, _) = judged(&ended(false), w);
+        assert_eq!((status, ev.oom_kills), (Status::OomKilled, Some(1)));
+    }
+
+    #[test]
+    fn outputs_lost_otherwise_are_killed_and_what_the_host_listed_is_named() {
+        // SIGKILLed without the kernel's word on an OOM: not an OOM, and never ok.
+        let w = Witness { exit: Exit::Signal(9), oom_killed: Some(false), ..Witness::default() };
+        let (status, reason, ev, _) = judged(&ended(false), w);
+        assert_eq!((status, reason), (Status::Killed, Some(Reason::OutputsLost)));
+        assert!(ev.outputs_lost.unwrap().why.contains("signal 9"));
+        // Stevedore's own hard stop is not the kernel's.
+        let mut e = ended(false);
+        e.hard_killed = true;
+        let w = Witness { exit: Exit::Signal(9), oom_killed: Some(true), ..Witness::default() };
+        assert_eq!(judged(&e, w).0, Status::Killed);
+        // A host that still reaches /out names each file that did not arrive.
+        let w = Witness { listed: Some(vec!["a.txt".into(), "d/b.txt".into()]), ..Witness::default() };
+        let (_, _, ev, _) = judged(&ended(false), w);
+        assert!(!ev.outputs_lost.unwrap().unknown);
+        let named: Vec<(&str, &str)> = ev.refused_outputs.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+        assert_eq!(named, [("a.txt", "not_delivered"), ("d/b.txt", "not_delivered")]);
+    }
+
+    #[test]
+    fn outputs_stopped_by_their_deadline_are_a_limit_not_a_loss() {
+        let mut e = ended(false);
+        e.collection_timed_out = true;
+        let (status, reason, ev, _) = judged(&e, Witness::default());
+        assert_eq!((status, reason, ev.outputs_lost), (Status::Ok, Some(Reason::OutputLimit), None));
+    }
 }

@@ -17,6 +17,25 @@ pub use supervise::{Collection, HostLoss};
 use crate::outputs::Caps;
 use std::time::Duration;
 
+/// The delivery reserve a rung applies unless configured otherwise
+/// ([`LinkConfig::delivery_reserve`]).
+pub const DELIVERY_RESERVE: u64 = 8 << 20;
+
+/// The evidence's `memory` line where the cgroup's limit is the attempt's `memory` plus the
+/// init's delivery `reserve` (the container and kube rungs; `how`: the rung's own words on
+/// swap and how the limit was set).
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) fn memory_limit_text(memory: u64, reserve: u64, how: &str) -> String {
+    match reserve {
+        0 => format!("cgroup memory limit {memory} bytes, {how}"),
+        r => format!(
+            "cgroup memory limit {} bytes: the attempt's {memory}, and {r} the init holds until the command and \
+             every process it started are gone, then lets go to deliver the outputs; {how}",
+            memory.saturating_add(r)
+        ),
+    }
+}
+
 /// How every rung that runs the init keeps its link: the captures, the outputs, the times.
 /// The same on every rung (`ContainerConfig::link`, `ProcessConfig::link`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +57,13 @@ pub struct LinkConfig {
     /// How often the init samples the attempt's resources at first (`usage.timeline`,
     /// default 100 ms; at least 10 ms); `None`: no timeline.
     pub timeline_period: Option<Duration>,
+    /// Bytes the init holds in the attempt's cgroup while the command runs and lets go for
+    /// the delivery of the record and the outputs, added to the cgroup's memory limit by the
+    /// rungs whose `/out` and `/tmp` are memory-backed (the container and kube rungs), so a
+    /// command that fills its memory leaves room to deliver what it wrote (default 8 MiB;
+    /// 0: none, and such an attempt may lose its outputs, told as `outputs_lost`).
+    /// `docs/outcome.md`, "Memory and the delivery reserve".
+    pub delivery_reserve: u64,
 }
 
 impl Default for LinkConfig {
@@ -50,6 +76,7 @@ impl Default for LinkConfig {
             handshake_timeout: Duration::from_secs(10),
             host_loss: HostLoss::default(),
             timeline_period: Some(Duration::from_millis(crate::contract::TIMELINE_FIRST_PERIOD_MS)),
+            delivery_reserve: DELIVERY_RESERVE,
         }
     }
 }

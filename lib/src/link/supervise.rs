@@ -178,7 +178,10 @@ pub(crate) async fn supervise(
     let aref = req.attempt_ref();
     let mut next_poll = hooks.as_ref().map(|h| Instant::now() + h.0.poll_every());
     let mut polling: Option<crate::contract::HookResult<'_, bool>> = None;
-    let deadline = req.deadline_from(r.started).map(Instant::from_std);
+    // A timeout counts from the command's start, on every rung (`Request::timeout`): until
+    // the init says the command runs, only an absolute deadline applies, and the start's own
+    // bound (the rung's per-call one) past the timeout.
+    let mut deadline = before_start(req, r.started, rules.call_timeout);
     let grace = req.policy.grace();
     let mut ended = Ended::default();
     let mut t = Timers::default();
@@ -197,8 +200,13 @@ pub(crate) async fn supervise(
                     t.rejoin_by = None;
                     tracing::info!(from = s.from, "the link was resumed after a cut");
                 }
-                ev => if let Some(closed) = heard(ev, r.started, &rules, &mut ended, &mut t) {
-                    break closed;
+                ev => {
+                    if let Some(Event::Started(_)) = &ev {
+                        deadline = req.deadline_from(std::time::Instant::now()).map(Instant::from_std);
+                    }
+                    if let Some(closed) = heard(ev, r.started, &rules, &mut ended, &mut t) {
+                        break closed;
+                    }
                 },
             },
             done = async { rejoining.as_mut().expect("guarded").await }, if rejoining.is_some() => {
@@ -254,6 +262,14 @@ pub(crate) async fn supervise(
         ended.collection = Some((deadline, since.elapsed()));
     }
     finish(r, ended, closed, rules.call_timeout).await
+}
+
+/// The deadline until the init says the command started: the request's absolute one, and a
+/// timeout's only past the start's own bound (a command that never says it started is not
+/// waited for forever).
+fn before_start(req: &Request, started: std::time::Instant, start_bound: Duration) -> Option<Instant> {
+    let run = req.run_timeout.and_then(|t| started.checked_add(t.saturating_add(start_bound)));
+    [req.deadline, run].into_iter().flatten().min().map(Instant::from_std)
 }
 
 /// The clocks of one supervision.

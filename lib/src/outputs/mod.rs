@@ -7,4 +7,6 @@ mod walk;
 
 pub use hash::hash_reader;
 pub use stevedore_parse::outputs::{Caps, ExtractReport, extract_into, hash_backend};
+#[cfg(feature = "process")]
+pub use walk::list;
 pub use walk::{WalkReport, walk};

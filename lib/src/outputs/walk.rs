@@ -45,6 +45,39 @@ pub fn walk(dir: &Path, caps: &Caps) -> io::Result<WalkReport> {
     Ok(report)
 }
 
+/// The regular files under `dir` (relative, `/`-separated, escaped as refused names are),
+/// in name order, at most `max` of them, nothing followed or read: what a host that still
+/// reaches `/out` names when its outputs did not all arrive.
+#[cfg(feature = "process")]
+pub fn list(dir: &Path, max: usize) -> io::Result<Vec<String>> {
+    fn visit(dir: &OwnedFd, prefix: &[u8], depth: usize, max: usize, out: &mut Vec<String>) -> io::Result<()> {
+        let (children, _) = tree::children(dir, max.saturating_add(1), |_| true)?;
+        for child in children {
+            if out.len() >= max {
+                return Ok(());
+            }
+            let mut path = prefix.to_vec();
+            path.extend_from_slice(&child.name);
+            match child.kind {
+                Kind::File => out.push(escape_name(&path)),
+                Kind::Dir if depth + 1 < MAX_DEPTH => {
+                    if let Ok(sub) = tree::open_dir(dir, &child.name) {
+                        path.push(b'/');
+                        // An unreadable subdir names nothing: the walk goes on.
+                        let _ = visit(&sub, &path, depth + 1, max, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    let root = tree::open_root(dir, false)?;
+    let mut out = Vec::new();
+    visit(&root, b"", 0, max, &mut out)?;
+    Ok(out)
+}
+
 struct Walker<'a> {
     caps: &'a Caps,
     report: WalkReport,
@@ -186,6 +219,22 @@ mod tests {
 
     fn refused(r: &WalkReport, name: &str) -> Option<String> {
         r.refused.iter().find(|e| e.name == name).map(|e| e.why.clone())
+    }
+
+    #[test]
+    #[cfg(feature = "process")]
+    fn a_listing_names_regular_files_only_in_order_and_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        write(t.path(), "b.txt", b"b");
+        write(t.path(), "a/z.txt", b"z");
+        write(t.path(), "a/y.txt", b"y");
+        symlink("/etc/passwd", t.path().join("link")).unwrap();
+        mkfifo(&t.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(list(t.path(), 10).unwrap(), ["a/y.txt", "a/z.txt", "b.txt"]);
+        assert_eq!(list(t.path(), 2).unwrap(), ["a/y.txt", "a/z.txt"]);
+        // A symlinked root is not followed.
+        symlink(t.path().join("a"), t.path().join("to-a")).unwrap();
+        assert!(list(&t.path().join("to-a"), 10).is_err());
     }
 
     #[test]

@@ -89,8 +89,13 @@ impl Site for Arc<ProcessSite> {
 
     /// The host has no exit state of an init that left no record: what is known is the
     /// cgroup's, read at the removal (`account`).
-    async fn witness(&self, _: &Own, _: bool) -> Witness {
-        Witness { why_no_record: "no record from the init", ..Witness::default() }
+    /// The init's end is the host's to see (its own child); `/out` is a directory of the
+    /// host's: when the outputs did not all arrive it is listed, so each file is named.
+    async fn witness(&self, own: &Own, link_verdict: bool) -> Witness {
+        let listed = (!link_verdict)
+            .then(|| crate::outputs::list(&own.dir.output, self.config.link.output_caps.max_files))
+            .and_then(Result::ok);
+        Witness { why_no_record: "no record from the init", listed, ..Witness::default() }
     }
 
     /// No image: the host's own files; the host's network; a uid of the attempt's own (which
@@ -117,6 +122,7 @@ impl Site for Arc<ProcessSite> {
                 cpus: own.cpu_millis.map_or(ncpu, |m| (m as f64 / 1000.0).min(ncpu)),
                 memory: own.memory.unwrap_or(u64::MAX),
                 cpu_limit_millis: own.cpu_millis,
+                reserve: 0,
                 cgroup_note: "usage read by stevedore from the attempt's own cgroup once everything in it ended: cpu, \
                               memory high-water mark (the init's own included), oom_kill count",
             },
