@@ -121,7 +121,7 @@ async fn with_an_action_key_the_values_are_checked() {
     let t = tempfile::tempdir().unwrap();
     let w = worker("replay-key");
     let key = t.path().join("key");
-    std::fs::write(&key, "a key of mine\n").unwrap();
+    std::fs::write(&key, "a key of mine, 16+ bytes\n").unwrap();
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let input = inputs(t.path());
     let outcome = t.path().join("outcome.json").display().to_string();
