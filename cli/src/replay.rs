@@ -165,6 +165,15 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
         ),
     }
     println!("  {}", describe(action, rung, plan.trusted.is_some(), &plan.request, g));
+    if let Some((then, now)) = &plan.inputs_replaced {
+        println!("inputs replaced: digest {then} → {now}");
+    }
+    if !plan.env_unchecked.is_empty() {
+        println!(
+            "environment not checked (no action key then): {}; the values given are used as they are",
+            plan.env_unchecked.join(", ")
+        );
+    }
     let base = match &a.output {
         Some(d) => d.clone(),
         // Made here, new and private (never a directory another local user placed first),

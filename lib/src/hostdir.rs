@@ -632,6 +632,33 @@ mod tests {
         check_parent(t.path()).unwrap();
     }
 
+    /// Issue 41, 2: a directory above the bound path that another user owns (root's
+    /// `XDG_RUNTIME_DIR` kept by `su`) or can write lets them swap what the engine binds; it
+    /// is refused, named with its owner, and so is one that changes hands after a first check.
+    #[test]
+    fn a_chain_another_user_could_move_is_refused_by_name() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("run/stevedore/tools");
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = check_chain(&dir).unwrap();
+        assert_eq!(real, std::fs::canonicalize(&dir).unwrap(), "the resolved path is what is bound");
+        let open = t.path().join("run");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_chain(&dir).unwrap_err();
+        assert!(matches!(&err, HostDirError::Untrusted { path, .. } if path.ends_with("run")), "{err}");
+        assert!(err.to_string().contains("others can write"), "{err}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if geteuid().is_root() {
+            // The runtime dir changes hands after the first check: the next check refuses it.
+            nix::unistd::chown(&open, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let err = check_chain(&dir).unwrap_err();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+            assert!(err.to_string().contains(&*open.display().to_string()), "{err}");
+        }
+        // /tmp itself (root's, sticky) stays usable.
+        check_chain(Path::new("/tmp")).unwrap();
+    }
+
     #[test]
     fn an_open_mode_of_our_own_is_tightened() {
         let t = tempfile::tempdir().unwrap();

@@ -261,7 +261,10 @@ impl ActionKey {
             _ => Path::new("."),
         };
         let dst = nix::sys::stat::stat(dir).map_err(|e| read(e.into()))?;
-        if dst.st_mode & 0o022 != 0 && dst.st_uid != euid {
+        // Writable by someone else: its group, anyone, or an owner that is neither this user
+        // nor root.
+        let others_write = dst.st_mode & 0o022 != 0 || (dst.st_uid != 0 && dst.st_mode & 0o200 != 0);
+        if others_write && dst.st_uid != euid {
             return Err(refuse(&format!(
                 "its directory {} (uid {}, mode {:o}) can be written by others, who could put their own file there",
                 dir.display(),
@@ -704,9 +707,10 @@ mod tests {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(ActionKey::from_file(&f).is_ok(), "the user's own open directory is theirs");
         let euid = nix::unistd::geteuid().as_raw();
-        // Another owner for the directory: only root can give one away.
+        // Another owner for the directory, who alone can write it: only root can give one away.
         if euid == 0 {
             nix::unistd::chown(&shared, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
             let err = ActionKey::from_file(&f).unwrap_err();
             assert!(
                 matches!(&err, ActionKeyError::Untrusted { why, .. } if why.contains("written by others")),
