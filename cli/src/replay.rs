@@ -49,7 +49,8 @@ pub struct ReplayArgs {
     /// The payload again
     #[arg(long, value_name = "STR")]
     payload: Option<String>,
-    /// The action key (default: $STEVEDORE_ACTION_KEY_FILE)
+    /// The action key (default: $STEVEDORE_ACTION_KEY_FILE): environment values and the payload
+    /// are checked under it, and an Outcome it sealed is trusted (whoever holds the key wrote it)
     #[arg(long, value_name = "FILE")]
     action_key_file: Option<PathBuf>,
     /// Where the runs' outputs go, as DIR/run-N (default: a new dir under $TMPDIR, kept)
