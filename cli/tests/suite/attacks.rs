@@ -800,8 +800,23 @@ async fn a_forged_outcome_replays_no_more_than_a_plain_attempt() {
     let secret = format!("host-secret-{:016x}", rand::random::<u64>());
     std::fs::write(host.join("secret"), &secret).unwrap();
     std::fs::set_permissions(host.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The listener closes whatever reaches it (so a command on the host never waits on it),
+    // and says so; the test's own last connection ends it.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listening = {
+        let (done, reached) = (done.clone(), reached.clone());
+        std::thread::spawn(move || {
+            for _ in listener.incoming() {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                reached.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+    };
     let script = format!(
         "cat {s} > /out/y; busybox nc 127.0.0.1 {port} < {s}; echo ran > /out/ran",
         s = host.join("secret").display()
@@ -823,11 +838,10 @@ async fn a_forged_outcome_replays_no_more_than_a_plain_attempt() {
         !String::from_utf8_lossy(&all_bytes_under(&out_a)).contains(&secret),
         "the host's file reached the outputs: {stdout}"
     );
-    listener.set_nonblocking(true).unwrap();
-    assert!(
-        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-        "the command reached the host's loopback"
-    );
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+    listening.join().unwrap();
+    assert!(!reached.load(std::sync::atomic::Ordering::SeqCst), "the command reached the host's loopback");
 
     // (b) A network, and inputs from another dir: refused; nothing is read or run.
     let refused = |file: &str, says: &[&str]| {
