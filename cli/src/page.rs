@@ -243,7 +243,7 @@ impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
             // length keep the same samples; the last is kept too.
             let (mut kept, mut stride, mut n, mut last) = (Vec::new(), 1u64, 0u64, None);
             while let Some(v) = seq.next_element::<u64>()? {
-                if n % stride == 0 {
+                if n.is_multiple_of(stride) {
                     kept.push(v);
                     if kept.len() > MAX_SAMPLES {
                         kept = kept.into_iter().step_by(2).collect();
@@ -253,7 +253,7 @@ impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
                 last = Some((n, v));
                 n += 1;
             }
-            if let Some((_, v)) = last.filter(|(i, _)| i % stride != 0) {
+            if let Some((_, v)) = last.filter(|(i, _)| !i.is_multiple_of(stride)) {
                 kept.push(v);
             }
             if stride > 1 {

@@ -26,7 +26,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// The bytes of lowercase or uppercase `hex`; `None` for an odd length or another character.
 pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 || !hex.is_ascii() {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
         return None;
     }
     (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
