@@ -23,6 +23,12 @@
 //!
 //! The memory chart is the first thing under the header: its top left corner is at
 //! [`MEMORY_CHART_AT`] in the page (CSS px), whatever the fonts.
+//!
+//! An Outcome file is input, of any size up to `common::read_outcome_text`'s cap: it is read
+//! within bounds ([`read_bounded`]: every list and map to [`MAX_ROWS`] entries, the timeline
+//! thinned as it is read, strings to `MAX_TEXT`, a budget of values for the whole), and the
+//! page says what it left out ("… N more", the samples thinned to the charts' width), so a
+//! crafted file makes neither a huge page nor a huge process.
 
 use crate::report;
 use clap::Parser;
@@ -85,14 +91,14 @@ pub fn main(args: &[String]) -> u8 {
         ));
         return 2;
     };
-    let o = match read_outcome(&a.outcome) {
+    let (o, cut) = match read_outcome(&a.outcome) {
         Ok(o) => o,
         Err(e) => {
             crate::say::say(e);
             return 1;
         }
     };
-    match write_whole(&html, render(&o).as_bytes()) {
+    match write_whole(&html, render_cut(&o, &cut).as_bytes()) {
         Ok(()) => {
             let shown = std::path::absolute(&html).unwrap_or(html);
             crate::say::say(format!("wrote the page to {}", shown.display()));
@@ -105,9 +111,191 @@ pub fn main(args: &[String]) -> u8 {
     }
 }
 
-fn read_outcome(path: &Path) -> Result<Outcome, String> {
+fn read_outcome(path: &Path) -> Result<(Outcome, Cut), String> {
     let json = crate::common::read_outcome_text(path)?;
-    serde_json::from_str(&json).map_err(|e| format!("{}: not an Outcome JSON ({e})", path.display()))
+    let bad = |e: serde_json::Error| format!("{}: not an Outcome JSON ({e})", path.display());
+    let (value, cut) = read_bounded(&json).map_err(bad)?;
+    drop(json);
+    Ok((serde_json::from_value(value).map_err(bad)?, cut))
+}
+
+// ---- reading within bounds ----
+
+/// Rows the page shows of any one list or map (outputs, refused entries, the evidence's
+/// lists): the rest is counted, "… N more".
+pub const MAX_ROWS: usize = 200;
+/// Samples of each timeline column kept as the file is read (halved as they come, so the
+/// columns stay aligned); the charts then draw one per pixel column at most.
+const MAX_SAMPLES: usize = 2048;
+/// A string longer than this is cut as it is read (the page shows 8 KiB of any one at most).
+const MAX_TEXT: usize = 16 << 10;
+/// Values kept of the whole file: beyond them, what is left is counted, not kept.
+const MAX_VALUES: usize = 200_000;
+/// The evidence's tables stop past this much of the page.
+const MAX_FACTS_BYTES: usize = 4 << 20;
+/// The timeline's columns, where the samples are.
+const COLUMNS: [&str; 6] = ["t_ms", "memory_bytes", "cpu_ms", "pids", "out_bytes", "tmp_bytes"];
+
+/// What reading left out: by JSON pointer (`/outputs`, `/evidence/notes`), how many entries
+/// of a list or map were not kept, or for a timeline column how many samples it had.
+#[derive(Debug, Default)]
+pub struct Cut {
+    more: std::collections::HashMap<String, u64>,
+    left: usize,
+}
+
+impl Cut {
+    /// Entries of the list or map at `pointer` left out when it was read.
+    fn more(&self, pointer: &str) -> u64 {
+        self.more.get(pointer).copied().unwrap_or(0)
+    }
+}
+
+/// `json` as a JSON value within the bounds above, and what was left out.
+pub fn read_bounded(json: &str) -> Result<(Value, Cut), serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let cut = std::cell::RefCell::new(Cut { left: MAX_VALUES, ..Cut::default() });
+    let mut de = serde_json::Deserializer::from_str(json);
+    let v = Bounded { cut: &cut, at: String::new() }.deserialize(&mut de)?;
+    de.end()?;
+    Ok((v, cut.into_inner()))
+}
+
+/// A value being read at the pointer `at`.
+struct Bounded<'c> {
+    cut: &'c std::cell::RefCell<Cut>,
+    at: String,
+}
+
+/// `key` as a JSON pointer's token (RFC 6901).
+fn token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+impl Bounded<'_> {
+    fn child(&self, key: &str) -> Self {
+        Bounded { cut: self.cut, at: format!("{}/{}", self.at, token(key)) }
+    }
+    /// Takes one value from the budget; `false` once it is spent.
+    fn take(&self) -> bool {
+        let mut c = self.cut.borrow_mut();
+        let had = c.left > 0;
+        c.left = c.left.saturating_sub(1);
+        had
+    }
+    fn left_out(&self, n: u64) {
+        if n > 0 {
+            *self.cut.borrow_mut().more.entry(self.at.clone()).or_default() += n;
+        }
+    }
+    fn is_column(&self) -> bool {
+        self.at.strip_prefix("/usage/timeline/").is_some_and(|c| COLUMNS.contains(&c))
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Bounded<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(if v.len() > MAX_TEXT {
+            let kept = stevedore_init::wire::cap_text(v, MAX_TEXT);
+            format!("{kept}… ({} bytes more)", v.len() - kept.len())
+        } else {
+            v.to_owned()
+        }))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        use serde::de::IgnoredAny;
+        if self.is_column() {
+            // Every other sample dropped whenever the kept ones pass the cap: columns of one
+            // length keep the same samples; the last is kept too.
+            let (mut kept, mut stride, mut n, mut last) = (Vec::new(), 1u64, 0u64, None);
+            while let Some(v) = seq.next_element::<u64>()? {
+                if n.is_multiple_of(stride) {
+                    kept.push(v);
+                    if kept.len() > MAX_SAMPLES {
+                        kept = kept.into_iter().step_by(2).collect();
+                        stride *= 2;
+                    }
+                }
+                last = Some((n, v));
+                n += 1;
+            }
+            if let Some((_, v)) = last.filter(|(i, _)| !i.is_multiple_of(stride)) {
+                kept.push(v);
+            }
+            if stride > 1 {
+                self.cut.borrow_mut().more.insert(self.at.clone(), n);
+            }
+            return Ok(Value::Array(kept.into_iter().map(Value::from).collect()));
+        }
+        let mut out = Vec::new();
+        let mut skipped = 0u64;
+        loop {
+            if out.len() < MAX_ROWS && self.take() {
+                match seq.next_element_seed(self.child(&out.len().to_string()))? {
+                    Some(v) => out.push(v),
+                    None => break,
+                }
+            } else {
+                match seq.next_element::<IgnoredAny>()? {
+                    Some(_) => skipped += 1,
+                    None => break,
+                }
+            }
+        }
+        self.left_out(skipped);
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        use serde::de::IgnoredAny;
+        let mut out = serde_json::Map::new();
+        let mut skipped = 0u64;
+        while let Some(k) = map.next_key::<String>()? {
+            if out.len() < MAX_ROWS && self.take() {
+                let v = map.next_value_seed(self.child(&k))?;
+                out.insert(k, v);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+                skipped += 1;
+            }
+        }
+        self.left_out(skipped);
+        Ok(Value::Object(out))
+    }
 }
 
 /// Writes `bytes` to `path` whole: a temporary file beside it, renamed over it, so that a
@@ -263,7 +451,13 @@ fn style() -> String {
 
 /// The page of one attempt. The captures it names are read now (their tails); the rest is the
 /// Outcome's.
+#[cfg(test)]
 pub fn render(o: &Outcome) -> String {
+    render_cut(o, &Cut::default())
+}
+
+/// [`render`] of an Outcome [`read_bounded`] read, saying what it left out.
+pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
     let mut p = String::with_capacity(64 << 10);
     let status = o.status.to_string();
     let reason = o.reason.map(|r| format!(" ({r})")).unwrap_or_default();
@@ -298,11 +492,11 @@ pub fn render(o: &Outcome) -> String {
         text(&meta.join(", ")),
         text(&report::summary_of(o))
     );
-    timeline(&mut p, o);
+    timeline(&mut p, o, cut);
     phases(&mut p, o);
-    outputs(&mut p, o);
+    outputs(&mut p, o, cut);
     logs(&mut p, o);
-    evidence(&mut p, o);
+    evidence(&mut p, o, cut);
     p.push_str("</body></html>\n");
     p
 }
@@ -584,7 +778,22 @@ fn missing(tl: &Timeline, column: &str, samples: usize) -> String {
     format!("<p class=\"missing\">No <code>{column}</code> samples: {}.</p>\n", text(why))
 }
 
-fn timeline(p: &mut String, o: &Outcome) {
+/// The sample indices a chart draws: all of them, or evenly spread over at most one per
+/// pixel column of the plot, the first and the last kept.
+fn thinned(n: usize) -> Vec<usize> {
+    let width = Frame::new(0).plot_w() as usize;
+    if n <= width {
+        return (0..n).collect();
+    }
+    (0..width).map(|k| k * (n - 1) / (width - 1)).collect()
+}
+
+/// `column` at `idx` (those it has).
+fn pick(column: &[u64], idx: &[usize]) -> Vec<u64> {
+    idx.iter().filter_map(|&i| column.get(i).copied()).collect()
+}
+
+fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
     p.push_str("<section id=\"timeline\"><h2>Timeline</h2>\n");
     let Some(tl) = &o.usage.timeline else {
         let why = o.usage.sources.timeline.as_ref().map_or_else(
@@ -594,6 +803,23 @@ fn timeline(p: &mut String, o: &Outcome) {
         let _ = writeln!(p, "<p id=\"timeline-none\" class=\"missing\">No timeline: {}.</p></section>", text(&why));
         return;
     };
+    // Thinned to the charts' width: a crafted timeline of millions of samples draws as one of
+    // the plot's pixels (the first and the last kept), and says so below.
+    let had = cut.more("/usage/timeline/t_ms").max(tl.t_ms.len() as u64);
+    let idx = thinned(tl.t_ms.len());
+    let shown = idx.len();
+    let mut drawn = tl.clone();
+    for column in [
+        &mut drawn.t_ms,
+        &mut drawn.memory_bytes,
+        &mut drawn.cpu_ms,
+        &mut drawn.pids,
+        &mut drawn.out_bytes,
+        &mut drawn.tmp_bytes,
+    ] {
+        *column = pick(column, &idx);
+    }
+    let tl = &drawn;
     let t = &tl.t_ms;
     let t_max =
         t.iter().copied().chain(tl.peak.as_ref().map(|pk| pk.t_ms)).chain(tl.oom_kill_ms).max().unwrap_or(0).max(1)
@@ -693,6 +919,9 @@ fn timeline(p: &mut String, o: &Outcome) {
     p.push_str(&missing(tl, "tmp_bytes", t.len().min(tl.tmp_bytes.len())));
     // What the charts rest on.
     let mut facts = vec![format!("{} samples", t.len())];
+    if had > shown as u64 {
+        facts[0] = format!("{had} samples, {shown} of them drawn (thinned to the charts' width)");
+    }
     if tl.first_period_ms > 0 {
         facts.push(format!("every {} at first", ms(tl.first_period_ms)));
     }
@@ -792,21 +1021,34 @@ fn phases(p: &mut String, o: &Outcome) {
 
 // ---- the outputs ----
 
-fn outputs(p: &mut String, o: &Outcome) {
+/// "… N more" as the last row of a table of `cols` columns, when `n` rows were left out.
+fn more_row(p: &mut String, cols: usize, n: u64) {
+    if n > 0 {
+        let _ = writeln!(p, "<tr><td colspan=\"{cols}\" class=\"note\">… {n} more</td></tr>");
+    }
+}
+
+fn outputs(p: &mut String, o: &Outcome, cut: &Cut) {
     p.push_str("<section id=\"outputs\"><h2>Outputs</h2>\n");
     if o.outputs.is_empty() {
         p.push_str("<p>No output file.</p>\n");
     } else {
+        let shown = o.outputs.len().min(MAX_ROWS);
+        let more = (o.outputs.len() - shown) as u64 + cut.more("/outputs");
         let total: u64 = o.outputs.iter().map(|f| f.size).fold(0, u64::saturating_add);
+        let all = o.outputs.len() as u64 + cut.more("/outputs");
+        let sum = if cut.more("/outputs") > 0 {
+            format!("{} in the {} read", bytes(total), o.outputs.len())
+        } else {
+            bytes(total)
+        };
         let _ = writeln!(
             p,
-            "<p>{} file{}, {}.</p>\n<table id=\"outputs-table\"><tr><th>path</th><th>size</th><th>bytes</th>\
+            "<p>{all} file{}, {sum}.</p>\n<table id=\"outputs-table\"><tr><th>path</th><th>size</th><th>bytes</th>\
              <th>digest</th><th>type</th></tr>",
-            o.outputs.len(),
-            if o.outputs.len() == 1 { "" } else { "s" },
-            bytes(total)
+            if all == 1 { "" } else { "s" },
         );
-        for f in &o.outputs {
+        for f in &o.outputs[..shown] {
             let _ = writeln!(
                 p,
                 "<tr><td class=\"mono\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
@@ -818,12 +1060,14 @@ fn outputs(p: &mut String, o: &Outcome) {
                 text(&capped(&f.content_type, 200))
             );
         }
+        more_row(p, 5, more);
         p.push_str("</table>\n");
     }
     let refused = &o.evidence.refused_outputs;
     if !refused.is_empty() {
         p.push_str("<h3>Not collected</h3><table id=\"refused-outputs\"><tr><th>path</th><th>why</th></tr>\n");
-        for r in refused {
+        let shown = refused.len().min(MAX_ROWS);
+        for r in &refused[..shown] {
             let _ = writeln!(
                 p,
                 "<tr><td class=\"mono\">{}</td><td>{}</td></tr>",
@@ -831,6 +1075,7 @@ fn outputs(p: &mut String, o: &Outcome) {
                 text(&capped(&r.why, 1024))
             );
         }
+        more_row(p, 2, (refused.len() - shown) as u64 + cut.more("/evidence/refused_outputs"));
         p.push_str("</table>\n");
     }
     p.push_str("</section>\n");
@@ -944,7 +1189,7 @@ fn capture(p: &mut String, name: &str, cap: &LogCapture) {
 
 // ---- the evidence ----
 
-fn evidence(p: &mut String, o: &Outcome) {
+fn evidence(p: &mut String, o: &Outcome, cut: &Cut) {
     p.push_str(
         "<section id=\"evidence\"><h2>Evidence</h2>\n<h3>The attempt</h3>\n<table class=\"kv\" id=\"attempt-table\">",
     );
@@ -1008,11 +1253,13 @@ fn evidence(p: &mut String, o: &Outcome) {
             m.remove("phases");
             m.remove("logs");
             p.push_str("<table class=\"kv\" id=\"evidence-table\">");
+            let facts = Facts { cut, until: p.len() + MAX_FACTS_BYTES };
             for (k, v) in &m {
                 let _ = write!(p, "<tr><th>{}</th><td>", text(k));
-                json(p, v, 0);
+                facts.json(p, v, &format!("/evidence/{}", token(k)), 0);
                 p.push_str("</td></tr>\n");
             }
+            more_row(p, 2, cut.more("/evidence"));
             p.push_str("</table>\n");
         }
         _ => p.push_str("<p class=\"missing\">The evidence could not be shown.</p>\n"),
@@ -1023,42 +1270,62 @@ fn evidence(p: &mut String, o: &Outcome) {
 /// Deeper than any evidence nests: what is below is shown as JSON text.
 const MAX_DEPTH: usize = 6;
 
-/// A JSON value as HTML: objects and arrays of objects as nested key/value tables, lists of
-/// words one a line, `null` as unknown.
-fn json(p: &mut String, v: &Value, depth: usize) {
-    match v {
-        Value::Null => p.push_str("<span class=\"unknown\">unknown</span>"),
-        Value::Bool(b) => p.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => p.push_str(&n.to_string()),
-        Value::String(s) => p.push_str(&text(&capped(s, 4096))),
-        Value::Array(a) if a.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
-        Value::Object(m) if m.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
-        _ if depth >= MAX_DEPTH => p.push_str(&text(&capped(&v.to_string(), 4096))),
-        Value::Array(a) if a.iter().all(|v| !v.is_object() && !v.is_array()) => {
-            for (i, item) in a.iter().enumerate() {
-                if i > 0 {
-                    p.push_str("<br>");
+/// The evidence's facts as HTML, within the page's bounds.
+struct Facts<'c> {
+    cut: &'c Cut,
+    /// The page's length past which the rest is left out.
+    until: usize,
+}
+
+impl Facts<'_> {
+    /// A JSON value at `at` (its pointer) as HTML: objects and arrays of objects as nested
+    /// key/value tables, lists of words one a line, `null` as unknown; at most [`MAX_ROWS`]
+    /// entries of each, then "… N more" (with those reading left out).
+    fn json(&self, p: &mut String, v: &Value, at: &str, depth: usize) {
+        if p.len() > self.until {
+            p.push_str("<span class=\"unknown\">… (the page shows no more of the evidence)</span>");
+            return;
+        }
+        let more = |n: usize| n.saturating_sub(MAX_ROWS) as u64 + self.cut.more(at);
+        match v {
+            Value::Null => p.push_str("<span class=\"unknown\">unknown</span>"),
+            Value::Bool(b) => p.push_str(if *b { "true" } else { "false" }),
+            Value::Number(n) => p.push_str(&n.to_string()),
+            Value::String(s) => p.push_str(&text(&capped(s, 4096))),
+            Value::Array(a) if a.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
+            Value::Object(m) if m.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
+            _ if depth >= MAX_DEPTH => p.push_str(&text(&capped(&v.to_string(), 4096))),
+            Value::Array(a) if a.iter().all(|v| !v.is_object() && !v.is_array()) => {
+                for (i, item) in a.iter().take(MAX_ROWS).enumerate() {
+                    if i > 0 {
+                        p.push_str("<br>");
+                    }
+                    self.json(p, item, &format!("{at}/{i}"), depth + 1);
                 }
-                json(p, item, depth + 1);
+                if more(a.len()) > 0 {
+                    let _ = write!(p, "<br><span class=\"note\">… {} more</span>", more(a.len()));
+                }
             }
-        }
-        Value::Array(a) => {
-            p.push_str("<table class=\"kv\">");
-            for (i, item) in a.iter().enumerate() {
-                let _ = write!(p, "<tr><th>{}</th><td>", i + 1);
-                json(p, item, depth + 1);
-                p.push_str("</td></tr>");
+            Value::Array(a) => {
+                p.push_str("<table class=\"kv\">");
+                for (i, item) in a.iter().take(MAX_ROWS).enumerate() {
+                    let _ = write!(p, "<tr><th>{}</th><td>", i + 1);
+                    self.json(p, item, &format!("{at}/{i}"), depth + 1);
+                    p.push_str("</td></tr>");
+                }
+                more_row(p, 2, more(a.len()));
+                p.push_str("</table>");
             }
-            p.push_str("</table>");
-        }
-        Value::Object(m) => {
-            p.push_str("<table class=\"kv\">");
-            for (k, item) in m {
-                let _ = write!(p, "<tr><th>{}</th><td>", text(k));
-                json(p, item, depth + 1);
-                p.push_str("</td></tr>");
+            Value::Object(m) => {
+                p.push_str("<table class=\"kv\">");
+                for (k, item) in m.iter().take(MAX_ROWS) {
+                    let _ = write!(p, "<tr><th>{}</th><td>", text(k));
+                    self.json(p, item, &format!("{at}/{}", token(k)), depth + 1);
+                    p.push_str("</td></tr>");
+                }
+                more_row(p, 2, more(m.len()));
+                p.push_str("</table>");
             }
-            p.push_str("</table>");
         }
     }
 }
@@ -1073,8 +1340,8 @@ mod tests {
     };
 
     /// Markup, a quote that would end an attribute, and the control bytes a terminal obeys.
-    const HOSTILE: &str =
-        "</svg></table></pre><script>alert(1)</script>\"onload=alert(2) 'x' \x1b[31m\0\r\x07\u{9b}\u{202e}";
+    const HOSTILE: &str = "</svg></table></pre><script>alert(1)</script>\"onload=alert(2) 'x' \x1b[31m\0\r\x07\u{9b}\u{202e}\
+                           \u{2028}\u{2029}\u{200b}\u{feff}\u{2060}";
 
     fn outcome_with_timeline(n: usize) -> Outcome {
         let mut o = Outcome::new(Status::OomKilled);
@@ -1101,7 +1368,22 @@ mod tests {
 
     /// What no page may ever hold, whatever the Outcome.
     fn assert_clean(page: &str) {
-        for raw in ["<script", "\"onload=", "'x'", "\x1b", "\0", "\r", "\x07", "\u{9b}", "\u{202e}"] {
+        for raw in [
+            "<script",
+            "\"onload=",
+            "'x'",
+            "\x1b",
+            "\0",
+            "\r",
+            "\x07",
+            "\u{9b}",
+            "\u{202e}",
+            "\u{2028}",
+            "\u{2029}",
+            "\u{200b}",
+            "\u{feff}",
+            "\u{2060}",
+        ] {
             assert!(!page.contains(raw), "{raw:?} is in the page raw");
         }
         assert_eq!(page.matches("<svg ").count(), page.matches("</svg>").count(), "an svg closed early");
@@ -1124,6 +1406,10 @@ mod tests {
         assert_eq!(text("\x1b[31m\0\r\n\t\x7f"), "\\u{1b}[31m\\u{0}\\r\\n\\t\\u{7f}");
         assert_eq!(block("a\nb\tc\r"), "a\nb\tc\\r");
         assert_eq!(text("\u{9b}x\u{202e}y"), "\\u{9b}x\\u{202e}y");
+        // Issue 41, 4: a line or paragraph separator, a zero-width space, a BOM (from a real
+        // output's name too) are shown, not obeyed or hidden; in a log's block as well.
+        assert_eq!(text("a\u{2028}b\u{2029}c\u{200b}d\u{feff}"), "a\\u{2028}b\\u{2029}c\\u{200b}d\\u{feff}");
+        assert_eq!(block("a\u{2028}b\n"), "a\\u{2028}b\n");
         assert_eq!(text("plain ünïcode ✓"), "plain ünïcode ✓");
     }
 
@@ -1275,6 +1561,39 @@ mod tests {
         let page = render(&o);
         assert!(page.contains("The timeline has no samples."));
         assert_finite(&page);
+    }
+
+    /// Issue 41, 4: a crafted Outcome's lists and timeline are read within bounds and the page
+    /// says what it left out; the charts draw one sample per pixel column at most.
+    #[test]
+    fn long_lists_and_timelines_are_cut_and_say_so() {
+        let mut o = outcome_with_timeline(100_000);
+        o.outputs = (0..10_000)
+            .map(|i| OutputFile { name: format!("f{i}"), size: 1, hash: "sha256:00".into(), content_type: "x".into() })
+            .collect();
+        o.evidence.notes = (0..5_000).map(|i| format!("note {i}")).collect();
+        o.evidence.enforcement = (0..5_000).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+        let json = o.to_json();
+        let (value, cut) = read_bounded(&json).unwrap();
+        let read: Outcome = serde_json::from_value(value).unwrap();
+        assert_eq!(read.outputs.len(), MAX_ROWS);
+        assert!(read.usage.timeline.as_ref().unwrap().t_ms.len() <= MAX_SAMPLES + 1);
+        let page = render_cut(&read, &cut);
+        assert!(page.contains("<p>10000 files, "), "the count is the file's");
+        assert!(page.contains(&format!("… {} more", 10_000 - MAX_ROWS)), "outputs");
+        assert!(page.contains(&format!("… {} more", 5_000 - MAX_ROWS)), "notes and enforcement");
+        assert!(page.contains("100000 samples, 856 of them drawn"), "{}", &page[..2000]);
+        let points = |id: &str| {
+            let at = page.find(&format!("id=\"{id}\" d=\"")).unwrap();
+            page[at..].split('"').nth(3).unwrap().matches('L').count() + 1
+        };
+        assert!(points("memory-path") <= 856, "{}", points("memory-path"));
+        assert!(page.len() < 1 << 20, "{} bytes", page.len());
+        // The same Outcome rendered from memory is cut as well.
+        let page = render(&o);
+        assert!(page.contains(&format!("… {} more", 10_000 - MAX_ROWS)));
+        assert!(page.len() < 2 << 20, "{} bytes", page.len());
+        assert_clean(&page);
     }
 
     #[test]

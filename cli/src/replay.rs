@@ -18,6 +18,13 @@ is that of its fields, the inputs' tree digest (the input dir the attempt named,
 the environment values and the payload given again (the Outcome holds neither; with the
 action key they are checked against its HMACs). Runs the image by id, never by tag.
 
+The digest proves that the fields agree, not who wrote them. Unless --trust is given or the
+action's MAC is that of your action key (whoever holds the key sealed it), the replay gets no
+more than `stevedore run` with no options: the rung given with --rung (default the container
+rung), no network, no caches, limits within the rung's defaults, the recorded deadline; the
+input dir the Outcome names is read only when it holds the attempt's file count and bytes.
+What will run is printed first.
+
 Exit status: 0 every run ok and all outputs identical, 1 the outputs differed, 2 a run was
 not ok (outputs identical or not), 125 refused (the reason on stderr).")]
 pub struct ReplayArgs {
@@ -42,7 +49,8 @@ pub struct ReplayArgs {
     /// The payload again
     #[arg(long, value_name = "STR")]
     payload: Option<String>,
-    /// The action key (default: $STEVEDORE_ACTION_KEY_FILE)
+    /// The action key (default: $STEVEDORE_ACTION_KEY_FILE): environment values and the payload
+    /// are checked under it, and an Outcome it sealed is trusted (whoever holds the key wrote it)
     #[arg(long, value_name = "FILE")]
     action_key_file: Option<PathBuf>,
     /// Where the runs' outputs go, as DIR/run-N (default: a new dir under $TMPDIR, kept)
@@ -54,8 +62,9 @@ pub struct ReplayArgs {
     /// Worker ID of the runs (default: a unique one)
     #[arg(long, value_name = "ID")]
     worker: Option<String>,
-    /// Give the runs what the Outcome asks beyond a plain sandbox (a network other than none
-    /// or bridge, named caches): only for an Outcome you trust
+    /// Give the runs what the Outcome asks beyond a plain attempt (its rung, a network,
+    /// caches, larger limits or grace): only for an Outcome you trust. An Outcome sealed by
+    /// your action key needs no --trust
     #[arg(long)]
     trust: bool,
 }
@@ -116,34 +125,47 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
         },
         (None, None) => None,
     };
+    let Some(recorded) = outcome.evidence.action.as_ref() else {
+        return refuse(format!("replay {what}: the outcome has no action"));
+    };
+    opts.trust = a.trust;
+    let trusted = a.trust || opts.key.as_ref().is_some_and(|k| recorded.sealed_by(k));
+    // Untrusted, the rung is the one asked for here, as `stevedore run`'s (a file must not
+    // choose the process rung, which has the host's network).
+    let rung = match (a.rung.as_deref(), trusted) {
+        (Some(r), _) => r,
+        (None, false) => "container",
+        (None, true) => match rung_of(&recorded.rung) {
+            Some(r) => r,
+            None => {
+                return refuse(format!(
+                    "replay {what}: the attempt ran on rung {:?}, which the command does not run (the library's \
+                     stevedore::replay::replay does); give --rung",
+                    recorded.rung
+                ));
+            }
+        },
+    };
+    let (defaults, max_input_bytes) = match rung_bounds(g, rung) {
+        Ok(b) => b,
+        Err(e) => return refuse(format!("replay {what}: {e}")),
+    };
+    (opts.defaults, opts.max_input_bytes) = (defaults, max_input_bytes);
     let plan = match lib::plan(&outcome, &opts) {
         Ok(p) => p,
         Err(e) => return refuse(format!("replay {what}: {}", stevedore::error_chain(&e))),
     };
     let action = &plan.action;
-    let Some(rung) = a.rung.as_deref().or_else(|| rung_of(&action.rung)) else {
-        return refuse(format!(
-            "replay {what}: the attempt ran on rung {:?}, which the command does not run (the library's \
-             stevedore::replay::replay does); give --rung",
-            action.rung
-        ));
-    };
-    // The digest proves the fields agree, not who wrote them: what widens the sandbox comes
-    // only with --trust, and what will run is said first.
-    let widening: Vec<String> = std::iter::once(&action.network)
-        .filter(|n| rung == "container" && !matches!(n.as_str(), "" | "none" | "bridge" | "default"))
-        .map(|n| format!("network {n}"))
-        .chain(action.caches.iter().filter(|_| rung == "container").map(|(n, p)| format!("cache {n} at {p}")))
-        .collect();
-    if !widening.is_empty() && !a.trust {
-        return refuse(format!(
-            "replay {what}: the attempt had {}: an Outcome file can ask for anything; give --trust to replay an \
-             Outcome you trust with them",
-            widening.join(", ")
-        ));
+    let runs = format!("{} run{}", a.runs, if a.runs == 1 { "" } else { "s" });
+    println!("replaying action {} ({runs}, rung {rung})", action.digest);
+    match &plan.trusted {
+        Some(why) => println!("  trusted: {why}"),
+        None => println!(
+            "  not trusted (no --trust, no MAC of your action key): run as a plain attempt of rung {rung}{}",
+            if rung_of(&action.rung) == Some(rung) { String::new() } else { format!(" (it ran on {})", action.rung) }
+        ),
     }
-    println!("replaying action {} ({} run{}, rung {rung})", action.digest, a.runs, if a.runs == 1 { "" } else { "s" });
-    println!("  {}", describe(action));
+    println!("  {}", describe(action, rung, plan.trusted.is_some(), &plan.request, g));
     if let Some((then, now)) = &plan.inputs_replaced {
         println!("inputs replaced: digest {then} → {now}");
     }
@@ -166,7 +188,7 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
     let mut runs: Vec<Outcome> = Vec::new();
     for i in 1..=a.runs.max(1) {
         let out = base.join(format!("run-{i}"));
-        let args = match run_args(action, rung, &out, a.live) {
+        let args = match run_args(action, rung, plan.trusted.is_some(), &out, a.live) {
             Ok(r) => r,
             Err(e) => return refuse(format!("replay {what}: {e}")),
         };
@@ -218,8 +240,15 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
     }
 }
 
-/// What will run, on one line, every text escaped.
-fn describe(action: &stevedore::contract::Action) -> String {
+/// What will run, on one line, every text escaped: what the rung will really give, not what
+/// the Outcome says it had.
+fn describe(
+    action: &stevedore::contract::Action,
+    rung: &str,
+    trusted: bool,
+    req: &stevedore::contract::Request,
+    g: &Global,
+) -> String {
     use stevedore::contract::ActionTask;
     let p = stevedore_init::wire::printable;
     let task = match &action.task {
@@ -232,13 +261,54 @@ fn describe(action: &stevedore::contract::Action) -> String {
         (Some(id), None) => format!("image {}", p(id)),
         _ => "no image".to_owned(),
     };
-    let caches: Vec<String> = action.caches.iter().map(|(n, path)| format!("{}:{}", p(n), p(path))).collect();
+    let (network, user, caches) = match rung {
+        "container" if trusted => {
+            let caches: Vec<String> = action.caches.iter().map(|(n, path)| format!("{}:{}", p(n), p(path))).collect();
+            let net = if action.network.is_empty() { "the profile's".to_owned() } else { p(&action.network) };
+            let user = if stevedore::contract::parse_user(&action.user).is_some() {
+                p(&action.user)
+            } else {
+                "the rung's".to_owned()
+            };
+            (net, user, caches)
+        }
+        "container" => ("none".to_owned(), "the rung's".to_owned(), Vec::new()),
+        "process" => (
+            "the host's (the process rung does not isolate the network)".to_owned(),
+            "the process rung's (its own uid as root)".to_owned(),
+            Vec::new(),
+        ),
+        _ if g.network_denied => ("none (the namespace denies it)".to_owned(), "the rung's".to_owned(), Vec::new()),
+        _ => ("the cluster's (no NetworkPolicy said to deny it)".to_owned(), "the rung's".to_owned(), Vec::new()),
+    };
+    let limits: Vec<String> =
+        req.limits.0.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{}={v}", p(k))).collect();
+    let limits = if limits.is_empty() {
+        "the rung's default limits".to_owned()
+    } else {
+        format!("limits {} (the rest the rung's defaults)", limits.join(" "))
+    };
+    let timeout = req.run_timeout.map_or_else(|| "no timeout".to_owned(), |t| format!("timeout {} ms", t.as_millis()));
+    let inputs = req
+        .input_dir
+        .as_ref()
+        .map_or_else(|| "no inputs".to_owned(), |d| format!("inputs {}", p(&d.display().to_string())));
     format!(
-        "{task}, {image}, network {}, user {}{}",
-        p(&action.network),
-        p(&action.user),
+        "{task}, {image}, network {network}, user {user}{}, {limits}, {timeout}, {inputs}",
         if caches.is_empty() { String::new() } else { format!(", caches {}", caches.join(" ")) }
     )
+}
+
+/// The limits an attempt with no options gets on `rung` and the bytes of inputs it stages.
+fn rung_bounds(g: &Global, rung: &str) -> Result<(stevedore::contract::Limits, u64), String> {
+    match rung {
+        "process" => {
+            let cfg = stevedore::process::ProcessConfig::default();
+            Ok((cfg.default_limits(), cfg.max_input_bytes))
+        }
+        "kube" => crate::kube::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
+        _ => crate::common::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
+    }
 }
 
 /// One run's line and its outputs' digests.
@@ -256,10 +326,12 @@ fn say_run(i: u32, o: &Outcome, digest: &str, out: &std::path::Path) {
 }
 
 /// `run`'s options for one run: the rung, the output dir, and the rung's part of the action
-/// (the container rung's network, user and caches; its image by id, never pulled).
+/// (the container rung's network, user and caches; its image by id, never pulled) when the
+/// action is trusted; else the rung's own with no network.
 fn run_args(
     action: &stevedore::contract::Action,
     rung: &str,
+    trusted: bool,
     out: &std::path::Path,
     live: bool,
 ) -> Result<RunArgs, String> {
@@ -270,6 +342,10 @@ fn run_args(
     }
     if rung == "container" {
         argv.extend(["--pull".into(), "never".into()]);
+        if !trusted {
+            argv.extend(["--network".into(), "none".into()]);
+            return AsRun::try_parse_from(argv).map(|r| r.run).map_err(|e| e.to_string());
+        }
         if !action.network.is_empty() {
             argv.extend(["--network".into(), action.network.clone()]);
         }

@@ -163,8 +163,10 @@ pub struct RunArgs {
     /// Expected handler-set fingerprint
     #[arg(long, value_name = "FP", help_heading = "Handler")]
     fingerprint: Option<String>,
-    /// The key environment values enter the action digest under, HMACed (a file only you can
-    /// read; default: $STEVEDORE_ACTION_KEY_FILE; without one the values are left out)
+    /// The key environment values enter the action digest under, HMACed, and the action is
+    /// sealed with (its MAC: `replay` with this key trusts it). A private regular file of
+    /// yours, 16 bytes at least (default: $STEVEDORE_ACTION_KEY_FILE; without one the values
+    /// are left out and nothing is sealed)
     #[arg(long, value_name = "FILE", help_heading = "Output")]
     action_key_file: Option<PathBuf>,
     /// Accepted as docker's: every attempt's container is removed anyway

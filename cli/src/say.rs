@@ -21,6 +21,11 @@ mod tests {
         assert_eq!(printable("\x1b[2J\x1b[H"), "\\u{1b}[2J\\u{1b}[H");
         assert_eq!(printable("\u{9b}31m"), "\\u{9b}31m", "C1 controls too");
         assert_eq!(printable("ok\u{202e}deliaf"), "ok\\u{202e}deliaf");
+        // Issue 41, 4: separators and invisible format characters, whose line breaks or
+        // hidden text a terminal or a page would obey.
+        assert_eq!(printable("a\u{2028}b\u{2029}c"), "a\\u{2028}b\\u{2029}c");
+        assert_eq!(printable("x\u{200b}y\u{feff}z\u{2060}\u{e0001}"), "x\\u{200b}y\\u{feff}z\\u{2060}\\u{e0001}");
+        assert_eq!(printable("\u{00ad}\u{061c}\u{2066}"), "\\u{ad}\\u{61c}\\u{2066}", "every Cf, from the tables");
         assert!(printable("\r\t\0").chars().all(|c| !c.is_control()));
     }
 }

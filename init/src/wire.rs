@@ -1207,10 +1207,12 @@ pub fn cap_text(s: &str, max: usize) -> String {
 }
 
 /// `text` as one line a terminal shows as it is: every control character (newlines and tabs
-/// included) and every bidirectional formatting character escaped (`\n`, `\r`, `\t`, else
-/// `\u{..}`). Text from a sandbox (an image's names, a handler's error) goes through it
-/// before stevedore prints it as a line of its own, so it can neither move the cursor, retitle
-/// a window, nor begin a line that looks like stevedore's.
+/// included), every format character (Unicode's `Cf`: the bidirectional controls, zero-width
+/// spaces and joiners, U+FEFF) and every line or paragraph separator (U+2028, U+2029) escaped
+/// (`\n`, `\r`, `\t`, else `\u{..}`). Text from a sandbox (an image's names, a handler's error,
+/// an output's name) goes through it before stevedore prints it as a line of its own, so it
+/// can neither move the cursor, retitle a window, reorder or hide what is shown, nor begin a
+/// line that looks like stevedore's.
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -1218,16 +1220,21 @@ pub fn printable(text: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if c.is_control() || is_bidi(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() || unseen(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
     out
 }
 
-/// The characters that reorder what a terminal shows.
-fn is_bidi(c: char) -> bool {
-    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{061c}')
+/// A character that is not shown as itself: a format character, or a line or paragraph
+/// separator (by the Unicode tables, so that none is missed).
+fn unseen(c: char) -> bool {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+    matches!(
+        c.general_category(),
+        GeneralCategory::Format | GeneralCategory::LineSeparator | GeneralCategory::ParagraphSeparator
+    )
 }
 
 /// A path relative to the output dir as text: UTF-8 as is, other bytes as `\xNN`.

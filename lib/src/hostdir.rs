@@ -6,6 +6,13 @@
 //! the current user with no group or other access (0700); every file is created with
 //! `O_EXCL | O_NOFOLLOW`, mode 0600. A directory someone else made first is refused, named,
 //! never written into or emptied.
+//!
+//! A descriptor protects what stevedore itself reads and writes, not what the engine binds by
+//! path later: whoever owns a directory above the base can rename the base away and put their
+//! own in its place between a check and the bind (root's `XDG_RUNTIME_DIR` kept by `su` or
+//! `sudo -E` is another user's). So every directory from `/` down is checked too
+//! ([`check_chain`], [`open_default_base`]): each this user's or root's, and writable by no
+//! one else unless it is root's and sticky (as /tmp is).
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
@@ -58,6 +65,90 @@ pub fn default_base() -> PathBuf {
         Some(d) => PathBuf::from(d).join("stevedore"),
         None => std::env::temp_dir().join(format!("stevedore-{}", geteuid().as_raw())),
     }
+}
+
+/// Checks every directory from `/` down to `path`, after resolving it (symlinks on the way
+/// followed once, as the engine's bind would follow them): each must belong to this user or
+/// root, and be writable by no one else unless it is root's and sticky (as /tmp is); then
+/// only this user and root can change what lies below. Returns the resolved path: what to
+/// bind, so that what is bound is what was checked. Walked by descriptor (`O_NOFOLLOW` at each
+/// step: a component swapped for a symlink after the resolving is refused). Changes nothing.
+pub fn check_chain(path: &Path) -> Result<PathBuf, HostDirError> {
+    let real = std::fs::canonicalize(path).map_err(|source| HostDirError::Io {
+        op: "resolve",
+        path: path.to_owned(),
+        source,
+    })?;
+    let me = geteuid().as_raw();
+    // `O_PATH`: search permission is enough, as it is for the engine.
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut at = PathBuf::from("/");
+    let open_err = |at: &Path, e: Errno| match e {
+        Errno::ELOOP | Errno::ENOTDIR => HostDirError::Untrusted {
+            path: at.to_owned(),
+            why: "it changed after it was resolved (now a symlink, or not a directory)".into(),
+        },
+        e => HostDirError::Io { op: "open", path: at.to_owned(), source: e.into() },
+    };
+    let mut fd = nix::fcntl::open("/", flags, Mode::empty()).map_err(|e| open_err(&at, e))?;
+    chain_link(&fd, &at, me)?;
+    for part in real.components().skip(1) {
+        at.push(part);
+        fd = openat(&fd, part.as_os_str(), flags, Mode::empty()).map_err(|e| open_err(&at, e))?;
+        chain_link(&fd, &at, me)?;
+    }
+    Ok(real)
+}
+
+/// One directory of [`check_chain`]'s.
+fn chain_link(fd: &OwnedFd, path: &Path, me: u32) -> Result<(), HostDirError> {
+    let st = fstat(fd).map_err(|e| HostDirError::Io { op: "inspect", path: path.to_owned(), source: e.into() })?;
+    let untrusted = |why: String| Err(HostDirError::Untrusted { path: path.to_owned(), why });
+    if st.st_uid != me && st.st_uid != 0 {
+        return untrusted(format!(
+            "owned by uid {}, not by this user (uid {me}) or root: that user can move what lies below it",
+            st.st_uid
+        ));
+    }
+    let sticky_roots = st.st_mode & nix::libc::S_ISVTX != 0 && st.st_uid == 0;
+    if st.st_mode & 0o022 != 0 && !sticky_roots {
+        return untrusted(format!(
+            "others can write to it (mode {:o}) and it is not root's and sticky: they can move what lies below it",
+            st.st_mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// The default base ([`default_base`]), opened (made when missing) once every directory above
+/// it passed [`check_chain`]: a base under another user's directory is refused, naming that
+/// directory and its owner, never used.
+pub fn open_default_base() -> Result<PrivateDir, HostDirError> {
+    let base = default_base();
+    if let Some(parent) = base.parent() {
+        check_chain(parent)?;
+    }
+    PrivateDir::open(&base)
+}
+
+/// A new private directory (0700, a fresh name) in the first of `$TMPDIR` and `/tmp` whose
+/// chain is trusted ([`check_chain`]): where the captures go when the default base is not.
+fn fresh_private_dir() -> Result<PrivateDir, HostDirError> {
+    let mut last = None;
+    for tmp in [std::env::temp_dir(), PathBuf::from("/tmp")] {
+        match check_chain(&tmp) {
+            Ok(real) => {
+                let made = nix::unistd::mkdtemp(&real.join("stevedore-logs-XXXXXX")).map_err(|e| HostDirError::Io {
+                    op: "create a private dir in",
+                    path: real.clone(),
+                    source: e.into(),
+                })?;
+                return PrivateDir::open(&made);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("two places were tried"))
 }
 
 /// Checks that `path`, the parent of a private directory, cannot be used by another user to
@@ -355,16 +446,24 @@ impl PrivateDir {
 }
 
 /// The base of the captures (`<base>/logs`, or the configured dir), opened on first use and
-/// kept open: each worker's captures are in a private subdir of it.
+/// kept open: each worker's captures are in a private subdir of it. Under a default base
+/// another user could move ([`open_default_base`]), a fresh private dir instead, and a note
+/// for the Outcome saying why ([`Captures::note`]).
 #[derive(Debug)]
 pub(crate) struct Captures {
     configured: Option<PathBuf>,
     opened: std::sync::Mutex<Option<std::sync::Arc<PrivateDir>>>,
+    note: std::sync::Mutex<Option<String>>,
 }
 
 impl Captures {
     pub fn new(configured: Option<PathBuf>) -> Self {
-        Self { configured, opened: std::sync::Mutex::new(None) }
+        Self { configured, opened: std::sync::Mutex::new(None), note: std::sync::Mutex::new(None) }
+    }
+
+    /// Why the captures are not where they would be, once [`Captures::base`] chose elsewhere.
+    pub fn note(&self) -> Option<String> {
+        self.note.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The base, opened (made when missing) on first use.
@@ -375,7 +474,21 @@ impl Captures {
         }
         let dir = match &self.configured {
             Some(d) => PrivateDir::open(d)?,
-            None => PrivateDir::open(&default_base())?.subdir("logs")?,
+            None => match open_default_base() {
+                Ok(base) => base.subdir("logs")?,
+                Err(HostDirError::Untrusted { path, why }) => {
+                    let fresh = fresh_private_dir()?;
+                    let note = format!(
+                        "the captures are in {}, a new private dir: {} cannot be trusted ({why})",
+                        fresh.path().display(),
+                        path.display()
+                    );
+                    tracing::warn!("{note}");
+                    *self.note.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(note);
+                    fresh
+                }
+                Err(e) => return Err(e),
+            },
         };
         let dir = std::sync::Arc::new(dir);
         *slot = Some(dir.clone());
@@ -517,6 +630,33 @@ mod tests {
         symlink(&shared, t.path().join("link")).unwrap();
         assert!(matches!(check_parent(&t.path().join("link")), Err(HostDirError::Untrusted { .. })));
         check_parent(t.path()).unwrap();
+    }
+
+    /// Issue 41, 2: a directory above the bound path that another user owns (root's
+    /// `XDG_RUNTIME_DIR` kept by `su`) or can write lets them swap what the engine binds; it
+    /// is refused, named with its owner, and so is one that changes hands after a first check.
+    #[test]
+    fn a_chain_another_user_could_move_is_refused_by_name() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("run/stevedore/tools");
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = check_chain(&dir).unwrap();
+        assert_eq!(real, std::fs::canonicalize(&dir).unwrap(), "the resolved path is what is bound");
+        let open = t.path().join("run");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_chain(&dir).unwrap_err();
+        assert!(matches!(&err, HostDirError::Untrusted { path, .. } if path.ends_with("run")), "{err}");
+        assert!(err.to_string().contains("others can write"), "{err}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if geteuid().is_root() {
+            // The runtime dir changes hands after the first check: the next check refuses it.
+            nix::unistd::chown(&open, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let err = check_chain(&dir).unwrap_err();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+            assert!(err.to_string().contains(&*open.display().to_string()), "{err}");
+        }
+        // /tmp itself (root's, sticky) stays usable.
+        check_chain(Path::new("/tmp")).unwrap();
     }
 
     #[test]

@@ -88,8 +88,18 @@ impl InputDir {
     /// The apparent size and count of its regular files (symlinks not followed).
     pub fn measure(&self) -> Result<(u64, u64), StageError> {
         let mut totals = (0u64, 0u64);
-        walk_sizes(&self.root, Path::new(""), 0, &mut totals)?;
+        walk_sizes(&self.root, Path::new(""), 0, (u64::MAX, u64::MAX), &mut totals)?;
         Ok(totals)
+    }
+
+    /// As [`Self::measure`], from the entries' sizes alone (nothing read), stopping as soon as
+    /// the bytes pass `max_bytes` or the files `max_files`: `None` then. What `replay` does
+    /// before it hashes a dir an Outcome named (a terabyte there, or `/etc`, is refused from
+    /// its first entries over the attempt's own size).
+    pub fn measure_within(&self, max_bytes: u64, max_files: u64) -> Result<Option<(u64, u64)>, StageError> {
+        let mut totals = (0u64, 0u64);
+        walk_sizes(&self.root, Path::new(""), 0, (max_bytes, max_files), &mut totals)?;
+        Ok((totals.0 <= max_bytes && totals.1 <= max_files).then_some(totals))
     }
 
     /// Writes the dir as a tar whose entries belong to whom `owners` says, symlinks kept as
@@ -167,8 +177,18 @@ fn rel_of(rel: &Path, name: &[u8]) -> PathBuf {
     rel.join(std::ffi::OsStr::from_bytes(name))
 }
 
-fn walk_sizes(dir: &OwnedFd, rel: &Path, depth: usize, totals: &mut (u64, u64)) -> Result<(), StageError> {
+/// Adds up `dir`'s regular files into `totals` (bytes, files); stops once either passes `cap`.
+fn walk_sizes(
+    dir: &OwnedFd,
+    rel: &Path,
+    depth: usize,
+    cap: (u64, u64),
+    totals: &mut (u64, u64),
+) -> Result<(), StageError> {
     for child in entries(dir, rel)? {
+        if totals.0 > cap.0 || totals.1 > cap.1 {
+            return Ok(());
+        }
         let path = rel_of(rel, &child.name);
         match (child.kind, child.stat) {
             (Kind::File, Some(st)) => {
@@ -176,7 +196,7 @@ fn walk_sizes(dir: &OwnedFd, rel: &Path, depth: usize, totals: &mut (u64, u64)) 
                 totals.1 += 1;
             }
             (Kind::Dir, _) if depth < MAX_DEPTH => match tree::open_dir(dir, &child.name) {
-                Ok(sub) => walk_sizes(&sub, &path, depth + 1, totals)?,
+                Ok(sub) => walk_sizes(&sub, &path, depth + 1, cap, totals)?,
                 // Swapped meanwhile: the staging pass names it.
                 Err(Refusal::Symlink | Refusal::Not(_)) => {}
                 Err(Refusal::Io(e)) => return Err(StageError::Io { path, source: e.into() }),

@@ -24,6 +24,14 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     })
 }
 
+/// The bytes of lowercase or uppercase `hex`; `None` for an odd length or another character.
+pub(crate) fn unhex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
+        return None;
+    }
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
+}
+
 /// The error's text followed by its sources' (those its text does not already end with),
 /// on one line: for places that keep or print only text.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -700,3 +700,450 @@ async fn a_sparse_input_is_named_with_what_it_costs_the_engine() {
     assert!(staged.sparse[0].allocated_bytes < 1 << 20);
     assert_eq!(support::labelled(&docker, &w).await, NOTHING);
 }
+
+// ---------------------------------------------------------------------------------------
+// Third round (issue 41): a forged Outcome replayed, another user's runtime dir, the key
+// file, the page's bounds, separators in names, a VOLUME inside stevedore's mounts.
+// ---------------------------------------------------------------------------------------
+
+/// `cmd` as another local user (`nobody`), through `setpriv`.
+fn as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .args(args)
+        .output()
+        .expect("setpriv")
+}
+
+/// A directory of `nobody`'s own (0755) in `parent`: where another local user puts things.
+fn nobodys_dir(parent: &Path, name: &str) -> std::path::PathBuf {
+    let d = parent.join(name);
+    std::fs::create_dir(&d).unwrap();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    nix::unistd::chown(&d, Some(nix::unistd::Uid::from_raw(65534)), Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+    d
+}
+
+/// `stevedore run` of `script` in busybox with `input` (and `extra` options), its Outcome
+/// JSON; the run must succeed.
+fn run_with_outcome(t: &Path, w: &str, input: &Path, extra: &[&str], script: &str) -> serde_json::Value {
+    let outcome = t.join(format!("outcome-{:08x}.json", rand::random::<u32>()));
+    let o = Command::new(BIN)
+        .args(["run", "-q", "--worker", w, "--image", support::BUSYBOX_IMAGE, "--outcome"])
+        .arg(&outcome)
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(t.join(format!("out-{:08x}", rand::random::<u32>())))
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&std::fs::read(&outcome).unwrap()).unwrap()
+}
+
+/// The Outcome `genuine` with its action changed by `edit` and its digest made again (the
+/// digest is unkeyed: anyone can), written to a new file.
+fn forged(t: &Path, genuine: &serde_json::Value, edit: impl Fn(&mut stevedore::contract::Action)) -> String {
+    let mut v = genuine.clone();
+    let mut action: stevedore::contract::Action = serde_json::from_value(v["evidence"]["action"].clone()).unwrap();
+    edit(&mut action);
+    action.digest = action.compute_digest();
+    v["evidence"]["action"] = serde_json::to_value(&action).unwrap();
+    let p = t.join(format!("forged-{:08x}.json", rand::random::<u32>()));
+    std::fs::write(&p, v.to_string()).unwrap();
+    p.display().to_string()
+}
+
+fn replay_of(w: &str, outcome: &str, out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(["replay", "--worker", w, "--output"]).arg(out).args(extra).arg(outcome).output().unwrap()
+}
+
+/// Every file under `dir`, read (the runs' outputs).
+fn all_bytes_under(dir: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(all_bytes_under(&p));
+            } else if let Ok(b) = std::fs::read(&p) {
+                out.extend(b);
+            }
+        }
+    }
+    out
+}
+
+/// Issue 41, 1: an Outcome whose action was edited and digested again ran what was never
+/// recorded without `--trust`: on the process rung (the host, its files and its network)
+/// while the plan said "network none"; with a network; with limits raised; and the input dir
+/// it named was read (a sparse terabyte hashed for hours, `/etc` read whole) before any check.
+/// Now it runs as a plain attempt of the container rung, the plan says so, and what asks
+/// for more, or names inputs that are not the attempt's size, is refused unread.
+#[tokio::test]
+async fn a_forged_outcome_replays_no_more_than_a_plain_attempt() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = support::worker("forged-replay");
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::write(input.join("x"), b"hello\n").unwrap();
+    let genuine = run_with_outcome(t.path(), &w, &input, &[], "cat /in/x > /out/y");
+    // A file of the host's, readable by any uid (as the process rung's would be), and a
+    // listener on the host's loopback.
+    let host = t.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = format!("host-secret-{:016x}", rand::random::<u64>());
+    std::fs::write(host.join("secret"), &secret).unwrap();
+    std::fs::set_permissions(host.join("secret"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The listener closes whatever reaches it (so a command on the host never waits on it),
+    // and says so; the test's own last connection ends it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listening = {
+        let (done, reached) = (done.clone(), reached.clone());
+        std::thread::spawn(move || {
+            for _ in listener.incoming() {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                reached.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+    };
+    let script = format!(
+        "cat {s} > /out/y; busybox nc 127.0.0.1 {port} < {s}; echo ran > /out/ran",
+        s = host.join("secret").display()
+    );
+
+    // (a) The rung set to process, a new argv.
+    let file = forged(t.path(), &genuine, |a| {
+        a.rung = "process".into();
+        a.network = "host".into();
+        a.task = stevedore::contract::ActionTask::Command(vec!["sh".into(), "-c".into(), script.clone()]);
+    });
+    let out_a = t.path().join("ra");
+    let o = replay_of(&w, &file, &out_a, &[]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("rung container"), "the rung asked for here, not the file's: {stdout}{stderr}");
+    assert!(stdout.contains("not trusted") && stdout.contains("network none"), "{stdout}");
+    assert!(std::fs::read(out_a.join("run-1/ran")).is_ok(), "it ran, in the container: {stdout}{stderr}");
+    assert!(
+        !String::from_utf8_lossy(&all_bytes_under(&out_a)).contains(&secret),
+        "the host's file reached the outputs: {stdout}"
+    );
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+    listening.join().unwrap();
+    assert!(!reached.load(std::sync::atomic::Ordering::SeqCst), "the command reached the host's loopback");
+
+    // (b) A network, and inputs from another dir: refused; nothing is read or run.
+    let refused = |file: &str, says: &[&str]| {
+        let out = t.path().join(format!("r{:08x}", rand::random::<u32>()));
+        let o = replay_of(&w, file, &out, &[]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{stderr}{}", String::from_utf8_lossy(&o.stdout));
+        for word in says {
+            assert!(stderr.contains(word), "{word:?} not in {stderr}");
+        }
+        assert!(!out.join("run-1").exists(), "nothing ran");
+    };
+    refused(&forged(t.path(), &genuine, |a| a.network = "bridge".into()), &["network bridge", "--trust"]);
+    refused(&forged(t.path(), &genuine, |a| a.input_dir = Some(host.display().to_string())), &["not the attempt's"]);
+    // (c) Limits raised, no deadline.
+    refused(
+        &forged(t.path(), &genuine, |a| {
+            a.limits.insert("memory".into(), 16 << 30);
+            a.limits.insert("pids".into(), 1_000_000);
+            a.timeout_ms = None;
+        }),
+        &["memory 17179869184", "pids 1000000", "--trust"],
+    );
+    // A sparse terabyte where the one file was: refused from its size, never hashed (a read
+    // of it would hold this test until its time limit).
+    let huge = t.path().join("huge");
+    std::fs::create_dir(&huge).unwrap();
+    std::fs::File::create(huge.join("x")).unwrap().set_len(1 << 40).unwrap();
+    refused(&forged(t.path(), &genuine, |a| a.input_dir = Some(huge.display().to_string())), &["not read"]);
+    // `/etc`, as root: refused at the second file.
+    refused(&forged(t.path(), &genuine, |a| a.input_dir = Some("/etc".into())), &["not the attempt's"]);
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// Issue 41, 1: an Outcome sealed by the user's action key (its MAC) is trusted as whoever
+/// holds the key: it replays with what it asks (a network) without `--trust`; the same file
+/// edited and digested again is not, and gets no more than a plain attempt.
+#[tokio::test]
+async fn an_outcome_the_users_key_sealed_is_trusted_and_an_edited_one_is_not() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = support::worker("sealed-replay");
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    std::fs::write(input.join("x"), b"hello\n").unwrap();
+    let key = t.path().join("key");
+    std::fs::write(&key, format!("{:032x}\n", rand::random::<u128>())).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let k = key.display().to_string();
+    let genuine =
+        run_with_outcome(t.path(), &w, &input, &["--action-key-file", &k, "--network", "bridge"], "cat /in/x > /out/y");
+    assert!(genuine["evidence"]["action"]["mac"].as_str().unwrap().starts_with("hmac-sha256:"), "{genuine}");
+    let sealed = t.path().join("sealed.json");
+    std::fs::write(&sealed, genuine.to_string()).unwrap();
+    let o = replay_of(&w, &sealed.display().to_string(), &t.path().join("r1"), &["--action-key-file", &k]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("trusted: sealed by action key") && stdout.contains("network bridge"), "{stdout}");
+    assert!(stdout.contains("the same action"), "{stdout}");
+    // Edited after the seal: the MAC no longer holds, and a network is more than a plain attempt.
+    let edited = forged(t.path(), &genuine, |a| {
+        a.task =
+            stevedore::contract::ActionTask::Command(vec!["sh".into(), "-c".into(), "echo edited > /out/y".into()]);
+    });
+    let o = replay_of(&w, &edited, &t.path().join("r2"), &["--action-key-file", &k]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("network bridge") && stderr.contains("--trust"), "{stderr}");
+    assert!(!t.path().join("r2/run-1").exists());
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// Issue 41, 3: another local user planted, at a key path in a dir of theirs, a symlink to a
+/// root-owned 0400 pseudo-file whose content everyone knows (`/proc/self/personality`): it was
+/// taken for root's key. A FIFO there hung the command before any check. Now each is refused
+/// at once, by name, and so is root's own key in a directory that user can write.
+#[test]
+fn a_key_file_another_user_placed_is_never_the_key() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    support::time_limit();
+    let t = tempfile::tempdir().unwrap();
+    let theirs = nobodys_dir(t.path(), "theirs");
+    let run_with_key = |key: &Path| {
+        Command::new(BIN)
+            .args(["run", "--image", support::BUSYBOX_IMAGE, "--output"])
+            .arg(t.path().join(format!("o{:08x}", rand::random::<u32>())))
+            .arg("--action-key-file")
+            .arg(key)
+            .args(["--", "true"])
+            .output()
+            .unwrap()
+    };
+    let refused = |key: &Path, says: &str| {
+        let o = run_with_key(key);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(125), "{stderr}");
+        assert!(stderr.contains(says), "{says:?} not in {stderr}");
+    };
+    let link = theirs.join("key");
+    assert!(as_nobody(&["ln", "-s", "/proc/self/personality", &link.display().to_string()]).status.success());
+    refused(&link, "symlink");
+    let fifo = theirs.join("fifo");
+    assert!(as_nobody(&["mkfifo", "-m", "600", &fifo.display().to_string()]).status.success());
+    refused(&fifo, "not a regular file");
+    let planted = theirs.join("planted");
+    let o = as_nobody(&["sh", "-c", &format!("umask 077; echo 0123456789abcdef0123 > {}", planted.display())]);
+    assert!(o.status.success(), "{o:?}");
+    refused(&planted, "belongs to uid 65534");
+    // Root's own key, in their directory: they could have put it there.
+    let mine = theirs.join("mine");
+    std::fs::write(&mine, "0123456789abcdef0123").unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o600)).unwrap();
+    refused(&mine, "can be written by others");
+    refused(Path::new("/proc/self/personality"), "proc");
+}
+
+/// Issue 41, 2: root's `XDG_RUNTIME_DIR` kept by `su` is another user's, who could swap the
+/// init's host copy between the check and the engine's bind and have their binary run as PID
+/// 1 of root's attempt (with its key). Under that chain the init comes from a tools volume,
+/// the captures from a new private dir, each named in the Outcome; the state dir `reclaim`
+/// needs is an error naming the directory and its owner.
+#[tokio::test]
+async fn another_users_runtime_dir_is_never_bound_or_written() {
+    let Some((docker, busybox)) = setup().await else { return };
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let xdg = nobodys_dir(t.path(), "run-user-65534");
+    std::fs::set_permissions(&xdg, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let w = support::worker("xdg-theirs");
+    let outcome = t.path().join("o.json");
+    let o = Command::new(BIN)
+        .args(["run", "-q", "--worker", &w, "--image", &busybox, "--outcome"])
+        .arg(&outcome)
+        .arg("--output")
+        .arg(t.path().join("out"))
+        .args(["--", "sh", "-c", "echo hi"])
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&outcome).unwrap()).unwrap();
+    let init = v["evidence"]["init"].as_str().unwrap();
+    assert!(init.starts_with("volume "), "the init was bound from their dir: {init}");
+    assert!(init.contains(&*xdg.display().to_string()) && init.contains("owned by uid 65534"), "{init}");
+    let notes = v["evidence"]["notes"].to_string();
+    assert!(notes.contains("the captures are in") && notes.contains("owned by uid 65534"), "{notes}");
+    assert!(std::fs::read_dir(&xdg).unwrap().next().is_none(), "nothing made in their dir");
+    // Where the captures went instead: private, and this test's to remove.
+    let fresh = notes.split("the captures are in ").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    assert_eq!(std::fs::metadata(&fresh).unwrap().mode() & 0o7777, 0o700, "{fresh}");
+    let _ = std::fs::remove_dir_all(&fresh);
+    let o = Command::new(BIN).args(["reclaim", "--worker", &w]).env("XDG_RUNTIME_DIR", &xdg).output().unwrap();
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains(&*xdg.display().to_string()) && said.contains("owned by uid 65534"), "{said}");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// Issue 41, 4: an image declaring `VOLUME /.stevedore/tools/sub` ended in a raw engine 500,
+/// no Outcome, and a launch error a job engine requeues forever. It is refused by name,
+/// permanent, before anything is made.
+#[tokio::test]
+async fn a_volume_inside_stevedores_mounts_is_refused_by_name_before_anything_is_made() {
+    let Some((docker, busybox)) = setup().await else { return };
+    let dockerfile = format!("FROM {busybox}\nVOLUME /.stevedore/tools/sub\nLABEL {}=true\n", support::TEST_LABEL);
+    let tag = format!("stevedore-test/nested-volume:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(
+        support::seam().await,
+        &tag,
+        support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]),
+    )
+    .await
+    .unwrap();
+    let w = support::worker("nested-volume");
+    let t = tempfile::tempdir().unwrap();
+    let rung = support::rung().await;
+    let err = rung.run(&cmd(&tag, &w, &t.path().join("o"), "true"), CancellationToken::new()).await.unwrap_err();
+    rung.close().await;
+    assert!(matches!(&err, LaunchError::ImageVolume { volume, .. } if volume == "/.stevedore/tools/sub"), "{err:?}");
+    assert!(err.is_permanent(), "no retry changes the image");
+    let o = Command::new(BIN)
+        .args(["run", "--worker", &w, "--image", &tag, "--output"])
+        .arg(t.path().join("p"))
+        .arg("true")
+        .output()
+        .unwrap();
+    support::remove_image(&docker, &tag).await;
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("VOLUME /.stevedore/tools/sub"), "{stderr}");
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING, "nothing was made");
+}
+
+/// Issue 41, 4: U+2028, U+2029, U+200B and U+FEFF in a real output's name reached the page
+/// raw (and the command's lines). They are shown escaped in both.
+#[tokio::test]
+async fn separators_and_invisible_characters_in_a_name_are_shown_escaped() {
+    let Some((docker, _)) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = support::worker("separators");
+    let input = t.path().join("in");
+    std::fs::create_dir(&input).unwrap();
+    let name = r"a$(printf '\342\200\250')b$(printf '\342\200\251')c$(printf '\342\200\213')d$(printf '\357\273\277')";
+    let v = run_with_outcome(t.path(), &w, &input, &[], &format!("echo x > \"/out/{name}\""));
+    let outcome = t.path().join("o.json");
+    std::fs::write(&outcome, v.to_string()).unwrap();
+    assert!(v.to_string().contains('\u{2028}'), "the name as written: {v}");
+    let page = t.path().join("p.html");
+    let o = Command::new(BIN).arg("report").arg(&outcome).arg("--html").arg(&page).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let html = std::fs::read_to_string(&page).unwrap();
+    for raw in ['\u{2028}', '\u{2029}', '\u{200b}', '\u{feff}'] {
+        assert!(!html.contains(raw), "{raw:?} raw in the page");
+    }
+    assert!(html.contains("a\\u{2028}b\\u{2029}c\\u{200b}d\\u{feff}"), "shown escaped");
+    // The command's own lines: replay prints each output's name.
+    let o = replay_of(&w, &outcome.display().to_string(), &t.path().join("r"), &[]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("a\\u{2028}b\\u{2029}c\\u{200b}d\\u{feff}"), "{stdout}");
+    for raw in ['\u{2028}', '\u{2029}', '\u{200b}', '\u{feff}'] {
+        assert!(!stdout.contains(raw) && !String::from_utf8_lossy(&o.stderr).contains(raw), "{raw:?} raw");
+    }
+    assert_eq!(support::labelled(&docker, &w).await, NOTHING);
+}
+
+/// Issue 41, 4: the page of a crafted 65 MB Outcome was 320 MB, took 1.87 GiB and 20 s.
+/// Every list is cut with "… N more", the timeline thinned to the charts' width, and the
+/// command's peak memory stays within 4 × the file (measured by `/usr/bin/time`).
+#[test]
+fn a_crafted_65_mb_outcome_makes_a_small_page_in_little_memory() {
+    support::time_limit();
+    if !Path::new("/usr/bin/time").exists() {
+        assert!(!support::in_ci(), "/usr/bin/time is missing (.ci/run installs `time`)");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    // The timeline: six columns of a million samples; a hundred thousand outputs and refused
+    // entries; fifty thousand notes; an unknown field of nested lists. Written into a real
+    // Outcome's JSON in place of placeholders (a `Value` of it would take gigabytes here).
+    let mut o = stevedore::Outcome::new(Status::Ok);
+    o.usage.timeline = Some(stevedore::contract::Timeline::default());
+    let mut v = serde_json::to_value(&o).unwrap();
+    const COLUMNS: [&str; 6] = ["t_ms", "memory_bytes", "cpu_ms", "pids", "out_bytes", "tmp_bytes"];
+    for col in COLUMNS {
+        v["usage"]["timeline"][col] = format!("@{col}@").into();
+    }
+    v["outputs"] = "@outputs@".into();
+    v["evidence"]["refused_outputs"] = "@refused@".into();
+    v["evidence"]["notes"] = "@notes@".into();
+    v["crafted"] = "@crafted@".into();
+    let list = |n: u64, item: &dyn Fn(u64) -> String| {
+        let mut s = String::from("[");
+        for i in 0..n {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&item(i));
+        }
+        s.push(']');
+        s
+    };
+    let mut j = v.to_string();
+    for col in COLUMNS {
+        j = j.replace(&format!("\"@{col}@\""), &list(1_000_000, &|n| (n * 7).to_string()));
+    }
+    let outputs = list(100_000, &|n| format!(r#"{{"name":"f{n}","size":1,"hash":"sha256:00","content_type":"x"}}"#));
+    j = j.replace("\"@outputs@\"", &outputs);
+    j = j.replace("\"@refused@\"", &list(100_000, &|n| format!(r#"{{"name":"r{n}","why":"over_cap"}}"#)));
+    j = j.replace("\"@notes@\"", &list(50_000, &|n| format!("\"note {n}\"")));
+    let mut crafted = String::from("[");
+    while j.len() + crafted.len() < 65_000_000 {
+        crafted.push_str("[[0,0,0,0,0,0,0,0],[0,0,0,0,0,0,0,0]],");
+    }
+    crafted.push_str("[]]");
+    j = j.replace("\"@crafted@\"", &crafted);
+    drop(crafted);
+    let file = t.path().join("crafted.json");
+    std::fs::write(&file, &j).unwrap();
+    let size = j.len() as u64;
+    drop(j);
+    let page = t.path().join("p.html");
+    let o = Command::new("/usr/bin/time")
+        .args(["-f", "maxrss_kib=%M"])
+        .arg(BIN)
+        .arg("report")
+        .arg(&file)
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let kib: u64 = stderr.split("maxrss_kib=").nth(1).unwrap().trim().parse().unwrap();
+    let html = std::fs::read_to_string(&page).unwrap();
+    println!("a {size}-byte Outcome: a {}-byte page, peak RSS {} MiB", html.len(), kib >> 10);
+    assert!(kib * 1024 <= 4 * size, "peak RSS {kib} KiB for a {size}-byte file");
+    assert!(html.len() < 8 << 20, "a {}-byte page", html.len());
+    assert!(html.contains("100000 files") && html.contains(&format!("… {} more", 100_000 - 200)), "outputs cut");
+    assert!(html.contains("1000000 samples, 856 of them drawn"), "the timeline thinned");
+    assert!(html.contains(&format!("… {} more", 50_000 - 200)), "notes cut");
+}

@@ -627,3 +627,30 @@ async fn one_fixed_uid_takes_turns_unless_sharing_is_allowed() {
     );
     nothing_left(&shared, &w);
 }
+
+/// Issue 41, 4: the process rung's `reclaim` matched attempts by the worker id cut to 40
+/// characters, while ids may be 128: a worker sharing the first 40 characters of another's id
+/// reclaimed that worker's live attempt (its init killed, its dir removed). Each attempt's
+/// name now carries a hash of the whole id.
+#[tokio::test]
+async fn workers_sharing_their_first_40_characters_never_reclaim_each_others_attempts() {
+    if !root() {
+        return;
+    }
+    let stem = format!("{}{}", worker("same40"), "x".repeat(40))[..40].to_owned();
+    let (a, b) = (format!("{stem}-a"), format!("{stem}-b"));
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    // A's attempt, left running within its host-loss grace by a worker that died.
+    let script = r#"echo "ready $TMPDIR" >&2; sleep 300"#;
+    let (worker_process, scratch) = crate::recover::start_process_worker(&a, &out, &cp, script);
+    support::kill9(worker_process);
+    let r = rung(Delegation::Auto);
+    let report = r.reclaim(&b).await.unwrap();
+    assert!(report.paths_removed.is_empty(), "b took a's attempt: {report:?}");
+    assert!(scratch.exists(), "a's attempt is still there");
+    let report = r.reclaim(&a).await.unwrap();
+    assert_eq!(report.paths_removed.len(), 1, "{report:?}");
+    assert!(!scratch.exists());
+    nothing_left(&r, &a);
+}

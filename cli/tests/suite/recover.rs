@@ -164,7 +164,7 @@ async fn what_cannot_be_recovered_is_removed() {
 /// `stevedore run --rung process` of `script` with a checkpoint and a host-loss grace,
 /// returned once the command said `ready <its TMPDIR>` on stderr: the attempt's own scratch
 /// dir, which the command's uid (`nobody`) can use and this test (root) can reach.
-fn start_process_worker(w: &str, out: &Path, cp: &Path, script: &str) -> (Child, std::path::PathBuf) {
+pub(crate) fn start_process_worker(w: &str, out: &Path, cp: &Path, script: &str) -> (Child, std::path::PathBuf) {
     let mut child = Command::new(BIN)
         .args(["run", "--rung", "process", "--worker", w, "--host-loss-grace", "120s", "--checkpoint"])
         .arg(cp)

@@ -101,15 +101,18 @@ async fn a_tampered_outcome_changed_inputs_and_missing_secrets_are_refused() {
     refused(&edit("cat /in/x > /out/y", "cat /in/x > /out/z"), &["-e", "TOKEN=s3cret"], "the file was changed");
     refused(&edit("{", "["), &[], "not an outcome's JSON");
     refused(&edit("stevedore-action/1", "stevedore-action/9"), &[], "stevedore-action/9");
-    // Inputs that changed are refused; --inputs runs on a new set and says so.
+    // Inputs that changed are refused: of another size, unread; of the same size, by their
+    // tree digest. --inputs runs on a new set and says so.
     std::fs::write(input.join("x"), b"changed\n").unwrap();
+    refused(&outcome, &["-e", "TOKEN=s3cret"], "is not the attempt's (1 files, 6 bytes; it holds more)");
+    std::fs::write(input.join("x"), b"HELLO\n").unwrap();
     refused(&outcome, &["-e", "TOKEN=s3cret"], "changed: their tree digest is");
     let o =
         replay(&w, &outcome, &t.path().join("new"), &["-e", "TOKEN=s3cret", "--inputs", &input.display().to_string()]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
     assert!(out.contains("inputs replaced: digest sha256:"), "{out}");
-    assert_eq!(std::fs::read(t.path().join("new/run-1/y")).unwrap(), b"changed\n");
+    assert_eq!(std::fs::read(t.path().join("new/run-1/y")).unwrap(), b"HELLO\n");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
 }
 
@@ -121,7 +124,7 @@ async fn with_an_action_key_the_values_are_checked() {
     let t = tempfile::tempdir().unwrap();
     let w = worker("replay-key");
     let key = t.path().join("key");
-    std::fs::write(&key, "a key of mine\n").unwrap();
+    std::fs::write(&key, "a key of mine, 16+ bytes\n").unwrap();
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let input = inputs(t.path());
     let outcome = t.path().join("outcome.json").display().to_string();

@@ -4,7 +4,7 @@
 //! (the kube rung learns the image's id only from the Pod's status).
 
 use super::site::Site;
-use crate::contract::{Action, Evidence, InputsStaged, Request};
+use crate::contract::{Action, ActionKey, Evidence, InputsStaged, Request};
 
 /// The attempt's action, unsealed.
 pub(crate) fn of<S: Site>(site: &S, req: &Request, own: &S::Own, inputs: Option<&InputsStaged>) -> Action {
@@ -19,8 +19,8 @@ pub(crate) fn of<S: Site>(site: &S, req: &Request, own: &S::Own, inputs: Option<
 }
 
 /// The action sealed: the image id the evidence names when the rung had none before, then
-/// the digests.
-pub(crate) fn sealed(action: Option<Action>, ev: &Evidence) -> Option<Action> {
+/// the digests, and the MAC under `key`.
+pub(crate) fn sealed(action: Option<Action>, ev: &Evidence, key: Option<&ActionKey>) -> Option<Action> {
     let mut action = action?;
     if action.image_id.is_none() {
         action.image_id.clone_from(&ev.image_id);
@@ -28,6 +28,6 @@ pub(crate) fn sealed(action: Option<Action>, ev: &Evidence) -> Option<Action> {
     if action.image.is_none() {
         action.image.clone_from(&ev.image);
     }
-    action.seal(&ev.enforcement, &ev.skipped);
+    action.seal(&ev.enforcement, &ev.skipped, key);
     Some(action)
 }

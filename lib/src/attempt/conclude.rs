@@ -88,7 +88,7 @@ pub(crate) async fn conclude<S: Site>(
     let (mut j, silent) = judgement::judgement(&ended, &account, witness, delivered, ev);
     // Sealed once the init's claims are in the evidence too (the record adds `oom_guard` to
     // the enforcement): the applied limits' digest is of the evidence the Outcome carries.
-    j.evidence.action = super::action::sealed(ledger.action.clone(), &j.evidence);
+    j.evidence.action = super::action::sealed(ledger.action.clone(), &j.evidence, req.action_key.as_ref());
     // Only an end the engine's going away explains makes the question worth a call.
     let explained = j.facts.record != Record::Present || !matches!(j.facts.exit, Exit::Code(_)) || j.facts.outputs_lost;
     if explained
@@ -145,6 +145,7 @@ fn evidence<S: Site>(site: &S, req: &Request, ledger: &Ledger<S::Own>, removed: 
         },
         ..Evidence::default()
     };
+    ev.notes.extend(rung.base.captures.note());
     ev.notes.extend(removed.errors.iter().map(|e| format!("cleanup: {e}")));
     ev
 }

@@ -115,7 +115,16 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         memory: plan.applied.memory,
         cpu_millis: plan.applied.cpu_millis,
         disk: plan.applied.disk,
-        tools_volume: tools.bind.map_or_else(|| format!("volume {}", tools.volume), |d| format!("host dir {d}")),
+        tools_volume: match tools.bind {
+            Some(d) => format!(
+                "host dir {d} bound read-only (checked before the create: every directory from / this user's or \
+                 root's, none writable by others)"
+            ),
+            None => match super::launch::host_tools_refusal(site) {
+                Some(why) => format!("volume {} (the host dir was not used: {why})", tools.volume),
+                None => format!("volume {}", tools.volume),
+            },
+        },
         tools_digest: tools.digest,
         containers: cleanup.left.containers.clone(),
         volumes: cleanup.left.volumes.clone(),

@@ -210,6 +210,12 @@ impl ContainerConfig {
         self
     }
 
+    /// The limits an attempt that asks for none gets: the configured defaults, else the
+    /// rung's fallback, under the ceilings (`replay` holds an untrusted action to them).
+    pub fn default_limits(&self) -> crate::contract::Limits {
+        super::sizes::default_limits(self)
+    }
+
     /// The isolation level this configuration provides.
     pub fn level(&self) -> crate::contract::Level {
         match self.runtime.as_deref() {

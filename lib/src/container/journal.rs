@@ -32,9 +32,11 @@ pub(crate) struct Journal {
     incarnation: String,
 }
 
-/// The state dir of all workers (made when missing).
+/// The state dir of all workers (made when missing). Under a base another user could move
+/// (`hostdir::open_default_base`) it is an error naming that directory and its owner, never a
+/// directory of another name: `reclaim` and `recover` look for it here.
 fn state_dir() -> Result<PrivateDir, hostdir::HostDirError> {
-    PrivateDir::open(&hostdir::default_base())?.subdir("state")
+    hostdir::open_default_base()?.subdir("state")
 }
 
 /// The worker's state dir (made when missing).
@@ -116,23 +118,28 @@ impl Journal {
 }
 
 /// What `worker`'s attempts recorded: (attempt id, its objects). A record that is not one
-/// of stevedore's is skipped (and left alone).
-pub(crate) fn recorded(worker: &str) -> Vec<(String, Entry)> {
-    let Ok(state) = state_dir() else { return Vec::new() };
-    let Ok(dir) = state.subdir(worker) else { return Vec::new() };
-    let Ok(files) = dir.files() else { return Vec::new() };
+/// of stevedore's is skipped (and left alone). A state dir under a directory another user
+/// owns or can write is the error (`reclaim` reports it); any other failure reads as no record.
+pub(crate) fn recorded(worker: &str) -> Result<Vec<(String, Entry)>, hostdir::HostDirError> {
+    let state = match state_dir() {
+        Ok(d) => d,
+        Err(e @ hostdir::HostDirError::Untrusted { .. }) => return Err(e),
+        Err(_) => return Ok(Vec::new()),
+    };
+    let Ok(dir) = state.subdir(worker) else { return Ok(Vec::new()) };
+    let Ok(files) = dir.files() else { return Ok(Vec::new()) };
     if files.is_empty() {
         // Looking must not leave a dir behind.
         let _ = state.remove_subdir_if_empty(worker);
     }
-    files
+    Ok(files
         .into_iter()
         .filter(|f| !f.contains(".new-"))
         .filter_map(|f| {
             let bytes = dir.read_file(&f, MAX_ENTRY).ok()?;
             Some((f, serde_json::from_slice(&bytes).ok()?))
         })
-        .collect()
+        .collect())
 }
 
 /// Forgets `attempt_id`'s record, once what it names is gone.
@@ -161,7 +168,7 @@ mod tests {
         let b = Journal::open(&worker, "b1", "inc-b").unwrap();
         a.write(&entry("ca"));
         b.write(&entry("cb"));
-        let mut got = recorded(&worker);
+        let mut got = recorded(&worker).unwrap();
         got.sort_by(|x, y| x.0.cmp(&y.0));
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(got[0].1.incarnation.as_deref(), Some("inc-a"), "the record names its process");
@@ -177,9 +184,9 @@ mod tests {
         d.write(&Entry::default());
         assert!(!worker_dir_exists(&worker));
         c.write(&entry("cc"));
-        assert_eq!(recorded(&worker).len(), 1, "c's record is written in a dir made again");
+        assert_eq!(recorded(&worker).unwrap().len(), 1, "c's record is written in a dir made again");
         forget(&worker, "c1");
-        assert!(recorded(&worker).is_empty());
+        assert!(recorded(&worker).unwrap().is_empty());
         assert!(!worker_dir_exists(&worker), "looking leaves no dir behind");
     }
 }

@@ -187,22 +187,50 @@ async fn host_tools(shared: &ContainerSite) -> Option<ToolsVolume> {
     let state = |s: &ContainerSite| match &*s.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
         HostTools::Untried => None,
         HostTools::Ready(t) => Some(Some(t.clone())),
-        HostTools::Unusable => Some(None),
+        HostTools::Unusable(_) => Some(None),
     };
     if !shared.config.init_from_host {
         return None;
     }
-    if let Some(known) = state(shared) {
-        return known;
+    match state(shared) {
+        // Checked again before every container that binds it: a directory on the way may
+        // have changed hands since (a few `openat`s and `fstat`s).
+        Some(Some(t)) => {
+            let bind = t.bind.as_deref().unwrap_or_default();
+            return match super::tools::checked_bind(std::path::Path::new(bind)) {
+                Ok(real) if real.as_os_str() == bind => Some(t),
+                checked => {
+                    let why = checked.map_or_else(
+                        |e| crate::util::error_chain(&e),
+                        |real| format!("{bind} now resolves to {}", real.display()),
+                    );
+                    tracing::warn!(error = %why, "the init's host directory changed: a tools volume instead");
+                    *shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        HostTools::Unusable(Some(why));
+                    None
+                }
+            };
+        }
+        Some(None) => return None,
+        None => {}
     }
     let engine = shared.engine.clone();
-    let found = tokio::task::spawn_blocking(move || super::tools::host_copy(&engine)).await.ok().flatten();
+    let found = tokio::task::spawn_blocking(move || super::tools::host_copy(&engine)).await.unwrap_or(Err(None));
     let mut slot = shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if matches!(*slot, HostTools::Untried) {
-        *slot = found.map_or(HostTools::Unusable, HostTools::Ready);
+        *slot = found.map_or_else(HostTools::Unusable, HostTools::Ready);
     }
     match &*slot {
         HostTools::Ready(t) => Some(t.clone()),
+        _ => None,
+    }
+}
+
+/// Why the init does not come from its host directory, when that was for want of trust in
+/// it (the evidence names it beside the volume used instead).
+pub(crate) fn host_tools_refusal(shared: &ContainerSite) -> Option<String> {
+    match &*shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        super::site::HostTools::Unusable(why) => why.clone(),
         _ => None,
     }
 }
@@ -213,7 +241,8 @@ pub(crate) fn host_tools_refused(shared: &ContainerSite, tools: &ToolsVolume, er
         return false;
     }
     tracing::info!("the engine cannot bind the init's host directory (not on this machine's filesystem): volumes");
-    *shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = super::site::HostTools::Unusable;
+    *shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+        super::site::HostTools::Unusable(None);
     true
 }
 

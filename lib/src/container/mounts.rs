@@ -188,7 +188,7 @@ fn kept_file(image_id: &str) -> Option<(crate::hostdir::PrivateDir, String)> {
     if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let dir = crate::hostdir::PrivateDir::open(&crate::hostdir::default_base()).and_then(|b| b.subdir("images"));
+    let dir = crate::hostdir::open_default_base().and_then(|b| b.subdir("images"));
     match dir {
         Ok(dir) => Some((dir, hex.to_ascii_lowercase())),
         Err(e) => {

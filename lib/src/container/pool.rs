@@ -431,6 +431,9 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
     let l = AttemptLabels { owner, attempt_id: &attempt_id, job: None, app: None, org: None, extra: &cfg.labels };
     let stage = stages_directly(shared);
     // Nothing is parked on an image that would move its mounts.
+    if let Some((volume, mount)) = spec::nested_volume(&image.volumes, &[]) {
+        return Err(LaunchError::ImageVolume { image: image_ref, volume, mount });
+    }
     let mut dests = super::mounts::destinations(true, &[], &spec::masked_volumes(&image.volumes, &[]));
     if stage {
         dests.push(STAGE_DIR.to_owned());

@@ -48,10 +48,13 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
         (_, None) => return Err(LaunchError::NotAllowed("no image given and no worker image configured".into())),
     };
     let image = resolve_image(shared, &image_ref).await?;
+    let caches: Vec<&str> = cfg.caches.iter().map(|c| c.path.as_str()).collect();
+    if let Some((volume, mount)) = super::spec::nested_volume(&image.volumes, &caches) {
+        return Err(LaunchError::ImageVolume { image: image_ref, volume, mount });
+    }
     let argv = argv(req, &image_ref, &image)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
-    let caches: Vec<&str> = cfg.caches.iter().map(|c| c.path.as_str()).collect();
     let mounts =
         super::mounts::destinations(inputs.is_some(), &caches, &super::spec::masked_volumes(&image.volumes, &caches));
     let env = layer_env(req, &image, cfg);

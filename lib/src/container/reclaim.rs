@@ -54,7 +54,18 @@ async fn recorded(
     report: &mut ReclaimReport,
 ) {
     let api = &shared.engine.api;
-    for (attempt, entry) in super::journal::recorded(worker) {
+    let records = match super::journal::recorded(worker) {
+        Ok(r) => r,
+        Err(e) => {
+            let id = match &e {
+                crate::hostdir::HostDirError::Untrusted { path, .. } => path.display().to_string(),
+                _ => "the state dir".to_owned(),
+            };
+            report.failed.push(ReclaimFailure { kind: ObjectKind::Path, id, error: crate::util::error_chain(&e) });
+            Vec::new()
+        }
+    };
+    for (attempt, entry) in records {
         if in_flight.contains(&attempt) {
             continue;
         }

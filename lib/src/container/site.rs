@@ -82,8 +82,9 @@ pub(crate) enum HostTools {
     Untried,
     /// The directory, ready.
     Ready(ToolsVolume),
-    /// The engine cannot bind it (not on this machine, SELinux, refused once): volumes.
-    Unusable,
+    /// The engine cannot bind it (not on this machine, SELinux, refused once), or it cannot be
+    /// trusted (`Some`: why, for the evidence): volumes.
+    Unusable(Option<String>),
 }
 
 /// A rung's tools volume, and the names it made.

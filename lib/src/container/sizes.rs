@@ -30,6 +30,12 @@ pub(crate) struct Sizes {
     pub narrowed: Vec<NarrowedLimit>,
 }
 
+/// The limits of a request that asks for none (`ContainerConfig::default_limits`).
+pub(crate) fn default_limits(cfg: &ContainerConfig) -> Limits {
+    let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };
+    limits::resolve(&ResourceLimits::new(), rung).limits
+}
+
 /// The request's limits on this rung.
 pub(crate) fn of(req: &ResourceLimits, cfg: &ContainerConfig) -> Sizes {
     let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };

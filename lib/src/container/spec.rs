@@ -123,6 +123,21 @@ fn covered(path: &str, ours: &[&str]) -> bool {
     ours.contains(&p)
 }
 
+/// The first of the image's declared `VOLUME`s that lies strictly inside one of stevedore's
+/// own mounts or a cache's, with that mount: the engine would make its mount point inside
+/// a read-only mount (`/.stevedore/tools/sub`: a 500 at the start), and a tmpfs there would
+/// need the same. Such an image is refused before anything is made (`LaunchError::ImageVolume`).
+pub(crate) fn nested_volume(image_volumes: &[String], cache_paths: &[&str]) -> Option<(String, String)> {
+    let ours: Vec<&str> =
+        [TOOLS_DIR, IN_DIR, OUT_DIR, TMP_DIR, "/.stevedore"].into_iter().chain(cache_paths.iter().copied()).collect();
+    image_volumes.iter().find_map(|v| {
+        let path = std::path::Path::new(v.as_str());
+        ours.iter()
+            .find(|m| path != std::path::Path::new(m) && path.starts_with(m))
+            .map(|m| (v.clone(), (*m).to_owned()))
+    })
+}
+
 /// The image's declared `VOLUME`s that a read-only tmpfs masks: those that are not one of
 /// stevedore's own mounts or a cache's.
 pub(crate) fn masked_volumes(image_volumes: &[String], cache_paths: &[&str]) -> Vec<String> {
@@ -471,6 +486,24 @@ pub fn port_taken(cfg: &ContainerConfig, err: EngineError) -> LaunchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41, 4: `VOLUME /.stevedore/tools/sub` ended in an engine 500 at the start; a volume
+    /// inside any of stevedore's mounts is found before anything is made, and only those.
+    #[test]
+    fn a_volume_inside_a_mount_of_stevedores_is_found() {
+        let v = |s: &[&str]| s.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            nested_volume(&v(&["/data", "/.stevedore/tools/sub"]), &[]),
+            Some(("/.stevedore/tools/sub".into(), TOOLS_DIR.into()))
+        );
+        for inside in ["/in/x", "/out/a/b", "/tmp/t", "/.stevedore/x"] {
+            assert!(nested_volume(&v(&[inside]), &[]).is_some(), "{inside}");
+        }
+        assert_eq!(nested_volume(&v(&["/cache/deps/x"]), &["/cache/deps"]).map(|p| p.1), Some("/cache/deps".into()));
+        for outside in ["/data", "/out", "/tmp/", "/output", "/.stevedore", "/input/x"] {
+            assert_eq!(nested_volume(&v(&[outside]), &[]), None, "{outside}");
+        }
+    }
     use crate::container::sizes;
     use crate::contract::ResourceLimits;
 

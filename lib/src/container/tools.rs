@@ -111,25 +111,28 @@ pub async fn create(engine: &Engine, image: &str, incarnation: &str) -> Result<T
 /// The init in a host directory for an engine on this machine's unix socket to bind-mount
 /// read-only (`ToolsVolume::bind`): no engine call, where a volume of the rung's own costs a
 /// helper, an upload through the engine's untar and a removal (60-70 ms per process here).
-/// `None` where the engine may not see this machine's files as they are: reached over
+/// `Err(None)` where the engine may not see this machine's files as they are: reached over
 /// anything but a unix socket, on a host of another name (a socket mounted into a CI job's
 /// container: the same path on the engine's host could be another user's), labelling files
 /// (SELinux would keep the container from reading them), or an init for another system. The directory is this user's
-/// (`hostdir::PrivateDir::readable_copy`); an engine that still cannot bind it (its daemon
-/// in a VM behind a local socket) refuses the create, and the rung then uses volumes.
-pub fn host_copy(engine: &Engine) -> Option<ToolsVolume> {
+/// (`hostdir::PrivateDir::readable_copy`), and so is every directory above it
+/// (`hostdir::check_chain`: the engine binds by path, later, so whoever could move one of
+/// them could have their own binary run as PID 1); `Err(Some(why))` when it is not. An engine
+/// that still cannot bind it (its daemon in a VM behind a local socket) refuses the create,
+/// and the rung then uses volumes.
+pub fn host_copy(engine: &Engine) -> Result<ToolsVolume, Option<String>> {
     let facts = engine.facts();
-    let bytes = init_binary::bytes()?;
+    let bytes = init_binary::bytes().ok_or(None)?;
     let same_system = facts.os_type == "linux" && normal_arch(&facts.architecture) == normal_arch(init_binary::arch());
     let selinux = facts.security_options.iter().any(|o| o.contains("selinux"));
     let here = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let same_host = !facts.host_name.is_empty() && facts.host_name == here.trim();
     if engine.endpoint().transport != crate::engine::endpoint::Transport::Unix || selinux || !same_system || !same_host
     {
-        return None;
+        return Err(None);
     }
     let digest = init_binary::sha256();
-    let copied = crate::hostdir::PrivateDir::open(&crate::hostdir::default_base())
+    let copied = crate::hostdir::open_default_base()
         .and_then(|base| base.subdir("tools"))
         .and_then(|tools| {
             let dir = tools.readable_copy(short(digest), INIT_NAME, bytes, digest)?;
@@ -137,18 +140,41 @@ pub fn host_copy(engine: &Engine) -> Option<ToolsVolume> {
             let stale = crate::contract::unix_ms_now() / 1000 - STALE_AFTER.as_secs();
             tools.prune_readable_copies(short(digest), INIT_NAME, i64::try_from(stale).unwrap_or(0));
             Ok(dir)
-        });
+        })
+        .and_then(|dir| checked_bind(&dir));
     match copied {
-        Ok(dir) => Some(ToolsVolume {
-            volume: String::new(),
-            digest: digest.to_owned(),
-            bind: Some(dir.display().to_string()),
-        }),
+        Ok(dir) => {
+            Ok(ToolsVolume { volume: String::new(), digest: digest.to_owned(), bind: Some(dir.display().to_string()) })
+        }
         Err(e) => {
-            tracing::warn!(error = %crate::util::error_chain(&e), "the init cannot be put in a host directory: a tools volume instead");
-            None
+            let why = crate::util::error_chain(&e);
+            tracing::warn!(error = %why, "the init cannot be bound from a host directory: a tools volume instead");
+            Err(Some(why))
         }
     }
+}
+
+/// `dir` resolved, once every directory from `/` down to it is this user's or root's and
+/// writable by no one else (`hostdir::check_chain`), and the init in it a regular file of this
+/// user's that no one else can write: what a bind of it will mount. Checked again before
+/// each container that binds it (a rung lives long; one check at its start would not hold).
+pub(crate) fn checked_bind(dir: &std::path::Path) -> Result<std::path::PathBuf, crate::hostdir::HostDirError> {
+    use crate::hostdir::HostDirError;
+    let real = crate::hostdir::check_chain(dir)?;
+    let init = real.join(INIT_NAME);
+    let st = nix::sys::stat::lstat(&init).map_err(|e| HostDirError::Io {
+        op: "inspect",
+        path: init.clone(),
+        source: e.into(),
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG || st.st_uid != me || st.st_mode & 0o022 != 0 {
+        return Err(HostDirError::Untrusted {
+            path: init,
+            why: format!("not a regular file of this user's that only they can write (mode {:o})", st.st_mode),
+        });
+    }
+    Ok(real)
 }
 
 /// Whether the engine refused to create a container because it cannot bind `tools`' host

@@ -4,6 +4,10 @@
 //!
 //! Environment values never enter as plain hashes (a reader of the Outcome could try every
 //! likely value): only as an HMAC under a key the user holds ([`ActionKey`]), or not at all.
+//!
+//! The digest says the fields agree, not who wrote them: anyone can edit a field and digest
+//! again. Under a key the whole action is also MACed ([`Action::mac`]), so that `replay` can
+//! tell an action the same key sealed from one anyone could have written.
 
 use super::{Level, PriorOutput, Request, Task};
 use crate::util::hex;
@@ -21,9 +25,18 @@ pub const ACTION_KEY_FILE_ENV: &str = "STEVEDORE_ACTION_KEY_FILE";
 
 /// The keys of [`Action`]'s JSON left out of its digest: the digest itself, the image's
 /// tag (a name that may move: the id is digested), the input dir's path (the tree's digest
-/// is what counts, wherever it lies), and the applied limits' digest (they depend on the
-/// machine; digested apart).
-pub const NOT_DIGESTED: [&str; 4] = ["digest", "image", "input_dir", "applied_limits_digest"];
+/// is what counts, wherever it lies), the applied limits' digest (they depend on the
+/// machine; digested apart), and the MAC (over all the rest, the digest included).
+pub const NOT_DIGESTED: [&str; 5] = ["digest", "image", "input_dir", "applied_limits_digest", "mac"];
+
+/// What the action's MAC is computed over begins with these bytes, beside the payload's
+/// (`stevedore-payload/1\0`) and the environment's (`stevedore-env/1\0`): a MAC of one kind
+/// never passes for another.
+const MAC_PREFIX: &[u8] = b"stevedore-action/1\0";
+
+/// A key shorter than this is refused: a key someone can guess lets them forge MACs and try
+/// values against the HMACs.
+pub const MIN_KEY_BYTES: usize = 16;
 
 /// What an attempt ran, as far as anything of it can change the result, and its digest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +102,12 @@ pub struct Action {
     /// `sha256:<hex>` of the limits as the rung applied and skipped them (`evidence.enforcement`
     /// and `evidence.skipped`): they depend on the machine, so they are digested apart.
     pub applied_limits_digest: String,
+    /// `hmac-sha256:<hex>` under the action key of `stevedore-action/1\0` and the canonical JSON
+    /// of every other field (the digest, the tag, the input dir and the applied limits' digest
+    /// included): whoever holds the key sealed this action ([`Action::sealed_by`]). `None`
+    /// without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// What an attempt ran.
@@ -138,12 +157,31 @@ pub enum ActionKeyError {
     /// the key is empty
     #[error("the action key is empty{}", .0.as_ref().map(|p| format!(" (file {})", p.display())).unwrap_or_default())]
     Empty(Option<std::path::PathBuf>),
+    /// the key is too short to be a secret
+    #[error(
+        "the action key{} is {len} bytes; it must be at least {MIN_KEY_BYTES} (e.g. `head -c 32 /dev/urandom > FILE`)",
+        .path.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default()
+    )]
+    Short {
+        /// The file, when it came from one.
+        path: Option<std::path::PathBuf>,
+        /// Its length.
+        len: usize,
+    },
     /// others can read the key file
     #[error("the action key file {0} can be read by others (mode {1:o}): chmod 600 it")]
     Readable(std::path::PathBuf, u32),
     /// the key file belongs to another user
     #[error("the action key file {0} belongs to uid {1}, not to this user or root")]
     NotOwned(std::path::PathBuf, u32),
+    /// the key file is not a file of the user's own making
+    #[error("refusing the action key file {path}: {why}")]
+    Untrusted {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        why: String,
+    },
 }
 
 /// The key environment values are HMACed under: the user's own, so that the same key gives
@@ -159,43 +197,94 @@ impl std::fmt::Debug for ActionKey {
 }
 
 impl ActionKey {
-    /// A key of these bytes; an empty one is refused.
+    /// A key of these bytes; one shorter than [`MIN_KEY_BYTES`] is refused.
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, ActionKeyError> {
         let bytes = bytes.into();
-        if bytes.is_empty() {
-            return Err(ActionKeyError::Empty(None));
+        match bytes.len() {
+            0 => Err(ActionKeyError::Empty(None)),
+            len if len < MIN_KEY_BYTES => Err(ActionKeyError::Short { path: None, len }),
+            _ => Ok(Self(bytes.into())),
         }
-        Ok(Self(bytes.into()))
     }
 
-    /// The key in `path`: its bytes, less one trailing newline (`echo` writes one). Refused
-    /// when empty, or when the file can be read by its group or others (a key anyone can
-    /// read protects no value).
+    /// The key in `path`: its bytes, less one trailing newline (`echo` writes one).
+    ///
+    /// A key anyone knows protects nothing and forges every MAC, so the file is refused unless
+    /// it is one the user made for it: opened without following a symlink and without
+    /// blocking (a FIFO must not hang the command), then checked through that same descriptor
+    /// (the file checked is the file read): a regular file, not on a pseudo-filesystem whose
+    /// files everyone can read or know (proc, sysfs, cgroup, devpts: `/proc/self/personality`
+    /// is root's and 0400), owned by this user or root, readable by no group or other, of at
+    /// least [`MIN_KEY_BYTES`]; and its directory writable by no one else unless it is this
+    /// user's (else another user could put their own file there).
     pub fn from_file(path: &Path) -> Result<Self, ActionKeyError> {
+        use nix::errno::Errno;
+        use nix::fcntl::OFlag;
+        use nix::sys::stat::{Mode, fstat};
+        use nix::sys::statfs::{
+            CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC, DEVPTS_SUPER_MAGIC, PROC_SUPER_MAGIC, SYSFS_MAGIC, fstatfs,
+        };
         use std::io::Read;
-        use std::os::unix::fs::MetadataExt;
-        let read = |source| ActionKeyError::Read { path: path.to_owned(), source };
-        // Checked and read through one descriptor: the file checked is the file read.
-        let file = std::fs::File::open(path).map_err(read)?;
-        let meta = file.metadata().map_err(read)?;
-        let mode = meta.mode() & 0o777;
+        let read = |source: std::io::Error| ActionKeyError::Read { path: path.to_owned(), source };
+        let refuse = |why: &str| ActionKeyError::Untrusted { path: path.to_owned(), why: why.to_owned() };
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+        let fd = match nix::fcntl::open(path, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ELOOP) => return Err(refuse("it is a symlink (name the file itself)")),
+            Err(e) => return Err(read(e.into())),
+        };
+        let st = fstat(&fd).map_err(|e| read(e.into()))?;
+        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+            return Err(refuse("it is not a regular file (a FIFO, a device, a directory?)"));
+        }
+        let fs = fstatfs(&fd).map_err(|e| read(e.into()))?.filesystem_type();
+        let pseudo = [
+            (PROC_SUPER_MAGIC, "proc"),
+            (SYSFS_MAGIC, "sysfs"),
+            (CGROUP_SUPER_MAGIC, "cgroup"),
+            (CGROUP2_SUPER_MAGIC, "cgroup2"),
+            (DEVPTS_SUPER_MAGIC, "devpts"),
+        ];
+        if let Some((_, name)) = pseudo.iter().find(|(magic, _)| *magic == fs) {
+            return Err(refuse(&format!("it is on {name}, whose files are the system's, not a secret of the user's")));
+        }
+        let euid = nix::unistd::geteuid().as_raw();
+        if st.st_uid != euid && st.st_uid != 0 {
+            return Err(ActionKeyError::NotOwned(path.to_owned(), st.st_uid));
+        }
+        let mode = st.st_mode & 0o777;
         if mode & 0o077 != 0 {
             return Err(ActionKeyError::Readable(path.to_owned(), mode));
         }
-        let euid = nix::unistd::geteuid().as_raw();
-        if meta.uid() != euid && meta.uid() != 0 {
-            return Err(ActionKeyError::NotOwned(path.to_owned(), meta.uid()));
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dst = nix::sys::stat::stat(dir).map_err(|e| read(e.into()))?;
+        // Writable by someone else: its group, anyone, or an owner that is neither this user
+        // nor root.
+        let others_write = dst.st_mode & 0o022 != 0 || (dst.st_uid != 0 && dst.st_mode & 0o200 != 0);
+        if others_write && dst.st_uid != euid {
+            return Err(refuse(&format!(
+                "its directory {} (uid {}, mode {:o}) can be written by others, who could put their own file there",
+                dir.display(),
+                dst.st_uid,
+                dst.st_mode & 0o7777
+            )));
         }
         let mut bytes = Vec::new();
-        // A key is short; the cap keeps a FIFO or a huge file from holding the command.
-        file.take(64 << 10).read_to_end(&mut bytes).map_err(read)?;
+        // A key is short; the cap keeps a huge file from holding the command.
+        std::fs::File::from(fd).take(64 << 10).read_to_end(&mut bytes).map_err(read)?;
         if bytes.ends_with(b"\n") {
             bytes.pop();
             if bytes.ends_with(b"\r") {
                 bytes.pop();
             }
         }
-        Self::new(bytes).map_err(|_| ActionKeyError::Empty(Some(path.to_owned())))
+        Self::new(bytes).map_err(|e| match e {
+            ActionKeyError::Short { len, .. } => ActionKeyError::Short { path: Some(path.to_owned()), len },
+            _ => ActionKeyError::Empty(Some(path.to_owned())),
+        })
     }
 
     /// The key in the file [`ACTION_KEY_FILE_ENV`] names; `None` when it is unset or empty.
@@ -209,6 +298,27 @@ impl ActionKey {
     /// HMAC-SHA256 of `msg` under the key (RFC 2104).
     pub fn hmac(&self, msg: &[u8]) -> [u8; 32] {
         hmac_sha256(&self.0, msg)
+    }
+
+    /// The MAC of `action` under the key: `hmac-sha256:` and the hex of HMAC-SHA256 of
+    /// `stevedore-action/1\0` and the canonical JSON of every field but `mac`.
+    pub fn action_mac(&self, action: &Action) -> String {
+        use hmac::Mac;
+        format!("hmac-sha256:{}", hex(&self.action_hmac(action).finalize().into_bytes()))
+    }
+
+    fn action_hmac(&self, action: &Action) -> hmac::Hmac<Sha256> {
+        use hmac::Mac;
+        let mut v = serde_json::to_value(action).expect("an action always serialises");
+        if let serde_json::Value::Object(m) = &mut v {
+            m.remove("mac");
+        }
+        let mut text = String::new();
+        canonical_json(&v, &mut text);
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        mac.update(MAC_PREFIX);
+        mac.update(text.as_bytes());
+        mac
     }
 
     /// Names the key without revealing it: the first 16 hex digits of HMAC(key, "stevedore key id").
@@ -342,13 +452,30 @@ impl Action {
         }
     }
 
-    /// Digests the applied limits (apart) and the whole action.
-    pub(crate) fn seal(&mut self, enforcement: &BTreeMap<String, String>, skipped: &BTreeMap<String, String>) {
+    /// Digests the applied limits (apart) and the whole action; under `key`, MACs it.
+    pub(crate) fn seal(
+        &mut self,
+        enforcement: &BTreeMap<String, String>,
+        skipped: &BTreeMap<String, String>,
+        key: Option<&ActionKey>,
+    ) {
         let applied = serde_json::json!({ "enforcement": enforcement, "skipped": skipped });
         let mut text = String::new();
         canonical_json(&applied, &mut text);
         self.applied_limits_digest = sha256_of(text.as_bytes());
         self.digest = self.compute_digest();
+        self.mac = key.map(|k| k.action_mac(self));
+    }
+
+    /// Whether `key` sealed this action: its MAC is that of every other field under the key
+    /// (compared in constant time). Such an action is as trustworthy as whoever holds the key,
+    /// and no more.
+    pub fn sealed_by(&self, key: &ActionKey) -> bool {
+        use hmac::Mac;
+        let Some(recorded) = self.mac.as_deref().and_then(|m| m.strip_prefix("hmac-sha256:")) else {
+            return false;
+        };
+        crate::util::unhex(recorded).is_some_and(|bytes| key.action_hmac(self).verify_slice(&bytes).is_ok())
     }
 
     /// The digest of this action's fields: `sha256:` and the hex of SHA-256 over the bytes
@@ -401,7 +528,7 @@ mod tests {
         a.network = "none".into();
         a.user = "65532:65532".into();
         a.init = Some("sha256:11".into());
-        a.seal(&BTreeMap::new(), &BTreeMap::new());
+        a.seal(&BTreeMap::new(), &BTreeMap::new(), r.action_key.as_ref());
         a
     }
 
@@ -480,7 +607,7 @@ mod tests {
         let other = sealed(&req().attempt(2).worker("w2"));
         assert_eq!(other.digest, base.digest, "the job's identity is not the action");
         let mut applied = base.clone();
-        applied.seal(&[("memory".into(), "cgroup".into())].into(), &BTreeMap::new());
+        applied.seal(&[("memory".into(), "cgroup".into())].into(), &BTreeMap::new(), None);
         assert_ne!(applied.applied_limits_digest, base.applied_limits_digest);
         assert_eq!(applied.digest, base.digest);
     }
@@ -520,7 +647,7 @@ mod tests {
         let json = serde_json::to_string(&a).unwrap();
         assert!(!json.contains("correct horse") && !json.contains("\"one\""), "{json}");
         assert!(!format!("{key:?}").contains("horse"));
-        let other = ActionKey::new(*b"another").unwrap();
+        let other = ActionKey::new(*b"another key of 16+ bytes").unwrap();
         assert_ne!(sealed(&req().env("TOKEN", "one").action_key(other)).digest, a.digest);
         assert!(a.env["TOKEN"].as_deref().unwrap().starts_with("hmac-sha256:"));
     }
@@ -530,14 +657,97 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("key");
-        std::fs::write(&f, "s3cret\n").unwrap();
+        std::fs::write(&f, "s3cret of 16 bytes\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(ActionKey::from_file(&f), Err(ActionKeyError::Readable(..))));
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(ActionKey::from_file(&f).unwrap(), ActionKey::new(*b"s3cret").unwrap(), "one newline dropped");
+        let key = ActionKey::new(*b"s3cret of 16 bytes").unwrap();
+        assert_eq!(ActionKey::from_file(&f).unwrap(), key, "one newline dropped");
         std::fs::write(&f, "\n").unwrap();
         assert!(matches!(ActionKey::from_file(&f), Err(ActionKeyError::Empty(Some(_)))));
+        std::fs::write(&f, "password\n").unwrap();
+        let err = ActionKey::from_file(&f).unwrap_err();
+        assert!(matches!(err, ActionKeyError::Short { len: 8, .. }), "{err}");
+        assert!(err.to_string().contains("at least 16"), "{err}");
+        assert!(matches!(ActionKey::new(*b"short"), Err(ActionKeyError::Short { path: None, len: 5 })));
         assert!(ActionKey::from_file(&t.path().join("none")).is_err());
+    }
+
+    /// Issue 41, 3: a symlink planted at the key path onto a root-owned 0400 pseudo-file whose
+    /// content everyone knows was taken for the key; a FIFO there hung the command. Each is
+    /// refused by name, at once, and so is the same file reached without a symlink.
+    #[test]
+    fn a_planted_symlink_a_pseudo_file_and_a_fifo_are_never_a_key() {
+        let t = tempfile::tempdir().unwrap();
+        let link = t.path().join("key");
+        std::os::unix::fs::symlink("/proc/self/personality", &link).unwrap();
+        let err = ActionKey::from_file(&link).unwrap_err();
+        assert!(matches!(&err, ActionKeyError::Untrusted { why, .. } if why.contains("symlink")), "{err}");
+        // The pseudo-file named directly: root's and 0400 (as the attack needed), yet refused.
+        let err = ActionKey::from_file(Path::new("/proc/self/personality")).unwrap_err();
+        assert!(matches!(&err, ActionKeyError::Untrusted { why, .. } if why.contains("proc")), "{err}");
+        let fifo = t.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // A hang here would hold the test forever: the open does not wait for a writer.
+        let err = ActionKey::from_file(&fifo).unwrap_err();
+        assert!(matches!(&err, ActionKeyError::Untrusted { why, .. } if why.contains("regular")), "{err}");
+    }
+
+    /// A key in a directory others can write to (not the user's) is refused: another user could
+    /// have put it there. The user's own such directory is theirs to keep.
+    #[test]
+    fn a_key_in_a_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let f = shared.join("key");
+        std::fs::write(&f, "0123456789abcdef").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(ActionKey::from_file(&f).is_ok(), "the user's own open directory is theirs");
+        let euid = nix::unistd::geteuid().as_raw();
+        // Another owner for the directory, who alone can write it: only root can give one away.
+        if euid == 0 {
+            nix::unistd::chown(&shared, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let err = ActionKey::from_file(&f).unwrap_err();
+            assert!(
+                matches!(&err, ActionKeyError::Untrusted { why, .. } if why.contains("written by others")),
+                "{err}"
+            );
+        }
+    }
+
+    /// The MAC covers every field (the undigested ones too) under the key: a field changed and
+    /// the digest made again no longer passes; another key never passes; no key, no MAC.
+    #[test]
+    fn only_the_key_that_sealed_an_action_vouches_for_it() {
+        let key = ActionKey::new(*b"correct horse battery staple").unwrap();
+        let a = sealed(&req().action_key(key.clone()));
+        assert!(a.mac.as_deref().is_some_and(|m| m.starts_with("hmac-sha256:")), "{:?}", a.mac);
+        assert!(a.sealed_by(&key));
+        assert_eq!(a.digest, sealed(&req().action_key(key.clone())).digest);
+        assert!(!a.sealed_by(&ActionKey::new(*b"another key of 16+ bytes").unwrap()));
+        let forged = |f: &dyn Fn(&mut Action)| {
+            let mut b = a.clone();
+            f(&mut b);
+            b.digest = b.compute_digest();
+            assert!(b.digest_matches());
+            assert!(!b.sealed_by(&key), "{b:?}");
+        };
+        forged(&|b| b.rung = "process".into());
+        forged(&|b| b.network = "bridge".into());
+        forged(&|b| b.task = ActionTask::Command(vec!["sh".into()]));
+        forged(&|b| b.input_dir = Some("/etc".into()));
+        forged(&|b| b.image = Some("other:1".into()));
+        forged(&|b| b.limits.insert("memory".into(), 16 << 30).map_or((), |_| ()));
+        forged(&|b| b.mac = Some("hmac-sha256:zz".into()));
+        forged(&|b| b.mac = None);
+        let plain = sealed(&req());
+        assert_eq!(plain.mac, None, "no key, no MAC");
+        assert!(!plain.sealed_by(&key));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("\"mac\""), "absent, not null");
     }
 
     /// The canonical JSON is what Python's `json.dumps(sort_keys=True, separators=(",", ":"),

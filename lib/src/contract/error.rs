@@ -75,6 +75,19 @@ pub enum LaunchError {
         /// The engine's platform.
         engine: String,
     },
+    /// the image declares a volume inside one of stevedore's own mounts
+    #[error(
+        "image {image:?} declares VOLUME {volume} inside {mount}, where stevedore mounts its own: the engine \
+         cannot make a volume there, and no retry changes the image (rebuild it without that VOLUME)"
+    )]
+    ImageVolume {
+        /// The image.
+        image: String,
+        /// Its declared volume.
+        volume: String,
+        /// stevedore's mount it lies under.
+        mount: String,
+    },
     /// the inputs are larger than allowed
     #[error("the input dir holds {bytes} bytes, over the limit of {limit} bytes")]
     InputTooLarge {
@@ -156,6 +169,7 @@ impl LaunchError {
             | LaunchError::HandlerProtocol { .. }
             | LaunchError::InitUnavailable { .. }
             | LaunchError::InputTooLarge { .. }
+            | LaunchError::ImageVolume { .. }
             | LaunchError::NotAllowed(_) => true,
             LaunchError::ImageUnavailable { permanent, .. } => *permanent,
             _ => false,

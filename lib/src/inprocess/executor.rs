@@ -214,7 +214,7 @@ impl InProcessExecutor {
                 action.staged(Some(&staged));
             }
         }
-        action.seal(&ev.enforcement, &ev.skipped);
+        action.seal(&ev.enforcement, &ev.skipped, request.action_key.as_ref());
         action
     }
 

@@ -160,6 +160,12 @@ impl Default for KubeConfig {
 }
 
 impl KubeConfig {
+    /// The limits an attempt that asks for none gets: the configured defaults, else the
+    /// rung's fallback, under the ceilings (`replay` holds an untrusted action to them).
+    pub fn default_limits(&self) -> crate::contract::Limits {
+        super::sizes::default_limits(self)
+    }
+
     /// The isolation level: `vm` under a runtime class named VM-grade, else `sandboxed`.
     pub fn level(&self) -> Level {
         if self.runtime_class.is_some() && self.runtime_class_is_vm { Level::Vm } else { Level::Sandboxed }

@@ -29,6 +29,12 @@ pub(crate) struct Sizes {
     pub skipped: BTreeMap<String, String>,
 }
 
+/// The limits of a request that asks for none (`KubeConfig::default_limits`).
+pub(crate) fn default_limits(cfg: &KubeConfig) -> Limits {
+    let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };
+    limits::resolve(&ResourceLimits::new(), rung).limits
+}
+
 /// The request's limits on this rung.
 pub(crate) fn of(req: &ResourceLimits, cfg: &KubeConfig) -> Sizes {
     let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: CANNOT };

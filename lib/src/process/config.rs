@@ -101,6 +101,16 @@ impl Default for ProcessConfig {
 }
 
 impl ProcessConfig {
+    /// The limits an attempt that asks for none gets: the configured defaults under the
+    /// ceilings (no fallback: without a cgroup nothing holds one) (`replay` holds an untrusted
+    /// action to them).
+    pub fn default_limits(&self) -> crate::contract::Limits {
+        use crate::contract::limits::{Limits, ResourceLimits, RungLimits, resolve};
+        let rung =
+            RungLimits { defaults: &self.defaults, ceilings: &self.ceilings, fallback: &Limits::NONE, cannot: &[] };
+        resolve(&ResourceLimits::new(), rung).limits
+    }
+
     /// Names the rung.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();

@@ -43,7 +43,7 @@ pub(crate) fn prepare(
         Task::Handler(_) => vec![worker_exe()?.display().to_string(), HANDLER_MARKER.to_owned()],
     };
     let attempt_id = crate::util::random_hex(6);
-    let name = format!("{}-{attempt_id}", &req.worker_id[..req.worker_id.len().min(40)]);
+    let name = super::reclaim::attempt_name(&req.worker_id, &attempt_id);
     Ok(Plan { attempt_id, name, argv, limits: resolve(req, cfg), output_dir, started_ms })
 }
 

@@ -10,11 +10,29 @@ use crate::contract::{ObjectKind, ReclaimError, ReclaimFailure, ReclaimReport, v
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The attempt id of `name` when it is one of `worker`'s attempts (`<worker>-<12 hex>`).
+/// The name of `worker`'s attempt `attempt_id` (its dir, its cgroup):
+/// `<worker, its first 40 characters>-<12 hex of the whole id's SHA-256>-<attempt id>`. Ids
+/// may be 128 characters and a name must stay short; the hash makes it the whole id's, so
+/// two workers whose ids share their first 40 characters never take each other's.
+pub(crate) fn attempt_name(worker: &str, attempt_id: &str) -> String {
+    format!("{}-{}-{attempt_id}", &worker[..worker.len().min(40)], worker_hash(worker))
+}
+
+fn worker_hash(worker: &str) -> String {
+    use sha2::Digest;
+    crate::util::hex(&sha2::Sha256::digest(worker.as_bytes())[..6])
+}
+
+/// The attempt id of `name` when it is one of `worker`'s attempts ([`attempt_name`]; or, for an
+/// id of 40 characters at most, `<worker>-<12 hex>` as older versions named them, which held
+/// the whole id).
 pub(crate) fn attempt_of(name: &str, worker: &str) -> Option<String> {
-    let prefix = &worker[..worker.len().min(40)];
-    let rest = name.strip_prefix(prefix)?.strip_prefix('-')?;
-    (rest.len() == 12 && rest.bytes().all(|b| b.is_ascii_hexdigit())).then(|| rest.to_owned())
+    let id = |rest: &str| (rest.len() == 12 && rest.bytes().all(|b| b.is_ascii_hexdigit())).then(|| rest.to_owned());
+    let prefix = format!("{}-{}-", &worker[..worker.len().min(40)], worker_hash(worker));
+    if let Some(rest) = name.strip_prefix(prefix.as_str()) {
+        return id(rest);
+    }
+    name.strip_prefix(worker).and_then(|r| r.strip_prefix('-')).filter(|_| worker.len() <= 40).and_then(id)
 }
 
 /// The cgroups an attempt named `name` may have under `how`.
@@ -109,9 +127,27 @@ pub(crate) async fn reclaim(shared: &ProcessSite, worker: &str) -> Result<Reclai
 mod tests {
     use super::*;
 
+    /// Issue 41, 4: ids may be 128 characters, and names were cut to 40: two workers sharing
+    /// their first 40 took each other's attempts for their own.
+    #[test]
+    fn workers_sharing_their_first_40_characters_are_told_apart() {
+        let a = format!("{}-a", "w".repeat(40));
+        let b = format!("{}-b", "w".repeat(40));
+        let of_a = attempt_name(&a, "0123456789ab");
+        assert_eq!(attempt_of(&of_a, &a).as_deref(), Some("0123456789ab"));
+        assert_eq!(attempt_of(&of_a, &b), None, "b's reclaim must not take a's attempt");
+        assert_eq!(attempt_of(&attempt_name(&b, "0123456789ab"), &a), None);
+        assert!(of_a.len() <= 70 && crate::hostdir::safe_name(&of_a), "{of_a}");
+        // An older name of a 128-character id (cut to 40) is no one's.
+        assert_eq!(attempt_of(&format!("{}-0123456789ab", &a[..40]), &a), None);
+    }
+
     #[test]
     fn only_this_workers_attempts_are_its() {
-        assert_eq!(attempt_of("w-0123456789ab", "w").as_deref(), Some("0123456789ab"));
+        assert_eq!(attempt_of(&attempt_name("w", "0123456789ab"), "w").as_deref(), Some("0123456789ab"));
+        assert_eq!(attempt_of(&attempt_name("w-x", "0123456789ab"), "w"), None);
+        assert_eq!(attempt_of(&attempt_name("w", "0123456789ab"), "w-x"), None);
+        assert_eq!(attempt_of("w-0123456789ab", "w").as_deref(), Some("0123456789ab"), "an older name");
         assert_eq!(attempt_of("w-x-0123456789ab", "w"), None, "another worker's (w-x)");
         assert_eq!(attempt_of("w-0123456789ab", "w-x"), None);
         assert_eq!(attempt_of("w-0123", "w"), None);
