@@ -19,8 +19,7 @@ use std::time::Instant;
 
 /// At most this many refused entries are named.
 pub const MAX_REFUSED: usize = 1000;
-/// Deeper directories are refused: each level holds one open descriptor.
-pub const MAX_DEPTH: usize = 128;
+pub use crate::tree::MAX_DEPTH;
 /// Entries looked at in all, so a tree of millions of empty files ends in bounded time.
 pub const MAX_VISITED: u64 = 2_000_000;
 

@@ -313,6 +313,32 @@ struct Init {
     reserve: crate::reserve::Reserve,
 }
 
+/// The command's channels the supervision loop reads and writes.
+#[derive(Debug)]
+struct Channels {
+    pipes: [Pipe; 2],
+    handler: Option<HandlerSocket>,
+    inbox: Inbox,
+}
+
+/// The handler runner's socket, its request and payload queued to be written.
+fn handler_socket(start: &Start, fd: OwnedFd, payload: &[u8]) -> HandlerSocket {
+    let mut out = Vec::new();
+    let request = serde_json::to_vec(start.handler.as_ref().expect("a socket means a handler"))
+        .expect("a request always serialises");
+    wire::encode_into(&mut out, Kind::HandlerRequest, &request);
+    wire::encode_into(&mut out, Kind::HandlerPayload, payload);
+    set_nonblocking(fd.as_fd(), true);
+    HandlerSocket {
+        fd: Some(fd),
+        decoder: Decoder::new(|k| matches!(k, Kind::HandlerHello | Kind::HandlerRecord)),
+        out,
+        out_at: 0,
+        received: 0,
+        channel: HandlerChannel::default(),
+    }
+}
+
 /// What running the command found out.
 #[derive(Debug)]
 struct Ended {
@@ -492,106 +518,22 @@ impl Init {
     }
 
     fn supervise(&mut self, start: &Start, s: Spawned) -> Ended {
-        let mut sup = Supervisor {
-            pid: s.pid,
-            child: s.child,
-            started: s.started,
-            end: None,
-            stopped_by: None,
-            kill_at: None,
-            grace: Duration::from_millis(start.grace_ms),
-            handshake_by: start.handler.as_ref().map(|_| s.started + Duration::from_millis(start.handshake_ms)),
-        };
-        self.command_pid = s.pid.as_raw();
-        let mut pipes = [
-            Pipe { fd: Some(s.stdout), kind: Kind::Stdout, bytes: 0 },
-            Pipe { fd: Some(s.stderr), kind: Kind::Stderr, bytes: 0 },
-        ];
-        let mut handler = s.handler.map(|fd| {
-            let mut out = Vec::new();
-            let request = serde_json::to_vec(start.handler.as_ref().expect("a socket means a handler"))
-                .expect("a request always serialises");
-            wire::encode_into(&mut out, Kind::HandlerRequest, &request);
-            wire::encode_into(&mut out, Kind::HandlerPayload, &self.payload);
-            set_nonblocking(fd.as_fd(), true);
-            HandlerSocket {
-                fd: Some(fd),
-                decoder: Decoder::new(|k| matches!(k, Kind::HandlerHello | Kind::HandlerRecord)),
-                out,
-                out_at: 0,
-                received: 0,
-                channel: HandlerChannel::default(),
-            }
-        });
-        let mut inbox = Inbox::new(s.report, start.scope.clone(), s.started);
-        self.stdin = match &s.tty {
-            Some(_) => s.stdin.map(crate::stdin::StdinPump::terminal),
-            None => s.stdin.map(crate::stdin::StdinPump::new),
-        };
-        self.tty = s.tty;
-        self.payload = Vec::new();
-        for p in &pipes {
-            if let Some(fd) = &p.fd {
-                set_nonblocking(fd.as_fd(), true);
-            }
-        }
+        let (mut sup, mut ch, oom_guard) = self.channels(start, s);
         self.push_started();
         if let Some(sampler) = &mut self.sampler {
-            sampler.begin(s.started);
+            sampler.begin(sup.started);
         }
         let mut buf = vec![0u8; CHUNK];
         // The command may have ended before the first SIGCHLD could be read.
         sup.reap_ready();
         while sup.end.is_none() {
             self.host_frames(&mut sup);
-            self.timers(&mut sup, start, handler.as_ref());
+            self.timers(&mut sup, start, ch.handler.as_ref());
             if sup.end.is_some() {
                 break;
             }
-            let flow = self.link.queued() < HIGH_WATER && self.link.kept() < RETAIN_CAP;
-            let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
-            let mut slots = vec![Slot::Signals];
-            if self.link.in_open {
-                fds.push(PollFd::new(self.link.input(), PollFlags::POLLIN));
-                slots.push(Slot::HostIn);
-            }
-            // While the host is lost, what it has not been sent stays queued for a takeover
-            // (up to the high-water mark; the command's pipes then wait).
-            if self.link.queued() > 0 && !self.link.out_dead && !self.host_lost {
-                fds.push(PollFd::new(self.link.output(), PollFlags::POLLOUT));
-                slots.push(Slot::HostOut);
-            }
-            for (i, p) in pipes.iter().enumerate() {
-                if let (Some(fd), true) = (&p.fd, flow) {
-                    fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
-                    slots.push(Slot::Pipe(i));
-                }
-            }
-            if let Some(h) = &handler
-                && let Some(fd) = &h.fd
-            {
-                let mut ev = PollFlags::POLLIN;
-                if h.out_at < h.out.len() {
-                    ev |= PollFlags::POLLOUT;
-                }
-                fds.push(PollFd::new(fd.as_fd(), ev));
-                slots.push(Slot::Handler);
-            }
-            if let Some(fd) = inbox.fd() {
-                fds.push(PollFd::new(fd, PollFlags::POLLIN));
-                slots.push(Slot::Inbox);
-            }
-            if let Some(fd) = self.stdin.as_ref().and_then(|p| p.writable()) {
-                fds.push(PollFd::new(fd, PollFlags::POLLOUT));
-                slots.push(Slot::Stdin);
-            }
-            let takeover_at = fds.len();
-            if let Some(t) = &self.takeover {
-                let more = t.poll_fds();
-                slots.extend(std::iter::repeat_n(Slot::Takeover, more.len()));
-                fds.extend(more);
-            }
             let timeout = poll_timeout(self.next_timer(&sup, start));
+            let (mut fds, slots, takeover_at) = self.poll_set(&ch);
             let polled = poll(&mut fds, timeout);
             let revents: Vec<Option<PollFlags>> = fds.iter().map(PollFd::revents).collect();
             drop(fds);
@@ -606,39 +548,7 @@ impl Init {
                 sup.end = Some((st, Instant::now()));
                 break;
             }
-            let any = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
-            let is = |i: usize, f: PollFlags| revents[i].is_some_and(|r| r.intersects(f));
-            let mut takeover_ready = false;
-            for (i, slot) in slots.iter().enumerate() {
-                match slot {
-                    Slot::Signals if is(i, PollFlags::POLLIN) => self.drain_signals(&mut sup),
-                    Slot::HostIn if is(i, any) => self.link.read(),
-                    Slot::Pipe(k) if is(i, any) => {
-                        pipes[*k].read_into(&mut self.link, &mut buf);
-                    }
-                    Slot::Handler => {
-                        if let Some(h) = &mut handler {
-                            if is(i, PollFlags::POLLOUT) {
-                                h.write_some();
-                            }
-                            if is(i, any) {
-                                h.read();
-                            }
-                        }
-                    }
-                    Slot::Inbox if is(i, any) => {
-                        let link = &mut self.link;
-                        inbox.read(&mut |body| link.push(Kind::Report, body));
-                    }
-                    Slot::Takeover => takeover_ready = true,
-                    Slot::Stdin if revents[i].is_some_and(|r| !r.is_empty()) => {
-                        if let Some(p) = &mut self.stdin {
-                            p.write_some();
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            let takeover_ready = self.dispatch(&mut sup, &mut ch, &slots, &revents, &mut buf);
             if let Some(n) = self.stdin.as_mut().and_then(|p| p.count()) {
                 self.link.push(Kind::StdinTaken, &n.to_be_bytes());
             }
@@ -664,11 +574,138 @@ impl Init {
             stopped_by: sup.stopped_by,
             wall_time: at.saturating_duration_since(sup.started),
             pgid: Some(sup.pid),
-            oom_guard: s.oom_guard,
-            pipes,
-            handler,
-            inbox: Some(inbox),
+            oom_guard,
+            pipes: ch.pipes,
+            handler: ch.handler,
+            inbox: Some(ch.inbox),
         }
+    }
+
+    /// The spawned command as the loop watches it: its supervisor, its pipes, its handler's
+    /// socket (the request and payload queued for it), its reports' inbox, its stdin.
+    fn channels(&mut self, start: &Start, s: Spawned) -> (Supervisor, Channels, Option<String>) {
+        let sup = Supervisor {
+            pid: s.pid,
+            child: s.child,
+            started: s.started,
+            end: None,
+            stopped_by: None,
+            kill_at: None,
+            grace: Duration::from_millis(start.grace_ms),
+            handshake_by: start.handler.as_ref().map(|_| s.started + Duration::from_millis(start.handshake_ms)),
+        };
+        self.command_pid = s.pid.as_raw();
+        let pipes = [
+            Pipe { fd: Some(s.stdout), kind: Kind::Stdout, bytes: 0 },
+            Pipe { fd: Some(s.stderr), kind: Kind::Stderr, bytes: 0 },
+        ];
+        let handler = s.handler.map(|fd| handler_socket(start, fd, &self.payload));
+        let inbox = Inbox::new(s.report, start.scope.clone(), s.started);
+        self.stdin = match &s.tty {
+            Some(_) => s.stdin.map(crate::stdin::StdinPump::terminal),
+            None => s.stdin.map(crate::stdin::StdinPump::new),
+        };
+        self.tty = s.tty;
+        self.payload = Vec::new();
+        for p in &pipes {
+            if let Some(fd) = &p.fd {
+                set_nonblocking(fd.as_fd(), true);
+            }
+        }
+        (sup, Channels { pipes, handler, inbox }, s.oom_guard)
+    }
+
+    /// What the loop waits on now, each slot named; where the takeover's slots begin.
+    fn poll_set<'a>(&'a self, ch: &'a Channels) -> (Vec<PollFd<'a>>, Vec<Slot>, usize) {
+        // The command's pipes wait while the host is behind (up to the high-water mark).
+        let flow = self.link.queued() < HIGH_WATER && self.link.kept() < RETAIN_CAP;
+        let mut fds = vec![PollFd::new(self.signals.as_fd(), PollFlags::POLLIN)];
+        let mut slots = vec![Slot::Signals];
+        if self.link.in_open {
+            fds.push(PollFd::new(self.link.input(), PollFlags::POLLIN));
+            slots.push(Slot::HostIn);
+        }
+        // While the host is lost, what it has not been sent stays queued for a takeover.
+        if self.link.queued() > 0 && !self.link.out_dead && !self.host_lost {
+            fds.push(PollFd::new(self.link.output(), PollFlags::POLLOUT));
+            slots.push(Slot::HostOut);
+        }
+        for (i, p) in ch.pipes.iter().enumerate() {
+            if let (Some(fd), true) = (&p.fd, flow) {
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                slots.push(Slot::Pipe(i));
+            }
+        }
+        if let Some(h) = &ch.handler
+            && let Some(fd) = &h.fd
+        {
+            let mut ev = PollFlags::POLLIN;
+            if h.out_at < h.out.len() {
+                ev |= PollFlags::POLLOUT;
+            }
+            fds.push(PollFd::new(fd.as_fd(), ev));
+            slots.push(Slot::Handler);
+        }
+        if let Some(fd) = ch.inbox.fd() {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            slots.push(Slot::Inbox);
+        }
+        if let Some(fd) = self.stdin.as_ref().and_then(|p| p.writable()) {
+            fds.push(PollFd::new(fd, PollFlags::POLLOUT));
+            slots.push(Slot::Stdin);
+        }
+        let takeover_at = fds.len();
+        if let Some(t) = &self.takeover {
+            let more = t.poll_fds();
+            slots.extend(std::iter::repeat_n(Slot::Takeover, more.len()));
+            fds.extend(more);
+        }
+        (fds, slots, takeover_at)
+    }
+
+    /// Acts on what a poll found ready; whether a takeover candidate is.
+    fn dispatch(
+        &mut self,
+        sup: &mut Supervisor,
+        ch: &mut Channels,
+        slots: &[Slot],
+        revents: &[Option<PollFlags>],
+        buf: &mut [u8],
+    ) -> bool {
+        let any = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+        let is = |i: usize, f: PollFlags| revents[i].is_some_and(|r| r.intersects(f));
+        let mut takeover_ready = false;
+        for (i, slot) in slots.iter().enumerate() {
+            match slot {
+                Slot::Signals if is(i, PollFlags::POLLIN) => self.drain_signals(sup),
+                Slot::HostIn if is(i, any) => self.link.read(),
+                Slot::Pipe(k) if is(i, any) => {
+                    ch.pipes[*k].read_into(&mut self.link, buf);
+                }
+                Slot::Handler => {
+                    if let Some(h) = &mut ch.handler {
+                        if is(i, PollFlags::POLLOUT) {
+                            h.write_some();
+                        }
+                        if is(i, any) {
+                            h.read();
+                        }
+                    }
+                }
+                Slot::Inbox if is(i, any) => {
+                    let link = &mut self.link;
+                    ch.inbox.read(&mut |body| link.push(Kind::Report, body));
+                }
+                Slot::Takeover => takeover_ready = true,
+                Slot::Stdin if revents[i].is_some_and(|r| !r.is_empty()) => {
+                    if let Some(p) = &mut self.stdin {
+                        p.write_some();
+                    }
+                }
+                _ => {}
+            }
+        }
+        takeover_ready
     }
 
     fn push_started(&mut self) {

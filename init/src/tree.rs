@@ -19,6 +19,9 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
+/// Deeper directories are refused by every walk (each level holds one open descriptor).
+pub const MAX_DEPTH: usize = 128;
+
 /// How every directory is opened: read-only, never through a symlink, not inherited.
 pub fn dir_flags() -> OFlag {
     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC

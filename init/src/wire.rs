@@ -53,6 +53,12 @@ pub const REPORT_FD: i32 = 3;
 /// The largest report a command may send, as JSON.
 pub const MAX_REPORT_BYTES: usize = 4 << 10;
 
+/// The sandbox's non-root uid (and gid) on every rung that runs an image, unless configured
+/// otherwise: not root, and no user an image is likely to define.
+pub const SANDBOX_UID: u32 = 65532;
+/// [`SANDBOX_UID`] as the engines' `uid:gid` (`sandbox_user_is_one_fact` ties the two).
+pub const SANDBOX_USER: &str = "65532:65532";
+
 /// Where the attempt's inputs are, read-only.
 pub const IN_DIR: &str = "/in";
 /// Where the attempt writes its outputs.
@@ -1294,6 +1300,11 @@ mod tests {
             measure: Vec::new(),
             timeline: None,
         }
+    }
+
+    #[test]
+    fn sandbox_user_is_one_fact() {
+        assert_eq!(SANDBOX_USER, format!("{SANDBOX_UID}:{SANDBOX_UID}"));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use nix::unistd::{UnlinkatFlags, geteuid, unlinkat};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use stevedore_init::tree::dir_flags;
 
 /// Why a host directory cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -180,10 +181,6 @@ pub fn check_parent(path: &Path) -> Result<(), HostDirError> {
 pub struct PrivateDir {
     fd: OwnedFd,
     path: PathBuf,
-}
-
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
 }
 
 impl PrivateDir {

@@ -18,8 +18,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use stevedore_init::tree::{self, Kind, Refusal, Stat};
 
-/// Deeper directories are refused: each level holds one open descriptor.
-const MAX_DEPTH: usize = 128;
+use stevedore_init::tree::MAX_DEPTH;
 /// At most this many skipped entries are named.
 const MAX_SKIPPED: usize = 1000;
 
@@ -428,8 +427,7 @@ pub(crate) fn finished(progress: &crate::contract::ProgressSink, bytes: u64) {
 }
 
 /// The request's input dir opened and measured, refused when larger than `limit`; `None`
-/// without one.
-#[cfg(any(feature = "docker", feature = "kube"))]
+/// without one. Every rung does this at prepare: a request refused here made nothing.
 pub(crate) fn opened(
     dir: Option<&Path>,
     limit: u64,

@@ -94,7 +94,24 @@ pub struct AttemptLabels<'a> {
     pub extra: &'a BTreeMap<String, String>,
 }
 
-impl AttemptLabels<'_> {
+impl<'a> AttemptLabels<'a> {
+    /// The labels of `req`'s attempt `attempt_id`: its job, attempt number and scope.
+    pub fn of_request(
+        owner: Owner<'a>,
+        req: &'a crate::contract::Request,
+        attempt_id: &'a str,
+        extra: &'a BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            owner,
+            attempt_id,
+            job: Some((&req.job_id, req.attempt)),
+            app: req.app_id.as_deref(),
+            org: req.org_id.as_deref(),
+            extra,
+        }
+    }
+
     /// The label map for an attempt's object with `role`.
     pub fn for_role(&self, role: &str) -> HashMap<String, String> {
         self.for_kind(Kind::Attempt, role)

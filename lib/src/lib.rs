@@ -23,8 +23,9 @@
 //!   cluster; stevedore's init comes from its init image ([`image::init_image`]).
 //! - The in-process rung ([`InProcessExecutor`], level `none`).
 //! - Inside (not public): `attempt`, the life of an attempt whose PID 1 is stevedore's init,
-//!   written once for every rung that runs it; `link`, its host side (frames, the reader,
-//!   supervision, claims); `outputs`, `inputs`, `hostdir`, `pipe`, `util`.
+//!   written once for every rung that runs it, admission and the rung's `Executor` included
+//!   (`attempt::front`); `link`, its host side (frames, the reader, supervision, claims);
+//!   `outputs`, `inputs`, `hostdir`, `pipe`, `util`.
 //! - `stevedore-init` (crate `init/`) is the init itself and the link's wire;
 //!   `stevedore-parse` (crate `parse/`) the host's parsers of untrusted bytes.
 

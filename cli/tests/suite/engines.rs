@@ -211,28 +211,39 @@ async fn outputs_written_until_the_oom_kill_are_delivered_or_their_loss_is_told(
     if quick() {
         return;
     }
-    let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
+    let Some((docker, image)) = support::setup().await else { return };
     let _one = serial().await;
     let _timed = Timed("outputs_written_until_the_oom_kill_are_delivered_or_their_loss_is_told", Instant::now());
     let w = support::worker("e-deliver");
     let t = tempfile::tempdir().unwrap();
-    let limits = ResourceLimits::new().with(key::MEMORY, 64 * MIB).with(key::DISK, 200 * MIB);
-    let runs = delivery_runs();
+    // An emulated engine moves the outputs at a few MB/s: one run each way, of half the size,
+    // and the time to collect them.
+    let (memory, runs) = if emulated() { (32 * MIB, 1) } else { (64 * MIB, delivery_runs()) };
+    let limits = ResourceLimits::new().with(key::MEMORY, memory).with(key::DISK, 200 * MIB);
+    let config = || {
+        let mut cfg = ContainerConfig::default();
+        if emulated() {
+            cfg.link.collection.min = Duration::from_secs(300);
+        }
+        cfg
+    };
+    let rung = rung_with(config()).await;
     for i in 0..runs {
         let out = t.path().join(format!("reserve-{i}"));
         let o = run(&rung, &cmd(&image, &w, &out, FILL_OUT).limits(limits.clone())).await;
         assert_eq!((o.status, o.exit_code), (Status::Ok, Some(0)), "{}", o.to_json());
         assert!(o.evidence.oom_kills >= Some(1), "the kernel killed the filler: {}", o.to_json());
         let size = delivered_big(&o, &out).unwrap_or_else(|| panic!("big delivered: {}", o.to_json()));
-        assert!(size > 32 * MIB, "what was written before the kill: {size}");
+        assert!(size > memory / 2, "what was written before the kill: {size}");
         assert_eq!(o.evidence.outputs_lost, None, "{}", o.to_json());
-        assert!(o.usage.peak_memory_bytes <= Some(64 * MIB), "the reserve is not the attempt's: {}", o.to_json());
-        assert!(o.evidence.enforcement["memory"].contains("the attempt's 67108864"), "{:?}", o.evidence.enforcement);
+        assert!(o.usage.peak_memory_bytes <= Some(memory), "the reserve is not the attempt's: {}", o.to_json());
+        let said = &o.evidence.enforcement["memory"];
+        assert!(said.contains(&format!("the attempt's {memory}")), "{said}");
     }
     eprintln!("with the delivery reserve: {runs} of {runs} attempts delivered the file");
     rung.close().await;
 
-    let mut cfg = ContainerConfig::default();
+    let mut cfg = config();
     cfg.link.delivery_reserve = 0;
     let rung = rung_with(cfg).await;
     let mut lost = 0;

@@ -745,3 +745,15 @@ async fn a_timeout_is_counted_from_the_commands_start() {
     rung.close().await;
     none_left(c, &w);
 }
+
+/// The front's rules (`front::one_rule_for_every_rung`) hold on this rung too: it is the same
+/// code as the others'.
+#[tokio::test]
+async fn the_front_is_one_rule_on_the_kube_rung() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-front");
+    let rung = rung(c).await;
+    let request = |out: &Path| sh(c, &w, out, "true");
+    let made = async || c.pods_of(&w).len();
+    crate::front::one_rule_for_every_rung(&rung, request, made).await;
+}

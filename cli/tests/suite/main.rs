@@ -5,12 +5,14 @@
 
 mod support;
 
+mod architecture;
 mod attacks;
 mod cli;
 mod command;
 mod container;
 mod docs;
 mod engines;
+mod front;
 mod handlers;
 mod hardening;
 mod hooks;

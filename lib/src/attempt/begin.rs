@@ -84,37 +84,13 @@ pub(crate) async fn begin<S: Site>(
     let rung = site.rung();
     let cfg = rung.settings;
     let Provisioned { transport: (inbound, sender), running, own, layout, enforcement, skipped, inputs } = prov;
-    let logs = rung.base.captures.of_worker(&req.worker_id).map_err(|e| LaunchError::staging("the capture dir", e))?;
-    let captures = [format!("{}.stdout", plan.name), format!("{}.stderr", plan.name)];
-    let capture = |n: &str| {
-        CappedLog::create(&logs, n, cfg.link.log_cap_bytes)
-            .map_err(|e| LaunchError::staging(format!("the capture {n}"), e))
-    };
-    let (stdout, stderr) = (capture(&captures[0]), capture(&captures[1]));
-    let guard = Captures { dir: Some(logs), names: captures.clone() };
-    let (stdout, stderr) = (stdout?, stderr?);
     let key: [u8; KEY_LEN] = rand::random();
     let link_id = hex(&rand::random::<[u8; 16]>());
     let (report_tx, report_task) = report_forwarding(req);
     let started_tx = report_tx.clone();
     let count = Arc::new(Heard::default());
     let (rejoin, more) = rejoin(&cfg, key, &link_id);
-    let setup = ReaderSetup {
-        key,
-        stdout,
-        stderr,
-        live: LiveSink::new(req.live.clone()),
-        outputs: OutputsSink {
-            dest: plan.output_dir.try_clone().map_err(|e| LaunchError::staging("the output dir", e))?,
-            caps: cfg.link.output_caps,
-        },
-        reports: ReportRoute::new(scope(req), report_tx),
-        stop: Default::default(),
-        count: count.clone(),
-        more,
-        taking_over: false,
-        progress: req.progress.clone(),
-    };
+    let (guard, captures, setup) = reader_setup(site, req, &plan, key, report_tx, count.clone(), more)?;
     let stop = setup.stop.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
     let reader = session::ReaderTask::spawn(&rung.base.tracker, session::read(inbound, setup, events_tx));
@@ -179,6 +155,47 @@ pub(crate) async fn begin<S: Site>(
     Ok(Running { ledger, link, reports: report_task, captures: guard })
 }
 
+/// The reader's setup: the capped captures (their guard, their names), the outputs' sink, the
+/// reports' route.
+fn reader_setup<S: Site>(
+    site: &S,
+    req: &Request,
+    plan: &Plan<'_>,
+    key: [u8; KEY_LEN],
+    reports: Option<mpsc::Sender<reports::Delivery>>,
+    count: Arc<Heard>,
+    more: Option<mpsc::Receiver<session::InboundStream>>,
+) -> Result<(Captures, [String; 2], ReaderSetup), LaunchError> {
+    let rung = site.rung();
+    let cfg = rung.settings;
+    let logs = rung.base.captures.of_worker(&req.worker_id).map_err(|e| LaunchError::staging("the capture dir", e))?;
+    let captures = [format!("{}.stdout", plan.name), format!("{}.stderr", plan.name)];
+    let capture = |n: &str| {
+        CappedLog::create(&logs, n, cfg.link.log_cap_bytes)
+            .map_err(|e| LaunchError::staging(format!("the capture {n}"), e))
+    };
+    let (stdout, stderr) = (capture(&captures[0]), capture(&captures[1]));
+    let guard = Captures { dir: Some(logs), names: captures.clone() };
+    let (stdout, stderr) = (stdout?, stderr?);
+    let setup = ReaderSetup {
+        key,
+        stdout,
+        stderr,
+        live: LiveSink::new(req.live.clone()),
+        outputs: OutputsSink {
+            dest: plan.output_dir.try_clone().map_err(|e| LaunchError::staging("the output dir", e))?,
+            caps: cfg.link.output_caps,
+        },
+        reports: ReportRoute::new(scope(req), reports),
+        stop: Default::default(),
+        count,
+        more,
+        taking_over: false,
+        progress: req.progress.clone(),
+    };
+    Ok((guard, captures, setup))
+}
+
 /// The engine's checkpoint hook, within its time.
 async fn checkpointed(hooks: &crate::contract::HookSet, cp: &Checkpoint) -> Result<(), HookError> {
     match tokio::time::timeout(HOOK_TIMEOUT, hooks.0.checkpoint(cp)).await {
@@ -223,15 +240,15 @@ fn ledger_of<O>(req: &Request, plan: &Plan<'_>, cfg: &Settings, got: Captured, o
     let Captured { captures, inputs, enforcement, skipped, ports } = got;
     let phases = crate::contract::Phases { started_ms: super::site::since(plan.started_ms), ..plan.phases.clone() };
     Ledger {
-        attempt_id: plan.attempt_id.to_owned(),
-        name: plan.name.to_owned(),
+        attempt_id: plan.attempt_id.clone(),
+        name: plan.name.clone(),
         started_ms: plan.started_ms,
         expects_handler: matches!(req.task, Task::Handler(_)),
         captures,
         max_files: cfg.link.output_caps.max_files as u64,
         max_total_bytes: cfg.link.output_caps.max_total_bytes,
-        narrowed: plan.narrowed.to_vec(),
-        env_overrides: plan.env_overrides.to_vec(),
+        narrowed: plan.narrowed.clone(),
+        env_overrides: plan.env_overrides.clone(),
         enforcement,
         skipped,
         inputs,
@@ -306,9 +323,9 @@ fn start_frame(
     Start {
         protocol: wire::PROTOCOL,
         key: hex(key),
-        argv: plan.argv.to_vec(),
-        env: plan.env.to_vec(),
-        cwd: plan.cwd.to_owned(),
+        argv: plan.argv.clone(),
+        env: plan.env.clone(),
+        cwd: plan.cwd.clone(),
         grace_ms: ms(req.policy.grace()),
         child_oom_score_adj: Some(500),
         handler,

@@ -1,20 +1,25 @@
 //! The life of an attempt whose PID 1 is stevedore's init, written once for every rung
-//! that runs it: begin (captures, reader, start, checkpoint, Start frame) → supervise →
-//! conclude (witness, teardown, judge, outcome hook), and recover (takeover). What differs
-//! between the rungs is [`site::Site`]; a rung prepares and provisions, then hands over.
+//! that runs it: the front (`front`: admission, the rung's prepare and provision, the
+//! rung's `Executor`), begin (captures, reader, start, checkpoint, Start frame) → supervise
+//! → conclude (witness, teardown, judge, outcome hook), and recover (takeover). What differs
+//! between the rungs is two small traits: [`front::Launch`] (the front half) and
+//! [`site::Site`] (the back half).
 //!
 //! Invariant: nothing here names a rung; the rungs import this module, never the reverse.
 
 pub(crate) mod action;
 mod begin;
 mod conclude;
+pub(crate) mod front;
 mod recover;
 pub(crate) mod site;
 
 pub(crate) use begin::scope;
 pub(crate) use recover::recover;
+pub(crate) use site::{
+    Decided, Layout, Ledger, Plan, Ports, Provisioned, Removed, Rung, Settings, Site, SiteBase, Teardown,
+};
 pub(crate) use site::{InFlight, since};
-pub(crate) use site::{Layout, Ledger, Plan, Ports, Provisioned, Removed, Rung, Settings, Site, SiteBase, Teardown};
 
 use crate::contract::{LaunchError, Outcome, Request};
 use crate::link::supervise::{Ended, Reach, Rules, supervise};

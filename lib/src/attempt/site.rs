@@ -94,23 +94,57 @@ pub(crate) struct Rung<'a> {
     pub settings: Settings,
 }
 
-/// What the rung decided of an attempt before its sandbox exists.
+/// What every rung decides of an attempt before its sandbox exists: each rung's own plan
+/// holds one (`Launch::decided`), and the shared attempt reads nothing else of it.
+#[derive(Debug)]
+pub(crate) struct Decided {
+    pub attempt_id: String,
+    /// Names the attempt's objects and captures.
+    pub name: String,
+    /// The caller's output dir, opened once.
+    pub output_dir: OwnedFd,
+    pub argv: Vec<String>,
+    /// The command's whole environment (the process rung's, once its dir exists).
+    pub env: Vec<(String, String)>,
+    pub env_overrides: Vec<EnvOverride>,
+    pub cwd: String,
+    pub narrowed: Vec<NarrowedLimit>,
+    /// When the attempt began (unix ms): its phases count from it.
+    pub started_ms: u64,
+}
+
+impl Decided {
+    /// A new attempt's id, and its name as `name` makes it of the id; the rest to be filled.
+    pub fn new(started_ms: u64, output_dir: OwnedFd, argv: Vec<String>, name: impl FnOnce(&str) -> String) -> Self {
+        let attempt_id = crate::util::random_hex(6);
+        Self {
+            name: name(&attempt_id),
+            attempt_id,
+            output_dir,
+            argv,
+            env: Vec::new(),
+            env_overrides: Vec::new(),
+            cwd: String::new(),
+            narrowed: Vec::new(),
+            started_ms,
+        }
+    }
+}
+
+/// What the rung decided, and the phases it timed before handing over (prepared, inputs
+/// staged, created).
 #[derive(Debug)]
 pub(crate) struct Plan<'a> {
-    pub attempt_id: &'a str,
-    /// Names the attempt's objects and captures.
-    pub name: &'a str,
-    /// The caller's output dir, opened once.
-    pub output_dir: &'a OwnedFd,
-    pub argv: &'a [String],
-    /// The command's whole environment.
-    pub env: &'a [(String, String)],
-    pub env_overrides: &'a [EnvOverride],
-    pub cwd: &'a str,
-    pub narrowed: &'a [NarrowedLimit],
-    pub started_ms: u64,
-    /// The phases the rung timed before handing over (prepared, inputs staged, created).
+    pub decided: &'a Decided,
     pub phases: Phases,
+}
+
+impl std::ops::Deref for Plan<'_> {
+    type Target = Decided;
+
+    fn deref(&self) -> &Decided {
+        self.decided
+    }
 }
 
 /// A sandbox the rung provisioned: the init waits for its Start frame on `transport`.

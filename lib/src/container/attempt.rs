@@ -1,15 +1,18 @@
-//! One attempt in one container: `prepare` → the mount check → `launch` (cold, or a parked
-//! container from the pool) → the shared init-backed attempt (`attempt::run`: begin,
-//! supervise, conclude). `Err` only when the container never ran the command.
+//! One attempt in one container, as this rung's `Launch` (`prepare` → the mount check →
+//! `launch` (cold, or a parked container from the pool)) and `Site` (what the shared attempt
+//! asks of a container). `Err` only when the container never ran the command.
 
 use super::cleanup::Cleanup;
-use super::launch::{Ready, provision};
+use super::launch::provision;
 use super::ledger::Own;
 use super::prepare::{Plan, prepare};
-use super::site::ContainerSite;
+use super::site::{ContainerSite, Ready};
 use super::sizes::Sizes;
+use crate::attempt::front::{Gate, Launch, Made, Prepared};
 use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
-use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, Phases, RecoverError, Request, Target, judge};
+use crate::contract::{
+    Checkpoint, Evidence, LaunchError, Outcome, ReclaimError, ReclaimReport, RecoverError, Request, Target, judge,
+};
 use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
 use crate::link::supervise::Ended;
@@ -17,77 +20,107 @@ use std::sync::Arc;
 use std::time::Duration;
 use stevedore_init::wire::{IN_DIR, OUT_DIR, TMP_DIR};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-/// Runs one attempt under the limits admission already worked out.
-///
-/// # Cancellation safety
-/// Dropping the future at any point leaves nothing behind for long: every object is in the
-/// attempt's `Cleanup`, whose `Drop` hands the removals to the rung's tracked tasks.
-pub(crate) async fn run(
-    site: Arc<ContainerSite>,
-    req: &Request,
-    applied: Sizes,
-    cancel: CancellationToken,
-) -> Result<Outcome, LaunchError> {
-    let span = attempt::span(req);
-    in_container(site, req, applied, cancel).instrument(span).await
-}
+impl Launch for Arc<ContainerSite> {
+    type Sizes = Sizes;
+    type Plan = Plan;
 
-async fn in_container(
-    site: Arc<ContainerSite>,
-    req: &Request,
-    applied: Sizes,
-    cancel: CancellationToken,
-) -> Result<Outcome, LaunchError> {
-    let mut plan = prepare(&site, req, applied).await?;
-    let probe = format!("{}-probe", plan.name);
-    let image_id = if plan.image.id.is_empty() { plan.image_ref.clone() } else { plan.image.id.clone() };
-    if let Some(r) = super::mounts::check(&site, &image_id, probe, plan.probe_labels.clone(), &plan.mounts).await? {
-        return Ok(redirected(&site, req, &plan, &r));
+    fn gate(&self) -> &Gate {
+        &self.gate
     }
-    let prepared_ms = attempt::since(plan.started_ms);
-    let warm = super::pool::claim(&site, &plan);
-    if let super::pool::Claim::Hit(p) = &warm {
-        // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
-        plan.attempt_id = p.attempt_id.clone();
-        plan.name = p.name.clone();
+
+    fn denies_network(&self) -> bool {
+        self.config.network == "none"
     }
-    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone(), &req.worker_id);
-    let launched = match warm {
-        super::pool::Claim::Hit(parked) => super::pool::ready(&site, &mut plan, &mut cleanup.left, *parked).await,
-        other => provision(&site, req, &mut plan, &mut cleanup.left, &cancel).await.map(|mut ready| {
-            if let super::pool::Claim::Miss(why) = other {
-                ready.warm = Some(false);
-                ready.skipped.insert("warm_pool".into(), why);
-            }
-            ready
-        }),
-    };
-    let ready = match launched {
-        Ok(r) => r,
-        Err(e) => return Err(attempt::abandon(cleanup, e).await),
-    };
-    let phases = Phases {
-        prepared_ms,
-        inputs_staged_ms: ready.staged_at.map(|t| t.saturating_sub(plan.started_ms)),
-        created_ms: attempt::since(plan.started_ms),
-        ..Phases::default()
-    };
-    let prov = provisioned(&site, &plan, &cleanup, ready);
-    let common = attempt::Plan {
-        attempt_id: &plan.attempt_id,
-        name: &plan.name,
-        output_dir: &plan.output_dir,
-        argv: &plan.argv,
-        env: &plan.env.env,
-        env_overrides: &plan.env.overrides,
-        cwd: &plan.cwd,
-        narrowed: &plan.applied.narrowed,
-        started_ms: plan.started_ms,
-        phases,
-    };
-    attempt::run(&site, req, common, prov, cleanup, &cancel).await
+
+    fn sizes(&self, req: &Request) -> (Sizes, u32) {
+        let applied = super::sizes::of(&req.limits, &self.config);
+        // The cgroup's whole limit: the delivery reserve is the host's memory too.
+        let limit = applied.memory.saturating_add(self.config.link.delivery_reserve);
+        (applied, u32::try_from(limit.div_ceil(1 << 20)).unwrap_or(u32::MAX))
+    }
+
+    /// Parked containers hold budget only while attempts leave it free.
+    fn make_room(&self, mib: u32) {
+        super::pool::yield_budget(self, mib);
+    }
+
+    /// The image, the argv, the environment, the inputs measured; then every mount
+    /// destination checked in the image (an image that would move one is refused here).
+    async fn prepare(&self, req: &Request, applied: Sizes) -> Result<Prepared<Plan>, LaunchError> {
+        let plan = prepare(self, req, applied).await?;
+        let probe = format!("{}-probe", plan.decided.name);
+        let image_id = if plan.image.id.is_empty() { plan.image_ref.clone() } else { plan.image.id.clone() };
+        match super::mounts::check(self, &image_id, probe, plan.probe_labels.clone(), &plan.mounts).await? {
+            Some(r) => Ok(Prepared::Refused(Box::new(redirected(self, req, &plan, &r)))),
+            None => Ok(Prepared::Ready(plan)),
+        }
+    }
+
+    /// A parked container of the attempt's size class from the warm pool, else a cold one.
+    async fn provision(
+        &self,
+        req: &Request,
+        plan: &mut Plan,
+        cancel: &CancellationToken,
+    ) -> (Cleanup, Result<Made<Own>, LaunchError>) {
+        let warm = super::pool::claim(self, plan);
+        if let super::pool::Claim::Hit(p) = &warm {
+            // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
+            plan.decided.attempt_id = p.attempt_id.clone();
+            plan.decided.name = p.name.clone();
+        }
+        let mut cleanup = Cleanup::new(self.clone(), plan.decided.attempt_id.clone(), &req.worker_id);
+        let launched = match warm {
+            super::pool::Claim::Hit(parked) => super::pool::ready(self, plan, &mut cleanup.left, *parked).await,
+            other => provision(self, req, plan, &mut cleanup.left, cancel).await.map(|mut ready| {
+                if let super::pool::Claim::Miss(why) = other {
+                    ready.warm = Some(false);
+                    ready.skipped.insert("warm_pool".into(), why);
+                }
+                ready
+            }),
+        };
+        let made = launched.map(|ready| {
+            let staged_at = ready.staged_at;
+            Made { prov: provisioned(self, plan, &cleanup, ready), staged_at }
+        });
+        (cleanup, made)
+    }
+
+    fn decided(plan: &Plan) -> &attempt::Decided {
+        &plan.decided
+    }
+
+    async fn reclaim(&self, worker: &str) -> Result<ReclaimReport, ReclaimError> {
+        super::reclaim::reclaim(self, worker).await
+    }
+
+    /// The warm pool stops filling and its parked containers go.
+    async fn closing(&self) {
+        super::pool::drain(self).await;
+    }
+
+    async fn closed(&self) {
+        // A fill that was under way when the pool closed removes its own container.
+        super::pool::drain(self).await;
+        // Nothing of this rung mounts its tools volumes any more.
+        let slot = std::mem::take(&mut *self.tools.lock().await);
+        if let Err(e) = super::tools::remove_made(&self.engine, &slot.made).await {
+            tracing::warn!(volumes = ?slot.made, error = %e, "removing the tools volumes");
+        }
+    }
+
+    /// The dead process's tools volume goes with its last attempt (the engine refuses while
+    /// another of its containers mounts it). Not for a checkpoint refused as invalid: then
+    /// nothing is touched.
+    async fn recovered(&self, cp: &Checkpoint, invalid: bool) {
+        if !invalid
+            && let Err(e) = super::tools::remove_of(&self.engine, &[&cp.incarnation], &self.base.incarnation).await
+        {
+            tracing::warn!(error = %e, "removing the recovered process's tools volume");
+        }
+    }
 }
 
 /// The ready container as the shared attempt takes it: its transport, its facts, the
@@ -120,7 +153,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
                 "host dir {d} bound read-only (checked before the create: every directory from / this user's or \
                  root's, none writable by others)"
             ),
-            None => match super::launch::host_tools_refusal(site) {
+            None => match super::tools::host_tools_refusal(site) {
                 Some(why) => format!("volume {} (the host dir was not used: {why})", tools.volume),
                 None => format!("volume {}", tools.volume),
             },
@@ -148,7 +181,7 @@ fn redirected(site: &ContainerSite, req: &Request, plan: &Plan, r: &super::mount
             executor: site.config.name.clone(),
             level: Some(site.config.level()),
             incarnation: site.base.incarnation.clone(),
-            started_at_unix_ms: Some(plan.started_ms),
+            started_at_unix_ms: Some(plan.decided.started_ms),
             finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
             image: Some(plan.image_ref.clone()),
             image_id: Some(plan.image.id.clone()),

@@ -55,7 +55,7 @@ impl Default for Hardening {
 }
 
 /// The default sandbox user: not root, and not any user an image is likely to define.
-pub const SANDBOX_USER: &str = "65532:65532";
+pub use stevedore_init::wire::SANDBOX_USER;
 
 /// How the container rung is set up. `ContainerConfig::default()` documents every default;
 /// the builder methods set one item each.
@@ -202,6 +202,11 @@ impl Default for ContainerConfig {
     }
 }
 
+/// What the container rung applies where neither the request nor a default says: never
+/// unlimited by accident. A ceiling narrows these too.
+pub(crate) const FALLBACK: crate::contract::Limits =
+    crate::contract::Limits::NONE.memory(1 << 30).pids(512).disk(512 << 20).nofile(4096);
+
 impl ContainerConfig {
     /// Binds the init from a host directory where the engine can (`true`, the default), or
     /// always fills a tools volume (`false`).
@@ -213,7 +218,9 @@ impl ContainerConfig {
     /// The limits an attempt that asks for none gets: the configured defaults, else the
     /// rung's fallback, under the ceilings (`replay` holds an untrusted action to them).
     pub fn default_limits(&self) -> crate::contract::Limits {
-        super::sizes::default_limits(self)
+        use crate::contract::limits::{self, RungLimits};
+        let rung = RungLimits { defaults: &self.defaults, ceilings: &self.ceilings, fallback: &FALLBACK, cannot: &[] };
+        limits::resolve(&crate::contract::ResourceLimits::new(), rung).limits
     }
 
     /// The isolation level this configuration provides.
@@ -227,7 +234,7 @@ impl ContainerConfig {
     /// The sandbox user as (uid, gid).
     pub fn uid_gid(&self) -> (u32, u32) {
         let mut it = self.user.split(':');
-        let uid = it.next().and_then(|u| u.parse().ok()).unwrap_or(65532);
+        let uid = it.next().and_then(|u| u.parse().ok()).unwrap_or(stevedore_init::wire::SANDBOX_UID);
         let gid = it.next().and_then(|g| g.parse().ok()).unwrap_or(uid);
         (uid, gid)
     }

@@ -1,23 +1,18 @@
-//! `ContainerExecutor`: the container rung's face, implementing `Executor`: validation,
-//! admission, then the attempt (`attempt`) on the rung's site (`site`).
+//! `ContainerExecutor`: the container rung's public face: connecting to the engine, the warm
+//! pool's and the tools' own calls. Its `Executor` is the shared front's
+//! (`attempt::front`), over this rung's `Launch` (`attempt`).
 
 use super::config::ContainerConfig;
 use super::site::ContainerSite;
-use crate::contract::{
-    Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
-};
+use crate::contract::LaunchError;
 use crate::engine::Engine;
-use crate::util::BoxFuture;
 use std::sync::Arc;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 /// Runs each attempt in a fresh container on a Docker-API engine (Docker or Podman, local or
 /// remote). Cheap to clone; clones share the engine, the admission bounds and the tasks.
 #[derive(Debug, Clone)]
 pub struct ContainerExecutor {
     shared: Arc<ContainerSite>,
-    slots: Arc<Semaphore>,
 }
 
 impl ContainerExecutor {
@@ -48,7 +43,7 @@ impl ContainerExecutor {
         if tokio::runtime::Handle::try_current().is_ok() {
             super::pool::start(&shared);
         }
-        Self { slots: Arc::new(Semaphore::new(shared.config.max_in_flight.max(1))), shared }
+        Self { shared }
     }
 
     /// Waits until the warm pool holds its configured number of parked containers, or
@@ -89,107 +84,6 @@ impl ContainerExecutor {
     pub async fn prune_tools(&self) -> Result<super::tools::ToolsPruned, crate::engine::EngineError> {
         super::tools::prune(&self.shared.engine, &self.shared.base.incarnation).await
     }
-
-    async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
-        let name = self.shared.config.name.clone();
-        // Holding a tracker token makes `close` wait for this attempt.
-        let _token = self.shared.base.tracker.token();
-        if self.shared.base.tracker.is_closed() {
-            return Err(LaunchError::Closed(name));
-        }
-        // An invalid request is refused before it waits for anything.
-        req.validate()?;
-        req.policy.admit_network(&name, self.shared.config.network == "none")?;
-        let applied = super::sizes::of(&req.limits, &self.shared.config);
-        // The cgroup's whole limit: the delivery reserve is the host's memory too.
-        let limit = applied.memory.saturating_add(self.shared.config.link.delivery_reserve);
-        let mib = u32::try_from(limit.div_ceil(1 << 20)).unwrap_or(u32::MAX);
-        let budget = &self.shared.budget;
-        if mib > self.shared.budget_mib {
-            return Err(LaunchError::AdmissionRefused(format!(
-                "memory limit {} MiB exceeds the rung's budget of {} MiB (80% of the engine host)",
-                mib, self.shared.budget_mib
-            )));
-        }
-        // Parked containers hold budget only while attempts leave it free.
-        super::pool::yield_budget(&self.shared, mib);
-        let acquire = async {
-            let slot = self.slots.clone().acquire_owned().await;
-            let mem = budget.clone().acquire_many_owned(mib).await;
-            (slot, mem)
-        };
-        let permits = if self.shared.config.wait_for_admission {
-            tokio::select! {
-                p = acquire => p,
-                _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
-            }
-        } else {
-            match (self.slots.clone().try_acquire_owned(), budget.clone().try_acquire_many_owned(mib)) {
-                (Ok(s), Ok(m)) => (Ok(s), Ok(m)),
-                _ => {
-                    return Err(LaunchError::AdmissionRefused(format!(
-                        "{} attempts in flight or memory budget used up",
-                        self.shared.config.max_in_flight
-                    )));
-                }
-            }
-        };
-        let (Ok(_slot), Ok(_mem)) = permits else {
-            return Err(LaunchError::Closed(name));
-        };
-        if self.shared.base.tracker.is_closed() {
-            return Err(LaunchError::Closed(name));
-        }
-        super::attempt::run(self.shared.clone(), req, applied, cancel.clone()).await
-    }
 }
 
-impl Executor for ContainerExecutor {
-    fn name(&self) -> &str {
-        &self.shared.config.name
-    }
-
-    fn level(&self) -> Level {
-        self.shared.config.level()
-    }
-
-    fn denies_network(&self) -> bool {
-        self.shared.config.network == "none"
-    }
-
-    fn run<'a>(
-        &'a self,
-        request: &'a Request,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
-        Box::pin(async move { self.admitted(request, &cancel).await })
-    }
-
-    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
-        Box::pin(super::reclaim::reclaim(&self.shared, worker_id))
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            super::pool::drain(&self.shared).await;
-            self.shared.base.tracker.close();
-            self.shared.base.tracker.wait().await;
-            // A fill that was under way when the pool closed removes its own container.
-            super::pool::drain(&self.shared).await;
-            // Nothing of this rung mounts its tools volumes any more.
-            let slot = std::mem::take(&mut *self.shared.tools.lock().await);
-            if let Err(e) = super::tools::remove_made(&self.shared.engine, &slot.made).await {
-                tracing::warn!(volumes = ?slot.made, error = %e, "removing the tools volumes");
-            }
-        })
-    }
-
-    fn recover<'a>(
-        &'a self,
-        checkpoint: &'a Checkpoint,
-        hooks: Option<HookSet>,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
-        Box::pin(super::recover::recover(self.shared.clone(), checkpoint, hooks, cancel))
-    }
-}
+crate::attempt::front::executor!(ContainerExecutor, shared);

@@ -29,11 +29,12 @@
 
 use super::cleanup::Leftovers;
 use super::labels::{AttemptLabels, Kind, Owner};
-use super::launch::{Ready, UploadTo};
 use super::prepare::Plan;
 use super::site::{ContainerSite, Parked, Pool};
+use super::site::{PoolStats, Ready};
 use super::sizes::{self, Sizes};
 use super::spec;
+use super::stage::UploadTo;
 use crate::contract::{InputsStaged, LaunchError, ResourceLimits};
 use bollard::models::VolumeCreateRequest;
 use std::collections::{HashMap, VecDeque};
@@ -75,28 +76,6 @@ impl PoolConfig {
         self.max_filling = n.max(1);
         self
     }
-}
-
-/// What the warm pool did since the rung was made.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolStats {
-    /// Attempts served by a parked container.
-    pub hits: u64,
-    /// Attempts of the pool's image it could not serve (they ran cold).
-    pub misses: u64,
-    /// Fills started (the first `size`, then one per claim).
-    pub fills_started: u64,
-    /// Fills that failed (their objects removed).
-    pub fills_failed: u64,
-    /// Parked containers removed to make room for another size class.
-    pub evicted: u64,
-    /// The most fills ever under way at once.
-    pub most_filling: usize,
-    /// Parked now.
-    pub parked: usize,
-    /// Fills under way now.
-    pub filling: usize,
 }
 
 /// What the pool says to an attempt.
@@ -269,20 +248,8 @@ async fn made_ready(
         let cpus = a.cpu_millis.map(|m| m.saturating_mul(1_000_000));
         shared.engine.api.update(&p.name, a.memory.saturating_add(reserve), cpus, a.pids).await?;
     }
-    let mut enforcement = p.enforcement;
-    enforcement.insert("memory".into(), spec::memory_text(a.memory, reserve, true));
-    enforcement.insert("pids".into(), format!("cgroup pids limit {} (as claimed)", a.pids));
-    let mut skipped = p.skipped;
-    match a.cpu_millis {
-        Some(m) => {
-            enforcement.insert("cpu".into(), format!("cfs quota of {m} millicores (as claimed)"));
-            skipped.remove("cpu");
-        }
-        None => {
-            enforcement.remove("cpu");
-            skipped.insert("cpu".into(), "no cpu limit requested or configured".into());
-        }
-    }
+    let (mut enforcement, mut skipped) = (p.enforcement, p.skipped);
+    spec::cgroup_limits_evidence(a, reserve, true, &mut enforcement, &mut skipped);
     let mut inputs = None;
     let mut staged_at = None;
     if let Some((dir, staged)) = plan.inputs.take() {
@@ -296,7 +263,7 @@ async fn made_ready(
                 ),
             ),
         };
-        let report = super::launch::upload_inputs(shared, to, dir, staged.bytes, plan.progress.clone()).await?;
+        let report = super::stage::upload_inputs(shared, to, dir, staged.bytes, plan.progress.clone()).await?;
         inputs =
             Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, tree: Some(report.tree), ..staged });
         staged_at = Some(crate::contract::unix_ms_now());
@@ -443,7 +410,7 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
     if let Some(r) = super::mounts::check(shared, &image_id, probe, l.for_kind(Kind::Pool, "probe"), &dests).await? {
         return Err(LaunchError::NotAllowed(r.explain(&image_ref)));
     }
-    let tools = super::launch::tools_volume(shared, &image_ref).await?;
+    let tools = super::tools::tools_volume(shared, &image_ref).await?;
     shared.base.in_flight().insert(attempt_id.clone());
     let mut left = Leftovers::default();
     let input_volume = format!("{name}-in");
@@ -501,7 +468,7 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
     }
     .await;
     if let Err(e) = &made {
-        super::launch::host_tools_refused(shared, &tools, e);
+        super::tools::host_tools_refused(shared, &tools, e);
         shared.tools_suspect().await;
         remove(shared, &left.containers, &left.volumes).await;
         shared.base.in_flight().remove(&attempt_id);

@@ -6,27 +6,22 @@ use super::config::PullPolicy;
 use super::labels::{self, AttemptLabels, Owner};
 use super::site::ContainerSite;
 use super::sizes::Sizes;
+use crate::attempt::Decided;
 use crate::contract::{InputsStaged, LaunchError, Request, Task};
 use crate::engine::ImageFacts;
 use crate::envlayer;
 use crate::inputs::InputDir;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use stevedore_init::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 
 /// What the attempt will do, decided.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    pub attempt_id: String,
-    /// The container's name (`sd-<worker>-<attempt id>`).
-    pub name: String,
+    /// What every rung decides (the container's name: `sd-<worker>-<attempt id>`).
+    pub decided: Decided,
     pub image_ref: String,
     pub image: ImageFacts,
-    pub argv: Vec<String>,
-    pub env: envlayer::Layered,
-    pub cwd: String,
     pub applied: Sizes,
-    pub output_dir: OwnedFd,
     pub inputs: Option<(InputDir, InputsStaged)>,
     pub labels: HashMap<String, String>,
     pub input_labels: HashMap<String, String>,
@@ -34,7 +29,6 @@ pub(crate) struct Plan {
     pub probe_labels: HashMap<String, String>,
     /// Where the attempt mounts something (`mounts`).
     pub mounts: Vec<String>,
-    pub started_ms: u64,
     /// Where the inputs' upload reports its progress.
     pub progress: Option<crate::contract::ProgressSink>,
 }
@@ -58,38 +52,29 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
     let mounts =
         super::mounts::destinations(inputs.is_some(), &caches, &super::spec::masked_volumes(&image.volumes, &caches));
     let env = layer_env(req, &image, cfg);
-    let attempt_id = crate::util::random_hex(6);
-    let name = format!("sd-{}-{}", &req.worker_id[..req.worker_id.len().min(40)], attempt_id);
+    let worker = &req.worker_id[..req.worker_id.len().min(40)];
+    let mut decided = Decided::new(started_ms, output_dir, argv, |id| format!("sd-{worker}-{id}"));
+    decided.env = env.env;
+    decided.env_overrides = env.overrides;
+    decided.cwd = req
+        .workdir
+        .clone()
+        .or_else(|| image.working_dir.clone().filter(|w| !w.is_empty()))
+        .unwrap_or_else(|| "/".into());
+    decided.narrowed.clone_from(&applied.narrowed);
     let owner = Owner { worker: &req.worker_id, incarnation: &shared.base.incarnation, executor: &cfg.name };
-    let l = AttemptLabels {
-        owner,
-        attempt_id: &attempt_id,
-        job: Some((&req.job_id, req.attempt)),
-        app: req.app_id.as_deref(),
-        org: req.org_id.as_deref(),
-        extra: &cfg.labels,
-    };
+    let l = AttemptLabels::of_request(owner, req, &decided.attempt_id, &cfg.labels);
     Ok(Plan {
         labels: l.for_role("container"),
         input_labels: l.for_role("in"),
         stage_labels: l.for_role("stage"),
         probe_labels: l.for_role("probe"),
         mounts,
-        attempt_id,
-        name,
-        cwd: req
-            .workdir
-            .clone()
-            .or_else(|| image.working_dir.clone().filter(|w| !w.is_empty()))
-            .unwrap_or_else(|| "/".into()),
+        decided,
         image_ref,
         image,
-        argv,
-        env,
         applied,
-        output_dir,
         inputs,
-        started_ms,
         progress: req.progress.clone(),
     })
 }

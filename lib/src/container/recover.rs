@@ -1,36 +1,18 @@
 //! The container rung's part of a takeover (`attempt::recover` does the rest): the
 //! container is checked to be the checkpoint's (by the engine's labels, never by what the
 //! checkpoint says), the init's takeover socket is reached through `stevedore-init relay`
-//! run by the engine's exec, and the dead process's tools volume goes with its last attempt.
+//! run by the engine's exec (the dead process's tools volume goes with its last attempt:
+//! `Launch::recovered`).
 
 use super::cleanup::Cleanup;
 use super::labels;
 use super::ledger::Own;
 use super::site::ContainerSite;
 use crate::attempt::{Ledger, Teardown};
-use crate::contract::{Checkpoint, HookSet, Outcome, RecoverError, Target};
+use crate::contract::{Checkpoint, RecoverError, Target};
 use crate::link::session::Transport;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
-
-pub(crate) async fn recover(
-    site: Arc<ContainerSite>,
-    cp: &Checkpoint,
-    hooks: Option<HookSet>,
-    cancel: CancellationToken,
-) -> Result<Outcome, RecoverError> {
-    let result = crate::attempt::recover(&site, cp, hooks, &cancel).await;
-    // The dead process's tools volume goes with its last attempt (the engine refuses while
-    // another of its containers mounts it). Not for a checkpoint refused as invalid: then
-    // nothing is touched.
-    if !matches!(result, Err(RecoverError::Invalid(_)))
-        && let Err(e) = super::tools::remove_of(&site.engine, &[&cp.incarnation], &site.base.incarnation).await
-    {
-        tracing::warn!(error = %e, "removing the recovered process's tools volume");
-    }
-    result
-}
 
 /// The checkpoint's container, if it is that attempt's and still runs its init; else what
 /// is left of the attempt is removed.

@@ -6,6 +6,7 @@
 use super::config::ContainerConfig;
 use super::sizes::Sizes;
 use crate::attempt::SiteBase;
+use crate::attempt::front::{Budget, Gate};
 use crate::engine::{Attached, Engine, PathKind};
 use crate::hostdir::Captures;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -29,8 +30,8 @@ pub(crate) struct ContainerSite {
     pub mounts: Mutex<Seen>,
     /// The memory the rung's attempts (and parked containers) may hold at once, in MiB.
     pub budget: std::sync::Arc<tokio::sync::Semaphore>,
-    /// Its size.
-    pub budget_mib: u32,
+    /// Admission: the attempts in flight and the budget.
+    pub gate: Gate,
 }
 
 impl ContainerSite {
@@ -40,6 +41,13 @@ impl ContainerSite {
         let budget_mib =
             u32::try_from(budget.max(64)).unwrap_or(u32::MAX >> 4).min(tokio::sync::Semaphore::MAX_PERMITS as u32);
         let base = SiteBase::new(incarnation, Captures::new(config.log_dir.clone()));
+        let budget = std::sync::Arc::new(tokio::sync::Semaphore::new(budget_mib as usize));
+        let of = "80% of the engine host";
+        let gate = Gate::new(
+            config.max_in_flight,
+            config.wait_for_admission,
+            Some(Budget { permits: budget.clone(), mib: budget_mib, of }),
+        );
         Self {
             engine,
             config,
@@ -48,8 +56,8 @@ impl ContainerSite {
             host_tools: Mutex::default(),
             pool,
             mounts: Mutex::default(),
-            budget: std::sync::Arc::new(tokio::sync::Semaphore::new(budget_mib as usize)),
-            budget_mib,
+            budget,
+            gate,
         }
     }
 
@@ -72,6 +80,23 @@ pub struct ToolsVolume {
     /// Instead of the volume: the host directory holding the init, bind-mounted read-only
     /// (an engine on this machine: `tools::host_copy`).
     pub bind: Option<String>,
+}
+
+/// A container ready for its attempt: created and attached (cold), or parked and claimed
+/// (warm: already started, its init waiting for the Start frame).
+pub(crate) struct Ready {
+    pub container_id: String,
+    pub attached: Attached,
+    pub running: bool,
+    pub enforcement: BTreeMap<String, String>,
+    pub skipped: BTreeMap<String, String>,
+    pub tools: ToolsVolume,
+    pub inputs: Option<crate::contract::InputsStaged>,
+    pub caches: Vec<(String, String, String)>,
+    /// `Some(true)`: from the warm pool; `Some(false)`: the pool could not serve it.
+    pub warm: Option<bool>,
+    /// When (unix ms) the inputs were in their volume.
+    pub staged_at: Option<u64>,
 }
 
 /// Whether the init can come from a host directory (`tools::host_copy`).
@@ -107,10 +132,32 @@ pub(crate) struct Pool {
     pub(super) closed: AtomicBool,
     /// The image every parked container runs, once known to exist.
     pub(super) image: tokio::sync::OnceCell<String>,
-    pub(super) stats: std::sync::Mutex<super::pool::PoolStats>,
+    pub(super) stats: std::sync::Mutex<PoolStats>,
     /// What fills under way (or parked containers being discarded) made, by their id: a
     /// fill cut short by a runtime going away leaves them to the rung's `Drop` backstop.
     pub(super) pending: std::sync::Mutex<HashMap<String, Objects>>,
+}
+
+/// What the warm pool did since the rung was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Attempts served by a parked container.
+    pub hits: u64,
+    /// Attempts of the pool's image it could not serve (they ran cold).
+    pub misses: u64,
+    /// Fills started (the first `size`, then one per claim).
+    pub fills_started: u64,
+    /// Fills that failed (their objects removed).
+    pub fills_failed: u64,
+    /// Parked containers removed to make room for another size class.
+    pub evicted: u64,
+    /// The most fills ever under way at once.
+    pub most_filling: usize,
+    /// Parked now.
+    pub parked: usize,
+    /// Fills under way now.
+    pub filling: usize,
 }
 
 /// Containers and volumes, by name.

@@ -2,12 +2,8 @@
 //! (`contract::limits::resolve`), over this rung's fallback, in the engine's terms (pure).
 
 use super::config::ContainerConfig;
-use crate::contract::limits::{self, Limits, RungLimits};
+use crate::contract::limits::{self, RungLimits};
 use crate::contract::{NarrowedLimit, ResourceLimits};
-
-/// What the container rung applies where neither the request nor a default says: never
-/// unlimited by accident. A ceiling narrows these too.
-pub(crate) const FALLBACK: Limits = Limits::NONE.memory(1 << 30).pids(512).disk(512 << 20).nofile(4096);
 
 /// One attempt's container, sized.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,26 +26,25 @@ pub(crate) struct Sizes {
     pub narrowed: Vec<NarrowedLimit>,
 }
 
-/// The limits of a request that asks for none (`ContainerConfig::default_limits`).
-pub(crate) fn default_limits(cfg: &ContainerConfig) -> Limits {
-    let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };
-    limits::resolve(&ResourceLimits::new(), rung).limits
-}
-
 /// The request's limits on this rung.
 pub(crate) fn of(req: &ResourceLimits, cfg: &ContainerConfig) -> Sizes {
-    let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };
+    let rung = RungLimits {
+        defaults: &cfg.defaults,
+        ceilings: &cfg.ceilings,
+        fallback: &super::config::FALLBACK,
+        cannot: &[],
+    };
     let a = limits::resolve(req, rung);
     let l = a.limits;
     // `resolve` fills these from the fallback (a ceiling only lowers them): never `None`.
     let given = |v: Option<u64>, fallback: Option<u64>| v.or(fallback).unwrap_or(0);
-    let memory = given(l.memory_bytes, FALLBACK.memory_bytes);
+    let memory = given(l.memory_bytes, super::config::FALLBACK.memory_bytes);
     Sizes {
         memory,
-        pids: given(l.pids, FALLBACK.pids),
-        disk: given(l.disk_bytes, FALLBACK.disk_bytes),
+        pids: given(l.pids, super::config::FALLBACK.pids),
+        disk: given(l.disk_bytes, super::config::FALLBACK.disk_bytes),
         cpu_millis: l.cpu_millis,
-        nofile: given(l.nofile, FALLBACK.nofile),
+        nofile: given(l.nofile, super::config::FALLBACK.nofile),
         tmp: cfg.max_tmp_bytes.min(memory),
         gpus: l.gpu_millis.map(|m| m.div_ceil(1000)),
         narrowed: a.narrowed,
@@ -59,6 +54,7 @@ pub(crate) fn of(req: &ResourceLimits, cfg: &ContainerConfig) -> Sizes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::limits::Limits;
 
     #[test]
     fn defaults_are_never_unlimited() {

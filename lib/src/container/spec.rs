@@ -205,11 +205,30 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     Spec { body, enforcement, skipped }
 }
 
-/// The evidence's `memory` line: at create, or as a parked container's limit set at its
-/// claim (`claimed`).
-pub(crate) fn memory_text(memory: u64, reserve: u64, claimed: bool) -> String {
-    let how = if claimed { "swap off (as claimed)" } else { "swap off (memory+swap = memory)" };
-    crate::link::memory_limit_text(memory, reserve, how)
+/// The evidence of the limits the engine can change on a running container (memory, pids,
+/// CPU), written once for a container's create and a parked one's claim (`claimed`: the
+/// limits were set with `docker update` as the attempt claimed it).
+pub(crate) fn cgroup_limits_evidence(
+    a: &Sizes,
+    reserve: u64,
+    claimed: bool,
+    enforcement: &mut BTreeMap<String, String>,
+    skipped: &mut BTreeMap<String, String>,
+) {
+    let set = if claimed { " (as claimed)" } else { "" };
+    let swap = if claimed { "swap off (as claimed)" } else { "swap off (memory+swap = memory)" };
+    put(enforcement, "memory", crate::link::memory_limit_text(a.memory, reserve, swap));
+    put(enforcement, "pids", format!("cgroup pids limit {}{set}", a.pids));
+    match a.cpu_millis {
+        Some(m) => {
+            put(enforcement, "cpu", format!("cfs quota of {m} millicores{set}"));
+            skipped.remove("cpu");
+        }
+        None => {
+            enforcement.remove("cpu");
+            put(skipped, "cpu", "no cpu limit requested or configured".into());
+        }
+    }
 }
 
 /// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`).
@@ -294,8 +313,7 @@ fn limits(
     enforcement: &mut BTreeMap<String, String>,
     skipped: &mut BTreeMap<String, String>,
 ) {
-    put(enforcement, "memory", memory_text(a.memory, reserve, false));
-    put(enforcement, "pids", format!("cgroup pids limit {}", a.pids));
+    cgroup_limits_evidence(a, reserve, false, enforcement, skipped);
     put(enforcement, "nofile", format!("rlimit nofile {}", a.nofile));
     put(enforcement, "tmp", format!("tmpfs {TMP_DIR} of {} bytes (counts as memory)", a.tmp));
     let disk = format!("{OUT_DIR} is a tmpfs of {} bytes: ENOSPC at the limit (its pages count as memory)", a.disk);
@@ -308,12 +326,8 @@ fn limits(
             .into(),
     );
     put(enforcement, "log_driver", "none: stdout/stderr captured by stevedore, capped".into());
-    match a.cpu_millis {
-        Some(m) => {
-            host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
-            put(enforcement, "cpu", format!("cfs quota of {m} millicores"));
-        }
-        None => put(skipped, "cpu", "no cpu limit requested or configured".into()),
+    if let Some(m) = a.cpu_millis {
+        host.nano_cpus = Some(clamp(m).saturating_mul(1_000_000));
     }
     if let Some(n) = a.gpus {
         host.device_requests = Some(vec![DeviceRequest {

@@ -15,13 +15,14 @@
 //! filled from the image.
 
 use super::labels;
-use super::site::ToolsVolume;
+use super::site::{ContainerSite, Slot, ToolsVolume};
 use super::spec;
 use crate::contract::LaunchError;
 use crate::engine::{ByteStream, Engine, EngineError};
 use crate::sandbox::init_binary;
 use bollard::models::{ContainerCreateBody, VolumeCreateRequest};
 use bytes::Bytes;
+use std::sync::Arc;
 use stevedore_init::wire::{INIT_NAME, TOOLS_DIR};
 
 /// The label with the tools volume's creation time (unix seconds): `prune`'s age.
@@ -266,6 +267,132 @@ async fn fill(
     Ok(())
 }
 
+// The rung's trust in its init: the host directory, else its own tools volume.
+
+/// After this long, the rung checks that its tools volume is still its own before it mounts
+/// it again (another process's `reclaim --tools` may have taken it for a crash's leftover);
+/// after a failed launch it checks at once. An engine that ignores `NoCopy` would fill a
+/// volume made again on mount from the image, whose files would then run as PID 1: there
+/// the rung checks before every mount, which leaves only the moment between the check and
+/// the create.
+const TOOLS_RECHECK_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// This rung's init in the engine: its own tools volume, made on first use and made anew
+/// when it is no longer its own.
+pub(crate) async fn tools_volume(shared: &Arc<ContainerSite>, image: &str) -> Result<ToolsVolume, LaunchError> {
+    if let Some(t) = host_tools(shared).await {
+        return Ok(t);
+    }
+    if let Some(t) = trusted(&*shared.tools.lock().await, &shared.engine) {
+        return Ok(t);
+    }
+    // On the rung's tracked tasks, so an attempt dropped meanwhile (a caller's timeout)
+    // leaves the volume made and recorded for `close`, never half made and unknown.
+    let s = shared.clone();
+    let image = image.to_owned();
+    shared
+        .base
+        .tracker
+        .spawn(async move {
+            let mut slot = s.tools.lock().await;
+            // Another attempt may have checked or made it while this one waited for the lock.
+            if let Some(t) = trusted(&slot, &s.engine) {
+                return Ok(t);
+            }
+            let now = std::time::Instant::now();
+            if let Some((t, checked)) = &mut slot.current {
+                if is_ours(&s.engine, &t.volume, &s.base.incarnation).await? {
+                    *checked = Some(now);
+                    return Ok(t.clone());
+                }
+                // Gone, or made again empty by a mount: its name stays in `made` for `close`.
+                tracing::warn!(volume = %t.volume, "the rung's tools volume was taken; making a new one");
+                let _ = s.engine.api.remove_volume(&t.volume).await;
+                slot.current = None;
+            }
+            let t = create(&s.engine, &image, &s.base.incarnation).await?;
+            slot.made.push(t.volume.clone());
+            slot.current = Some((t.clone(), Some(now)));
+            Ok::<_, LaunchError>(t)
+        })
+        .await
+        .map_err(|e| LaunchError::Staging { what: "the init's tools volume".into(), source: Box::new(e) })?
+}
+
+/// The init from a host directory, when the engine can bind one (`tools::host_copy`);
+/// looked at once per rung.
+async fn host_tools(shared: &ContainerSite) -> Option<ToolsVolume> {
+    use super::site::HostTools;
+    let state = |s: &ContainerSite| match &*s.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        HostTools::Untried => None,
+        HostTools::Ready(t) => Some(Some(t.clone())),
+        HostTools::Unusable(_) => Some(None),
+    };
+    if !shared.config.init_from_host {
+        return None;
+    }
+    match state(shared) {
+        // Checked again before every container that binds it: a directory on the way may
+        // have changed hands since (a few `openat`s and `fstat`s).
+        Some(Some(t)) => {
+            let bind = t.bind.as_deref().unwrap_or_default();
+            return match checked_bind(std::path::Path::new(bind)) {
+                Ok(real) if real.as_os_str() == bind => Some(t),
+                checked => {
+                    let why = checked.map_or_else(
+                        |e| crate::util::error_chain(&e),
+                        |real| format!("{bind} now resolves to {}", real.display()),
+                    );
+                    tracing::warn!(error = %why, "the init's host directory changed: a tools volume instead");
+                    *shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        HostTools::Unusable(Some(why));
+                    None
+                }
+            };
+        }
+        Some(None) => return None,
+        None => {}
+    }
+    let engine = shared.engine.clone();
+    let found = tokio::task::spawn_blocking(move || host_copy(&engine)).await.unwrap_or(Err(None));
+    let mut slot = shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if matches!(*slot, HostTools::Untried) {
+        *slot = found.map_or_else(HostTools::Unusable, HostTools::Ready);
+    }
+    match &*slot {
+        HostTools::Ready(t) => Some(t.clone()),
+        _ => None,
+    }
+}
+
+/// Why the init does not come from its host directory, when that was for want of trust in
+/// it (the evidence names it beside the volume used instead).
+pub(crate) fn host_tools_refusal(shared: &ContainerSite) -> Option<String> {
+    match &*shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        super::site::HostTools::Unusable(why) => why.clone(),
+        _ => None,
+    }
+}
+
+/// After the engine refused `tools`' host directory: volumes from now on. Whether it was that.
+pub(crate) fn host_tools_refused(shared: &ContainerSite, tools: &ToolsVolume, err: &LaunchError) -> bool {
+    if !bind_refused(tools, err) {
+        return false;
+    }
+    tracing::info!("the engine cannot bind the init's host directory (not on this machine's filesystem): volumes");
+    *shared.host_tools.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+        super::site::HostTools::Unusable(None);
+    true
+}
+
+/// The rung's tools volume when it was known to be its own less than [`TOOLS_RECHECK_AFTER`]
+/// ago and the engine honours `NoCopy`: mounted without a check.
+fn trusted(slot: &Slot, engine: &crate::engine::Engine) -> Option<ToolsVolume> {
+    let (t, checked) = slot.current.as_ref()?;
+    let fresh = checked.is_some_and(|c| c.elapsed() < TOOLS_RECHECK_AFTER);
+    (fresh && engine.facts().honours_nocopy()).then(|| t.clone())
+}
+
 /// What `prune` removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ToolsPruned {
@@ -298,57 +425,6 @@ pub async fn prune(engine: &Engine, own: &str) -> Result<ToolsPruned, EngineErro
         }
     }
     Ok(out)
-}
-
-/// How long a rung dropped without `close()` waits for its backstop removal.
-const BACKSTOP_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
-
-/// Backstop for a rung dropped without `close()` (a caller that forgot it, a panic): its parked
-/// containers and its tools volumes are removed before the drop returns, through a client of
-/// their own on a thread of their own, so a runtime that is shutting down loses nothing. An
-/// engine that does not answer within [`BACKSTOP_WAIT`] keeps them: they stay labelled, and
-/// `prune` (another process's) takes the volumes, `reclaim` the containers.
-impl Drop for super::site::ContainerSite {
-    fn drop(&mut self) {
-        let made = std::mem::take(&mut self.tools.get_mut().made);
-        let (parked, pending): (Vec<super::site::Parked>, Vec<_>) = match &self.pool {
-            Some(pool) => {
-                (pool.parked().drain(..).collect(), pool.pending().drain().map(|(_, objects)| objects).collect())
-            }
-            None => (Vec::new(), Vec::new()),
-        };
-        if made.is_empty() && parked.is_empty() && pending.is_empty() {
-            return;
-        }
-        let (mut containers, mut volumes): (Vec<Vec<String>>, Vec<String>) =
-            parked.into_iter().map(|p| (std::iter::once(p.name).chain(p.helper).collect(), p.input_volume)).unzip();
-        // Fills (and discards) a runtime going away cut short.
-        for (c, v) in pending {
-            containers.push(c);
-            volumes.extend(v);
-        }
-        let engine = match self.engine.redial() {
-            Ok(engine) => engine,
-            Err(e) => {
-                tracing::warn!(volumes = ?made, error = %e, "a rung dropped without close keeps its tools volumes");
-                return;
-            }
-        };
-        let removal = async move {
-            for name in containers.iter().flatten() {
-                let _ = engine.api.remove_container(name).await;
-            }
-            for v in &volumes {
-                let _ = engine.api.remove_volume(v).await;
-            }
-            if let Err(e) = remove_made(&engine, &made).await {
-                tracing::warn!(volumes = ?made, error = %e, "a rung dropped without close: removing its tools volumes");
-            }
-        };
-        if !crate::util::finish_apart("stevedore-rung-backstop", BACKSTOP_WAIT, removal) {
-            tracing::warn!("a rung dropped without close: its removal did not end in {BACKSTOP_WAIT:?}");
-        }
-    }
 }
 
 #[cfg(test)]

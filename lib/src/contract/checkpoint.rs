@@ -142,10 +142,10 @@ pub enum RecoverError {
     #[cfg(feature = "docker")]
     #[error(transparent)]
     Engine(#[from] crate::engine::EngineError),
-    /// a cluster call failed
+    /// a cluster call failed (the kube rung's `ClusterError`)
     #[cfg(feature = "kube")]
     #[error(transparent)]
-    Cluster(#[from] crate::kube::ClusterError),
+    Cluster(crate::util::Cause),
     /// the output dir cannot take the outputs
     #[error("the output dir cannot take the outputs")]
     OutputDir(#[source] super::RequestError),

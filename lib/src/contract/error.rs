@@ -115,14 +115,15 @@ pub enum LaunchError {
     ClusterUnreachable {
         /// The API server stevedore looked for.
         server: String,
-        /// The cause.
+        /// The cause (the kube rung's `ClusterError`).
         #[source]
-        source: crate::kube::ClusterError,
+        source: Cause,
     },
-    /// the cluster refused or could not do what the attempt needs before it started
+    /// the cluster refused or could not do what the attempt needs before it started (the
+    /// kube rung's `ClusterError`)
     #[cfg(feature = "kube")]
     #[error(transparent)]
-    Cluster(#[from] crate::kube::ClusterError),
+    Cluster(Cause),
     /// the configuration does not allow the request
     #[error("not allowed by configuration: {0}")]
     NotAllowed(String),

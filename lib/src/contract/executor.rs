@@ -69,10 +69,10 @@ pub enum ReclaimError {
         #[source]
         source: crate::engine::EngineError,
     },
-    /// the cluster could not be listed or asked
+    /// the cluster could not be listed or asked (the kube rung's `ClusterError`)
     #[cfg(feature = "kube")]
     #[error(transparent)]
-    Cluster(#[from] crate::kube::ClusterError),
+    Cluster(crate::util::Cause),
 }
 
 /// One rung of the isolation ladder.

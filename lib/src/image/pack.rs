@@ -28,8 +28,8 @@ pub const LABEL_EXE_SHA256: &str = "dev.stevedore.exe_sha256";
 
 /// Where the packed executable and its libraries live inside the image.
 pub const APP_DIR: &str = "/app";
-/// The default non-root user (and group) of a packed image.
-pub const DEFAULT_USER: (u32, u32) = (65532, 65532);
+/// The default non-root user (and group) of a packed image: the sandbox's.
+pub const DEFAULT_USER: (u32, u32) = (stevedore_init::wire::SANDBOX_UID, stevedore_init::wire::SANDBOX_UID);
 /// The name the passwd and group files give the non-root user.
 pub const USER_NAME: &str = "stevedore";
 

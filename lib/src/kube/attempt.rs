@@ -1,14 +1,15 @@
-//! One attempt in one Pod: `prepare` → `launch` (the Pod made, the inputs staged, the
-//! attempt's container attached) → the shared init-backed attempt (`attempt::run`: begin,
-//! supervise, conclude), and what this rung alone knows of it (`attempt::Site`). `Err` only
-//! when the Pod never ran the command.
+//! One attempt in one Pod, as this rung's `Launch` (`prepare` → `launch`: the Pod made, the
+//! inputs staged, the attempt's container attached) and `Site` (what this rung alone knows
+//! of it). `Err` only when the Pod never ran the command.
 
 use super::cleanup::Cleanup;
 use super::ledger::Own;
+use super::prepare::Plan;
 use super::site::KubeSite;
 use super::sizes::Sizes;
+use crate::attempt::front::{Gate, Launch, Made, Prepared};
 use crate::attempt::{self, Layout, Ledger, Ports, Provisioned, Rung, Settings, Site};
-use crate::contract::{Checkpoint, Evidence, LaunchError, Outcome, Phases, RecoverError, Request, Target};
+use crate::contract::{Checkpoint, Evidence, LaunchError, ReclaimError, ReclaimReport, RecoverError, Request, Target};
 use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
 use crate::link::supervise::Ended;
@@ -16,42 +17,53 @@ use std::sync::Arc;
 use std::time::Duration;
 use stevedore_init::wire::{self, IN_DIR, OUT_DIR};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-/// Runs one attempt under the limits admission worked out.
-///
-/// # Cancellation safety
-/// Dropping the future at any point leaves nothing behind for long: the Pod is in the
-/// attempt's `Cleanup`, whose `Drop` hands its removal to the rung's tracked tasks.
-pub(crate) async fn run(
-    site: Arc<KubeSite>,
-    req: &Request,
-    sizes: Sizes,
-    cancel: CancellationToken,
-) -> Result<Outcome, LaunchError> {
-    let span = attempt::span(req);
-    in_pod(site, req, sizes, cancel).instrument(span).await
+impl Launch for Arc<KubeSite> {
+    type Sizes = Sizes;
+    type Plan = Plan;
+
+    fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    fn denies_network(&self) -> bool {
+        self.config.network_denied
+    }
+
+    fn sizes(&self, req: &Request) -> (Sizes, u32) {
+        (super::sizes::of(&req.limits, &self.config), 0)
+    }
+
+    async fn prepare(&self, req: &Request, sizes: Sizes) -> Result<Prepared<Plan>, LaunchError> {
+        super::prepare::prepare(&self.config, &self.base.incarnation, req, sizes).map(Prepared::Ready)
+    }
+
+    /// The Pod made, the inputs staged, the attempt's container attached.
+    async fn provision(
+        &self,
+        req: &Request,
+        plan: &mut Plan,
+        cancel: &CancellationToken,
+    ) -> (Cleanup, Result<Made<Own>, LaunchError>) {
+        let mut cleanup = Cleanup::new(self.clone(), plan.decided.attempt_id.clone());
+        let made = super::launch::provision(self, req, plan, &mut cleanup, cancel)
+            .await
+            .map(|ready| Made { staged_at: ready.staged_at, prov: provisioned(self, plan, ready) });
+        (cleanup, made)
+    }
+
+    fn decided(plan: &Plan) -> &attempt::Decided {
+        &plan.decided
+    }
+
+    async fn reclaim(&self, worker: &str) -> Result<ReclaimReport, ReclaimError> {
+        super::reclaim::reclaim(self, worker).await
+    }
 }
 
-async fn in_pod(
-    site: Arc<KubeSite>,
-    req: &Request,
-    sizes: Sizes,
-    cancel: CancellationToken,
-) -> Result<Outcome, LaunchError> {
-    let mut plan = super::prepare::prepare(&site.config, &site.base.incarnation, req, sizes)?;
-    let prepared_ms = attempt::since(plan.started_ms);
-    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
-    let ready = match super::launch::provision(&site, req, &mut plan, &mut cleanup, &cancel).await {
-        Ok(r) => r,
-        Err(e) => return Err(attempt::abandon(cleanup, e).await),
-    };
-    let phases = Phases {
-        prepared_ms,
-        inputs_staged_ms: ready.staged_at.map(|t| t.saturating_sub(plan.started_ms)),
-        created_ms: attempt::since(plan.started_ms),
-        ..Phases::default()
-    };
+/// The attached Pod as the shared attempt takes it: its transport, its facts, the sandbox's
+/// layout.
+fn provisioned(site: &KubeSite, plan: &Plan, ready: super::launch::Ready) -> Provisioned<Own> {
     let mut skipped = ready.skipped;
     skipped.extend(plan.sizes.skipped.clone());
     let layout = Layout {
@@ -75,7 +87,7 @@ async fn in_pod(
     };
     let own = Own {
         namespace: site.namespace.clone(),
-        pod: plan.name.clone(),
+        pod: plan.decided.name.clone(),
         uid: ready.uid,
         image: plan.image.clone(),
         init_image: site.init_image.clone(),
@@ -84,7 +96,7 @@ async fn in_pod(
         disk: plan.sizes.disk,
         seen: Arc::default(),
     };
-    let prov = Provisioned {
+    Provisioned {
         transport: ready.attached,
         running: true,
         own,
@@ -92,20 +104,7 @@ async fn in_pod(
         enforcement: ready.enforcement,
         skipped,
         inputs: ready.inputs,
-    };
-    let common = attempt::Plan {
-        attempt_id: &plan.attempt_id,
-        name: &plan.name,
-        output_dir: &plan.output_dir,
-        argv: &plan.argv,
-        env: &plan.env.env,
-        env_overrides: &plan.env.overrides,
-        cwd: &plan.cwd,
-        narrowed: &plan.sizes.narrowed,
-        started_ms: plan.started_ms,
-        phases,
-    };
-    attempt::run(&site, req, common, prov, cleanup, &cancel).await
+    }
 }
 
 impl Site for Arc<KubeSite> {

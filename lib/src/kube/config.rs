@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The non-root uid and gid the attempt's containers run as (as the container rung's).
-pub const SANDBOX_UID: u32 = 65532;
+pub use stevedore_init::wire::SANDBOX_UID;
 
 /// When the node pulls an image (the Pod's `imagePullPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,14 +23,15 @@ pub enum ImagePull {
     Never,
 }
 
-/// A profile's or `run --pull`'s policy as the Pods': the same promises (missing pulls only
-/// what the node lacks, never never pulls, always always does).
-#[cfg(feature = "docker")]
-impl From<crate::container::PullPolicy> for ImagePull {
-    fn from(p: crate::container::PullPolicy) -> Self {
+/// A profile's or `run --pull`'s policy (the parser's word, which the container rung takes
+/// as it is) as the Pods': the same promises (missing pulls only what the node lacks, never
+/// never pulls, always always does).
+impl From<stevedore_parse::profiles::PullPolicy> for ImagePull {
+    fn from(p: stevedore_parse::profiles::PullPolicy) -> Self {
+        use stevedore_parse::profiles::PullPolicy;
         match p {
-            crate::container::PullPolicy::Never => ImagePull::Never,
-            crate::container::PullPolicy::Always => ImagePull::Always,
+            PullPolicy::Never => ImagePull::Never,
+            PullPolicy::Always => ImagePull::Always,
             _ => ImagePull::IfNotPresent,
         }
     }
@@ -159,11 +160,18 @@ impl Default for KubeConfig {
     }
 }
 
+/// What the kube rung applies where neither the request nor a default says: never
+/// unlimited by accident (as the container rung's).
+pub(crate) const FALLBACK: crate::contract::Limits =
+    crate::contract::Limits::NONE.memory(1 << 30).disk(512 << 20).nofile(4096);
+
 impl KubeConfig {
     /// The limits an attempt that asks for none gets: the configured defaults, else the
     /// rung's fallback, under the ceilings (`replay` holds an untrusted action to them).
     pub fn default_limits(&self) -> crate::contract::Limits {
-        super::sizes::default_limits(self)
+        use crate::contract::limits::{self, RungLimits};
+        let rung = RungLimits { defaults: &self.defaults, ceilings: &self.ceilings, fallback: &FALLBACK, cannot: &[] };
+        limits::resolve(&crate::contract::ResourceLimits::new(), rung).limits
     }
 
     /// The isolation level: `vm` under a runtime class named VM-grade, else `sandboxed`.

@@ -150,6 +150,25 @@ impl ClusterError {
     }
 }
 
+// The contract names no rung: a cluster's error reaches it as a cause of its own words.
+impl From<ClusterError> for crate::contract::LaunchError {
+    fn from(e: ClusterError) -> Self {
+        crate::contract::LaunchError::Cluster(Box::new(e))
+    }
+}
+
+impl From<ClusterError> for crate::contract::ReclaimError {
+    fn from(e: ClusterError) -> Self {
+        crate::contract::ReclaimError::Cluster(Box::new(e))
+    }
+}
+
+impl From<ClusterError> for crate::contract::RecoverError {
+    fn from(e: ClusterError) -> Self {
+        crate::contract::RecoverError::Cluster(Box::new(e))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

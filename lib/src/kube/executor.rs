@@ -1,23 +1,18 @@
-//! `KubeExecutor`: the kube rung's face, implementing `Executor`: connecting like kubectl,
-//! validation, admission, then the attempt (`attempt`) on the rung's site (`site`).
+//! `KubeExecutor`: the kube rung's public face: connecting like kubectl, the census and the
+//! access check. Its `Executor` is the shared front's (`attempt::front`), over this rung's
+//! `Launch` (`attempt`).
 
 use super::config::KubeConfig;
 use super::error::{ClusterError, without_values};
 use super::site::KubeSite;
-use crate::contract::{
-    Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
-};
-use crate::util::BoxFuture;
+use crate::contract::LaunchError;
 use std::sync::Arc;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 /// Runs each attempt in a fresh Pod on a Kubernetes cluster (1.20 and later). Cheap to clone;
 /// clones share the client, the admission bound and the tasks.
 #[derive(Debug, Clone)]
 pub struct KubeExecutor {
     site: Arc<KubeSite>,
-    slots: Arc<Semaphore>,
 }
 
 /// The client configuration, found the way kubectl finds it.
@@ -84,21 +79,20 @@ impl KubeExecutor {
             Ok(Err(e)) => {
                 let e = ClusterError::api("reading the server's version", e);
                 return Err(match e.code() {
-                    None => LaunchError::ClusterUnreachable { server, source: e },
-                    Some(_) => LaunchError::Cluster(e),
+                    None => LaunchError::ClusterUnreachable { server, source: Box::new(e) },
+                    Some(_) => e.into(),
                 });
             }
             Err(_) => {
                 let source =
                     ClusterError::Timeout { what: "reading the server's version".into(), after: config.api_timeout };
-                return Err(LaunchError::ClusterUnreachable { server, source });
+                return Err(LaunchError::ClusterUnreachable { server, source: Box::new(source) });
             }
         };
         let incarnation =
             config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
-        let slots = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
         let site = Arc::new(KubeSite::new(client, namespace, server, version, config, incarnation));
-        Ok(Self { site, slots })
+        Ok(Self { site })
     }
 
     /// The configuration.
@@ -136,74 +130,9 @@ impl KubeExecutor {
     pub async fn check_access(&self) -> Result<(), ClusterError> {
         super::access::ensure(&self.site).await
     }
-
-    async fn admitted(&self, req: &Request, cancel: &CancellationToken) -> Result<Outcome, LaunchError> {
-        let name = self.site.config.name.clone();
-        let _token = self.site.base.tracker.token();
-        if self.site.base.tracker.is_closed() {
-            return Err(LaunchError::Closed(name));
-        }
-        req.validate()?;
-        req.policy.admit_network(&name, self.site.config.network_denied)?;
-        let sizes = super::sizes::of(&req.limits, &self.site.config);
-        let _slot = if self.site.config.wait_for_admission {
-            tokio::select! {
-                s = self.slots.clone().acquire_owned() => s.map_err(|_| LaunchError::Closed(name.clone()))?,
-                _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
-            }
-        } else {
-            self.slots.clone().try_acquire_owned().map_err(|_| {
-                LaunchError::AdmissionRefused(format!("{} attempts in flight", self.site.config.max_in_flight))
-            })?
-        };
-        if self.site.base.tracker.is_closed() {
-            return Err(LaunchError::Closed(name));
-        }
-        super::attempt::run(self.site.clone(), req, sizes, cancel.clone()).await
-    }
 }
 
-impl Executor for KubeExecutor {
-    fn name(&self) -> &str {
-        &self.site.config.name
-    }
-
-    fn level(&self) -> Level {
-        self.site.config.level()
-    }
-
-    fn denies_network(&self) -> bool {
-        self.site.config.network_denied
-    }
-
-    fn run<'a>(
-        &'a self,
-        request: &'a Request,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
-        Box::pin(async move { self.admitted(request, &cancel).await })
-    }
-
-    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
-        Box::pin(super::reclaim::reclaim(&self.site, worker_id))
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.site.base.tracker.close();
-            self.site.base.tracker.wait().await;
-        })
-    }
-
-    fn recover<'a>(
-        &'a self,
-        checkpoint: &'a Checkpoint,
-        hooks: Option<HookSet>,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
-        Box::pin(async move { crate::attempt::recover(&self.site, checkpoint, hooks, &cancel).await })
-    }
-}
+crate::attempt::front::executor!(KubeExecutor, site);
 
 #[cfg(test)]
 mod tests {

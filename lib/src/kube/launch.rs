@@ -56,14 +56,14 @@ pub(crate) async fn provision(
     let upload = inputs.as_ref().map_or(Duration::ZERO, |(_, s)| upload_bound(site, s.bytes, s.files));
     let spec::Spec { pod, enforcement, skipped } = spec::pod(&spec::PodInput {
         config: &site.config,
-        name: &plan.name,
+        name: &plan.decided.name,
         image: &plan.image,
         init_image: &site.init_image,
         labels: plan.labels.clone(),
         annotations: plan.annotations.clone(),
         sizes: &plan.sizes,
         inputs: inputs.as_ref().map(|(_, s)| s.bytes),
-        workdir: (!plan.cwd.is_empty()).then_some(plan.cwd.as_str()),
+        workdir: (!plan.decided.cwd.is_empty()).then_some(plan.decided.cwd.as_str()),
         grace_secs: i64::try_from(grace.as_secs().max(1)).unwrap_or(i64::MAX),
         host_within_ms: u64::try_from((site.config.launch_timeout + upload + DEADLINE_BACKSTOP).as_millis())
             .unwrap_or(u64::MAX),
@@ -78,7 +78,7 @@ pub(crate) async fn provision(
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
-    cleanup.pod(plan.name.clone());
+    cleanup.pod(plan.decided.name.clone());
     let s = site.clone();
     let created = cleanup.creating(async move {
         s.call("creating the attempt's Pod", s.pods.create(&PostParams::default(), &pod)).await
@@ -90,7 +90,7 @@ pub(crate) async fn provision(
     // The time the upload took is not the launch's.
     let mut staging_took = Duration::ZERO;
     if let Some((dir, measured)) = inputs {
-        let at = wait(site, &plan.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
+        let at = wait(site, &plan.decided.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
         if at != Launch::Preparing {
             // The init container waits for the inputs: running past it without them would
             // give the command an empty `/in`.
@@ -100,7 +100,7 @@ pub(crate) async fn provision(
             .into());
         }
         let t = Instant::now();
-        let staging = stage(site, &plan.name, dir, (measured.bytes, measured.files), plan.progress.clone());
+        let staging = stage(site, &plan.decided.name, dir, (measured.bytes, measured.files), plan.progress.clone());
         let report = tokio::select! {
             r = staging => r?,
             _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
@@ -111,9 +111,9 @@ pub(crate) async fn provision(
         staged_at = Some(crate::contract::unix_ms_now());
     }
     let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));
-    wait(site, &plan.name, left, cancel, false).await?;
+    wait(site, &plan.decided.name, left, cancel, false).await?;
     let attached = tokio::select! {
-        a = attach(site, &plan.name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
+        a = attach(site, &plan.decided.name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
         _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
     };
     Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at })

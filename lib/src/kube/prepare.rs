@@ -5,32 +5,27 @@
 use super::config::KubeConfig;
 use super::names;
 use super::sizes::Sizes;
+use crate::attempt::Decided;
 use crate::contract::{InputsStaged, LaunchError, Request, RequestError, Task};
 use crate::envlayer;
 use crate::inputs::InputDir;
 use crate::labels::{AttemptLabels, Owner};
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use stevedore_init::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 
 /// What the rung decided of one attempt.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    pub attempt_id: String,
-    pub name: String,
+    /// What every rung decides (an empty `cwd`: the image's working directory, which the
+    /// init takes as its own).
+    pub decided: Decided,
     pub image: String,
-    pub argv: Vec<String>,
-    pub env: envlayer::Layered,
-    /// Empty: the image's working directory (the init takes its own).
-    pub cwd: String,
     pub sizes: Sizes,
-    pub output_dir: OwnedFd,
     pub inputs: Option<(InputDir, InputsStaged)>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     /// Where the Pod mounts something (the init checks each is a real directory).
     pub mounts: Vec<String>,
-    pub started_ms: u64,
     pub progress: Option<crate::contract::ProgressSink>,
 }
 
@@ -48,37 +43,20 @@ pub(crate) fn prepare(cfg: &KubeConfig, incarnation: &str, req: &Request, sizes:
     let argv = argv(req, cfg)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
-    let attempt_id = crate::util::random_hex(6);
+    let mut decided = Decided::new(started_ms, output_dir, argv, |id| names::pod_name(&req.worker_id, id));
+    let env = layer_env(req, cfg);
+    decided.env = env.env;
+    decided.env_overrides = env.overrides;
+    decided.cwd = req.workdir.clone().unwrap_or_default();
+    decided.narrowed.clone_from(&sizes.narrowed);
     let owner = Owner { worker: &req.worker_id, incarnation, executor: &cfg.name };
-    let l = AttemptLabels {
-        owner,
-        attempt_id: &attempt_id,
-        job: Some((&req.job_id, req.attempt)),
-        app: req.app_id.as_deref(),
-        org: req.org_id.as_deref(),
-        extra: &cfg.labels,
-    };
+    let l = AttemptLabels::of_request(owner, req, &decided.attempt_id, &cfg.labels);
     let (labels, annotations) = names::of_attempt(&l);
     let mut mounts = vec![TOOLS_DIR.to_owned(), OUT_DIR.to_owned(), TMP_DIR.to_owned()];
     if inputs.is_some() {
         mounts.push(IN_DIR.to_owned());
     }
-    Ok(Plan {
-        name: names::pod_name(&req.worker_id, &attempt_id),
-        attempt_id,
-        image,
-        argv,
-        env: layer_env(req, cfg),
-        cwd: req.workdir.clone().unwrap_or_default(),
-        sizes,
-        output_dir,
-        inputs,
-        labels,
-        annotations,
-        mounts,
-        started_ms,
-        progress: req.progress.clone(),
-    })
+    Ok(Plan { decided, image, sizes, inputs, labels, annotations, mounts, progress: req.progress.clone() })
 }
 
 /// The argv: a plain command as given (Kubernetes' `command`: the API shows no image's

@@ -5,6 +5,7 @@
 use super::config::KubeConfig;
 use super::error::ClusterError;
 use crate::attempt::SiteBase;
+use crate::attempt::front::Gate;
 use crate::hostdir::Captures;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
@@ -29,6 +30,8 @@ pub(crate) struct KubeSite {
     /// Pods this rung deleted itself while their attempt ran (a hard stop): their end is
     /// not someone else's removal.
     pub hard_stopped: Mutex<HashSet<String>>,
+    /// Admission: the attempts in flight.
+    pub gate: Gate,
 }
 
 impl std::fmt::Debug for KubeSite {
@@ -53,6 +56,7 @@ impl KubeSite {
         let pods = Api::namespaced(client.clone(), &namespace);
         let init_image = config.init_image.clone().unwrap_or_else(default_init_image);
         let base = SiteBase::new(incarnation, Captures::new(config.log_dir.clone()));
+        let gate = Gate::new(config.max_in_flight, config.wait_for_admission, None);
         Self {
             client,
             pods,
@@ -64,6 +68,7 @@ impl KubeSite {
             init_image,
             access: tokio::sync::Mutex::new(false),
             hard_stopped: Mutex::default(),
+            gate,
         }
     }
 

@@ -2,13 +2,9 @@
 //! (`contract::limits::resolve`), over this rung's fallback (pure).
 
 use super::config::KubeConfig;
-use crate::contract::limits::{self, Limits, RungLimits};
+use crate::contract::limits::{self, RungLimits};
 use crate::contract::{NarrowedLimit, ResourceLimits};
 use std::collections::BTreeMap;
-
-/// What the kube rung applies where neither the request nor a default says: never
-/// unlimited by accident (as the container rung's).
-pub(crate) const FALLBACK: Limits = Limits::NONE.memory(1 << 30).disk(512 << 20).nofile(4096);
 
 /// What a Pod cannot enforce per attempt.
 const CANNOT: &[(&str, &str)] = &[("pids", "Kubernetes limits processes per node (podPidsLimit), not per Pod")];
@@ -29,25 +25,24 @@ pub(crate) struct Sizes {
     pub skipped: BTreeMap<String, String>,
 }
 
-/// The limits of a request that asks for none (`KubeConfig::default_limits`).
-pub(crate) fn default_limits(cfg: &KubeConfig) -> Limits {
-    let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: &[] };
-    limits::resolve(&ResourceLimits::new(), rung).limits
-}
-
 /// The request's limits on this rung.
 pub(crate) fn of(req: &ResourceLimits, cfg: &KubeConfig) -> Sizes {
-    let rung = RungLimits { defaults: &cfg.defaults, ceilings: &cfg.ceilings, fallback: &FALLBACK, cannot: CANNOT };
+    let rung = RungLimits {
+        defaults: &cfg.defaults,
+        ceilings: &cfg.ceilings,
+        fallback: &super::config::FALLBACK,
+        cannot: CANNOT,
+    };
     let a = limits::resolve(req, rung);
     let l = a.limits;
     let given = |v: Option<u64>, fallback: Option<u64>| v.or(fallback).unwrap_or(0);
-    let memory = given(l.memory_bytes, FALLBACK.memory_bytes);
+    let memory = given(l.memory_bytes, super::config::FALLBACK.memory_bytes);
     Sizes {
         memory,
         cpu_millis: l.cpu_millis,
-        disk: given(l.disk_bytes, FALLBACK.disk_bytes),
+        disk: given(l.disk_bytes, super::config::FALLBACK.disk_bytes),
         tmp: cfg.max_tmp_bytes.min(memory),
-        nofile: given(l.nofile, FALLBACK.nofile),
+        nofile: given(l.nofile, super::config::FALLBACK.nofile),
         gpus: l.gpu_millis.map(|m| m.div_ceil(1000)),
         narrowed: a.narrowed,
         skipped: a.skipped,
@@ -57,6 +52,7 @@ pub(crate) fn of(req: &ResourceLimits, cfg: &KubeConfig) -> Sizes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::limits::Limits;
 
     #[test]
     fn never_unlimited_and_pids_are_said_to_be_skipped() {

@@ -125,147 +125,18 @@ fn init_args(within_ms: u64, reserve: u64) -> Vec<String> {
 /// The attempt's Pod.
 pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
     let cfg = input.config;
-    let s = input.sizes;
-    let mut enforcement = BTreeMap::new();
-    let mut skipped = BTreeMap::new();
-    let tools_init = format!("{TOOLS_DIR}/{INIT_NAME}");
-
-    let mut volumes = vec![empty_dir("stevedore-tools", false, TOOLS_SIZE)];
-    let mut prepare_args = vec!["prepare".to_owned(), "--install".to_owned(), tools_init.clone()];
-    prepare_args.extend(["--within-ms".to_owned(), input.host_within_ms.to_string()]);
-    let mut prepare_mounts = vec![mount("stevedore-tools", TOOLS_DIR, false)];
-    let mut main_mounts = vec![mount("stevedore-tools", TOOLS_DIR, true)];
-    if let Some(n) = input.inputs {
-        // On disk (inputs may be large), capped a little above their size (the kubelet
-        // evicts a Pod past its emptyDir's limit).
-        volumes.push(empty_dir("stevedore-in", false, n + (16 << 20)));
-        prepare_args.extend(["--inputs".to_owned(), IN_DIR.to_owned()]);
-        prepare_mounts.push(mount("stevedore-in", IN_DIR, false));
-        main_mounts.push(mount("stevedore-in", IN_DIR, true));
+    let (mut enforcement, skipped) = evidence(cfg, input.sizes);
+    let v = volumes(input);
+    if input.inputs.is_some() {
         put(&mut enforcement, "inputs_read_only", format!("emptyDir mounted read-only at {IN_DIR}"));
     }
-    volumes.push(empty_dir("stevedore-out", true, s.disk));
-    volumes.push(empty_dir("stevedore-tmp", true, s.tmp));
-    main_mounts.push(mount("stevedore-out", OUT_DIR, false));
-    main_mounts.push(mount("stevedore-tmp", TMP_DIR, false));
-
-    let how = "the Pod's (requests = limits), no swap on a kubelet node";
-    put(&mut enforcement, "memory", crate::link::memory_limit_text(s.memory, cfg.link.delivery_reserve, how));
-    match s.cpu_millis {
-        Some(m) => put(&mut enforcement, "cpu", format!("Pod cpu limit of {m} millicores (cfs quota)")),
-        None => put(&mut skipped, "cpu", "no cpu limit requested or configured"),
+    if let Some(rc) = &cfg.runtime_class {
+        put(&mut enforcement, "runtime", format!("runtimeClassName {rc}"));
     }
-    if let Some(n) = s.gpus {
-        put(&mut enforcement, "gpu", format!("{n} of extended resource {}", cfg.gpu_resource));
-    }
-    put(&mut enforcement, "nofile", format!("rlimit nofile {} (set by the init)", s.nofile));
-    put(
-        &mut enforcement,
-        "disk",
-        format!(
-            "{OUT_DIR} is a memory-backed emptyDir of sizeLimit {} bytes: a tmpfs of that size where the cluster \
-             sizes memory-backed volumes (SizeMemoryBackedVolumes), else a limit the kubelet enforces by \
-             eviction; its pages count as memory",
-            s.disk
-        ),
-    );
-    put(&mut enforcement, "tmp", format!("memory-backed emptyDir {TMP_DIR} of sizeLimit {} bytes", s.tmp));
-    put(
-        &mut enforcement,
-        "init",
-        "stevedore's static init as PID 1, from an init container of stevedore's init image into an emptyDir \
-         mounted read-only (the image's entrypoint never runs first)",
-    );
-    put(&mut enforcement, "user", format!("runAsUser {} runAsGroup {}, runAsNonRoot", cfg.user.0, cfg.user.1));
-    put(&mut enforcement, "read_only_rootfs", "readOnlyRootFilesystem");
-    put(&mut enforcement, "capabilities", "all dropped");
-    put(&mut enforcement, "no_new_privileges", "allowPrivilegeEscalation: false");
-    put(&mut enforcement, "seccomp", "RuntimeDefault");
-    put(
-        &mut enforcement,
-        "service_account",
-        "no token mounted (automountServiceAccountToken: false), no service links",
-    );
-    put(&mut enforcement, "host_namespaces", "none (no host network, pid or ipc)");
-    put(
-        &mut enforcement,
-        "log_driver",
-        "the link goes over the attach stream; the kubelet's log holds only the init's own words",
-    );
-    put(
-        &mut skipped,
-        "pids",
-        "Kubernetes limits processes per node (the kubelet's podPidsLimit), not per Pod; the rung cannot see it",
-    );
-    put(
-        &mut skipped,
-        "image_volumes",
-        "the image's declared VOLUMEs are the runtime's to mount (the API does not show them)",
-    );
-    if cfg.network_denied {
-        put(
-            &mut enforcement,
-            "network",
-            "none: the namespace's deny-all NetworkPolicy, on a CNI that enforces it (as configured)",
-        );
-    } else {
-        put(
-            &mut skipped,
-            "network",
-            "not enforced: every Pod has the cluster's network, and only a NetworkPolicy on a CNI that \
-             enforces it can deny that (configure network_denied once the namespace has one)",
-        );
-    }
-
-    let pull = Some(cfg.image_pull.as_str().to_owned());
-    let prepare = Container {
-        name: PREPARE.into(),
-        image: Some(input.init_image.to_owned()),
-        image_pull_policy: pull.clone(),
-        command: Some(vec![INIT_IN_IMAGE.to_owned()]),
-        args: Some(prepare_args),
-        stdin: Some(input.inputs.is_some()),
-        stdin_once: Some(input.inputs.is_some()),
-        tty: Some(false),
-        volume_mounts: Some(prepare_mounts),
-        // Above the attempt's container: the Pod's cgroup takes the larger of its init
-        // containers' limits and the sum of its containers', so the Pod's own limit is never
-        // the one the command reaches first (there the kernel would reclaim the pages of the
-        // init's binary, which this container wrote, and OOM-kill among every process of the
-        // Pod); the attempt's container's limit is.
-        resources: Some(resources(cfg, &Sizes { memory: s.memory.saturating_add(POD_HEADROOM), ..s.clone() })),
-        security_context: Some(hardened(cfg)),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        ..Default::default()
-    };
-    // PID 1's own environment: the runtime merges the image's ENV in, and the API shows it to
-    // nobody, so only what the static init's libc reads is set to empty for it; the command
-    // gets everything else of the image's back (`Start::image_env`).
-    let env = wire_env::INIT_READS
-        .iter()
-        .map(|k| EnvVar { name: (*k).to_owned(), value: Some(String::new()), value_from: None })
-        .collect();
-    let main = Container {
-        name: MAIN.into(),
-        image: Some(input.image.to_owned()),
-        image_pull_policy: pull,
-        command: Some(vec![tools_init]),
-        args: Some(init_args(input.host_within_ms, cfg.link.delivery_reserve)),
-        env: Some(env),
-        working_dir: input.workdir.map(str::to_owned),
-        stdin: Some(true),
-        stdin_once: Some(true),
-        tty: Some(false),
-        volume_mounts: Some(main_mounts),
-        resources: Some(resources(cfg, s)),
-        security_context: Some(hardened(cfg)),
-        termination_message_policy: Some("File".into()),
-        ..Default::default()
-    };
     let spec = PodSpec {
-        init_containers: Some(vec![prepare]),
-        containers: vec![main],
-        volumes: Some(volumes),
+        init_containers: Some(vec![prepare_container(input, v.prepare_args, v.prepare_mounts)]),
+        containers: vec![main_container(input, v.main_mounts)],
+        volumes: Some(v.volumes),
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
@@ -286,9 +157,6 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
         }),
         ..Default::default()
     };
-    if let Some(rc) = &cfg.runtime_class {
-        put(&mut enforcement, "runtime", format!("runtimeClassName {rc}"));
-    }
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some(input.name.to_owned()),
@@ -300,6 +168,156 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
         status: None,
     };
     Spec { pod, enforcement, skipped }
+}
+
+/// The Pod's volumes and who mounts what: the init's (written by the init container, read-only
+/// for the attempt), the inputs' when there are some, `/out` and `/tmp`.
+struct Volumes {
+    volumes: Vec<Volume>,
+    prepare_args: Vec<String>,
+    prepare_mounts: Vec<VolumeMount>,
+    main_mounts: Vec<VolumeMount>,
+}
+
+fn volumes(input: &PodInput<'_>) -> Volumes {
+    let s = input.sizes;
+    let tools_init = format!("{TOOLS_DIR}/{INIT_NAME}");
+    let mut volumes = vec![empty_dir("stevedore-tools", false, TOOLS_SIZE)];
+    let mut prepare_args = vec!["prepare".to_owned(), "--install".to_owned(), tools_init];
+    prepare_args.extend(["--within-ms".to_owned(), input.host_within_ms.to_string()]);
+    let mut prepare_mounts = vec![mount("stevedore-tools", TOOLS_DIR, false)];
+    let mut main_mounts = vec![mount("stevedore-tools", TOOLS_DIR, true)];
+    if let Some(n) = input.inputs {
+        // On disk (inputs may be large), capped a little above their size (the kubelet
+        // evicts a Pod past its emptyDir's limit).
+        volumes.push(empty_dir("stevedore-in", false, n + (16 << 20)));
+        prepare_args.extend(["--inputs".to_owned(), IN_DIR.to_owned()]);
+        prepare_mounts.push(mount("stevedore-in", IN_DIR, false));
+        main_mounts.push(mount("stevedore-in", IN_DIR, true));
+    }
+    volumes.push(empty_dir("stevedore-out", true, s.disk));
+    volumes.push(empty_dir("stevedore-tmp", true, s.tmp));
+    main_mounts.push(mount("stevedore-out", OUT_DIR, false));
+    main_mounts.push(mount("stevedore-tmp", TMP_DIR, false));
+    Volumes { volumes, prepare_args, prepare_mounts, main_mounts }
+}
+
+/// The init container: stevedore's init image copies the init where the attempt runs it,
+/// and unpacks the inputs it is sent on its stdin.
+fn prepare_container(input: &PodInput<'_>, args: Vec<String>, mounts: Vec<VolumeMount>) -> Container {
+    let (cfg, s) = (input.config, input.sizes);
+    Container {
+        name: PREPARE.into(),
+        image: Some(input.init_image.to_owned()),
+        image_pull_policy: Some(cfg.image_pull.as_str().to_owned()),
+        command: Some(vec![INIT_IN_IMAGE.to_owned()]),
+        args: Some(args),
+        stdin: Some(input.inputs.is_some()),
+        stdin_once: Some(input.inputs.is_some()),
+        tty: Some(false),
+        volume_mounts: Some(mounts),
+        // Above the attempt's container: the Pod's cgroup takes the larger of its init
+        // containers' limits and the sum of its containers', so the Pod's own limit is never
+        // the one the command reaches first (there the kernel would reclaim the pages of the
+        // init's binary, which this container wrote, and OOM-kill among every process of the
+        // Pod); the attempt's container's limit is.
+        resources: Some(resources(cfg, &Sizes { memory: s.memory.saturating_add(POD_HEADROOM), ..s.clone() })),
+        security_context: Some(hardened(cfg)),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
+}
+
+/// The attempt's container: the user's image, stevedore's init as PID 1, hardened.
+fn main_container(input: &PodInput<'_>, mounts: Vec<VolumeMount>) -> Container {
+    let cfg = input.config;
+    // PID 1's own environment: the runtime merges the image's ENV in, and the API shows it to
+    // nobody, so only what the static init's libc reads is set to empty for it; the command
+    // gets everything else of the image's back (`Start::image_env`).
+    let env = wire_env::INIT_READS
+        .iter()
+        .map(|k| EnvVar { name: (*k).to_owned(), value: Some(String::new()), value_from: None })
+        .collect();
+    Container {
+        name: MAIN.into(),
+        image: Some(input.image.to_owned()),
+        image_pull_policy: Some(cfg.image_pull.as_str().to_owned()),
+        command: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
+        args: Some(init_args(input.host_within_ms, cfg.link.delivery_reserve)),
+        env: Some(env),
+        working_dir: input.workdir.map(str::to_owned),
+        stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
+        volume_mounts: Some(mounts),
+        resources: Some(resources(cfg, input.sizes)),
+        security_context: Some(hardened(cfg)),
+        termination_message_policy: Some("File".into()),
+        ..Default::default()
+    }
+}
+
+/// What the Pod enforces, and what it cannot (item → how, or why not).
+fn evidence(cfg: &KubeConfig, s: &Sizes) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let mut enforcement = BTreeMap::new();
+    let mut skipped = BTreeMap::new();
+    let how = "the Pod's (requests = limits), no swap on a kubelet node";
+    put(&mut enforcement, "memory", crate::link::memory_limit_text(s.memory, cfg.link.delivery_reserve, how));
+    match s.cpu_millis {
+        Some(m) => put(&mut enforcement, "cpu", format!("Pod cpu limit of {m} millicores (cfs quota)")),
+        None => put(&mut skipped, "cpu", "no cpu limit requested or configured"),
+    }
+    if let Some(n) = s.gpus {
+        put(&mut enforcement, "gpu", format!("{n} of extended resource {}", cfg.gpu_resource));
+    }
+    put(&mut enforcement, "nofile", format!("rlimit nofile {} (set by the init)", s.nofile));
+    let disk = format!(
+        "{OUT_DIR} is a memory-backed emptyDir of sizeLimit {} bytes: a tmpfs of that size where the cluster sizes \
+         memory-backed volumes (SizeMemoryBackedVolumes), else a limit the kubelet enforces by eviction; its pages \
+         count as memory",
+        s.disk
+    );
+    put(&mut enforcement, "disk", disk);
+    put(&mut enforcement, "tmp", format!("memory-backed emptyDir {TMP_DIR} of sizeLimit {} bytes", s.tmp));
+    put(&mut enforcement, "user", format!("runAsUser {} runAsGroup {}, runAsNonRoot", cfg.user.0, cfg.user.1));
+    for (item, how) in [
+        (
+            "init",
+            "stevedore's static init as PID 1, from an init container of stevedore's init image into an emptyDir \
+             mounted read-only (the image's entrypoint never runs first)",
+        ),
+        ("read_only_rootfs", "readOnlyRootFilesystem"),
+        ("capabilities", "all dropped"),
+        ("no_new_privileges", "allowPrivilegeEscalation: false"),
+        ("seccomp", "RuntimeDefault"),
+        ("service_account", "no token mounted (automountServiceAccountToken: false), no service links"),
+        ("host_namespaces", "none (no host network, pid or ipc)"),
+        ("log_driver", "the link goes over the attach stream; the kubelet's log holds only the init's own words"),
+    ] {
+        put(&mut enforcement, item, how);
+    }
+    put(
+        &mut skipped,
+        "pids",
+        "Kubernetes limits processes per node (the kubelet's podPidsLimit), not per Pod; the rung cannot see it",
+    );
+    put(
+        &mut skipped,
+        "image_volumes",
+        "the image's declared VOLUMEs are the runtime's to mount (the API does not show them)",
+    );
+    if cfg.network_denied {
+        let how = "none: the namespace's deny-all NetworkPolicy, on a CNI that enforces it (as configured)";
+        put(&mut enforcement, "network", how);
+    } else {
+        put(
+            &mut skipped,
+            "network",
+            "not enforced: every Pod has the cluster's network, and only a NetworkPolicy on a CNI that enforces it \
+             can deny that (configure network_denied once the namespace has one)",
+        );
+    }
+    (enforcement, skipped)
 }
 
 #[cfg(test)]

@@ -14,8 +14,7 @@ use stevedore_parse::outputs::{SNIFF_LEN, content_type};
 const MAX_REFUSED: usize = 1000;
 /// At most this many entries skipped for the caps are named.
 const MAX_OVER_CAP_NAMED: usize = 100;
-/// Deeper directories are refused: each level holds one open descriptor.
-const MAX_DEPTH: usize = 128;
+use stevedore_init::tree::MAX_DEPTH;
 
 /// What a walk of an output dir found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

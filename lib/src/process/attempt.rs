@@ -1,13 +1,16 @@
-//! One attempt as a child process of the worker: `prepare` → `provision` (the attempt's
-//! dir, a cgroup when one is delegated, stevedore's init spawned as the command's uid) →
-//! the shared init-backed attempt (`attempt::run`: begin, supervise, conclude), and what
-//! this rung alone knows of it (`attempt::Site`).
+//! One attempt as a child process of the worker, as this rung's `Launch` (`prepare` →
+//! `provision`: the attempt's dir, a cgroup when one is delegated, stevedore's init spawned
+//! as the command's uid) and `Site` (what this rung alone knows of it).
 
 use super::cleanup::Cleanup;
 use super::ledger::Own;
+use super::prepare::Plan;
 use super::site::ProcessSite;
+use crate::attempt::front::{Gate, Launch, Made, Prepared};
 use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site};
-use crate::contract::{Checkpoint, Evidence, LaunchError, Level, Outcome, Phases, RecoverError, Request, Target};
+use crate::contract::{
+    Checkpoint, Evidence, LaunchError, Level, ReclaimError, ReclaimReport, RecoverError, Request, Target,
+};
 use crate::link::claims::Bounds;
 use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
@@ -15,48 +18,51 @@ use crate::link::supervise::Ended;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 /// How long the host waits on anything of the attempt's link that has no time of its own.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub(crate) async fn run(
-    site: Arc<ProcessSite>,
-    req: &Request,
-    cancel: CancellationToken,
-) -> Result<Outcome, LaunchError> {
-    let span = attempt::span(req);
-    as_process(site, req, cancel).instrument(span).await
-}
+impl Launch for Arc<ProcessSite> {
+    type Sizes = ();
+    type Plan = Plan;
 
-async fn as_process(site: Arc<ProcessSite>, req: &Request, cancel: CancellationToken) -> Result<Outcome, LaunchError> {
-    let plan = super::prepare::prepare(req, &site.config, || site.worker_exe())?;
-    let prepared_ms = attempt::since(plan.started_ms);
-    let mut cleanup = Cleanup::new(site.clone(), plan.attempt_id.clone());
-    let (prov, staged_at) = match super::provision::provision(&site, req, &plan, &mut cleanup, &cancel).await {
-        Ok(p) => p,
-        Err(e) => return Err(attempt::abandon(cleanup, e).await),
-    };
-    let env = super::prepare::env(&site.config, req, &prov.own.dir, &site.init);
-    let cwd = prov.own.dir.tmp.display().to_string();
-    let common = attempt::Plan {
-        attempt_id: &plan.attempt_id,
-        name: &plan.name,
-        output_dir: &plan.output_dir,
-        argv: &plan.argv,
-        env: &env,
-        env_overrides: &[],
-        cwd: &cwd,
-        narrowed: &plan.limits.narrowed,
-        started_ms: plan.started_ms,
-        phases: Phases {
-            prepared_ms,
-            inputs_staged_ms: staged_at.map(|t| t.saturating_sub(plan.started_ms)),
-            created_ms: attempt::since(plan.started_ms),
-            ..Phases::default()
-        },
-    };
-    attempt::run(&site, req, common, prov, cleanup, &cancel).await
+    fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    fn sizes(&self, _: &Request) -> ((), u32) {
+        ((), 0)
+    }
+
+    /// A child of the worker has the worker's network.
+    fn denies_network(&self) -> bool {
+        false
+    }
+
+    async fn prepare(&self, req: &Request, (): ()) -> Result<Prepared<Plan>, LaunchError> {
+        super::prepare::prepare(req, &self.config, || self.worker_exe()).map(Prepared::Ready)
+    }
+
+    async fn provision(
+        &self,
+        req: &Request,
+        plan: &mut Plan,
+        cancel: &CancellationToken,
+    ) -> (Cleanup, Result<Made<Own>, LaunchError>) {
+        let mut cleanup = Cleanup::new(self.clone(), plan.decided.attempt_id.clone());
+        let made = super::provision::provision(self, req, plan, &mut cleanup, cancel)
+            .await
+            .map(|(prov, staged_at)| Made { prov, staged_at });
+        (cleanup, made)
+    }
+
+    fn decided(plan: &Plan) -> &attempt::Decided {
+        &plan.decided
+    }
+
+    async fn reclaim(&self, worker: &str) -> Result<ReclaimReport, ReclaimError> {
+        super::reclaim::reclaim(self, worker).await
+    }
 }
 
 impl Site for Arc<ProcessSite> {

@@ -1,15 +1,12 @@
-//! `ProcessExecutor`: the process rung (level `process`), implementing `Executor`.
+//! `ProcessExecutor`: the process rung's public face (level `process`): its setup on the host.
+//! Its `Executor` is the shared front's (`attempt::front`), over this rung's `Launch`
+//! (`attempt`).
 
 use super::config::ProcessConfig;
 use super::dirs::{self, DirError};
 use super::site::{Places, ProcessSite};
-use crate::contract::{
-    Checkpoint, Executor, HookSet, LaunchError, Level, Outcome, ReclaimError, ReclaimReport, RecoverError, Request,
-};
-use crate::util::BoxFuture;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 /// Why the process rung cannot be set up as configured.
 #[derive(Debug, thiserror::Error)]
@@ -108,53 +105,4 @@ impl ProcessExecutor {
     }
 }
 
-impl Executor for ProcessExecutor {
-    fn name(&self) -> &str {
-        &self.shared.config.name
-    }
-
-    fn level(&self) -> Level {
-        // Attempts that share a uid side by side are not isolated from each other.
-        if self.shared.uids.is_none() { Level::None } else { Level::Process }
-    }
-
-    fn run<'a>(
-        &'a self,
-        request: &'a Request,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
-        Box::pin(async move {
-            // Taken before the check so that `close` either refuses this attempt or waits for it.
-            let _in_flight = self.shared.base.tracker.token();
-            if self.shared.base.tracker.is_closed() {
-                return Err(LaunchError::Closed(self.shared.config.name.clone()));
-            }
-            request.validate()?;
-            request.policy.admit_network(&self.shared.config.name, false)?;
-            if cancel.is_cancelled() {
-                return Err(LaunchError::CancelledBeforeStart);
-            }
-            super::attempt::run(self.shared.clone(), request, cancel).await
-        })
-    }
-
-    fn reclaim<'a>(&'a self, worker_id: &'a str) -> BoxFuture<'a, Result<ReclaimReport, ReclaimError>> {
-        Box::pin(super::reclaim::reclaim(&self.shared, worker_id))
-    }
-
-    fn close(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            self.shared.base.tracker.close();
-            self.shared.base.tracker.wait().await;
-        })
-    }
-
-    fn recover<'a>(
-        &'a self,
-        checkpoint: &'a Checkpoint,
-        hooks: Option<HookSet>,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'a, Result<Outcome, RecoverError>> {
-        Box::pin(async move { crate::attempt::recover(&self.shared, checkpoint, hooks, &cancel).await })
-    }
-}
+crate::attempt::front::executor!(ProcessExecutor, shared);

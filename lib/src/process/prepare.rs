@@ -1,13 +1,15 @@
 //! Phase 1 of a process-rung attempt: what is decided before anything exists on the host:
 //! the argv, the limits (the one rule, `contract::limits::resolve`), the names, the uid the
-//! command runs as, its environment. Pure but for the output dir, opened once.
+//! command runs as, its environment. Pure but for the output dir, opened once, and the input
+//! dir, opened and measured (too large: refused before a uid is leased or a dir made).
 
 use super::config::ProcessConfig;
 use super::dirs::AttemptDir;
+use crate::attempt::Decided;
 use crate::contract::limits::{self, Applied, Limits, RungLimits};
-use crate::contract::{LaunchError, Request, Task};
+use crate::contract::{InputsStaged, LaunchError, Request, Task};
+use crate::inputs::InputDir;
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use stevedore_init::wire::{HANDLER_MARKER, env as wire_env};
 
@@ -21,13 +23,13 @@ const CANNOT: &[(&str, &str)] = &[
 /// What the attempt will do, decided.
 #[derive(Debug)]
 pub(crate) struct Plan {
-    pub attempt_id: String,
-    /// Names the attempt's dir, cgroup and captures.
-    pub name: String,
-    pub argv: Vec<String>,
+    /// What every rung decides (the name names the attempt's dir, cgroup and captures; the
+    /// environment and working directory name the dir, and are set once it exists:
+    /// `provision`).
+    pub decided: Decided,
     pub limits: Applied,
-    pub output_dir: OwnedFd,
-    pub started_ms: u64,
+    /// The inputs, opened and measured (refused above the limit before anything is made).
+    pub inputs: Option<(InputDir, InputsStaged)>,
 }
 
 /// The plan of `req`; `worker_exe` gives the installed worker binary a handler runs.
@@ -42,9 +44,11 @@ pub(crate) fn prepare(
         Task::Command(argv) => argv.clone(),
         Task::Handler(_) => vec![worker_exe()?.display().to_string(), HANDLER_MARKER.to_owned()],
     };
-    let attempt_id = crate::util::random_hex(6);
-    let name = super::reclaim::attempt_name(&req.worker_id, &attempt_id);
-    Ok(Plan { attempt_id, name, argv, limits: resolve(req, cfg), output_dir, started_ms })
+    let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
+    let mut decided = Decided::new(started_ms, output_dir, argv, |id| super::reclaim::attempt_name(&req.worker_id, id));
+    let limits = resolve(req, cfg);
+    decided.narrowed.clone_from(&limits.narrowed);
+    Ok(Plan { decided, limits, inputs })
 }
 
 /// The request's limits on this rung.

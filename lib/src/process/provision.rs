@@ -16,34 +16,37 @@ use crate::contract::{InputsStaged, LaunchError, Request};
 use crate::inputs::{InputDir, StageError};
 use crate::link::session::{Inbound, Sender, Transport};
 use futures_util::StreamExt;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+/// The attempt's dir and inputs, its cgroup, the init spawned; `plan` gets the command's
+/// environment and working directory, which name the dir.
 pub(crate) async fn provision(
     site: &Arc<ProcessSite>,
     req: &Request,
-    plan: &Plan,
+    plan: &mut Plan,
     cleanup: &mut Cleanup,
     cancel: &CancellationToken,
 ) -> Result<(Provisioned<Own>, Option<u64>), LaunchError> {
     let cfg = &site.config;
     cleanup.lease = lease_uid(site).await?;
     let identity = prepare::identity(cfg, cleanup.lease.as_ref().map(|l| l.uid), site.euid);
-    let dir = AttemptDir::create(&site.attempts, &plan.name, identity)
+    let dir = AttemptDir::create(&site.attempts, &plan.decided.name, identity)
         .map_err(|e| LaunchError::staging("the attempt's dir", e))?;
     cleanup.dir = Some(dir.clone());
-    let (inputs, sealed) = match &req.input_dir {
-        Some(src) => {
-            let (i, s) = copy_inputs(src.clone(), &dir, cfg.max_input_bytes, identity, req.progress.clone()).await?;
+    plan.decided.env = prepare::env(cfg, req, &dir, &site.init);
+    plan.decided.cwd = dir.tmp.display().to_string();
+    let (inputs, sealed) = match plan.inputs.take() {
+        Some((src, staged)) => {
+            let (i, s) = copy_inputs(src, staged, &dir, identity, req.progress.clone()).await?;
             (Some(i), Some(s))
         }
         None => (None, None),
     };
     let staged_at = inputs.as_ref().map(|_| crate::contract::unix_ms_now());
     let limits = plan.limits.limits;
-    let cg = cgroup::create(&cfg.cgroup, &plan.name, limits);
+    let cg = cgroup::create(&cfg.cgroup, &plan.decided.name, limits);
     let seen = Seen { config: cfg, euid: site.euid, leased: site.uids.is_some() };
     let (enforcement, mut skipped) = enforcement(seen, &limits, &cg, sealed, identity);
     for (k, why) in &plan.limits.skipped {
@@ -145,18 +148,13 @@ async fn lease_uid(site: &Arc<ProcessSite>) -> Result<Option<super::uids::Lease>
 /// Copies the input dir into `dir.input` (regular files, dirs and symlinks, through
 /// descriptors, within the limit) and seals it.
 async fn copy_inputs(
-    src: PathBuf,
+    input: InputDir,
+    staged: InputsStaged,
     dir: &AttemptDir,
-    limit: u64,
     run_as: Option<(u32, u32)>,
     progress: Option<crate::contract::ProgressSink>,
 ) -> Result<(InputsStaged, bool), LaunchError> {
-    let input = InputDir::open(&src).map_err(|e| LaunchError::staging(format!("input dir {}", src.display()), e))?;
-    let (bytes, files) =
-        input.measure().map_err(|e| LaunchError::staging(format!("input dir {}", src.display()), e))?;
-    if bytes > limit {
-        return Err(LaunchError::InputTooLarge { bytes, limit });
-    }
+    let (bytes, limit) = (staged.bytes, staged.limit_bytes);
     let dest = dir.clone();
     let (report, sealed) = tokio::task::spawn_blocking(move || {
         let (reader, writer) = std::io::pipe().map_err(|e| LaunchError::staging("a pipe", e))?;
@@ -185,15 +183,5 @@ async fn copy_inputs(
     })
     .await
     .map_err(|e| LaunchError::staging("copying the inputs", e))??;
-    Ok((
-        InputsStaged {
-            files,
-            bytes,
-            limit_bytes: limit,
-            skipped: report.skipped,
-            sparse: report.sparse,
-            tree: Some(report.tree),
-        },
-        sealed,
-    ))
+    Ok((InputsStaged { skipped: report.skipped, sparse: report.sparse, tree: Some(report.tree), ..staged }, sealed))
 }

@@ -4,6 +4,7 @@
 use super::config::ProcessConfig;
 use super::dirs;
 use crate::attempt::SiteBase;
+use crate::attempt::front::Gate;
 use crate::contract::LaunchError;
 use crate::hostdir::Captures;
 use std::collections::HashMap;
@@ -23,6 +24,8 @@ pub(crate) struct ProcessSite {
     /// Leases of the attempts' uids; `None`: attempts share one uid (the worker's or a fixed
     /// one) side by side, by configuration.
     pub uids: Option<Arc<super::uids::Uids>>,
+    /// Admission: no bound of its own (the uid leases refuse when none is free).
+    pub gate: Gate,
 }
 
 /// Where the rung lives on the host, as `ProcessExecutor::new` set it up.
@@ -43,7 +46,8 @@ impl ProcessSite {
     ) -> Self {
         let Places { euid, attempts, bin, init } = places;
         let base = SiteBase::new(incarnation, Captures::new(config.log_dir.clone()));
-        Self { config, base, euid, attempts, bin, init, workers: Mutex::default(), uids }
+        let gate = Gate::unbounded();
+        Self { config, base, euid, attempts, bin, init, workers: Mutex::default(), uids, gate }
     }
 
     /// The worker binary, copied into the rung's dir (by digest) so that the command's

@@ -557,9 +557,12 @@ mod tests {
             }
         }
         let segment = Segment(shm);
+        // SAFETY: `shmid_ds` is a plain C struct, all zeroes a valid value; IPC_STAT fills it.
         let mut ds: nix::libc::shmid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: `shm` is this test's segment and `ds` a live, writable struct of its type.
         assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_STAT, &mut ds) }, 0);
         ds.shm_perm.uid = uid;
+        // SAFETY: as above; IPC_SET only reads `ds`.
         assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_SET, &mut ds) }, 0);
         assert!(!lease.release(), "the segment is still the uid's");
         assert_eq!(left.wait().unwrap().signal(), Some(nix::libc::SIGKILL), "the leftover process was killed");
@@ -567,6 +570,7 @@ mod tests {
         assert!(matches!(err, UidError::Exhausted { busy: 0, dirty: 1, .. }), "{err}");
 
         // Once nothing of it is left, the next lease sweeps it and takes it.
+        // SAFETY: removes this test's segment; IPC_RMID takes no buffer.
         assert_eq!(unsafe { nix::libc::shmctl(shm, nix::libc::IPC_RMID, std::ptr::null_mut()) }, 0);
         std::mem::forget(segment);
         let again = uids.lease().expect("a clean uid is leased again");
