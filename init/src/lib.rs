@@ -21,6 +21,8 @@
 //! - `handler`: the handler runner's socket.
 //! - `sampler`: the resource timeline, sampled while the command runs, bounded in size.
 //! - `reserve`: memory held while the command runs, let go for the delivery of the outputs.
+//! - `stage`: a root PID 1 writing the inputs it is sent over the link (the container rung),
+//!   `privileges`: giving up root before the command.
 //! - `stdin`: the command's stdin from the host, within a window.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
@@ -35,11 +37,13 @@ mod handler;
 mod link;
 mod outdir;
 pub mod prepare;
+mod privileges;
 mod relay;
 pub mod report;
 mod reserve;
 mod run;
 mod sampler;
+mod stage;
 mod stdin;
 pub mod tree;
 pub mod wire;

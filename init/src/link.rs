@@ -41,7 +41,19 @@ pub(crate) fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) {
 }
 
 fn host_kinds(k: Kind) -> bool {
-    matches!(k, Kind::Start | Kind::Heartbeat | Kind::Stop | Kind::Ack | Kind::Stdin | Kind::StdinEnd | Kind::Resize)
+    matches!(
+        k,
+        Kind::Start
+            | Kind::Heartbeat
+            | Kind::Stop
+            | Kind::Ack
+            | Kind::Stdin
+            | Kind::StdinEnd
+            | Kind::Resize
+            | Kind::Stage
+            | Kind::Inputs
+            | Kind::InputsEnd
+    )
 }
 
 /// The link to the host.

@@ -311,6 +311,8 @@ struct Init {
     sampler: Option<crate::sampler::Sampler>,
     /// Held until every process of the attempt is gone, then let go for the delivery.
     reserve: crate::reserve::Reserve,
+    /// What the kernel said of the init once it gave up root (`Start::credentials`).
+    credentials: Option<wire::CredentialsSeen>,
 }
 
 /// The command's channels the supervision loop reads and writes.
@@ -395,6 +397,7 @@ impl Init {
             start_by: None,
             sampler: None,
             reserve: crate::reserve::Reserve::default(),
+            credentials: None,
         }
     }
 
@@ -426,6 +429,14 @@ impl Init {
             return EXIT_SETUP_FAILED;
         }
         let start = self.start.clone().expect("await_start set it");
+        // Root no longer, before anything else of the attempt: nothing of the command has
+        // run and nothing it could write has been read.
+        let dropped = match &start.credentials {
+            Some(to) => crate::privileges::drop_to(to).map(|()| {
+                self.credentials = Some(crate::privileges::seen());
+            }),
+            None => Ok(()),
+        };
         if let Some(id) = &start.link_id {
             match Takeover::bind(id, start.takeover_uid, start.takeover_fd) {
                 Ok(t) => self.takeover = Some(t),
@@ -439,7 +450,13 @@ impl Init {
             .timeline
             .as_ref()
             .map(|t| crate::sampler::Sampler::new(t, start.cgroup_dir.as_deref(), Instant::now()));
-        let ended = match child::spawn(&start) {
+        let spawned = dropped
+            .map_err(|why| wire::SpawnFailure {
+                kind: wire::SpawnFailureKind::Other,
+                message: format!("the init could not give up root, so no command runs: {why}"),
+            })
+            .and_then(|()| child::spawn(&start));
+        let ended = match spawned {
             Ok(spawned) => self.supervise(&start, spawned),
             Err(failure) => {
                 // Nothing ran: no timeline, rather than one of no samples.
@@ -470,6 +487,7 @@ impl Init {
     fn await_start(&mut self) -> Result<(), String> {
         loop {
             match self.link.decoder.next_frame() {
+                Ok(Some(f)) if f.kind == Kind::Stage => self.stage(&f.body),
                 Ok(Some(f)) if f.kind == Kind::Start => {
                     let (mut start, payload) = wire::decode_start_owned(f.body)?;
                     self.key = wire::parse_key(&start.key).ok_or("the start's key is not 32 hex bytes")?;
@@ -515,6 +533,35 @@ impl Init {
             }
             self.link.read();
         }
+    }
+
+    /// A [`Kind::Stage`] before the Start frame (`stage`): the checks, the inputs written, the
+    /// answer sent outside the numbering (the host reads it before the Start frame).
+    fn stage(&mut self, body: &[u8]) {
+        let answer = match serde_json::from_slice::<wire::StageSpec>(body) {
+            Err(e) => Err(format!("the stage request is invalid: {e}")),
+            Ok(spec) => {
+                let checked = if nix::unistd::geteuid().is_root() {
+                    crate::stage::check(&spec)
+                } else {
+                    Err("the init is not root: it cannot write root's entries".into())
+                };
+                let mut frames =
+                    crate::stage::InputFrames { link: &mut self.link, chunk: Vec::new(), at: 0, ended: false };
+                frames.ended = spec.inputs.is_none();
+                let written = match (checked, &spec.inputs) {
+                    (Ok(dir), Some(sent)) => crate::stage::write(&dir, &mut frames, sent),
+                    (Ok(_), None) => Ok(wire::Staged::default()),
+                    (Err(why), _) => Err(why),
+                };
+                // What the host sent and was not written is read to its end all the same.
+                let _ = io::copy(&mut frames, &mut io::sink());
+                written
+            }
+        };
+        let answer = answer.unwrap_or_else(|why| wire::Staged { refused: Some(why), ..wire::Staged::default() });
+        self.link.hello(Kind::Staged, &serde_json::to_vec(&answer).expect("an answer always serialises"));
+        self.link.flush_all();
     }
 
     fn supervise(&mut self, start: &Start, s: Spawned) -> Ended {
@@ -990,6 +1037,7 @@ impl Init {
                 .collect(),
             timeline: self.sampler.take().map(crate::sampler::Sampler::finish),
             reserve_bytes,
+            credentials: self.credentials.take(),
         }
     }
 

@@ -13,6 +13,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
+use sha2::{Digest, Sha256};
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io;
@@ -229,6 +230,13 @@ pub fn make_dir(parent: &impl AsFd, name: &[u8], mode: u32) -> Result<OwnedFd, R
     }
 }
 
+/// Makes the directory `name` of `parent` (`mode`) and opens it; one that exists, or a
+/// symlink planted there, is refused.
+pub fn make_new_dir(parent: &impl AsFd, name: &[u8], mode: u32) -> Result<OwnedFd, Refusal> {
+    mkdirat(parent.as_fd(), name, Mode::from_bits_truncate(mode)).map_err(Refusal::Io)?;
+    open_dir(parent, name)
+}
+
 /// Creates the file `name` of `parent` (`mode`), for writing; one that exists, or a symlink
 /// planted there, is refused (`EEXIST`).
 pub fn create_file(parent: &impl AsFd, name: &[u8], mode: u32) -> Result<File, Errno> {
@@ -307,6 +315,35 @@ impl<R: io::Read> io::Read for Exactly<R> {
         self.left -= n as u64;
         Ok(n)
     }
+}
+
+/// The input tree digest (`docs/outcome.md`, "Input tree digest"), written once for the host
+/// that stages the inputs and the init that writes them: one entry of a directory's listing: `<type> <hex> <name>\0`, the type
+/// `f` (a regular file), `x` (one its owner may execute), `d` (a directory) or `l` (a
+/// symlink, digested by its target's bytes: never followed).
+pub fn listing_entry(kind: u8, digest: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(68 + name.len());
+    line.extend_from_slice(&[kind, b' ']);
+    line.extend_from_slice(hex(digest).as_bytes());
+    line.push(b' ');
+    line.extend_from_slice(name);
+    line.push(0);
+    line
+}
+
+/// A directory's digest: SHA-256 of its entries' lines in the byte order of their names.
+pub fn listing_digest(mut entries: Vec<(Vec<u8>, Vec<u8>)>) -> [u8; 32] {
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut h = Sha256::new();
+    for (_, line) in &entries {
+        h.update(line);
+    }
+    h.finalize().into()
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 9;
+pub const PROTOCOL: u32 = 10;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -158,6 +158,13 @@ pub enum Kind {
     /// host → init: the command's terminal has a new size ([`resize_body`]); only with
     /// [`Start::tty`].
     Resize = 0x08,
+    /// host → init, before the Start frame: check the staging mount and the sandbox, and take
+    /// the inputs that follow ([`StageSpec`] as JSON; `docs/link.md`, "Inputs over the link").
+    Stage = 0x09,
+    /// host → init: a chunk of the inputs tar, after [`Kind::Stage`].
+    Inputs = 0x0a,
+    /// host → init: the inputs tar is complete.
+    InputsEnd = 0x0b,
     /// init → host: the command started ([`Started`]).
     Started = 0x10,
     /// init → host: bytes the command wrote on its stdout.
@@ -177,6 +184,9 @@ pub enum Kind {
     /// init → host: how many bytes of its stdin the command has taken (`u64`; [`u64::MAX`]:
     /// it takes no more).
     StdinTaken = 0x18,
+    /// init → host, before the Start frame and outside the numbering: what came of a
+    /// [`Kind::Stage`] ([`Staged`] as JSON).
+    Staged = 0x19,
     /// handler → init: the runner speaks the protocol ([`HandlerHello`]).
     HandlerHello = 0x20,
     /// init → handler: what to run ([`HandlerRequest`]).
@@ -199,6 +209,9 @@ impl Kind {
             0x06 => Kind::Stdin,
             0x07 => Kind::StdinEnd,
             0x08 => Kind::Resize,
+            0x09 => Kind::Stage,
+            0x0a => Kind::Inputs,
+            0x0b => Kind::InputsEnd,
             0x10 => Kind::Started,
             0x11 => Kind::Stdout,
             0x12 => Kind::Stderr,
@@ -208,6 +221,7 @@ impl Kind {
             0x16 => Kind::Report,
             0x17 => Kind::Diag,
             0x18 => Kind::StdinTaken,
+            0x19 => Kind::Staged,
             0x20 => Kind::HandlerHello,
             0x21 => Kind::HandlerRequest,
             0x22 => Kind::HandlerPayload,
@@ -230,6 +244,7 @@ impl Kind {
                 | Kind::Report
                 | Kind::Diag
                 | Kind::StdinTaken
+                | Kind::Staged
         )
     }
 
@@ -239,6 +254,9 @@ impl Kind {
             Kind::Start => 4 + (4 << 20) + MAX_PAYLOAD_BYTES,
             Kind::Heartbeat | Kind::StdinEnd | Kind::StdinTaken => 8,
             Kind::Resize => 4,
+            Kind::Stage | Kind::Staged => 16 << 10,
+            Kind::Inputs => MAX_CHUNK,
+            Kind::InputsEnd => 0,
             Kind::Stdin => 8 + MAX_CHUNK,
             Kind::Stop | Kind::Ack => 0,
             Kind::Started | Kind::HandlerHello => 4 << 10,
@@ -463,6 +481,98 @@ pub struct Start {
     /// init's own. `None`: `env` is the whole environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_env: Option<Vec<String>>,
+    /// The init runs as root (to write the inputs it was sent, [`Kind::Stage`]) and drops to
+    /// these before anything of the command runs; `None`: the command runs as the init does
+    /// (the engine set the user, or a profile allows root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<Credentials>,
+}
+
+/// Who the command runs as, for a root init to become (`privileges`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    /// The uid (real, effective and saved).
+    pub uid: u32,
+    /// The gid (likewise).
+    pub gid: u32,
+    /// The supplementary groups: the rung's own list, never the image's files.
+    pub groups: Vec<u32>,
+}
+
+/// What the kernel says of the init's credentials after it dropped them
+/// (`/proc/self/status`'s fields, as written there), and whether it is dumpable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CredentialsSeen {
+    /// `Uid:` (real, effective, saved, filesystem).
+    pub uid: String,
+    /// `Gid:`.
+    pub gid: String,
+    /// `Groups:`.
+    pub groups: String,
+    /// `CapInh:`.
+    pub cap_inh: String,
+    /// `CapPrm:`.
+    pub cap_prm: String,
+    /// `CapEff:`.
+    pub cap_eff: String,
+    /// `CapBnd:`.
+    pub cap_bnd: String,
+    /// `CapAmb:`.
+    pub cap_amb: String,
+    /// `NoNewPrivs:`.
+    pub no_new_privs: String,
+    /// `Seccomp:`.
+    pub seccomp: String,
+    /// Whether the process is dumpable (its memory and descriptors open to its own uid).
+    pub dumpable: bool,
+}
+
+/// What the host asks of a root init before the Start frame ([`Kind::Stage`]): that it is
+/// alone in the sandbox and the staging mount is fit, then (when `inputs` is set) that it
+/// writes the inputs tar that follows into it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    /// The staging mount (writable): the inputs volume, its root owned by uid 0, no group
+    /// or other write bit, empty.
+    pub stage_dir: String,
+    /// The same volume mounted read-only, where the command reads the inputs: the staging
+    /// mount must be on its device.
+    pub in_dir: String,
+    /// What the tar that follows holds, as the host wrote it; `None`: no inputs (only the
+    /// checks, a parked container claimed).
+    pub inputs: Option<InputsSent>,
+}
+
+/// The bounds of the inputs the host sends: past them the init stops and refuses. The host
+/// compares the init's answer (counts and tree digest) with what it wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputsSent {
+    /// Entries (files, directories, symlinks) at most.
+    pub max_entries: u64,
+    /// Bytes of file content at most.
+    pub max_bytes: u64,
+}
+
+/// What came of a [`Kind::Stage`]: the checks passed and the inputs were written (their
+/// counts and tree digest, `docs/outcome.md` "Input tree digest"), or why not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Staged {
+    /// Why the init refused (another process in the sandbox, the staging mount not fit, an
+    /// entry it would not write, counts that are not the host's); `None`: done.
+    pub refused: Option<String>,
+    /// Entries written.
+    pub entries: u64,
+    /// Regular files written.
+    pub files: u64,
+    /// Bytes of file content written.
+    pub bytes: u64,
+    /// The tree digest of what was written (`sha256:<hex>`).
+    pub tree: Option<String>,
 }
 
 impl Start {
@@ -925,6 +1035,10 @@ pub struct InitRecord {
     /// or it could not be had). The cgroup's figures above include it.
     #[serde(default)]
     pub reserve_bytes: u64,
+    /// Where the init started as root ([`Start::credentials`]): what the kernel said of it
+    /// after it dropped them, before the command's fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<CredentialsSeen>,
 }
 
 /// What to sample while the command runs, and how often.
@@ -1295,6 +1409,7 @@ mod tests {
             stdin: false,
             tty: None,
             image_env: None,
+            credentials: None,
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),

@@ -74,6 +74,7 @@ fn start() -> wire::Start {
         stdin: true,
         tty: Some(wire::TermSize { rows: 24, cols: 80 }),
         image_env: None,
+        credentials: None,
     }
 }
 
@@ -149,6 +150,7 @@ fn init_record() -> InitRecord {
             missing: [("tmp_bytes".to_owned(), "/tmp is not a filesystem of its own".to_owned())].into(),
         }),
         reserve_bytes: 8 << 20,
+        credentials: None,
     }
 }
 

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use stevedore_init::tree::{self, Kind, Refusal, Stat};
 
 use stevedore_init::tree::MAX_DEPTH;
+use stevedore_init::tree::{listing_digest, listing_entry};
 /// At most this many skipped entries are named.
 const MAX_SKIPPED: usize = 1000;
 
@@ -84,6 +85,14 @@ impl InputDir {
         Ok(Self { root })
     }
 
+    /// The same directory again (its descriptor duplicated; each walk opens `.` afresh, so
+    /// the two never share a listing's position): the inputs offered over the link stay at
+    /// hand for another path if the sandbox refuses them.
+    #[cfg(feature = "docker")]
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self { root: self.root.try_clone()? })
+    }
+
     /// The apparent size and count of its regular files (symlinks not followed).
     pub fn measure(&self) -> Result<(u64, u64), StageError> {
         let mut totals = (0u64, 0u64);
@@ -125,29 +134,6 @@ impl InputDir {
 /// inputs records (`replay` checks inputs with it).
 pub fn tree_digest(path: &Path) -> Result<StageReport, StageError> {
     InputDir::open(path)?.write_tar(Owners::User(0, 0), u64::MAX, io::sink(), &|_| {})
-}
-
-/// One entry of a directory's listing in the tree digest: `<type> <hex> <name>\0`, the type
-/// `f` (a regular file), `x` (one its owner may execute), `d` (a directory) or `l` (a
-/// symlink, digested by its target's bytes: never followed).
-fn listing_entry(kind: u8, digest: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut line = Vec::with_capacity(68 + name.len());
-    line.extend_from_slice(&[kind, b' ']);
-    line.extend_from_slice(crate::util::hex(digest).as_bytes());
-    line.push(b' ');
-    line.extend_from_slice(name);
-    line.push(0);
-    line
-}
-
-/// A directory's digest: SHA-256 of its entries' lines in the byte order of their names.
-fn listing_digest(mut entries: Vec<(Vec<u8>, Vec<u8>)>) -> [u8; 32] {
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut h = Sha256::new();
-    for (_, line) in &entries {
-        h.update(line);
-    }
-    h.finalize().into()
 }
 
 /// Hashes what passes through it.

@@ -67,6 +67,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         stdin: false,
         tty: None,
         image_env: None,
+        credentials: None,
     }
 }
 

@@ -20,6 +20,7 @@ mod images;
 mod init;
 mod kube;
 mod leftovers;
+mod link_inputs;
 mod page;
 mod pool;
 mod process;

@@ -343,6 +343,7 @@ fn start_frame(
         mounts: layout.mounts,
         timeline,
         image_env: layout.image_env,
+        credentials: layout.credentials,
         stdin: req.stdin.is_some(),
         tty: req.tty.as_ref().map(|t| {
             let (rows, cols) = t.size();

@@ -188,6 +188,8 @@ pub(crate) struct Layout {
     /// The cgroup the timeline samples when it is not at `cgroup_dir` (the process rung's,
     /// made on the host); with neither, the Outcome says why there is no timeline.
     pub sampled_cgroup: Option<stevedore_init::wire::SampledCgroup>,
+    /// The init runs as root and drops to these before the command (`wire::Start::credentials`).
+    pub credentials: Option<stevedore_init::wire::Credentials>,
 }
 
 /// Milliseconds from `started_ms` (unix) to now: a phase's offset.

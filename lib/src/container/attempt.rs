@@ -65,21 +65,38 @@ impl Launch for Arc<ContainerSite> {
         cancel: &CancellationToken,
     ) -> (Cleanup, Result<Made<Own>, LaunchError>) {
         let warm = super::pool::claim(self, plan);
+        let own = (plan.decided.attempt_id.clone(), plan.decided.name.clone());
         if let super::pool::Claim::Hit(p) = &warm {
             // The attempt takes the parked container's identity: its objects, labels and in-flight entry.
             plan.decided.attempt_id = p.attempt_id.clone();
             plan.decided.name = p.name.clone();
         }
         let mut cleanup = Cleanup::new(self.clone(), plan.decided.attempt_id.clone(), &req.worker_id);
-        let launched = match warm {
-            super::pool::Claim::Hit(parked) => super::pool::ready(self, plan, &mut cleanup.left, *parked).await,
-            other => provision(self, req, plan, &mut cleanup.left, cancel).await.map(|mut ready| {
-                if let super::pool::Claim::Miss(why) = other {
-                    ready.warm = Some(false);
-                    ready.skipped.insert("warm_pool".into(), why);
-                }
+        let missed = |why: String| {
+            move |mut ready: Ready| {
+                ready.warm = Some(false);
+                ready.skipped.insert("warm_pool".into(), why);
                 ready
-            }),
+            }
+        };
+        let launched = match warm {
+            super::pool::Claim::Hit(parked) => match super::pool::ready(self, plan, &mut cleanup.left, *parked).await {
+                Ok(Ok(ready)) => Ok(ready),
+                Ok(Err(refused)) => {
+                    // The parked container goes, and the attempt runs cold under its own name.
+                    (plan.decided.attempt_id, plan.decided.name) = own;
+                    let fresh = Cleanup::new(self.clone(), plan.decided.attempt_id.clone(), &req.worker_id);
+                    let removed = attempt::Teardown::remove(std::mem::replace(&mut cleanup, fresh)).await;
+                    tracing::warn!(why = %refused, errors = ?removed.errors, "a parked container refused its claim");
+                    let why = format!("the parked container refused the claim and was discarded: {refused}");
+                    provision(self, req, plan, &mut cleanup.left, cancel).await.map(missed(why))
+                }
+                Err(e) => Err(e),
+            },
+            super::pool::Claim::Miss(why) => {
+                provision(self, req, plan, &mut cleanup.left, cancel).await.map(missed(why))
+            }
+            super::pool::Claim::None => provision(self, req, plan, &mut cleanup.left, cancel).await,
         };
         let made = launched.map(|ready| {
             let staged_at = ready.staged_at;
@@ -126,7 +143,9 @@ impl Launch for Arc<ContainerSite> {
 /// The ready container as the shared attempt takes it: its transport, its facts, the
 /// sandbox's layout.
 fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Ready) -> Provisioned<Own> {
-    let Ready { container_id, attached, running, enforcement, skipped, tools, inputs, caches, warm, .. } = ready;
+    let Ready {
+        container_id, transport, running, enforcement, skipped, tools, inputs, caches, warm, credentials, ..
+    } = ready;
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),
@@ -140,6 +159,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         image_env: None,
         tmp_dir: Some(TMP_DIR.to_owned()),
         sampled_cgroup: None,
+        credentials,
     };
     let own = Own {
         container_id,
@@ -165,7 +185,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         warm,
         engine_mark: site.engine.mark(),
     };
-    Provisioned { transport: super::launch::transport(attached), running, own, layout, enforcement, skipped, inputs }
+    Provisioned { transport, running, own, layout, enforcement, skipped, inputs }
 }
 
 /// The Outcome of an attempt refused because the image would move one of its mounts: it

@@ -57,6 +57,10 @@ impl Default for Hardening {
 /// The default sandbox user: not root, and not any user an image is likely to define.
 pub use stevedore_init::wire::SANDBOX_USER;
 
+/// The largest inputs that travel over the link by default: past this the engine's archive
+/// upload, which streams to disk without a frame per chunk, is as fast.
+pub const LINK_INPUTS_MAX_BYTES: u64 = 256 << 20;
+
 /// How the container rung is set up. `ContainerConfig::default()` documents every default;
 /// the builder methods set one item each.
 #[derive(Clone)]
@@ -73,6 +77,10 @@ pub struct ContainerConfig {
     pub worker_image: Option<String>,
     /// The non-root `uid:gid` the sandbox runs as (default [`SANDBOX_USER`]).
     pub user: String,
+    /// The sandbox user's supplementary groups (default none): set by the engine, or by a
+    /// root init as it drops to the user (`docs/outcome.md`, "Inputs over the link"); never
+    /// read from the image's files.
+    pub groups: Vec<u32>,
     /// The network mode (default `none`).
     pub network: String,
     /// Other network modes a caller (e.g. `stevedore run --network`) may switch to; `None`
@@ -90,6 +98,11 @@ pub struct ContainerConfig {
     pub max_tmp_bytes: u64,
     /// The largest input dir staged, by apparent size (default 4 GiB).
     pub max_input_bytes: u64,
+    /// Inputs up to this apparent size travel over the link to a root init that writes them
+    /// and then drops to the sandbox user (default [`LINK_INPUTS_MAX_BYTES`]; 0: never);
+    /// larger ones go through the engine's archive upload (`docs/outcome.md`, "Inputs over
+    /// the link").
+    pub link_inputs_max_bytes: u64,
     /// Profile environment (below the request's).
     pub env: BTreeMap<String, String>,
     /// Extra labels on every container and volume.
@@ -171,12 +184,14 @@ impl Default for ContainerConfig {
             connection: crate::engine::Connection::default(),
             worker_image: None,
             user: SANDBOX_USER.into(),
+            groups: Vec::new(),
             network: "none".into(),
             network_choices: None,
             defaults: Limits::NONE,
             ceilings: Limits::NONE,
             max_tmp_bytes: 256 << 20,
             max_input_bytes: 4 << 30,
+            link_inputs_max_bytes: LINK_INPUTS_MAX_BYTES,
             env: BTreeMap::new(),
             labels: BTreeMap::new(),
             log_dir: None,
@@ -239,6 +254,13 @@ impl ContainerConfig {
         (uid, gid)
     }
 
+    /// The sandbox user as `uid:gid` numbers, when the configuration gives both as numbers:
+    /// what a root init may drop to without reading the image's files.
+    pub(crate) fn numeric_user(&self) -> Option<(u32, u32)> {
+        let (u, g) = self.user.split_once(':')?;
+        Some((u.parse().ok()?, g.parse().ok()?))
+    }
+
     /// Names the rung.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -287,6 +309,16 @@ impl ContainerConfig {
     /// Sets the largest input dir staged.
     pub fn max_input_bytes(mut self, bytes: u64) -> Self {
         self.max_input_bytes = bytes;
+        self
+    }
+    /// Sets the largest inputs that travel over the link (0: never).
+    pub fn link_inputs_max_bytes(mut self, bytes: u64) -> Self {
+        self.link_inputs_max_bytes = bytes;
+        self
+    }
+    /// Sets the sandbox user's supplementary groups.
+    pub fn groups(mut self, groups: impl IntoIterator<Item = u32>) -> Self {
+        self.groups = groups.into_iter().collect();
         self
     }
     /// Sets the docker config dir that registry credentials come from (`None`: anonymous).

@@ -11,14 +11,164 @@ use super::tools::{host_tools_refused, tools_volume};
 use crate::contract::{InputsStaged, LaunchError, Request};
 use crate::engine::{Attached, Chunk};
 use crate::link::session::{Inbound, Sender, Transport};
+use crate::link::stage::NotStaged;
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use stevedore_init::wire::{IN_DIR, STAGE_DIR};
 use tokio_util::sync::CancellationToken;
 
-/// The cold path: the init, the inputs, the caches, the container created and attached.
+/// The cold path: the init, the inputs, the caches, the container created and attached. With
+/// inputs, over the link where `stage::not_over_link` finds it fit, else (or when the
+/// sandbox refused them) through the engine.
 pub(crate) async fn provision(
+    shared: &Arc<ContainerSite>,
+    req: &Request,
+    plan: &mut Plan,
+    left: &mut Leftovers,
+    cancel: &CancellationToken,
+) -> Result<Ready, LaunchError> {
+    if plan.inputs.is_some() && plan.not_over_link.is_none() {
+        match over_link(shared, req, plan, left, cancel).await? {
+            Ok(ready) => return Ok(ready),
+            Err(why) => {
+                plan.not_over_link = Some(format!("the sandbox refused them: {why}"));
+                plan.mounts.retain(|m| m != STAGE_DIR);
+            }
+        }
+    }
+    through_engine(shared, req, plan, left, cancel).await
+}
+
+/// The inputs over the link (`docs/outcome.md`, "Inputs over the link"): the input volume, the
+/// container with the init as root and the volume writable at `STAGE_DIR`, started, and the
+/// inputs sent to the init, which writes them and waits for the Start frame. `Ok(Err(why))`:
+/// the init refused the sandbox before it wrote anything; what was made is removed, for the
+/// other path.
+async fn over_link(
+    shared: &Arc<ContainerSite>,
+    req: &Request,
+    plan: &mut Plan,
+    left: &mut Leftovers,
+    cancel: &CancellationToken,
+) -> Result<Result<Ready, String>, LaunchError> {
+    let mut tools = tools_volume(shared, &plan.image_ref).await?;
+    let caches = super::caches::ensure(shared, req, &plan.image_ref, &tools).await?;
+    let volume = format!("{}-in", plan.decided.name);
+    super::stage::create_input_volume(shared, &volume, plan.input_labels.clone(), left).await?;
+    if cancel.is_cancelled() {
+        return Err(LaunchError::CancelledBeforeStart);
+    }
+    let spec_of = |tools: &ToolsVolume| spec::build(&spec_input(shared, plan, tools, Some(&volume), true, &caches));
+    let spec::Spec { body, mut enforcement, skipped } = spec_of(&tools);
+    left.container(plan.decided.name.clone());
+    let s = shared.clone();
+    let name = plan.decided.name.clone();
+    let created = creating(shared, left, async move { s.engine.api.create_container(&name, body).await }).await;
+    let (container_id, skipped) = match created {
+        Err(e) if host_tools_refused(shared, &tools, &e) => {
+            tools = tools_volume(shared, &plan.image_ref).await?;
+            let again = spec_of(&tools);
+            enforcement = again.enforcement;
+            let s = shared.clone();
+            let name = plan.decided.name.clone();
+            let id =
+                creating(shared, left, async move { s.engine.api.create_container(&name, again.body).await }).await?;
+            (id, again.skipped)
+        }
+        other => (other?, skipped),
+    };
+    let mut transport = transport(shared.engine.api.attach(&plan.decided.name).await?);
+    if let Err(err) = shared.engine.api.start(&plan.decided.name).await {
+        shared.tools_suspect().await;
+        return Err(spec::port_taken(&shared.config, err));
+    }
+    let (dir, staged) = plan.inputs.as_ref().expect("over the link only with inputs");
+    let limit = shared.config.link_inputs_max_bytes.min(shared.config.max_input_bytes);
+    let within = shared.engine.timeout() + Duration::from_secs(staged.bytes / super::stage::SLOWEST_UPLOAD);
+    let sent = crate::link::stage::over_link(
+        &mut transport,
+        STAGE_DIR,
+        IN_DIR,
+        Some((dir, staged)),
+        limit,
+        within,
+        plan.progress.clone(),
+    )
+    .await;
+    let inputs = match sent {
+        Ok(inputs) => inputs,
+        Err(NotStaged::Failed(e)) => return Err(e),
+        Err(NotStaged::Refused(why)) => {
+            drop(transport);
+            remove_now(shared, left, &plan.decided.name, &volume).await?;
+            return Ok(Err(why));
+        }
+    };
+    enforcement.insert("inputs_staging".into(), super::stage::over_link_evidence(&volume));
+    Ok(Ok(Ready {
+        container_id,
+        transport,
+        running: true,
+        enforcement,
+        skipped,
+        tools,
+        inputs,
+        caches,
+        warm: None,
+        staged_at: Some(crate::contract::unix_ms_now()),
+        credentials: super::stage::credentials(shared),
+    }))
+}
+
+/// A container and a volume the attempt made, removed now (the inputs go another way, with
+/// the same names); one the engine could not remove ends the launch.
+async fn remove_now(
+    shared: &ContainerSite,
+    left: &mut Leftovers,
+    container: &str,
+    volume: &str,
+) -> Result<(), LaunchError> {
+    for handle in std::mem::take(&mut left.creating) {
+        let _ = handle.await;
+    }
+    shared.engine.api.remove_container(container).await?;
+    left.containers.retain(|c| c != container);
+    shared.engine.api.remove_volume(volume).await?;
+    left.volumes.retain(|v| v != volume);
+    left.record();
+    Ok(())
+}
+
+fn spec_input<'a>(
+    shared: &'a ContainerSite,
+    plan: &'a Plan,
+    tools: &'a ToolsVolume,
+    input_volume: Option<&'a str>,
+    stage: bool,
+    caches: &'a [(String, String, String)],
+) -> spec::SpecInput<'a> {
+    let facts = shared.engine.facts();
+    spec::SpecInput {
+        config: &shared.config,
+        image: &plan.image_ref,
+        tools,
+        labels: plan.labels.clone(),
+        input_volume,
+        stage,
+        applied: &plan.applied,
+        image_volumes: &plan.image.volumes,
+        engine_seccomp: facts.seccomp(),
+        podman: facts.is_podman(),
+        publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
+        caches,
+    }
+}
+
+/// The inputs through the engine: the input volume, a never-started helper the archive API
+/// uploads into while the container is created.
+async fn through_engine(
     shared: &Arc<ContainerSite>,
     req: &Request,
     plan: &mut Plan,
@@ -41,23 +191,8 @@ pub(crate) async fn provision(
         return Err(LaunchError::CancelledBeforeStart);
     }
     let input_volume = staging.as_ref().map(|(v, ..)| v.clone());
-    let spec_of = |tools: &ToolsVolume| {
-        let facts = shared.engine.facts();
-        spec::build(&spec::SpecInput {
-            config: &shared.config,
-            image: &plan.image_ref,
-            tools,
-            labels: plan.labels.clone(),
-            input_volume: input_volume.as_deref(),
-            stage: false,
-            applied: &plan.applied,
-            image_volumes: &plan.image.volumes,
-            engine_seccomp: facts.seccomp(),
-            podman: facts.is_podman(),
-            publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
-            caches: &caches,
-        })
-    };
+    let spec_of =
+        |tools: &ToolsVolume| spec::build(&spec_input(shared, plan, tools, input_volume.as_deref(), false, &caches));
     let spec::Spec { body, mut enforcement, mut skipped } = spec_of(&tools);
     left.container(plan.decided.name.clone());
     let s = shared.clone();
@@ -65,7 +200,7 @@ pub(crate) async fn provision(
     let container = creating_later(shared, left, async move { s.engine.api.create_container(&name, body).await });
     let mut inputs = None;
     let (container_id, staged_at) = match staging {
-        Some((_, helper, dir, staged)) => {
+        Some((volume, helper, dir, staged)) => {
             let report =
                 upload_inputs(shared, UploadTo::helper(shared, &helper), dir, staged.bytes, plan.progress.clone())
                     .await;
@@ -78,6 +213,8 @@ pub(crate) async fn provision(
                 tree: Some(report.tree),
                 ..staged
             });
+            let why = plan.not_over_link.as_deref().unwrap_or("not asked");
+            enforcement.insert("inputs_staging".into(), super::stage::through_engine_evidence(&volume, why));
             (created_id, Some(crate::contract::unix_ms_now()))
         }
         None => (created(container).await, None),
@@ -93,10 +230,10 @@ pub(crate) async fn provision(
         }
         other => other?,
     };
-    let attached = shared.engine.api.attach(&plan.decided.name).await?;
+    let transport = transport(shared.engine.api.attach(&plan.decided.name).await?);
     Ok(Ready {
         container_id,
-        attached,
+        transport,
         running: false,
         enforcement,
         skipped,
@@ -105,6 +242,7 @@ pub(crate) async fn provision(
         caches,
         warm: None,
         staged_at,
+        credentials: None,
     })
 }
 

@@ -20,12 +20,17 @@
 //! - A parked container holds its memory limit of the rung's budget while the budget is
 //!   free; an attempt the budget cannot admit takes it back (`yield_budget`), and a fill
 //!   waits for budget rather than taking an attempt's.
-//! - Where the sandbox user is not root, the inputs go straight into the parked container's
-//!   input volume through a second, writable mount of it at `wire::STAGE_DIR`, entries
-//!   root's and without write bits: the command (no capabilities) can change nothing there,
-//!   and reads them at `/in`, the same volume mounted read-only. Root in the sandbox would
-//!   own them, and an engine that ignores `NoCopy` would give the volume's root the image's
-//!   owner: there a never-started helper stages them, as on the cold path.
+//! - Where the inputs may travel over the link (`stage::not_over_link`), a parked container's
+//!   init runs as uid 0 holding only `SETUID`, `SETGID` and `SETPCAP`, and takes nothing but
+//!   the host's frames while it waits. A claim always begins with a `Stage` frame: the init
+//!   checks it is alone in the sandbox (a process started in it before the claim, by an
+//!   `exec` or anything else, has the container discarded and the attempt served cold) and
+//!   that its staging mount (`wire::STAGE_DIR`, the input volume writable) is root's, empty
+//!   and on `/in`'s device, then writes the inputs it is sent and drops to the sandbox user
+//!   before the command. Inputs above `link_inputs_max_bytes` go through the archive API into
+//!   the staging mount after the checks, root's entries without write bits. Elsewhere (root
+//!   in the sandbox, an engine that ignores `NoCopy`) a never-started helper stages them, as
+//!   on the cold path.
 
 use super::cleanup::Leftovers;
 use super::labels::{AttemptLabels, Kind, Owner};
@@ -36,6 +41,7 @@ use super::sizes::{self, Sizes};
 use super::spec;
 use super::stage::UploadTo;
 use crate::contract::{InputsStaged, LaunchError, ResourceLimits};
+use crate::link::stage::NotStaged;
 use bollard::models::VolumeCreateRequest;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -134,13 +140,9 @@ fn image_of(shared: &ContainerSite) -> Option<String> {
     config(shared)?.image.clone().or_else(|| shared.config.worker_image.clone())
 }
 
-/// Whether the inputs go through the parked container's own staging mount: the sandbox
-/// user is not root (root's entries are beyond its reach), and the engine honours `NoCopy`
-/// (Podman 4 ignores it on a mount: the volume's root would then take the owner and mode of
-/// the image's own `/in`, which an image can make the sandbox user's, and the command could
-/// write through the staging mount).
+/// Whether parked containers take their inputs over the link (`stage::not_over_link`).
 fn stages_directly(shared: &ContainerSite) -> bool {
-    shared.config.uid_gid().0 != 0 && shared.engine.facts().honours_nocopy()
+    super::stage::not_over_link(shared, None).is_none()
 }
 
 /// Why `plan` cannot run in any parked container, if it cannot: what no class changes.
@@ -213,13 +215,14 @@ pub(crate) fn claim(shared: &Arc<ContainerSite>, plan: &Plan) -> Claim {
 }
 
 /// A claimed container made the attempt's: its limits, its inputs, its objects in the
-/// attempt's leftovers.
+/// attempt's leftovers. `Ok(Err(why))`: its init refused the claim (the sandbox was not what
+/// it must be); the caller removes it with the attempt's leftovers and runs the attempt cold.
 pub(crate) async fn ready(
     shared: &Arc<ContainerSite>,
     plan: &mut Plan,
     left: &mut Leftovers,
     p: Parked,
-) -> Result<Ready, LaunchError> {
+) -> Result<Result<Ready, String>, LaunchError> {
     let made = made_ready(shared, plan, left, p).await;
     // The claim's refill, now that the attempt asks nothing more of the engine.
     refill(shared);
@@ -231,7 +234,7 @@ async fn made_ready(
     plan: &mut Plan,
     left: &mut Leftovers,
     mut p: Parked,
-) -> Result<Ready, LaunchError> {
+) -> Result<Result<Ready, String>, LaunchError> {
     left.container(p.name.clone());
     if let Some(h) = &p.helper {
         left.container(h.clone());
@@ -239,6 +242,40 @@ async fn made_ready(
     left.volume(p.input_volume.clone());
     // The attempt holds its own share of the budget (admission).
     drop(p.budget.take());
+    let mut transport = super::launch::transport(p.attached);
+    let (mut enforcement, mut skipped) = (p.enforcement, p.skipped);
+    let mut credentials = None;
+    let mut inputs = None;
+    if p.helper.is_none() {
+        // The init checks its sandbox before anything else of the attempt happens in it.
+        let cfg = &shared.config;
+        let small = plan.inputs.as_ref().filter(|(_, s)| s.bytes <= cfg.link_inputs_max_bytes);
+        let bytes = small.map_or(0, |(_, s)| s.bytes);
+        let within = shared.engine.timeout() + Duration::from_secs(bytes / super::stage::SLOWEST_UPLOAD);
+        let limit = cfg.link_inputs_max_bytes.min(cfg.max_input_bytes);
+        let sent = small.map(|(d, s)| (d, s));
+        match crate::link::stage::over_link(
+            &mut transport,
+            STAGE_DIR,
+            IN_DIR,
+            sent,
+            limit,
+            within,
+            plan.progress.clone(),
+        )
+        .await
+        {
+            Ok(Some(staged)) => {
+                plan.inputs = None;
+                inputs = Some(staged);
+                enforcement.insert("inputs_staging".into(), super::stage::over_link_evidence(&p.input_volume));
+            }
+            Ok(None) => {}
+            Err(NotStaged::Failed(e)) => return Err(e),
+            Err(NotStaged::Refused(why)) => return Ok(Err(why)),
+        }
+        credentials = super::stage::credentials(shared);
+    }
     let a = &plan.applied;
     let t = &p.sizes;
     // The engine changes a running container's limits; the call is skipped when they are
@@ -248,18 +285,25 @@ async fn made_ready(
         let cpus = a.cpu_millis.map(|m| m.saturating_mul(1_000_000));
         shared.engine.api.update(&p.name, a.memory.saturating_add(reserve), cpus, a.pids).await?;
     }
-    let (mut enforcement, mut skipped) = (p.enforcement, p.skipped);
     spec::cgroup_limits_evidence(a, reserve, true, &mut enforcement, &mut skipped);
-    let mut inputs = None;
-    let mut staged_at = None;
+    let mut staged_at = inputs.as_ref().map(|_| crate::contract::unix_ms_now());
     if let Some((dir, staged)) = plan.inputs.take() {
         let (to, how) = match &p.helper {
-            Some(h) => (UploadTo::helper(shared, h), String::new()),
+            Some(h) => (
+                UploadTo::helper(shared, h),
+                super::stage::through_engine_evidence(
+                    &p.input_volume,
+                    &super::stage::not_over_link(shared, None).unwrap_or_default(),
+                ),
+            ),
             None => (
                 UploadTo { container: &p.name, path: STAGE_DIR, owners: crate::inputs::Owners::RootReadOnly },
                 format!(
-                    " (staged through the archive API at {STAGE_DIR}: root's entries without write bits, beyond \
-                     the reach of a sandbox user without capabilities)"
+                    "volume {} mounted read-only at {IN_DIR}; uploaded through the engine's archive API at \
+                     {STAGE_DIR} once the init found the mount root's and empty: root's entries without write \
+                     bits, beyond the reach of the sandbox user (not over the link: {} bytes, above \
+                     link_inputs_max_bytes)",
+                    p.input_volume, staged.bytes
                 ),
             ),
         };
@@ -267,13 +311,12 @@ async fn made_ready(
         inputs =
             Some(InputsStaged { skipped: report.skipped, sparse: report.sparse, tree: Some(report.tree), ..staged });
         staged_at = Some(crate::contract::unix_ms_now());
-        enforcement
-            .insert("inputs_read_only".into(), format!("volume {} mounted read-only at {IN_DIR}{how}", p.input_volume));
+        enforcement.insert("inputs_staging".into(), how);
     }
     tracing::debug!(parked_for = ?p.parked_at.elapsed(), "claimed a parked container");
-    Ok(Ready {
+    Ok(Ok(Ready {
         container_id: p.container_id,
-        attached: p.attached,
+        transport,
         running: true,
         enforcement,
         skipped,
@@ -282,7 +325,8 @@ async fn made_ready(
         caches: Vec::new(),
         warm: Some(true),
         staged_at,
-    })
+        credentials,
+    }))
 }
 
 /// Starts the fills asked for, as many as `max_filling` allows; each fill that ends starts

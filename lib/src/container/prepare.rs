@@ -12,7 +12,9 @@ use crate::engine::ImageFacts;
 use crate::envlayer;
 use crate::inputs::InputDir;
 use std::collections::HashMap;
-use stevedore_init::wire::{HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
+use stevedore_init::wire::{
+    HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, STAGE_DIR, TMP_DIR, TOOLS_DIR, env as wire_env,
+};
 
 /// What the attempt will do, decided.
 #[derive(Debug)]
@@ -31,6 +33,8 @@ pub(crate) struct Plan {
     pub mounts: Vec<String>,
     /// Where the inputs' upload reports its progress.
     pub progress: Option<crate::contract::ProgressSink>,
+    /// Why the inputs do not travel over the link (`stage::not_over_link`); `None`: they do.
+    pub not_over_link: Option<String>,
 }
 
 pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Sizes) -> Result<Plan, LaunchError> {
@@ -49,8 +53,12 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
     let argv = argv(req, &image_ref, &image)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
-    let mounts =
+    let mut mounts =
         super::mounts::destinations(inputs.is_some(), &caches, &super::spec::masked_volumes(&image.volumes, &caches));
+    let not_over_link = super::stage::not_over_link(shared, inputs.as_ref().map(|(_, s)| s.bytes));
+    if inputs.is_some() && not_over_link.is_none() {
+        mounts.push(STAGE_DIR.to_owned());
+    }
     let env = layer_env(req, &image, cfg);
     let worker = &req.worker_id[..req.worker_id.len().min(40)];
     let mut decided = Decided::new(started_ms, output_dir, argv, |id| format!("sd-{worker}-{id}"));
@@ -76,6 +84,7 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
         applied,
         inputs,
         progress: req.progress.clone(),
+        not_over_link,
     })
 }
 

@@ -83,10 +83,11 @@ pub struct ToolsVolume {
 }
 
 /// A container ready for its attempt: created and attached (cold), or parked and claimed
-/// (warm: already started, its init waiting for the Start frame).
+/// (warm, or cold with its inputs sent over the link: already started, its init waiting for
+/// the Start frame).
 pub(crate) struct Ready {
     pub container_id: String,
-    pub attached: Attached,
+    pub transport: crate::link::session::Transport,
     pub running: bool,
     pub enforcement: BTreeMap<String, String>,
     pub skipped: BTreeMap<String, String>,
@@ -97,6 +98,8 @@ pub(crate) struct Ready {
     pub warm: Option<bool>,
     /// When (unix ms) the inputs were in their volume.
     pub staged_at: Option<u64>,
+    /// The init starts as root and drops to these before the command (inputs over the link).
+    pub credentials: Option<stevedore_init::wire::Credentials>,
 }
 
 /// Whether the init can come from a host directory (`tools::host_copy`).
@@ -170,8 +173,8 @@ pub(crate) struct Parked {
     pub container_id: String,
     pub attached: Attached,
     pub input_volume: String,
-    /// The never-started helper the inputs go through (`None`: straight into the
-    /// container's staging mount, `wire::STAGE_DIR`).
+    /// The never-started helper the inputs go through (`None`: over the link, to a root
+    /// init that writes them into its staging mount, `wire::STAGE_DIR`).
     pub helper: Option<String>,
     /// What it was made with: its size class and the limits it runs under until updated.
     pub sizes: Sizes,

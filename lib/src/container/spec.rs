@@ -26,8 +26,10 @@ pub struct SpecInput<'a> {
     pub labels: HashMap<String, String>,
     /// The input volume (read-only at `/in`), when the request has inputs.
     pub input_volume: Option<&'a str>,
-    /// Also mount the input volume writable at `STAGE_DIR` (a parked container: its inputs
-    /// come through the archive API, root's and without write bits).
+    /// The inputs travel over the link (`docs/outcome.md`, "Inputs over the link"): the input
+    /// volume also writable at `STAGE_DIR`, the init started as uid 0 holding only `SETUID`,
+    /// `SETGID` and `SETPCAP`; it writes them there and drops to the sandbox user before the
+    /// command (`Start::credentials`).
     pub stage: bool,
     /// The applied limits.
     pub applied: &'a Sizes,
@@ -177,6 +179,15 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     };
     limits(a, reserve, &mut host, &mut enforcement, &mut skipped);
     hardening(cfg, input.engine_seccomp, &mut host, &mut enforcement, &mut skipped);
+    let user = if input.stage {
+        root_init(cfg, &mut host, &mut enforcement);
+        "0:0".to_owned()
+    } else {
+        if !cfg.groups.is_empty() {
+            host.group_add = Some(cfg.groups.iter().map(u32::to_string).collect());
+        }
+        cfg.user.clone()
+    };
     let exposed = publish(cfg, input.publish_ip, &mut host);
 
     // PID 1's own environment: Docker merges the image's ENV in and no call removes a key,
@@ -189,7 +200,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
         entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
         cmd: Some(init_args(reserve)),
         env: Some(env),
-        user: Some(cfg.user.clone()),
+        user: Some(user),
         attach_stdin: Some(true),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
@@ -406,6 +417,29 @@ pub(crate) fn cache_owner(
     }
 }
 
+/// The init as uid 0 with the three capabilities it needs to drop itself (`init/src/privileges.rs`):
+/// the engine drops every other one, and no-new-privileges stays set (`stage::not_over_link`
+/// requires both).
+fn root_init(cfg: &ContainerConfig, host: &mut HostConfig, enforcement: &mut BTreeMap<String, String>) {
+    host.cap_add = Some(vec!["SETUID".into(), "SETGID".into(), "SETPCAP".into()]);
+    put(
+        enforcement,
+        "non_root",
+        format!(
+            "user {} for the command: the init starts as uid 0 to write the inputs and drops to it, groups {:?}, \
+             before the command (init_privileges)",
+            cfg.user, cfg.groups
+        ),
+    );
+    put(
+        enforcement,
+        "capabilities",
+        "all dropped by the engine but SETUID, SETGID and SETPCAP, which the init holds only to write the inputs and \
+         drops (bounding set emptied, every set cleared) before the command (init_privileges)"
+            .into(),
+    );
+}
+
 /// Network, read-only root, capabilities, privileges, user, runtime, seccomp: each applied
 /// or skipped as configured, and said so.
 fn hardening(
@@ -564,6 +598,36 @@ mod tests {
         assert_eq!(at_data, 0, "the image's VOLUME /data is the cache, not masked");
         assert!(s.enforcement["cache.pip"].contains("sd-cache-pip"), "{:?}", s.enforcement);
         assert_eq!(build(&input(&cfg, None, &applied)).body.host_config.unwrap().binds, None, "no cache, no bind");
+    }
+
+    /// Inputs over the link: the init as uid 0 with the three capabilities it drops, the volume
+    /// writable at the staging mount as well as read-only at `/in`, both never filled from the
+    /// image; otherwise the configured user and groups, and no capability at all.
+    #[test]
+    fn a_root_init_holds_only_what_it_drops() {
+        let cfg = ContainerConfig::default().groups([5000, 5001]);
+        let applied = sizes::of(&ResourceLimits::new(), &cfg);
+        let s = build(&SpecInput { stage: true, ..input(&cfg, Some("vin"), &applied) });
+        let h = s.body.host_config.as_ref().unwrap();
+        assert_eq!(s.body.user.as_deref(), Some("0:0"));
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(h.cap_add, Some(vec!["SETUID".to_owned(), "SETGID".to_owned(), "SETPCAP".to_owned()]));
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges".to_owned()]));
+        assert_eq!(h.group_add, None, "the init sets the groups as it drops");
+        let mounts = h.mounts.as_ref().unwrap();
+        let find = |t: &str| mounts.iter().find(|m| m.target.as_deref() == Some(t)).unwrap();
+        for (at, ro) in [("/in", true), (STAGE_DIR, false)] {
+            assert_eq!((find(at).source.as_deref(), find(at).read_only), (Some("vin"), Some(ro)));
+            assert_eq!(find(at).volume_options.as_ref().unwrap().no_copy, Some(true));
+        }
+        assert!(s.enforcement["non_root"].contains("drops to it, groups [5000, 5001]"), "{:?}", s.enforcement);
+        assert!(s.enforcement["capabilities"].contains("SETPCAP"), "{:?}", s.enforcement);
+
+        let plain = build(&input(&cfg, Some("vin"), &applied));
+        let h = plain.body.host_config.as_ref().unwrap();
+        assert_eq!(plain.body.user.as_deref(), Some(super::super::config::SANDBOX_USER));
+        assert_eq!((h.cap_add.as_ref(), h.group_add.clone()), (None, Some(vec!["5000".into(), "5001".into()])));
+        assert!(h.mounts.as_ref().unwrap().iter().all(|m| m.target.as_deref() != Some(STAGE_DIR)));
     }
 
     #[test]

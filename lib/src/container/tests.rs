@@ -41,6 +41,7 @@ fn record(wait: WaitStatus) -> InitRecord {
         measured: Vec::new(),
         timeline: None,
         reserve_bytes: 0,
+        credentials: None,
     }
 }
 
@@ -656,7 +657,9 @@ async fn what_a_crash_left_is_reclaimed_by_its_record_even_when_the_engine_canno
     }));
     let dir = tempfile::tempdir().unwrap();
     let worker = format!("w-journal-{:08x}", rand::random::<u32>());
-    let cfg = || ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs"));
+    // The inputs through the engine (a helper): the fake's init speaks no `Stage`.
+    let cfg =
+        || ContainerConfig::default().init_from_host(false).log_dir(dir.path().join("logs")).link_inputs_max_bytes(0);
     let dead = ContainerExecutor::on(fake.engine(), cfg().incarnation("dead-process"));
     let mut req = Request::command("job-1", ["true"], dir.path().join("out")).worker(&worker).image(IMAGE);
     req.input_dir = Some(dir.path().to_owned());

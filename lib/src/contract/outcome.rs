@@ -440,6 +440,11 @@ pub struct Evidence {
     /// How stevedore's init reached the sandbox (e.g. the tools volume and the init's digest).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init: Option<String>,
+    /// Where the init started as root to write the inputs it was sent over the link: what the
+    /// kernel said of it after it dropped to the sandbox user, before the command's fork
+    /// (`docs/outcome.md`, "Inputs over the link").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_privileges: Option<stevedore_init::wire::CredentialsSeen>,
     /// The inputs staged: their apparent size in bytes, and the limit that applied.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<InputsStaged>,

@@ -75,6 +75,7 @@ pub(crate) fn apply(
         _ => {}
     }
     ev.stragglers_killed = rec.stragglers_killed > 0;
+    ev.init_privileges.clone_from(&rec.credentials);
     if let Some(g) = &rec.oom_guard {
         ev.enforcement.insert("oom_guard".into(), g.clone());
     }
@@ -351,6 +352,7 @@ mod tests {
             measured: Vec::new(),
             timeline: None,
             reserve_bytes: 0,
+            credentials: None,
         }
     }
 

@@ -331,6 +331,7 @@ mod tests {
             measured: Vec::new(),
             timeline: None,
             reserve_bytes: 0,
+            credentials: None,
         }
     }
 

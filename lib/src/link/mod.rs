@@ -8,6 +8,8 @@ pub(crate) mod convert;
 pub(crate) mod judgement;
 pub(crate) mod reports;
 pub(crate) mod session;
+#[cfg(feature = "docker")]
+pub(crate) mod stage;
 pub(crate) mod stdin;
 pub(crate) mod supervise;
 

@@ -69,6 +69,7 @@ pub(crate) async fn provision(
         image_env: None,
         tmp_dir: None,
         sampled_cgroup: cleanup.cgroup.as_ref().map(cgroup::Cgroup::sampled),
+        credentials: None,
     };
     let own = Own {
         dir,
