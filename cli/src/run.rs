@@ -31,17 +31,17 @@ Exit status (docs/outcome.md has the table):
   --exit-zero: 0 whenever the attempt ran. A command that itself exits 124, 125 or 137 is
   told apart only by the Outcome.
 
-Examples:
-  stevedore run --image stevedore-test/busybox:latest --input ./in --output ./out \\
-      --memory 256m --cpus 0.5 --timeout 30s sh -c 'wc -c /in/* > /out/sizes.txt'
+Examples (docker's word order: the image, then the command):
+  stevedore run --input ./in --output ./out --memory 256m --cpus 0.5 --timeout 30s \\
+      stevedore-test/busybox:latest sh -c 'wc -c /in/* > /out/sizes.txt'
   stevedore run --image stevedore-test/busybox:latest --output ./out -- cat /etc/hostname | grep .
-  stevedore run --network bridge -p 8080 --image IMG --output ./out -- httpd -f -p 8080
+  stevedore run --network bridge -p 8080 --output ./out IMG httpd -f -p 8080
   stevedore run --handler echo --payload hello --output ./out --outcome outcome.json";
 
 /// Arguments of `stevedore run`.
 #[derive(Debug, clap::Args)]
 #[command(
-    override_usage = "stevedore run [OPTIONS] --output DIR [--] [ARGV]...\n       stevedore run [OPTIONS] --output DIR --handler NAME [--payload STR]",
+    override_usage = "stevedore run [OPTIONS] --output DIR IMAGE [ARGV]...\n       stevedore run [OPTIONS] --output DIR -- ARGV...    (the --image or profile's image)\n       stevedore run [OPTIONS] --output DIR --handler NAME [--payload STR]",
     after_help = RUN_AFTER_HELP
 )]
 pub struct RunArgs {
@@ -176,11 +176,60 @@ pub struct RunArgs {
     /// the attempt with --job
     #[arg(long, value_name = "NAME", help_heading = "Attempt")]
     name: Option<String>,
-    /// The command to run (after the image's ENTRYPOINT); `--` before it is optional. A word
-    /// that starts with `-` before the command is one of stevedore's flags: an unknown one is
-    /// an error, never the command
-    #[arg(trailing_var_arg = true, value_name = "ARGV")]
+    /// As docker: IMAGE then the command to run (after the image's ENTRYPOINT); after `--`,
+    /// only the command (the image then comes from --image or the profile). A word that starts
+    /// with `-` before the first of these is one of stevedore's flags: an unknown one is an
+    /// error, never the command
+    #[arg(trailing_var_arg = true, value_name = "IMAGE] [ARGV")]
     argv: Vec<OsString>,
+    /// Whether the words came after `--` (set from the command line by [`RunArgs::see_escape`]).
+    #[arg(skip)]
+    escaped: bool,
+}
+
+impl RunArgs {
+    /// Notes whether the positional words came after `--` (clap keeps the words, not that): they
+    /// are the suffix of the command line `raw`, so the word before them says.
+    pub(crate) fn see_escape(&mut self, raw: &[OsString]) {
+        let n = self.argv.len();
+        self.escaped = n > 0 && raw.len() > n && raw[raw.len() - n - 1] == "--";
+    }
+}
+
+/// The image and the command the positional words give, in docker's word order: the first
+/// word before `--` is the image and the words after it (or after `--`) the command; words
+/// after `--` alone are the command of the `--image` or configured image. `None`: no image
+/// given by a word.
+fn image_and_command(
+    words: Vec<String>,
+    escaped: bool,
+    image_flag: Option<&str>,
+    handler: bool,
+) -> Result<(Option<String>, Vec<String>), String> {
+    if words.is_empty() || escaped {
+        if handler && !words.is_empty() {
+            return Err("give either --handler or a command, not both".into());
+        }
+        return Ok((None, words));
+    }
+    let image = &words[0];
+    if handler {
+        return Err(format!(
+            "--handler runs a handler of the worker image and takes no image word ({image:?}); name another worker \
+             image with --image"
+        ));
+    }
+    if let Some(flag) = image_flag {
+        return Err(format!(
+            "two images: --image {flag} and {image:?} (the first word before `--` is the image, as with docker run); \
+             write `stevedore run [OPTIONS] IMAGE [CMD]...` or `stevedore run [OPTIONS] --image IMAGE -- CMD...`"
+        ));
+    }
+    let mut rest = words[1..].to_vec();
+    if rest.first().is_some_and(|w| w == "--") {
+        rest.remove(0);
+    }
+    Ok((Some(image.clone()), rest))
 }
 
 /// A refusal: nothing was created (exit 125, as `docker run`).
@@ -223,6 +272,13 @@ pub(crate) fn env_file(path: &Path) -> Result<Vec<(String, String)>, String> {
             continue;
         }
         let what = format!("line {} of {}", i + 1, path.display());
+        let name = line.split_once('=').map_or(line, |(k, _)| k);
+        if name.contains(char::is_whitespace) {
+            // As docker: `export Z=3` would set a variable named "export Z".
+            return Err(format!(
+                "invalid variable name {name:?} on {what}: a name has no whitespace (write Z=3, not export Z=3)"
+            ));
+        }
         out.extend(env_pair(line, &what)?);
     }
     Ok(out)
@@ -265,7 +321,8 @@ fn request(a: &RunArgs) -> Result<Request, String> {
         ));
     }
     let job = a.job.clone().unwrap_or_else(|| format!("run-{:08x}", rand::random::<u32>()));
-    let argv = argv_strings(&a.argv)?;
+    let (word_image, argv) =
+        image_and_command(argv_strings(&a.argv)?, a.escaped, a.image.as_deref(), a.handler.is_some())?;
     let mut req = match (&a.handler, argv.is_empty()) {
         (Some(h), true) => Request::handler(job, h.clone(), a.output.clone()),
         (None, _) => Request::command(job, argv, a.output.clone()),
@@ -302,7 +359,7 @@ fn request(a: &RunArgs) -> Result<Request, String> {
     if let Some(g) = &a.grace {
         policy = policy.with_grace(parse_duration(g).map_err(|e| format!("--grace: {e}"))?);
     }
-    if let Some(img) = &a.image {
+    if let Some(img) = a.image.as_ref().or(word_image.as_ref()) {
         policy.image = img.clone();
     }
     req.policy = policy;
@@ -740,6 +797,72 @@ pub(crate) async fn execute(
 mod tests {
     use super::*;
 
+    #[derive(Debug, clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// `stevedore run WORDS…` as the command line parses it: (image, command) or the error.
+    fn words(line: &[&str]) -> Result<(Option<String>, Vec<String>), String> {
+        use clap::Parser;
+        let raw: Vec<OsString> = std::iter::once("run").chain(line.iter().copied()).map(OsString::from).collect();
+        let mut a = Run::try_parse_from(&raw).map_err(|e| e.to_string())?.run;
+        a.see_escape(&raw);
+        let req = request(&a)?;
+        let cmd = match &req.task {
+            stevedore::contract::Task::Command(argv) => argv.clone(),
+            stevedore::contract::Task::Handler(h) => vec![format!("handler {h}")],
+        };
+        Ok((Some(req.policy.image.clone()).filter(|i| !i.is_empty()), cmd))
+    }
+
+    fn v(ws: &[&str]) -> Vec<String> {
+        ws.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    /// docker's word order (issue 49): the first word before `--` is the image, the rest (or
+    /// what follows `--`) the command; `-- CMD` alone keeps the --image or configured image.
+    #[test]
+    fn the_image_then_the_command_as_docker_run() {
+        let img = Some("busybox".to_owned());
+        assert_eq!(
+            words(&["--output", "o", "busybox", "sh", "-c", "echo $0", "-x"]).unwrap(),
+            (img.clone(), v(&["sh", "-c", "echo $0", "-x"]))
+        );
+        assert_eq!(
+            words(&["--output", "o", "busybox", "--", "sh", "-c", "x"]).unwrap(),
+            (img.clone(), v(&["sh", "-c", "x"]))
+        );
+        assert_eq!(
+            words(&["--output", "o", "busybox", "echo", "--", "x"]).unwrap(),
+            (img.clone(), v(&["echo", "--", "x"])),
+            "after the command's first word, `--` is the command's"
+        );
+        assert_eq!(
+            words(&["--output", "o", "--image", "busybox", "--", "sh", "-c", "x"]).unwrap(),
+            (img.clone(), v(&["sh", "-c", "x"]))
+        );
+        assert_eq!(
+            words(&["--output", "o", "--", "sh", "-c", "x"]).unwrap(),
+            (None, v(&["sh", "-c", "x"])),
+            "the configured image"
+        );
+        assert_eq!(words(&["--output", "o", "-e", "A=1", "busybox", "true"]).unwrap(), (img.clone(), v(&["true"])));
+        let twice = words(&["--output", "o", "--image", "alpine", "busybox", "true"]).unwrap_err();
+        assert!(twice.contains("two images: --image alpine and \"busybox\""), "{twice}");
+        let twice = words(&["--output", "o", "--image", "alpine", "busybox", "--", "true"]).unwrap_err();
+        assert!(twice.contains("two images"), "{twice}");
+        assert_eq!(words(&["--output", "o", "--handler", "echo"]).unwrap(), (None, v(&["handler echo"])));
+        assert!(
+            words(&["--output", "o", "--handler", "echo", "busybox"]).is_err(),
+            "no positional image with --handler"
+        );
+        assert!(words(&["--output", "o", "--handler", "echo", "--", "true"]).is_err());
+        let typo = words(&["--output", "o", "--memroy", "1g", "busybox", "true"]).unwrap_err();
+        assert!(typo.contains("--memory"), "a flag before the image is a flag: {typo}");
+    }
+
     #[test]
     fn publish_forms() {
         assert_eq!(publish_arg("8080"), Ok((8080, 0)));
@@ -768,6 +891,14 @@ mod tests {
         assert_eq!(got[2].0, "PATH");
         std::fs::write(&f, "=oops\n").unwrap();
         assert!(env_file(&f).unwrap_err().contains("line 1"));
+        // A name with whitespace is refused, the file and line named, as docker does.
+        std::fs::write(&f, "A=1\nexport Z=3\n").unwrap();
+        let err = env_file(&f).unwrap_err();
+        assert!(err.contains(&format!("line 2 of {}", f.display())) && err.contains("\"export Z\""), "{err}");
+        std::fs::write(&f, "Z =3\n").unwrap();
+        assert!(env_file(&f).unwrap_err().contains("line 1"));
+        std::fs::write(&f, "Z=a b\n").unwrap();
+        assert_eq!(env_file(&f).unwrap(), vec![("Z".into(), "a b".into())], "a value may have spaces");
     }
 
     #[test]

@@ -33,17 +33,8 @@ async fn the_streams_go_where_docker_run_sends_them() {
     let _g = ALONE.lock().await;
     let t = tempfile::tempdir().unwrap();
     let w = worker("cli-streams");
-    let o = run(&[
-        "--worker",
-        &w,
-        "--image",
-        BUSYBOX_IMAGE,
-        "--output",
-        &out_dir(&t, "o"),
-        "sh",
-        "-c",
-        "echo out; echo err >&2",
-    ]);
+    // docker's word order: the image, then the command.
+    let o = run(&["--worker", &w, "--output", &out_dir(&t, "o"), BUSYBOX_IMAGE, "sh", "-c", "echo out; echo err >&2"]);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(text(&o.stdout), "out\n", "the container's stdout is stevedore's, without a `--`");
     let err = text(&o.stderr);
@@ -630,14 +621,14 @@ async fn docker_habits_flags_are_flags_and_a_failure_is_said_plainly() {
         assert!(!err.contains("applet not found"), "a flag ran as the command: {err}");
     }
     let out = out_dir(&t, "rm");
-    let o = run(&["--rm", "--image", BUSYBOX_IMAGE, "--output", &out, "sh", "-c", "echo $0 $1", "-x", "--y"]);
+    let o = run(&["--rm", "--output", &out, BUSYBOX_IMAGE, "sh", "-c", "echo $0 $1", "-x", "--y"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "-x --y\n");
     // A command that fails is announced in the user's words; the Outcome keeps its status.
     let out = out_dir(&t, "fails");
-    let o = run(&["--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-", "sh", "-c", "exit 3"]);
+    let o = run(&["--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-", "--", "sh", "-c", "exit 3"]);
     assert_eq!(o.status.code(), Some(3));
-    assert!(text(&o.stderr).contains("stevedore: failed: exited with code 3 after"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("stevedore: failed (exit 3) after"), "{}", text(&o.stderr));
     let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(outcome["status"], "handler_error");
 }
@@ -661,6 +652,7 @@ async fn a_fifo_or_socket_in_the_inputs_is_named_on_the_line_and_in_the_evidence
         &out,
         "--outcome",
         "-",
+        "--",
         "sh",
         "-c",
         "ls -R /in > /out/ls",
@@ -763,7 +755,7 @@ async fn it_gives_the_command_this_terminal_its_size_its_keys_and_its_ctrl_c() {
     let seen = until(&lines, "got:hello");
     assert!(seen.iter().any(|l| l == "40 120"), "the resize reached it: {seen:?}");
     let seen = until(&lines, "status=3");
-    assert!(seen.iter().any(|l| l.contains("stevedore: failed: exited with code 3")), "{seen:?}");
+    assert!(seen.iter().any(|l| l.contains("stevedore: failed (exit 3)")), "{seen:?}");
     let after = until(&lines, "icanon");
     assert_eq!(after, ["icanon"], "the terminal is canonical again (not raw), said at once");
     drop(tmux);
@@ -850,4 +842,46 @@ async fn progress_is_shown_on_a_terminal_only() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert!(!text(&o.stderr).contains("inputs") && !text(&o.stderr).contains('\r'), "{:?}", text(&o.stderr));
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+/// `-w DIR` the image lacks (issue 49): made as docker makes it, on the read-only root too;
+/// where it cannot be (a file of the image), the message names the directory and the exit is
+/// never 127's "command not found".
+#[tokio::test]
+async fn a_working_dir_the_image_lacks_is_made_as_docker_does() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-workdir");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "-w",
+        "/made/here",
+        "--output",
+        &out_dir(&t, "made"),
+        "--",
+        "sh",
+        "-c",
+        "pwd; touch /x 2>/dev/null || echo read-only",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "/made/here\nread-only\n");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "-w",
+        "/bin/sh",
+        "--output",
+        &out_dir(&t, "file"),
+        "--",
+        "pwd",
+    ]);
+    let err = text(&o.stderr);
+    assert_ne!(o.status.code(), Some(127), "{err}");
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("/bin/sh") && !err.contains("command_not_found"), "{err}");
 }
