@@ -43,7 +43,7 @@ pub(crate) async fn provision(
     let input_volume = staging.as_ref().map(|(v, ..)| v.clone());
     let spec_of = |tools: &ToolsVolume| {
         let facts = shared.engine.facts();
-        spec::build(&spec::SpecInput {
+        let mut spec = spec::build(&spec::SpecInput {
             config: &shared.config,
             image: &plan.image_ref,
             tools,
@@ -56,7 +56,11 @@ pub(crate) async fn provision(
             podman: facts.is_podman(),
             publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
             caches: &caches,
-        })
+        });
+        // As docker: the engine makes the working directory at create, beneath the root, even
+        // a read-only one (the init makes or names it in a container made before the request).
+        spec.body.working_dir = Some(plan.decided.cwd.clone()).filter(|w| !w.is_empty());
+        spec
     };
     let spec::Spec { body, mut enforcement, mut skipped } = spec_of(&tools);
     left.container(plan.decided.name.clone());
