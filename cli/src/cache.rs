@@ -24,9 +24,9 @@ pub enum CacheCommand {
 
 /// Runs `stevedore cache`: exit 0 on success, 1 otherwise.
 pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
-    let rung = match common::rung(g, 1, |_| Ok(())).await {
+    let rung = match common::engine(g).await {
         Ok(r) => r,
-        Err(code) => return code,
+        Err(e) => return e.said(),
     };
     match cmd {
         CacheCommand::Ls => match stevedore::container::caches::list(rung.engine()).await {

@@ -63,9 +63,9 @@ fn is_own(exe: &Path) -> bool {
 pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
     match cmd {
         ImageCommand::Pack { exe, tag, fingerprint } => {
-            let rung = match common::rung(g, 1, |_| Ok(())).await {
+            let rung = match common::engine(g).await {
                 Ok(r) => r,
-                Err(code) => return code,
+                Err(e) => return e.said(),
             };
             let mut spec = PackSpec::new(exe.clone(), tag);
             spec.fingerprint = fingerprint.or_else(|| is_own(&exe).then(|| handlers.fingerprint()));
@@ -84,9 +84,9 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             }
         }
         ImageCommand::Init { tag } => {
-            let rung = match common::rung(g, 1, |_| Ok(())).await {
+            let rung = match common::engine(g).await {
                 Ok(r) => r,
-                Err(code) => return code,
+                Err(e) => return e.said(),
             };
             let tag = tag.unwrap_or_else(stevedore::kube::default_init_image);
             match stevedore::image::pack_init_image(rung.engine(), &tag).await {

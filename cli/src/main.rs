@@ -5,6 +5,7 @@
 mod cache;
 mod census;
 mod common;
+mod error;
 mod image;
 mod kube;
 mod page;

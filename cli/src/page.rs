@@ -864,6 +864,14 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
             ms(pk.t_ms)
         );
     }
+    other_charts(p, tl, t_max, oom_ms);
+    facts(p, o, tl, had, shown);
+    p.push_str("</section>\n");
+}
+
+/// The CPU, pids and disk charts under the memory's, each with what it lacks.
+fn other_charts(p: &mut String, tl: &Timeline, t_max: f64, oom_ms: Option<f64>) {
+    let t = &tl.t_ms;
     let cpu_limit = tl.cpu_limit_millicpus.map(|m| Level {
         id: "cpu-limit",
         value: m as f64 / 1000.0,
@@ -917,7 +925,12 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
     p.push_str(&disk.svg());
     p.push_str(&missing(tl, "out_bytes", t.len().min(tl.out_bytes.len())));
     p.push_str(&missing(tl, "tmp_bytes", t.len().min(tl.tmp_bytes.len())));
-    // What the charts rest on.
+}
+
+/// What the charts rest on: the samples, drawn and had, their periods, their source; the
+/// reasons for what they lack not said under a chart.
+fn facts(p: &mut String, o: &Outcome, tl: &Timeline, had: u64, shown: usize) {
+    let t = &tl.t_ms;
     let mut facts = vec![format!("{} samples", t.len())];
     if had > shown as u64 {
         facts[0] = format!("{had} samples, {shown} of them drawn (thinned to the charts' width)");
@@ -943,7 +956,6 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
             let _ = writeln!(p, "<p class=\"missing\">{}: {}</p>", text(column), text(why));
         }
     }
-    p.push_str("</section>\n");
 }
 
 // ---- the phases ----
@@ -1120,7 +1132,7 @@ fn tail(path: &Path, stream: &str) -> Result<(String, bool), Unread> {
                 .into(),
         ));
     }
-    if !path.extension().is_some_and(|e| e == stream) {
+    if path.extension().is_none_or(|e| e != stream) {
         return Err(Unread::Refused(format!("not a stevedore capture (a path named *.{stream}): not read")));
     }
     let private = |m: &std::fs::Metadata| m.uid() == euid && m.mode() & 0o077 == 0;

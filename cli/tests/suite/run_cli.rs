@@ -579,6 +579,21 @@ async fn bad_input_gets_a_message_a_person_can_act_on() {
     let err = text(&o.stderr);
     assert!(err.contains("No such file") && err.contains("--config"), "{err}");
     assert!(msg(&["--image", BUSYBOX_IMAGE, "--output", &out, "-u", "nobody", "--", "true"]).contains("numeric"));
+    // Each path says what it is and what the flag takes (issue 49).
+    let file = t.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let file = file.display().to_string();
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--output", &file, "--", "true"]);
+    assert!(said.contains("is a file, not a directory: give a new or empty directory"), "{said}");
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--input", &file, "--output", &out, "--", "true"]);
+    assert!(said.contains("is a file, not a directory"), "{said}");
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--input", &out_dir(&t, "none"), "--output", &out, "--", "true"]);
+    assert!(said.contains("does not exist: give the directory"), "{said}");
+    let full = out_dir(&t, "full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(Path::new(&full).join("x"), "x").unwrap();
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--output", &full, "--", "true"]);
+    assert!(said.contains("is not empty: give a new or empty directory"), "{said}");
     // A profile with a warm pool serves a long-lived process: the command says so, and
     // makes nothing.
     let config = t.path().join("pool.toml");

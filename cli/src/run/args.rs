@@ -1,22 +1,10 @@
-//! `stevedore run`: one attempt of a plain command or a handler, the way `docker run` users
-//! expect: the container's stdout and stderr on stevedore's, the exit status of the command,
-//! one line for people at the end, the Outcome JSON where `--outcome` says.
+//! `run`'s options and the request they make: docker's word order, sizes, the environment,
+//! ports.
 
-use crate::common::{self, Global};
-use crate::report as human;
+use crate::common::{self, RungKind};
 use std::ffi::OsString;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
-use stevedore::container::CacheMount;
-use stevedore::contract::{
-    Executor, HookSet, Outcome, Policy, Request, ResourceLimits, limits::key, parse_cpus, parse_duration, parse_size,
-};
-use stevedore::handlers::Handlers;
-use stevedore::{LiveOutput, Stream};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
+use stevedore::contract::{Policy, Request, ResourceLimits, limits::key, parse_cpus, parse_duration, parse_size};
 
 const RUN_AFTER_HELP: &str = "\
 The container's stdout and stderr go to stevedore's, live. At the end one line on stderr says
@@ -47,144 +35,144 @@ Examples (docker's word order: the image, then the command):
 pub struct RunArgs {
     /// Image to run in (default for handlers: stevedore's own worker image)
     #[arg(long, value_name = "IMAGE", help_heading = "Attempt")]
-    image: Option<String>,
+    pub(super) image: Option<String>,
     /// Worker ID (default: a unique one)
     #[arg(long, value_name = "ID", help_heading = "Attempt")]
-    worker: Option<String>,
+    pub(super) worker: Option<String>,
     /// Job ID (default: a unique one)
     #[arg(long, value_name = "ID", help_heading = "Attempt")]
-    job: Option<String>,
+    pub(super) job: Option<String>,
     /// Attempt number
     #[arg(long, default_value_t = 1, value_name = "N", help_heading = "Attempt")]
-    attempt: u32,
+    pub(super) attempt: u32,
     /// Which rung runs the attempt: container, process (a child process under a dedicated
     /// uid when run as root), or kube (a Pod on a Kubernetes cluster; see docs/outcome.md,
     /// "Rungs", and the Kubernetes options)
     /// (default: the profile's `rung`, else container)
-    #[arg(long, value_name = "RUNG", value_parser = ["container", "process", "kube"], help_heading = "Attempt")]
-    rung: Option<String>,
+    #[arg(long, value_name = "RUNG", value_enum, help_heading = "Attempt")]
+    pub(super) rung: Option<RungKind>,
     /// Set an environment variable; VAR alone takes the host's value (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V|K", help_heading = "Attempt")]
-    env: Vec<String>,
+    pub(super) env: Vec<String>,
     /// Read environment variables from FILE (KEY=VALUE lines, # comments; KEY alone: the host's)
     #[arg(long, value_name = "FILE", help_heading = "Attempt")]
-    env_file: Vec<PathBuf>,
+    pub(super) env_file: Vec<PathBuf>,
     /// Working directory in the container
     #[arg(long, short = 'w', value_name = "DIR", help_heading = "Attempt")]
-    workdir: Option<String>,
+    pub(super) workdir: Option<String>,
     /// User as numeric UID[:GID] (root only if the profile allows it)
     #[arg(long, short = 'u', value_name = "UID[:GID]", help_heading = "Attempt")]
-    user: Option<String>,
+    pub(super) user: Option<String>,
     /// Replace the image's ENTRYPOINT ("" clears it)
     #[arg(long, value_name = "CMD", help_heading = "Attempt")]
-    entrypoint: Option<String>,
+    pub(super) entrypoint: Option<String>,
     /// When to pull the image: missing (the default: only when it is not local, and never
     /// when a local image has a close name: that one is named instead), never, always
     #[arg(long, value_name = "WHEN", value_parser = ["missing", "never", "always"], help_heading = "Attempt")]
-    pull: Option<String>,
+    pub(super) pull: Option<String>,
     /// Network mode (default: the profile's, else none; only modes the profile allows)
     #[arg(long, value_name = "MODE", help_heading = "Attempt")]
-    network: Option<String>,
+    pub(super) network: Option<String>,
     /// Publish a container port: CONTAINER_PORT or HOST_PORT:CONTAINER_PORT (needs a network)
     #[arg(long = "publish", short = 'p', value_name = "[HOST:]PORT", help_heading = "Attempt")]
-    publish: Vec<String>,
+    pub(super) publish: Vec<String>,
     /// Mount the named cache NAME at PATH, read-write, kept across runs (repeatable)
     #[arg(long, value_name = "NAME:/PATH", help_heading = "Files")]
-    cache: Vec<String>,
+    pub(super) cache: Vec<String>,
     /// Directory mounted read-only at /in
     #[arg(long, value_name = "DIR", help_heading = "Files")]
-    input: Option<PathBuf>,
+    pub(super) input: Option<PathBuf>,
     /// Named input slot NAME=RELATIVE_PATH (repeatable)
     #[arg(long = "slot", value_name = "NAME=PATH", help_heading = "Files")]
-    slots: Vec<String>,
+    pub(super) slots: Vec<String>,
     /// Directory that receives /out (created if missing; must be empty)
     #[arg(long, value_name = "DIR", help_heading = "Files")]
-    output: PathBuf,
+    pub(super) output: PathBuf,
     /// Keep the captured stdout and stderr in DIR (default: removed when the run ends)
     #[arg(long, value_name = "DIR", help_heading = "Files")]
-    logs: Option<PathBuf>,
+    pub(super) logs: Option<PathBuf>,
     /// Memory limit (e.g. 64m, 1g)
     #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
-    memory: Option<String>,
+    pub(super) memory: Option<String>,
     /// CPU limit in cores (e.g. 0.5)
     #[arg(long, value_name = "N", help_heading = "Limits (narrowed to the profile's ceilings)")]
-    cpus: Option<String>,
+    pub(super) cpus: Option<String>,
     /// Process limit
     #[arg(long, value_name = "N", help_heading = "Limits (narrowed to the profile's ceilings)")]
-    pids: Option<u64>,
+    pub(super) pids: Option<u64>,
     /// Disk limit for /out (e.g. 50m)
     #[arg(long, value_name = "SIZE", help_heading = "Limits (narrowed to the profile's ceilings)")]
-    disk: Option<String>,
+    pub(super) disk: Option<String>,
     /// The longest the command may run, counted from its start (waiting for a slot, staging
     /// inputs and starting the sandbox do not count), e.g. 10s, 500ms, 2m
     #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
-    timeout: Option<String>,
+    pub(super) timeout: Option<String>,
     /// Time between SIGTERM and SIGKILL (default 30s)
     #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
-    grace: Option<String>,
+    pub(super) grace: Option<String>,
     /// Write the Outcome JSON to FILE (- for stdout); written whenever the attempt ran
     #[arg(long, value_name = "FILE", help_heading = "Output")]
-    outcome: Option<PathBuf>,
+    pub(super) outcome: Option<PathBuf>,
     /// No live output and no summary line
     #[arg(long, short = 'q', help_heading = "Output")]
-    quiet: bool,
+    pub(super) quiet: bool,
     /// Keep stdin open: this process's stdin becomes the command's (EOF when it ends);
     /// without it the command's stdin is /dev/null
     #[arg(long, short = 'i', help_heading = "Attempt")]
-    interactive: bool,
+    pub(super) interactive: bool,
     /// A terminal for the command (its stdin, stdout and stderr, of this terminal's size and
     /// following it); with -i this terminal is in raw mode meanwhile, so ^C goes to the command
     #[arg(long, short = 't', help_heading = "Attempt")]
-    tty: bool,
+    pub(super) tty: bool,
     /// Exit 0 whenever the attempt ran (refusals still exit 125)
     #[arg(long, help_heading = "Output")]
-    exit_zero: bool,
+    pub(super) exit_zero: bool,
     /// Accepted for compatibility: the exit status is the command's by default
     #[arg(long, hide = true)]
-    exit_status: bool,
+    pub(super) exit_status: bool,
     /// Write the attempt's checkpoint to FILE (0600, new) before its command starts, so that
     /// `stevedore recover FILE` can finish it if this process dies
     #[arg(long, value_name = "FILE", help_heading = "Recovery")]
-    checkpoint: Option<PathBuf>,
+    pub(super) checkpoint: Option<PathBuf>,
     /// How long the attempt keeps running after this process is gone, waiting for
     /// `stevedore recover`, or after its connection to the engine was cut, for this process
     /// to resume it (default 0: it is stopped at once)
     #[arg(long, value_name = "DUR", help_heading = "Recovery")]
-    host_loss_grace: Option<String>,
+    pub(super) host_loss_grace: Option<String>,
     /// Run this handler of the worker image instead of a command
     #[arg(long, value_name = "NAME", conflicts_with = "argv", help_heading = "Handler")]
-    handler: Option<String>,
+    pub(super) handler: Option<String>,
     /// Payload for the handler
     #[arg(long, value_name = "STR", conflicts_with = "payload_file", help_heading = "Handler")]
-    payload: Option<String>,
+    pub(super) payload: Option<String>,
     /// Payload for the handler, from a file
     #[arg(long, value_name = "FILE", help_heading = "Handler")]
-    payload_file: Option<PathBuf>,
+    pub(super) payload_file: Option<PathBuf>,
     /// Expected handler-set fingerprint
     #[arg(long, value_name = "FP", help_heading = "Handler")]
-    fingerprint: Option<String>,
+    pub(super) fingerprint: Option<String>,
     /// The key environment values enter the action digest under, HMACed, and the action is
     /// sealed with (its MAC: `replay` with this key trusts it). A private regular file of
     /// yours, 16 bytes at least (default: $STEVEDORE_ACTION_KEY_FILE; without one the values
     /// are left out and nothing is sealed)
     #[arg(long, value_name = "FILE", help_heading = "Output")]
-    action_key_file: Option<PathBuf>,
+    pub(super) action_key_file: Option<PathBuf>,
     /// Accepted as docker's: every attempt's container is removed anyway
     #[arg(long, help_heading = "Attempt")]
-    rm: bool,
+    pub(super) rm: bool,
     /// Refused: stevedore names each attempt's container itself (so `reclaim` finds it); name
     /// the attempt with --job
     #[arg(long, value_name = "NAME", help_heading = "Attempt")]
-    name: Option<String>,
+    pub(super) name: Option<String>,
     /// As docker: IMAGE then the command to run (after the image's ENTRYPOINT); after `--`,
     /// only the command (the image then comes from --image or the profile). A word that starts
     /// with `-` before the first of these is one of stevedore's flags: an unknown one is an
     /// error, never the command
     #[arg(trailing_var_arg = true, value_name = "IMAGE] [ARGV")]
-    argv: Vec<OsString>,
+    pub(super) argv: Vec<OsString>,
     /// Whether the words came after `--` (set from the command line by [`RunArgs::see_escape`]).
     #[arg(skip)]
-    escaped: bool,
+    pub(super) escaped: bool,
 }
 
 impl RunArgs {
@@ -232,19 +220,8 @@ fn image_and_command(
     Ok((Some(image.clone()), rest))
 }
 
-/// A refusal: nothing was created (exit 125, as `docker run`).
-fn fail(msg: impl std::fmt::Display) -> u8 {
-    crate::say::say(msg);
-    125
-}
-
-/// [`fail`] as a refusal of [`execute`].
-fn refuse<T>(msg: impl std::fmt::Display) -> Result<T, u8> {
-    Err(fail(msg))
-}
-
 /// A size option, with a hint when a bare number was meant with a unit.
-fn size_arg(flag: &str, v: &str, floor: u64) -> Result<u64, String> {
+pub(super) fn size_arg(flag: &str, v: &str, floor: u64) -> Result<u64, String> {
     let n = parse_size(v).map_err(|e| format!("--{flag}: {e}"))?;
     if n < floor && v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("--{flag} {v} is {n} bytes: did you mean {v}m?"));
@@ -313,7 +290,7 @@ fn argv_strings(argv: &[OsString]) -> Result<Vec<String>, String> {
         .collect()
 }
 
-fn request(a: &RunArgs) -> Result<Request, String> {
+pub(super) fn request(a: &RunArgs) -> Result<Request, String> {
     if let Some(name) = &a.name {
         return Err(format!(
             "--name {name:?}: stevedore names each attempt's container itself, so that reclaim finds what a \
@@ -391,408 +368,6 @@ pub(crate) fn action_key(file: Option<&Path>) -> Result<Option<stevedore::contra
     key.map_err(|e| stevedore::error_chain(&e))
 }
 
-/// What the options change in the container rung's configuration, within its profile.
-fn adjust(a: &RunArgs, cfg: &mut stevedore::container::ContainerConfig) -> Result<(), String> {
-    let profile = cfg.profile.clone().unwrap_or_else(|| "default".into());
-    // One attempt per process: a pool would make containers the attempt never gets (it
-    // claims before the first is parked) and remove them again.
-    if cfg.pool.as_ref().is_some_and(|p| p.size > 0) {
-        return Err(format!(
-            "profile {profile:?} has a warm pool, which serves a long-lived process (a job engine using the \
-             library); `stevedore run` is one attempt per process and would only make containers it never uses: \
-             use a profile without `pool` for the command"
-        ));
-    }
-    if let Some(n) = &a.network {
-        common::choose_network(cfg, n)?;
-    }
-    if let Some(g) = &a.host_loss_grace {
-        cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
-    }
-    if let Some(p) = &a.pull {
-        cfg.pull = pull_policy(p);
-    }
-    if !a.publish.is_empty() && !cfg.allow_publish {
-        return Err(format!("profile {profile:?} forbids publishing ports (allow_publish = false)"));
-    }
-    for p in &a.publish {
-        let (container, host) = publish_arg(p)?;
-        cfg.ports.insert(container, host);
-    }
-    if let Some(u) = &a.user {
-        let Some((uid, gid)) = stevedore::contract::parse_user(u) else {
-            return Err(format!("--user {u:?}: give a numeric UID[:GID] (images have no user database here)"));
-        };
-        if (uid == 0 || gid == 0) && !cfg.allow_root {
-            return Err(format!(
-                "--user {u}: profile {profile:?} does not allow root (a profile allows it with allow_root = true)"
-            ));
-        }
-        cfg.user = format!("{uid}:{gid}");
-    }
-    if !a.cache.is_empty() && !cfg.allow_caches {
-        return Err(format!("profile {profile:?} forbids caches (allow_caches = false)"));
-    }
-    for c in &a.cache {
-        let c = CacheMount::parse(c)?;
-        cfg.caches.retain(|have| have.name != c.name);
-        cfg.caches.push(c);
-    }
-    if let Some(dir) = &a.logs {
-        cfg.log_dir = Some(dir.clone());
-    }
-    Ok(())
-}
-
-/// `--pull`'s word as a policy.
-fn pull_policy(word: &str) -> stevedore::container::PullPolicy {
-    use stevedore::container::PullPolicy;
-    match word {
-        "never" => PullPolicy::Never,
-        "always" => PullPolicy::Always,
-        _ => PullPolicy::IfMissing,
-    }
-}
-
-/// What the options change in the kube rung's configuration; an option that has no
-/// mapping to a Pod that keeps its promise is refused, named.
-fn adjust_kube(a: &RunArgs, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
-    let refuse = |opt: &str, why: &str| Err(format!("{opt} is not available on the kube rung: {why}"));
-    if a.handler.is_some() {
-        return refuse(
-            "--handler",
-            "the API shows no image's dev.stevedore.entry label; run the worker's command, or use the library \
-             with KubeConfig::worker_entry",
-        );
-    }
-    if !a.cache.is_empty() {
-        return refuse("--cache", "a Pod has no engine volume that outlives it (named caches are not mapped yet)");
-    }
-    if !a.publish.is_empty() {
-        return refuse("-p/--publish", "a Pod's ports are reached through a Service, which the rung does not make");
-    }
-    match a.network.as_deref() {
-        None => {}
-        Some("none") if cfg.network_denied => {}
-        Some(n) => {
-            return Err(format!(
-                "--network {n} is not available on the kube rung: every Pod has the cluster's network, denied only \
-                 by a NetworkPolicy (say --network-denied once the namespace has one; without --network the \
-                 evidence says the network was not enforced)"
-            ));
-        }
-    }
-    if let Some(p) = &a.pull {
-        // The Pods' `imagePullPolicy`: the same promises.
-        cfg.image_pull = pull_policy(p).into();
-    }
-    if let Some(g) = &a.host_loss_grace {
-        cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
-    }
-    if let Some(u) = &a.user {
-        match stevedore::contract::parse_user(u) {
-            Some((0, _)) | Some((_, 0)) => {
-                return Err(format!("--user {u}: the kube rung runs attempts as non-root only"));
-            }
-            Some(ids) => cfg.user = ids,
-            None => return Err(format!("--user {u:?}: give a numeric UID[:GID]")),
-        }
-    }
-    if let Some(dir) = &a.logs {
-        cfg.log_dir = Some(dir.clone());
-    }
-    Ok(())
-}
-
-/// This process's stdin as the command's: read on a thread of its own (a read that blocks on
-/// a terminal must never keep the process from exiting), in chunks, with the feed's
-/// back-pressure; its end is the command's EOF.
-fn stdin_feed() -> stevedore::StdinFeed {
-    let (tx, feed) = stevedore::StdinFeed::channel(16);
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut input = std::io::stdin().lock();
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match input.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => {
-                    if tx.blocking_send(bytes::Bytes::copy_from_slice(&buf[..n])).is_err() {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    crate::say::say(format!("reading stdin: {e}; the command's stdin ends here"));
-                    return;
-                }
-            }
-        }
-    });
-    feed
-}
-
-/// Says what the first signal does: the attempt stops as a cancellation, within its grace.
-fn first_signal(name: &str, grace: Duration, quiet: bool) {
-    if !quiet {
-        crate::say::say(format!(
-            "{name}: stopping the attempt (SIGTERM to the command, SIGKILL after the {} s grace); \
-             another signal kills and removes it at once",
-            grace.as_secs_f64()
-        ));
-    }
-}
-
-/// Says what the second signal does; the attempt is dropped (`None`: no Outcome).
-fn second_signal<T>(name: &str, quiet: bool) -> Option<T> {
-    if !quiet {
-        crate::say::say(format!("{name} again: killing and removing the attempt now; there is no Outcome"));
-    }
-    None
-}
-
-/// Removes a stale outcome file, so that after a refusal none is there.
-fn clear_outcome(path: &Path) -> Result<(), String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_file() => {
-            std::fs::remove_file(path).map_err(|e| format!("--outcome {}: cannot replace it: {e}", path.display()))
-        }
-        Ok(_) => Err(format!("--outcome {}: not a regular file", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("--outcome {}: {e}", path.display())),
-    }
-}
-
-/// Writes the outcome file whole (a temporary file renamed over it).
-fn write_outcome(path: &Path, json: &str) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp =
-        dir.join(format!(".{}.{:08x}", path.file_name().unwrap_or_default().to_string_lossy(), rand::random::<u32>()));
-    {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(json.as_bytes())?;
-        f.write_all(b"\n")?;
-    }
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
-/// Prints the container's streams as they come: stdout on stdout (unless `stdout_to_err`),
-/// stderr on stderr. A closed stdout stops that copy, never the attempt.
-fn live_printer(stdout_to_err: bool) -> (LiveOutput, tokio::task::JoinHandle<()>) {
-    let (live, mut chunks) = LiveOutput::channel(1024);
-    let task = tokio::spawn(async move {
-        let mut stdout_open = true;
-        while let Some(c) = chunks.recv().await {
-            if c.stream == Stream::Stdout && !stdout_to_err {
-                if stdout_open {
-                    let mut out = std::io::stdout().lock();
-                    stdout_open = out.write_all(&c.bytes).and_then(|()| out.flush()).is_ok();
-                }
-            } else {
-                let mut err = std::io::stderr().lock();
-                let _ = err.write_all(&c.bytes).and_then(|()| err.flush());
-            }
-        }
-    });
-    (live, task)
-}
-
-/// The per-run captures go when the run ends, unless kept with `--logs`.
-pub(crate) fn drop_captures(o: &mut Outcome) {
-    let mut removed = false;
-    for cap in [&mut o.evidence.logs.stdout, &mut o.evidence.logs.stderr] {
-        if let Some(p) = cap.path.take() {
-            removed |= std::fs::remove_file(&p).is_ok();
-            if let Some(dir) = Path::new(&p).parent() {
-                // Only when empty: another run of the same worker may still write there.
-                let _ = std::fs::remove_dir(dir);
-            }
-        }
-    }
-    if removed {
-        o.evidence.notes.push("the captures were removed at the end of the run (keep them with --logs DIR)".into());
-    }
-}
-
-/// Runs `stevedore run`.
-pub async fn run(g: &Global, a: RunArgs, handlers: &Handlers) -> u8 {
-    let to_stdout = a.outcome.as_deref() == Some(Path::new("-"));
-    if let Some(path) = a.outcome.as_deref().filter(|_| !to_stdout)
-        && let Err(e) = clear_outcome(path)
-    {
-        return fail(e);
-    }
-    if a.tty && a.handler.is_some() {
-        return fail("-t: a handler speaks the protocol on its streams; a terminal is for a command");
-    }
-    if a.tty && a.interactive && !crate::terminal::stdin_is_terminal() {
-        return fail("-it: the input is not a terminal (-i alone passes a pipe or a file as the command's stdin)");
-    }
-    if a.interactive && a.handler.is_some() {
-        return fail("-i: a handler takes its payload (--payload), not a stdin");
-    }
-    let req = match request(&a) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    let (outcome, got, req) = match execute(g, &a, req, handlers, to_stdout).await {
-        Ok(done) => done,
-        Err(code) => return code,
-    };
-    let code = match outcome {
-        Some(Ok(mut o)) => {
-            if a.logs.is_none() {
-                drop_captures(&mut o);
-            }
-            let json = o.to_json();
-            if to_stdout {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{json}").and_then(|()| out.flush());
-            } else if let Some(path) = &a.outcome
-                && let Err(e) = write_outcome(path, &json)
-            {
-                crate::say::say(format!("cannot write the outcome to {}: {e}", path.display()));
-            }
-            if !a.quiet {
-                crate::say::say(human::summary(&o, req.policy.grace(), &a.output));
-            }
-            if a.exit_zero { 0 } else { human::exit_code(&o) }
-        }
-        Some(Err(e)) => fail(stevedore::error_chain(&e)),
-        None => 0,
-    };
-    got.unwrap_or(code)
-}
-
-/// What [`execute`] gives: the attempt's end (`None`: dropped by a second signal), the exit
-/// status a first signal asks for, the request as it ran.
-pub(crate) type Executed = (Option<Result<Outcome, stevedore::LaunchError>>, Option<u8>, Request);
-
-/// Runs `req` on the rung `a` chooses and configures, with the live output, the terminal, the
-/// progress and the signals as `run` has them; `Err`: the exit status of a refusal, said.
-pub(crate) async fn execute(
-    g: &Global,
-    a: &RunArgs,
-    mut req: Request,
-    handlers: &Handlers,
-    to_stdout: bool,
-) -> Result<Executed, u8> {
-    // Installed before anything can be created, so no signal leaks a container.
-    let (mut sigint, mut sigterm) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-        (Ok(i), Ok(t)) => (i, t),
-        _ => return refuse("cannot install signal handlers"),
-    };
-    let on = match a.rung.clone() {
-        Some(r) => r,
-        // A profile that cannot be read is said by the container rung's path, with its hints.
-        None => crate::kube::profile_rung(g).ok().flatten().unwrap_or_else(|| "container".to_owned()),
-    };
-    let rung: Arc<dyn Executor> = if on == "kube" {
-        match crate::kube::rung(g, 125, |cfg| adjust_kube(a, cfg)).await {
-            Ok(r) => Arc::new(r),
-            Err(code) => return Err(code),
-        }
-    } else if on == "process" {
-        let mut cfg = stevedore::process::ProcessConfig::default();
-        if let Some(grace) = &a.host_loss_grace {
-            match parse_duration(grace) {
-                Ok(d) => cfg.link.host_loss.grace = d,
-                Err(e) => return refuse(format!("--host-loss-grace: {e}")),
-            }
-        }
-        if let Some(dir) = &a.logs {
-            cfg.log_dir = Some(dir.clone());
-        }
-        match stevedore::process::ProcessExecutor::new(cfg) {
-            Ok(r) => Arc::new(r),
-            Err(e) => return refuse(e),
-        }
-    } else {
-        let rung = match common::rung(g, 125, |cfg| adjust(a, cfg)).await {
-            Ok(r) => r,
-            Err(code) => return Err(code),
-        };
-        if req.handler_name().is_some() && req.policy.image.is_empty() {
-            let packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
-            let packed = common::own_image(&rung, handlers).await;
-            drop(packing);
-            match packed {
-                Ok(tag) => req.policy.image = tag,
-                Err(e) => return refuse(e),
-            }
-        }
-        Arc::new(rung)
-    };
-    let printer = (!a.quiet).then(|| {
-        let (live, task) = live_printer(to_stdout);
-        req.live = Some(live);
-        task
-    });
-    let mut follow = None;
-    if a.tty {
-        match crate::terminal::following() {
-            Ok((terminal, f)) => {
-                req.tty = Some(terminal);
-                follow = Some(f);
-            }
-            Err(e) => return refuse(format!("-t: cannot follow this terminal's size: {e}")),
-        }
-    }
-    // Raw once the command has started (the `started` hook): until then ^C stops stevedore
-    // as ever (a long pull), and every refusal is said on the terminal as it was.
-    let raw = (a.tty && a.interactive).then(|| Arc::new(crate::terminal::RawSlot::default()));
-    if a.interactive {
-        req.stdin = Some(stdin_feed());
-    }
-    let bars = crate::progress::on_terminal(a.quiet);
-    req.progress = bars.as_ref().map(crate::progress::Bars::sink);
-    req.hooks = Some(HookSet(Arc::new(common::CliHooks {
-        checkpoint: a.checkpoint.clone(),
-        quiet: a.quiet,
-        raw_on_start: raw.clone(),
-    })));
-    let cancel = CancellationToken::new();
-    let mut got: Option<u8> = None;
-    let outcome = {
-        let fut = rung.run(&req, cancel.clone());
-        tokio::pin!(fut);
-        loop {
-            tokio::select! {
-                r = &mut fut => break Some(r),
-                _ = sigint.recv() => {
-                    if got.is_some() { break second_signal("SIGINT", a.quiet); }
-                    got = Some(130);
-                    first_signal("SIGINT", req.policy.grace(), a.quiet);
-                    cancel.cancel();
-                }
-                _ = sigterm.recv() => {
-                    if got.is_some() { break second_signal("SIGTERM", a.quiet); }
-                    got = Some(143);
-                    first_signal("SIGTERM", req.policy.grace(), a.quiet);
-                    cancel.cancel();
-                }
-            }
-        }
-    };
-    // The terminal as it was before anything more is said on it, and no bar left on it (a
-    // transfer cut short never said it finished).
-    if let Some(raw) = &raw {
-        raw.leave();
-    }
-    drop(follow);
-    drop(bars);
-    // A second signal drops the attempt: its cleanup kills and removes the container now;
-    // `close` waits for that cleanup.
-    tokio::time::timeout(Duration::from_secs(60), rung.close()).await.ok();
-    req.live = None;
-    if let Some(p) = printer {
-        let _ = tokio::time::timeout(Duration::from_secs(5), p).await;
-    }
-    Ok((outcome, got, req))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -819,6 +394,18 @@ mod tests {
 
     fn v(ws: &[&str]) -> Vec<String> {
         ws.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    /// `-w` where the rung has no root to make it in is refused, named (issue 49).
+    #[test]
+    fn the_process_rung_refuses_a_working_dir() {
+        use clap::Parser;
+        use common::Adjust;
+        let a = Run::try_parse_from(["run", "-w", "/w", "--output", "o", "--", "true"]).unwrap().run;
+        let err = a.process(&mut stevedore::process::ProcessConfig::default()).unwrap_err();
+        assert!(err.starts_with("-w /w is not available on the process rung"), "{err}");
+        let plain = Run::try_parse_from(["run", "--output", "o", "--", "true"]).unwrap().run;
+        assert!(plain.process(&mut stevedore::process::ProcessConfig::default()).is_ok());
     }
 
     /// docker's word order (issue 49): the first word before `--` is the image, the rest (or
