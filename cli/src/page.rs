@@ -456,6 +456,16 @@ pub fn render(o: &Outcome) -> String {
     render_cut(o, &Cut::default())
 }
 
+/// The rung as the command names it (`--rung`), and by its configured name when that differs
+/// (`docker` is the container rung's default name).
+fn rung_words(executor: &str) -> String {
+    match crate::common::RungKind::of_name(executor) {
+        Some(kind) if kind.name() == executor => format!("rung {kind}"),
+        Some(kind) => format!("rung {kind} (configured as {executor})"),
+        None => format!("rung {executor}"),
+    }
+}
+
 /// [`render`] of an Outcome [`read_bounded`] read, saying what it left out.
 pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
     let mut p = String::with_capacity(64 << 10);
@@ -481,7 +491,7 @@ pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
         meta.push(format!("worker {}", o.worker));
     }
     if !o.evidence.executor.is_empty() {
-        meta.push(format!("rung {}", o.evidence.executor));
+        meta.push(rung_words(&o.evidence.executor));
     }
     let _ = writeln!(
         p,
@@ -1522,6 +1532,13 @@ mod tests {
         // Without a timeline, the reason is the untrusted one.
         o.usage.timeline = None;
         assert_clean(&render(&o));
+    }
+
+    #[test]
+    fn the_rung_is_named_as_the_command_names_it() {
+        assert_eq!(rung_words("docker"), "rung container (configured as docker)");
+        assert_eq!(rung_words("process"), "rung process");
+        assert_eq!(rung_words("gpu-pool"), "rung gpu-pool");
     }
 
     #[test]
