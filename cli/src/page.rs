@@ -30,6 +30,7 @@
 //! page says what it left out ("… N more", the samples thinned to the charts' width), so a
 //! crafted file makes neither a huge page nor a huge process.
 
+use crate::error::CliError;
 use crate::report;
 use clap::Parser;
 use serde_json::Value;
@@ -94,8 +95,7 @@ pub fn main(args: &[String]) -> u8 {
     let (o, cut) = match read_outcome(&a.outcome) {
         Ok(o) => o,
         Err(e) => {
-            crate::say::say(e);
-            return 1;
+            return CliError::Failed(e).said();
         }
     };
     match write_whole(&html, render_cut(&o, &cut).as_bytes()) {
@@ -104,10 +104,7 @@ pub fn main(args: &[String]) -> u8 {
             crate::say::say(format!("wrote the page to {}", shown.display()));
             0
         }
-        Err(e) => {
-            crate::say::say(format!("--html {}: {e}", html.display()));
-            1
-        }
+        Err(e) => CliError::Failed(format!("--html {}: {e}", html.display())).said(),
     }
 }
 

@@ -64,8 +64,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 }
             }
             Err(e) => {
-                crate::say::say(stevedore::error_chain(&e));
-                return 1;
+                return CliError::Failed(stevedore::error_chain(&e)).said();
             }
         }
     }
@@ -76,8 +75,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 v.insert("tools_volumes_in_use".into(), serde_json::json!(p.in_use));
             }
             Err(e) => {
-                crate::say::say(stevedore::error_chain(&e));
-                return 1;
+                return CliError::Failed(stevedore::error_chain(&e)).said();
             }
         }
     }
@@ -94,8 +92,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
             v.insert("stale_images".into(), serde_json::json!(stale));
         }
         Err(e) if a.images => {
-            crate::say::say(stevedore::error_chain(&e));
-            return 1;
+            return CliError::Failed(stevedore::error_chain(&e)).said();
         }
         // Listing is a courtesy when only a worker was asked for.
         Err(e) => {
@@ -125,9 +122,6 @@ async fn reclaim_kube(rung: stevedore::kube::KubeExecutor, a: &ReclaimArgs) -> u
             println!("{report}");
             0
         }
-        Err(e) => {
-            crate::say::say(stevedore::error_chain(&e));
-            1
-        }
+        Err(e) => CliError::Failed(stevedore::error_chain(&e)).said(),
     }
 }
