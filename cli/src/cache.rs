@@ -2,6 +2,7 @@
 //! reclaim never removes them).
 
 use crate::common::{self, Global};
+use crate::error::CliError;
 
 /// `stevedore cache` commands.
 #[derive(Debug, clap::Subcommand)]
@@ -24,9 +25,9 @@ pub enum CacheCommand {
 
 /// Runs `stevedore cache`: exit 0 on success, 1 otherwise.
 pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
-    let rung = match common::rung(g, 1, |_| Ok(())).await {
+    let rung = match common::engine(g).await {
         Ok(r) => r,
-        Err(code) => return code,
+        Err(e) => return e.said(),
     };
     match cmd {
         CacheCommand::Ls => match stevedore::container::caches::list(rung.engine()).await {
@@ -36,10 +37,7 @@ pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
                 }
                 0
             }
-            Err(e) => {
-                crate::say::say(format!("listing caches failed: {}", stevedore::error_chain(&e)));
-                1
-            }
+            Err(e) => CliError::Failed(format!("listing caches failed: {}", stevedore::error_chain(&e))).said(),
         },
         CacheCommand::Rm { name, app, org } => {
             match stevedore::container::caches::remove(rung.engine(), &name, app.as_deref(), org.as_deref()).await {
@@ -47,10 +45,7 @@ pub async fn cache(g: &Global, cmd: CacheCommand) -> u8 {
                     println!("{}", serde_json::json!({"removed": volume}));
                     0
                 }
-                Err(e) => {
-                    crate::say::say(stevedore::error_chain(&e));
-                    1
-                }
+                Err(e) => CliError::Failed(stevedore::error_chain(&e)).said(),
             }
         }
     }

@@ -1,6 +1,7 @@
 //! `stevedore census`: one JSON line about the engine and what it can enforce.
 
-use crate::common::{self, Global};
+use crate::common::{self, Global, Rung, RungKind};
+use crate::error::CliError;
 use stevedore::container::ContainerExecutor;
 use stevedore::contract::Executor;
 
@@ -40,26 +41,23 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
 pub struct CensusArgs {
     /// The rung: container (a Docker-API engine) or kube (a Kubernetes cluster; see the
     /// Kubernetes options)
-    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "kube"])]
-    pub rung: String,
+    #[arg(long, value_name = "RUNG", default_value = "container", value_enum)]
+    pub rung: RungKind,
 }
 
 /// Runs `stevedore census`.
 pub async fn census(g: &Global, a: &CensusArgs) -> u8 {
-    if a.rung == "kube" {
-        return match crate::kube::rung(g, 1, |_| Ok(())).await {
-            Ok(rung) => {
-                println!("{}", crate::kube::line(&rung).await);
-                0
-            }
-            Err(code) => code,
-        };
-    }
-    match common::rung(g, 1, |_| Ok(())).await {
-        Ok(rung) => {
-            println!("{}", line(&rung));
-            0
+    let line = match common::open(g, a.rung, &()).await {
+        Ok(Rung::Container(rung)) => line(&rung),
+        Ok(Rung::Kube(rung)) => crate::kube::line(&rung).await,
+        Ok(Rung::Process(_)) => {
+            return CliError::Failed(
+                "census: the process rung has no engine to describe (--rung container or kube)".into(),
+            )
+            .said();
         }
-        Err(code) => code,
-    }
+        Err(e) => return e.exiting(1).said(),
+    };
+    println!("{line}");
+    0
 }

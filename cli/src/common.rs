@@ -1,10 +1,13 @@
 //! Options every command shares, and building the rung from them.
 
+use crate::error::CliError;
 use std::path::PathBuf;
 use stevedore::container::{ContainerConfig, ContainerExecutor};
-use stevedore::contract::LaunchError;
+use stevedore::contract::{Executor, LaunchError};
 use stevedore::handlers::Handlers;
 use stevedore::image::{PackSpec, ensure_image};
+use stevedore::kube::{KubeConfig, KubeExecutor};
+use stevedore::process::{ProcessConfig, ProcessExecutor};
 
 /// Options of every command.
 #[derive(Debug, clap::Args)]
@@ -115,26 +118,138 @@ fn check(cfg: &ContainerConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// The rung for these options, after `adjust` had its say on the configuration; on failure
-/// (bad options, a profile that forbids what `adjust` asks, an unreachable engine) the
-/// message is printed and `failure` returned.
-pub async fn rung(
-    g: &Global,
-    failure: u8,
-    adjust: impl FnOnce(&mut ContainerConfig) -> Result<(), String>,
-) -> Result<ContainerExecutor, u8> {
-    let mut cfg = config(g).map_err(|e| {
-        crate::say::say(e);
-        failure
-    })?;
-    adjust(&mut cfg).and_then(|()| check(&cfg)).map_err(|e| {
-        crate::say::say(e);
-        failure
-    })?;
-    connect(cfg).await.map_err(|e| {
-        crate::say::say(stevedore::error_chain(&e));
-        failure
-    })
+/// The rungs the command runs attempts on, by the name `--rung` and a profile's `rung` give
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RungKind {
+    /// A container on a Docker-API engine
+    Container,
+    /// A child process, under a dedicated uid when run as root
+    Process,
+    /// A Pod on a Kubernetes cluster (see the Kubernetes options)
+    Kube,
+}
+
+impl RungKind {
+    /// Its name, as `--rung` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Container => "container",
+            Self::Process => "process",
+            Self::Kube => "kube",
+        }
+    }
+
+    /// The kind of the rung a name in an Outcome or a profile gives (an executor's name:
+    /// `docker` is the container rung's).
+    pub fn of_name(name: &str) -> Option<Self> {
+        match name {
+            "docker" => Some(Self::Container),
+            _ => <Self as clap::ValueEnum>::from_str(name, false).ok(),
+        }
+    }
+
+    /// `flag`, else the profile's `rung`, else the container rung. A profile that cannot be
+    /// read is said on the container rung's path, with its hints.
+    pub fn chosen(g: &Global, flag: Option<Self>) -> Self {
+        flag.or_else(|| crate::kube::profile_rung(g).ok().flatten().and_then(|r| Self::of_name(&r)))
+            .unwrap_or(Self::Container)
+    }
+}
+
+impl std::fmt::Display for RungKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a command changes in each rung's configuration before the rung is opened; each
+/// default changes nothing. An `Err` is the refusal, said as is.
+pub trait Adjust {
+    /// The container rung's.
+    fn container(&self, _cfg: &mut ContainerConfig) -> Result<(), String> {
+        Ok(())
+    }
+    /// The process rung's.
+    fn process(&self, _cfg: &mut ProcessConfig) -> Result<(), String> {
+        Ok(())
+    }
+    /// The kube rung's.
+    fn kube(&self, _cfg: &mut KubeConfig) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The configured rungs as they are.
+impl Adjust for () {}
+
+/// An opened rung, of its kind.
+#[derive(Debug)]
+pub enum Rung {
+    /// The container rung.
+    Container(ContainerExecutor),
+    /// The process rung.
+    Process(ProcessExecutor),
+    /// The kube rung.
+    Kube(KubeExecutor),
+}
+
+impl Rung {
+    /// As an executor, whatever its kind.
+    pub fn executor(self) -> std::sync::Arc<dyn Executor> {
+        match self {
+            Self::Container(r) => std::sync::Arc::new(r),
+            Self::Process(r) => std::sync::Arc::new(r),
+            Self::Kube(r) => std::sync::Arc::new(r),
+        }
+    }
+
+    /// The container rung, or a refusal naming what needs it.
+    pub fn container(self, what: &str) -> Result<ContainerExecutor, CliError> {
+        match self {
+            Self::Container(r) => Ok(r),
+            other => Err(CliError::Refused(format!("{what} needs the container rung, not the {}", other.kind()))),
+        }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> RungKind {
+        match self {
+            Self::Container(_) => RungKind::Container,
+            Self::Process(_) => RungKind::Process,
+            Self::Kube(_) => RungKind::Kube,
+        }
+    }
+}
+
+/// Opens the rung `kind` for these options, after `adjust` had its say on its configuration:
+/// the one way every command opens a rung. Bad options and a profile that forbids what
+/// `adjust` asks are refusals; a rung that cannot be reached or set up ends with 125 (a tool
+/// that ends with 1 says so with [`CliError::exiting`]).
+pub async fn open(g: &Global, kind: RungKind, adjust: &dyn Adjust) -> Result<Rung, CliError> {
+    let unreachable = |e: &dyn std::error::Error| CliError::Unreachable { what: stevedore::error_chain(e), code: 125 };
+    match kind {
+        RungKind::Container => {
+            let mut cfg = config(g)?;
+            adjust.container(&mut cfg).and_then(|()| check(&cfg))?;
+            connect(cfg).await.map(Rung::Container).map_err(|e| unreachable(&e))
+        }
+        RungKind::Process => {
+            let mut cfg = ProcessConfig::default();
+            adjust.process(&mut cfg)?;
+            ProcessExecutor::new(cfg).map(Rung::Process).map_err(|e| unreachable(&e))
+        }
+        RungKind::Kube => {
+            let mut cfg = crate::kube::config(g)?;
+            adjust.kube(&mut cfg)?;
+            KubeExecutor::connect(cfg).await.map(Rung::Kube).map_err(|e| unreachable(&e))
+        }
+    }
+}
+
+/// The container rung for a tool (exit 1 when it cannot be opened).
+pub async fn engine(g: &Global) -> Result<ContainerExecutor, CliError> {
+    open(g, RungKind::Container, &()).await.and_then(|r| r.container("this command")).map_err(|e| e.exiting(1))
 }
 
 /// Makes sure stevedore's own worker image exists (packing this binary on first use) and

@@ -1,6 +1,7 @@
 //! `stevedore image`: make worker images (pack an executable, or prepare a Dockerfile's rootfs).
 
 use crate::common::{self, Global};
+use crate::error::CliError;
 use std::path::{Path, PathBuf};
 use stevedore::handlers::Handlers;
 use stevedore::image::{PackSpec, pack_image, write_rootfs};
@@ -63,9 +64,9 @@ fn is_own(exe: &Path) -> bool {
 pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
     match cmd {
         ImageCommand::Pack { exe, tag, fingerprint } => {
-            let rung = match common::rung(g, 1, |_| Ok(())).await {
+            let rung = match common::engine(g).await {
                 Ok(r) => r,
-                Err(code) => return code,
+                Err(e) => return e.said(),
             };
             let mut spec = PackSpec::new(exe.clone(), tag);
             spec.fingerprint = fingerprint.or_else(|| is_own(&exe).then(|| handlers.fingerprint()));
@@ -77,16 +78,13 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
                     println!("{}", serde_json::json!({"image_id": img.id, "tag": img.tag}));
                     0
                 }
-                Err(e) => {
-                    crate::say::say(stevedore::error_chain(&e));
-                    1
-                }
+                Err(e) => CliError::Failed(stevedore::error_chain(&e)).said(),
             }
         }
         ImageCommand::Init { tag } => {
-            let rung = match common::rung(g, 1, |_| Ok(())).await {
+            let rung = match common::engine(g).await {
                 Ok(r) => r,
-                Err(code) => return code,
+                Err(e) => return e.said(),
             };
             let tag = tag.unwrap_or_else(stevedore::kube::default_init_image);
             match stevedore::image::pack_init_image(rung.engine(), &tag).await {
@@ -94,10 +92,7 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
                     println!("{}", serde_json::json!({"image_id": id, "tag": tag, "reused": reused}));
                     0
                 }
-                Err(e) => {
-                    crate::say::say(stevedore::error_chain(&e));
-                    1
-                }
+                Err(e) => CliError::Failed(stevedore::error_chain(&e)).said(),
             }
         }
         ImageCommand::Rootfs { exe, dir, fingerprint } => {
@@ -105,16 +100,14 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             let rootfs = match write_rootfs(&exe, &dir, stevedore::image::pack::DEFAULT_USER) {
                 Ok(r) => r,
                 Err(e) => {
-                    crate::say::say(stevedore::error_chain(&e));
-                    return 1;
+                    return CliError::Failed(stevedore::error_chain(&e)).said();
                 }
             };
             // Shell-safe words (a fingerprint is `sha256:` and hex), for `$(cat FILE)`.
             let args = fingerprint.as_ref().map(|fp| format!("--build-arg FINGERPRINT={fp}\n")).unwrap_or_default();
             let args_file = dir.with_extension("args");
             if let Err(e) = std::fs::write(&args_file, args) {
-                crate::say::say(format!("cannot write {}: {e}", args_file.display()));
-                return 1;
+                return CliError::Failed(format!("cannot write {}: {e}", args_file.display())).said();
             }
             let line = serde_json::json!({
                 "dir": dir, "entry": rootfs.entry, "files": rootfs.files.len(),

@@ -35,26 +35,6 @@ pub fn profile_rung(g: &Global) -> Result<Option<String>, String> {
     stevedore::profiles::rung(g.config.as_deref(), g.profile.as_deref()).map_err(|e| stevedore::error_chain(&e))
 }
 
-/// Connects the rung; on failure the message is printed and `failure` returned.
-pub async fn rung(
-    g: &Global,
-    failure: u8,
-    adjust: impl FnOnce(&mut KubeConfig) -> Result<(), String>,
-) -> Result<KubeExecutor, u8> {
-    let mut cfg = config(g).map_err(|e| {
-        crate::say::say(e);
-        failure
-    })?;
-    adjust(&mut cfg).map_err(|e| {
-        crate::say::say(e);
-        failure
-    })?;
-    KubeExecutor::connect(cfg).await.map_err(|e| {
-        crate::say::say(stevedore::error_chain(&e));
-        failure
-    })
-}
-
 /// The census of the cluster as JSON: what `census` prints for the container rung, in a
 /// cluster's words.
 pub async fn line(rung: &KubeExecutor) -> serde_json::Value {

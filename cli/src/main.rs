@@ -5,6 +5,7 @@
 mod cache;
 mod census;
 mod common;
+mod error;
 mod image;
 mod kube;
 mod page;
@@ -105,13 +106,17 @@ enum Command {
 fn run_cli(handlers: Handlers) -> ExitCode {
     // Usage errors exit 125 as `docker run`'s do, so that a shell or CI never takes them
     // for the command's own status; help and version exit 0.
-    let cli = match Cli::try_parse() {
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut cli = match Cli::try_parse_from(&raw) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 125 } else { 0 });
         }
     };
+    if let Command::Run(a) = &mut cli.command {
+        a.see_escape(&raw);
+    }
     // kube-rs logs a failed connection itself; stevedore says it once, in its own words.
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("STEVEDORE_LOG").unwrap_or_else(|_| "warn,kube_client=off".into());

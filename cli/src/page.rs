@@ -30,6 +30,7 @@
 //! page says what it left out ("… N more", the samples thinned to the charts' width), so a
 //! crafted file makes neither a huge page nor a huge process.
 
+use crate::error::CliError;
 use crate::report;
 use clap::Parser;
 use serde_json::Value;
@@ -94,8 +95,7 @@ pub fn main(args: &[String]) -> u8 {
     let (o, cut) = match read_outcome(&a.outcome) {
         Ok(o) => o,
         Err(e) => {
-            crate::say::say(e);
-            return 1;
+            return CliError::Failed(e).said();
         }
     };
     match write_whole(&html, render_cut(&o, &cut).as_bytes()) {
@@ -104,10 +104,7 @@ pub fn main(args: &[String]) -> u8 {
             crate::say::say(format!("wrote the page to {}", shown.display()));
             0
         }
-        Err(e) => {
-            crate::say::say(format!("--html {}: {e}", html.display()));
-            1
-        }
+        Err(e) => CliError::Failed(format!("--html {}: {e}", html.display())).said(),
     }
 }
 
@@ -456,10 +453,20 @@ pub fn render(o: &Outcome) -> String {
     render_cut(o, &Cut::default())
 }
 
+/// The rung as the command names it (`--rung`), and by its configured name when that differs
+/// (`docker` is the container rung's default name).
+fn rung_words(executor: &str) -> String {
+    match crate::common::RungKind::of_name(executor) {
+        Some(kind) if kind.name() == executor => format!("rung {kind}"),
+        Some(kind) => format!("rung {kind} (configured as {executor})"),
+        None => format!("rung {executor}"),
+    }
+}
+
 /// [`render`] of an Outcome [`read_bounded`] read, saying what it left out.
 pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
     let mut p = String::with_capacity(64 << 10);
-    let status = o.status.to_string();
+    let status = report::status_word(o);
     let reason = o.reason.map(|r| format!(" ({r})")).unwrap_or_default();
     let who = if o.job_id.is_empty() { "an attempt".to_owned() } else { format!("job {}", o.job_id) };
     let _ = write!(
@@ -481,7 +488,7 @@ pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
         meta.push(format!("worker {}", o.worker));
     }
     if !o.evidence.executor.is_empty() {
-        meta.push(format!("rung {}", o.evidence.executor));
+        meta.push(rung_words(&o.evidence.executor));
     }
     let _ = writeln!(
         p,
@@ -864,6 +871,14 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
             ms(pk.t_ms)
         );
     }
+    other_charts(p, tl, t_max, oom_ms);
+    facts(p, o, tl, had, shown);
+    p.push_str("</section>\n");
+}
+
+/// The CPU, pids and disk charts under the memory's, each with what it lacks.
+fn other_charts(p: &mut String, tl: &Timeline, t_max: f64, oom_ms: Option<f64>) {
+    let t = &tl.t_ms;
     let cpu_limit = tl.cpu_limit_millicpus.map(|m| Level {
         id: "cpu-limit",
         value: m as f64 / 1000.0,
@@ -917,7 +932,12 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
     p.push_str(&disk.svg());
     p.push_str(&missing(tl, "out_bytes", t.len().min(tl.out_bytes.len())));
     p.push_str(&missing(tl, "tmp_bytes", t.len().min(tl.tmp_bytes.len())));
-    // What the charts rest on.
+}
+
+/// What the charts rest on: the samples, drawn and had, their periods, their source; the
+/// reasons for what they lack not said under a chart.
+fn facts(p: &mut String, o: &Outcome, tl: &Timeline, had: u64, shown: usize) {
+    let t = &tl.t_ms;
     let mut facts = vec![format!("{} samples", t.len())];
     if had > shown as u64 {
         facts[0] = format!("{had} samples, {shown} of them drawn (thinned to the charts' width)");
@@ -943,7 +963,6 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
             let _ = writeln!(p, "<p class=\"missing\">{}: {}</p>", text(column), text(why));
         }
     }
-    p.push_str("</section>\n");
 }
 
 // ---- the phases ----
@@ -1088,6 +1107,17 @@ const TAIL_BYTES: u64 = 4 << 10;
 /// ...and of those, the last this many lines.
 const TAIL_LINES: usize = 40;
 
+/// Why a capture the Outcome names is not shown.
+#[derive(Debug, PartialEq)]
+enum Unread {
+    /// Nothing is there (removed, or the Outcome was made on another machine).
+    NotFound,
+    /// Another user's file or directory: never read.
+    NotOurs(u32),
+    /// Not what stevedore leaves as a capture, or unreadable: why.
+    Refused(String),
+}
+
 /// The end of the capture of `stream` at `path`: `(text, whether it is all of the file)`, or
 /// why not.
 ///
@@ -1096,17 +1126,28 @@ const TAIL_LINES: usize = 40;
 /// read: a regular file named `*.{stream}` (`<attempt>.stdout`), not reached through a
 /// symlink, owned by this user and private to them (no group or other bits), in a directory
 /// that is also theirs and private.
-fn tail(path: &Path, stream: &str) -> Result<(String, bool), String> {
+fn tail(path: &Path, stream: &str) -> Result<(String, bool), Unread> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let euid = nix::unistd::geteuid().as_raw();
-    let named = path.extension().is_some_and(|e| e == stream) && path.is_absolute();
-    if !named {
-        return Err(format!("not a stevedore capture (an absolute path named *.{stream}): not read"));
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => Unread::NotFound,
+        _ => Unread::Refused(e.to_string()),
+    };
+    if !path.is_absolute() {
+        return Err(Unread::Refused(
+            "a relative path (stevedore records absolute ones; this Outcome does not say relative to what): not read"
+                .into(),
+        ));
+    }
+    if path.extension().is_none_or(|e| e != stream) {
+        return Err(Unread::Refused(format!("not a stevedore capture (a path named *.{stream}): not read")));
     }
     let private = |m: &std::fs::Metadata| m.uid() == euid && m.mode() & 0o077 == 0;
-    let dir = path.parent().map(std::fs::symlink_metadata).transpose().map_err(|e| e.to_string())?;
-    if !dir.is_some_and(|d| d.is_dir() && private(&d)) {
-        return Err("its directory is not this user's private one: not read".into());
+    let dir = path.parent().map(std::fs::symlink_metadata).transpose().map_err(io)?;
+    match dir {
+        Some(d) if d.is_dir() && d.uid() != euid => return Err(Unread::NotOurs(d.uid())),
+        Some(d) if d.is_dir() && private(&d) => {}
+        _ => return Err(Unread::Refused("its directory is not this user's private one: not read".into())),
     }
     // Non-blocking: a FIFO named in an Outcome must not hang the page; it is then refused as
     // not a regular file. No symlink followed at the last component.
@@ -1114,18 +1155,21 @@ fn tail(path: &Path, stream: &str) -> Result<(String, bool), String> {
         .read(true)
         .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOFOLLOW).bits())
         .open(path)
-        .map_err(|e| e.to_string())?;
-    let meta = f.metadata().map_err(|e| e.to_string())?;
+        .map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(Unread::Refused("not a regular file".into()));
+    }
+    if meta.uid() != euid {
+        return Err(Unread::NotOurs(meta.uid()));
     }
     if !private(&meta) {
-        return Err("not a private file of this user's: not read".into());
+        return Err(Unread::Refused("not a private file of this user's: not read".into()));
     }
     let from = meta.len().saturating_sub(TAIL_BYTES);
-    f.seek(std::io::SeekFrom::Start(from)).map_err(|e| e.to_string())?;
+    f.seek(std::io::SeekFrom::Start(from)).map_err(io)?;
     let mut buf = Vec::new();
-    f.take(TAIL_BYTES).read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    f.take(TAIL_BYTES).read_to_end(&mut buf).map_err(io)?;
     let mut whole = from == 0;
     let mut kept: &[u8] = &buf;
     // A tail cut mid-line starts at the next whole line, when there is one.
@@ -1181,8 +1225,15 @@ fn capture(p: &mut String, name: &str, cap: &LogCapture) {
             }
             let _ = writeln!(p, "<pre id=\"{name}-tail\">{}</pre>", block(&t));
         }
-        Err(why) => {
-            let _ = writeln!(p, "<p class=\"missing\">The capture is gone: {}.</p>", text(&why));
+        Err(Unread::NotFound) => {
+            p.push_str("<p class=\"missing\">The capture is not found: nothing is there now (removed, or this Outcome comes from another machine).</p>\n");
+        }
+        Err(Unread::NotOurs(uid)) => {
+            let _ =
+                writeln!(p, "<p class=\"missing\">Not this user's capture (it belongs to uid {uid}): not read.</p>");
+        }
+        Err(Unread::Refused(why)) => {
+            let _ = writeln!(p, "<p class=\"missing\">The capture is not shown: {}.</p>", text(&why));
         }
     }
 }
@@ -1474,10 +1525,17 @@ mod tests {
         // The hostile text shows in each place it was put (the evidence's map keys twice).
         assert!(page.matches("&lt;script&gt;").count() >= 40, "{}", page.matches("&lt;script&gt;").count());
         assert!(page.contains("id=\"stdout-tail\">line one\n"), "the capture's tail is shown");
-        assert!(page.contains("The capture is gone"));
+        assert!(page.contains("The capture is not shown: not a stevedore capture"));
         // Without a timeline, the reason is the untrusted one.
         o.usage.timeline = None;
         assert_clean(&render(&o));
+    }
+
+    #[test]
+    fn the_rung_is_named_as_the_command_names_it() {
+        assert_eq!(rung_words("docker"), "rung container (configured as docker)");
+        assert_eq!(rung_words("process"), "rung process");
+        assert_eq!(rung_words("gpu-pool"), "rung gpu-pool");
     }
 
     #[test]
@@ -1664,7 +1722,11 @@ mod tests {
         assert!(tail(dir.path(), "stdout").is_err(), "a directory is not a capture");
         let fifo = dir.path().join("fifo.stdout");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR).unwrap();
-        assert_eq!(tail(&fifo, "stdout").unwrap_err(), "not a regular file", "and a FIFO does not hang the page");
+        assert_eq!(
+            tail(&fifo, "stdout").unwrap_err(),
+            Unread::Refused("not a regular file".into()),
+            "and a FIFO does not hang the page"
+        );
         let mut o = Outcome::new(Status::Ok);
         o.evidence.logs.stdout =
             LogCapture { path: Some(long.to_string_lossy().into()), bytes: 8890, truncated: false };
@@ -1672,6 +1734,44 @@ mod tests {
         let page = render(&o);
         assert!(page.contains("Its last 40 lines"));
         assert!(page.contains("the capture was not kept"));
+    }
+
+    /// "Not found" only about what is not there; another user's capture says so; a relative
+    /// path (an Outcome does not say relative to what) is not read.
+    #[test]
+    fn a_capture_not_shown_says_why_in_its_own_words() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let gone = dir.path().join("gone.stdout");
+        assert_eq!(tail(&gone, "stdout").unwrap_err(), Unread::NotFound);
+        let page = |path: &Path| {
+            let mut o = Outcome::new(Status::Ok);
+            o.evidence.logs.stdout =
+                LogCapture { path: Some(path.to_string_lossy().into()), bytes: 4, truncated: false };
+            render(&o)
+        };
+        let p = page(&gone);
+        assert!(p.contains("The capture is not found") && !p.contains("not a stevedore capture"), "{p}");
+        private(&dir.path().join("there.stdout"), "hi\n");
+        assert!(matches!(tail(Path::new("there.stdout"), "stdout"), Err(Unread::Refused(w)) if w.contains("relative")));
+        // Another user's: as root, a directory given away; otherwise root's own /etc.
+        let theirs = if nix::unistd::geteuid().is_root() {
+            let other = tempfile::tempdir().unwrap();
+            let f = other.path().join("a.stdout");
+            private(&f, "secret\n");
+            let nobody = Some(nix::unistd::Uid::from_raw(65534));
+            nix::unistd::chown(other.path(), nobody, None).unwrap();
+            nix::unistd::chown(&f, nobody, None).unwrap();
+            assert_eq!(tail(&f, "stdout").unwrap_err(), Unread::NotOurs(65534));
+            let p = page(&f);
+            assert!(p.contains("Not this user's capture (it belongs to uid 65534)") && !p.contains("secret"), "{p}");
+            Some(other)
+        } else {
+            assert_eq!(tail(Path::new("/etc/passwd.stdout"), "stdout").unwrap_err(), Unread::NotOurs(0));
+            None
+        };
+        drop(theirs);
     }
 
     /// An Outcome is input: one that names a secret of the user's as its capture must not

@@ -1,6 +1,7 @@
 //! `stevedore reclaim`: remove what a worker left behind, and list or remove stale worker images.
 
-use crate::common::{self, Global};
+use crate::common::{self, Global, Rung, RungKind};
+use crate::error::CliError;
 use stevedore::contract::Executor;
 
 /// Arguments of `stevedore reclaim`.
@@ -20,19 +21,29 @@ pub struct ReclaimArgs {
     #[arg(long)]
     tools: bool,
     /// The rung: container (a Docker-API engine) or kube (the worker's Pods in the namespace)
-    #[arg(long, value_name = "RUNG", default_value = "container", value_parser = ["container", "kube"])]
-    rung: String,
+    #[arg(long, value_name = "RUNG", default_value = "container", value_enum)]
+    rung: RungKind,
 }
 
 /// Runs `stevedore reclaim`: one JSON line; exit 0 when the sweep ran (failures on single
 /// objects are in `failed`), 1 when it could not run.
 pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
-    if a.rung == "kube" {
-        return reclaim_kube(g, &a).await;
+    if a.rung == RungKind::Kube && a.worker.is_none() {
+        return CliError::Failed(
+            "--rung kube reclaims a worker's Pods: give --worker (--images and --tools are the engine's)".into(),
+        )
+        .said();
     }
-    let rung = match common::rung(g, 1, |_| Ok(())).await {
-        Ok(r) => r,
-        Err(code) => return code,
+    let rung = match common::open(g, a.rung, &()).await {
+        Ok(Rung::Container(r)) => r,
+        Ok(Rung::Kube(r)) => return reclaim_kube(r, &a).await,
+        Ok(Rung::Process(_)) => {
+            return CliError::Failed(
+                "reclaim: the process rung removes what it left when it starts again (--rung container or kube)".into(),
+            )
+            .said();
+        }
+        Err(e) => return e.exiting(1).said(),
     };
     let mut v = serde_json::Map::new();
     if let Some(worker) = &a.worker {
@@ -53,8 +64,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 }
             }
             Err(e) => {
-                crate::say::say(stevedore::error_chain(&e));
-                return 1;
+                return CliError::Failed(stevedore::error_chain(&e)).said();
             }
         }
     }
@@ -65,8 +75,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
                 v.insert("tools_volumes_in_use".into(), serde_json::json!(p.in_use));
             }
             Err(e) => {
-                crate::say::say(stevedore::error_chain(&e));
-                return 1;
+                return CliError::Failed(stevedore::error_chain(&e)).said();
             }
         }
     }
@@ -83,8 +92,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
             v.insert("stale_images".into(), serde_json::json!(stale));
         }
         Err(e) if a.images => {
-            crate::say::say(stevedore::error_chain(&e));
-            return 1;
+            return CliError::Failed(stevedore::error_chain(&e)).said();
         }
         // Listing is a courtesy when only a worker was asked for.
         Err(e) => {
@@ -96,15 +104,8 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
 }
 
 /// `reclaim --rung kube --worker W`: the worker's Pods in the namespace, by label.
-async fn reclaim_kube(g: &Global, a: &ReclaimArgs) -> u8 {
-    let Some(worker) = &a.worker else {
-        crate::say::say("--rung kube reclaims a worker's Pods: give --worker (--images and --tools are the engine's)");
-        return 1;
-    };
-    let rung = match crate::kube::rung(g, 1, |_| Ok(())).await {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
+async fn reclaim_kube(rung: stevedore::kube::KubeExecutor, a: &ReclaimArgs) -> u8 {
+    let worker = a.worker.as_deref().unwrap_or_default();
     match rung.reclaim(worker).await {
         Ok(r) => {
             let report = serde_json::json!({
@@ -121,9 +122,6 @@ async fn reclaim_kube(g: &Global, a: &ReclaimArgs) -> u8 {
             println!("{report}");
             0
         }
-        Err(e) => {
-            crate::say::say(stevedore::error_chain(&e));
-            1
-        }
+        Err(e) => CliError::Failed(stevedore::error_chain(&e)).said(),
     }
 }

@@ -2,10 +2,11 @@
 //! died, from its checkpoint; prints its Outcome on stdout and exits as `run` would have
 //! (the table in `docs/outcome.md`), so a CI step that recovers still fails when it failed.
 
-use crate::common::{self, Global};
+use crate::common::{self, Global, RungKind};
+use crate::error::CliError;
 use std::path::PathBuf;
 use std::sync::Arc;
-use stevedore::contract::{Checkpoint, Executor, HookSet, RecoverError};
+use stevedore::contract::{Checkpoint, HookSet, RecoverError};
 use tokio_util::sync::CancellationToken;
 
 /// Arguments of `stevedore recover`.
@@ -23,12 +24,38 @@ pub struct RecoverArgs {
     logs: Option<PathBuf>,
 }
 
+/// The rung as the checkpoint's: its name, its namespace, the captures where `--logs` says.
+struct Resume<'a> {
+    cp: &'a Checkpoint,
+    logs: Option<&'a PathBuf>,
+}
+
+impl common::Adjust for Resume<'_> {
+    fn container(&self, cfg: &mut stevedore::container::ContainerConfig) -> Result<(), String> {
+        cfg.name = self.cp.rung.clone();
+        cfg.log_dir = self.logs.cloned();
+        Ok(())
+    }
+
+    fn process(&self, cfg: &mut stevedore::process::ProcessConfig) -> Result<(), String> {
+        cfg.name = self.cp.rung.clone();
+        cfg.log_dir = self.logs.cloned();
+        Ok(())
+    }
+
+    fn kube(&self, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
+        cfg.name = self.cp.rung.clone();
+        if let stevedore::contract::Target::Pod { namespace, .. } = &self.cp.target {
+            cfg.namespace = Some(namespace.clone());
+        }
+        cfg.log_dir = self.logs.cloned();
+        Ok(())
+    }
+}
+
 /// Runs `stevedore recover`.
 pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
-    let fail = |m: String| {
-        crate::say::say(m);
-        125
-    };
+    let fail = |m: String| CliError::Refused(m).said();
     let json = match std::fs::read(&a.checkpoint) {
         Ok(j) => j,
         Err(e) => return fail(format!("cannot read {}: {e}", a.checkpoint.display())),
@@ -37,36 +64,14 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
         Ok(c) => c,
         Err(e) => return fail(format!("{}: {e}", a.checkpoint.display())),
     };
-    let rung: Arc<dyn Executor> = if let stevedore::contract::Target::Pod { namespace, .. } = &cp.target {
-        match crate::kube::rung(g, 125, |cfg| {
-            cfg.name = cp.rung.clone();
-            cfg.namespace = Some(namespace.clone());
-            cfg.log_dir = a.logs.clone();
-            Ok(())
-        })
-        .await
-        {
-            Ok(r) => Arc::new(r),
-            Err(code) => return code,
-        }
-    } else if cp.level == stevedore::contract::Level::Process {
-        let mut cfg = stevedore::process::ProcessConfig::default().name(cp.rung.clone());
-        cfg.log_dir = a.logs.clone();
-        match stevedore::process::ProcessExecutor::new(cfg) {
-            Ok(r) => Arc::new(r),
-            Err(e) => return fail(e.to_string()),
-        }
-    } else {
-        match common::rung(g, 125, |cfg| {
-            cfg.name = cp.rung.clone();
-            cfg.log_dir = a.logs.clone();
-            Ok(())
-        })
-        .await
-        {
-            Ok(r) => Arc::new(r),
-            Err(code) => return code,
-        }
+    let kind = match (&cp.target, cp.level) {
+        (stevedore::contract::Target::Pod { .. }, _) => RungKind::Kube,
+        (_, stevedore::contract::Level::Process) => RungKind::Process,
+        _ => RungKind::Container,
+    };
+    let rung = match common::open(g, kind, &Resume { cp: &cp, logs: a.logs.as_ref() }).await {
+        Ok(r) => r.executor(),
+        Err(e) => return e.said(),
     };
     let hooks = HookSet(Arc::new(common::CliHooks { checkpoint: None, quiet: a.quiet, raw_on_start: None }));
     let cancel = CancellationToken::new();
@@ -93,10 +98,11 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
             let _ = std::fs::remove_file(&a.checkpoint);
             crate::report::exit_code(&o)
         }
-        Err(e @ RecoverError::Gone(_)) => {
-            let _ = std::fs::remove_file(&a.checkpoint);
-            fail(stevedore::error_chain(&e))
+        Err(e) => {
+            if matches!(e, RecoverError::Gone(_)) {
+                let _ = std::fs::remove_file(&a.checkpoint);
+            }
+            CliError::Failed(stevedore::error_chain(&e)).exiting(125).said()
         }
-        Err(e) => fail(stevedore::error_chain(&e)),
     }
 }

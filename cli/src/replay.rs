@@ -2,7 +2,8 @@
 //! "Replay"), `-n` times; each run's status and output digests, whether the runs' outputs
 //! were identical (a cheap test for non-determinism), and the phases' spread.
 
-use crate::common::Global;
+use crate::common::{Global, RungKind};
+use crate::error::CliError;
 use crate::run::{self, RunArgs};
 use clap::Parser;
 use std::path::PathBuf;
@@ -38,8 +39,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "DIR")]
     inputs: Option<PathBuf>,
     /// Run on this rung (container, process, kube) rather than the attempt's
-    #[arg(long, value_name = "RUNG", value_parser = ["container", "process", "kube"])]
-    rung: Option<String>,
+    #[arg(long, value_name = "RUNG", value_enum)]
+    rung: Option<RungKind>,
     /// An environment variable's value again; KEY alone takes this environment's (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V|K")]
     env: Vec<String>,
@@ -76,93 +77,70 @@ struct AsRun {
     run: RunArgs,
 }
 
-fn refuse(msg: impl std::fmt::Display) -> u8 {
-    crate::say::say(msg);
-    125
-}
-
-/// The command's rung for the action's (`docker` is the container rung's name).
-fn rung_of(name: &str) -> Option<&'static str> {
-    match name {
-        "docker" | "container" => Some("container"),
-        "process" => Some("process"),
-        "kube" => Some("kube"),
-        _ => None,
+/// Runs `stevedore replay`.
+pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
+    match replay_all(g, &a, handlers).await {
+        Ok(code) => code,
+        Err(e) => e.said(),
     }
 }
 
-/// Runs `stevedore replay`.
-pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
-    let what = a.outcome.display().to_string();
-    let text = match crate::common::read_outcome_text(&a.outcome) {
-        Ok(t) => t,
-        Err(e) => return refuse(format!("replay: {e}")),
-    };
-    let outcome = match lib::read(&text) {
-        Ok(o) => o,
-        Err(e) => return refuse(format!("replay {what}: {}", stevedore::error_chain(&e))),
-    };
+/// The refusal of replaying `what`, said with it.
+fn refused(what: &str, why: impl std::fmt::Display) -> CliError {
+    CliError::Refused(format!("replay {what}: {why}"))
+}
+
+/// The options given again: the key, the environment's values, the payload, the inputs.
+fn options(a: &ReplayArgs) -> Result<ReplayOptions, CliError> {
     let mut opts = ReplayOptions::new();
     opts.inputs.clone_from(&a.inputs);
-    opts.key = match run::action_key(a.action_key_file.as_deref()) {
-        Ok(k) => k,
-        Err(e) => return refuse(e),
-    };
+    opts.key = run::action_key(a.action_key_file.as_deref())?;
     for kv in &a.env {
-        match run::env_pair(kv, "--env") {
-            Ok(Some((k, v))) => {
-                opts.env.insert(k, v);
-            }
-            Ok(None) => {}
-            Err(e) => return refuse(e),
+        if let Some((k, v)) = run::env_pair(kv, "--env")? {
+            opts.env.insert(k, v);
         }
     }
     opts.payload = match (&a.payload, &a.payload_file) {
         (Some(p), _) => Some(p.clone().into_bytes()),
-        (None, Some(f)) => match crate::common::read_payload(f) {
-            Ok(b) => Some(b),
-            Err(e) => return refuse(format!("--payload-file: {e}")),
-        },
+        (None, Some(f)) => Some(crate::common::read_payload(f).map_err(|e| format!("--payload-file: {e}"))?),
         (None, None) => None,
     };
-    let Some(recorded) = outcome.evidence.action.as_ref() else {
-        return refuse(format!("replay {what}: the outcome has no action"));
-    };
     opts.trust = a.trust;
-    let trusted = a.trust || opts.key.as_ref().is_some_and(|k| recorded.sealed_by(k));
-    // Untrusted, the rung is the one asked for here, as `stevedore run`'s (a file must not
-    // choose the process rung, which has the host's network).
-    let rung = match (a.rung.as_deref(), trusted) {
-        (Some(r), _) => r,
-        (None, false) => "container",
-        (None, true) => match rung_of(&recorded.rung) {
-            Some(r) => r,
-            None => {
-                return refuse(format!(
-                    "replay {what}: the attempt ran on rung {:?}, which the command does not run (the library's \
-                     stevedore::replay::replay does); give --rung",
-                    recorded.rung
-                ));
-            }
-        },
-    };
-    let (defaults, max_input_bytes) = match rung_bounds(g, rung) {
-        Ok(b) => b,
-        Err(e) => return refuse(format!("replay {what}: {e}")),
-    };
-    (opts.defaults, opts.max_input_bytes) = (defaults, max_input_bytes);
-    let plan = match lib::plan(&outcome, &opts) {
-        Ok(p) => p,
-        Err(e) => return refuse(format!("replay {what}: {}", stevedore::error_chain(&e))),
-    };
+    Ok(opts)
+}
+
+/// The rung of the runs: `--rung`, else, trusted, the attempt's; untrusted, the container rung,
+/// as `stevedore run`'s (a file must not choose the process rung, which has the host's network).
+fn rung_of_runs(a: &ReplayArgs, recorded: &str, trusted: bool, what: &str) -> Result<RungKind, CliError> {
+    match (a.rung, trusted) {
+        (Some(r), _) => Ok(r),
+        (None, false) => Ok(RungKind::Container),
+        (None, true) => RungKind::of_name(recorded).ok_or_else(|| {
+            refused(
+                what,
+                format!(
+                    "the attempt ran on rung {recorded:?}, which the command does not run (the library's \
+                     stevedore::replay::replay does); give --rung"
+                ),
+            )
+        }),
+    }
+}
+
+/// What will run, printed before anything does.
+fn announce(plan: &lib::Replay, runs: u32, rung: RungKind, g: &Global) {
     let action = &plan.action;
-    let runs = format!("{} run{}", a.runs, if a.runs == 1 { "" } else { "s" });
+    let runs = format!("{runs} run{}", if runs == 1 { "" } else { "s" });
     println!("replaying action {} ({runs}, rung {rung})", action.digest);
     match &plan.trusted {
         Some(why) => println!("  trusted: {why}"),
         None => println!(
             "  not trusted (no --trust, no MAC of your action key): run as a plain attempt of rung {rung}{}",
-            if rung_of(&action.rung) == Some(rung) { String::new() } else { format!(" (it ran on {})", action.rung) }
+            if RungKind::of_name(&action.rung) == Some(rung) {
+                String::new()
+            } else {
+                format!(" (it ran on {})", action.rung)
+            }
         ),
     }
     println!("  {}", describe(action, rung, plan.trusted.is_some(), &plan.request, g));
@@ -175,50 +153,85 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
             plan.env_unchecked.join(", ")
         );
     }
+}
+
+/// Checks the file, plans, announces and runs it `-n` times; the exit status.
+async fn replay_all(g: &Global, a: &ReplayArgs, handlers: &Handlers) -> Result<u8, CliError> {
+    let what = a.outcome.display().to_string();
+    let text = crate::common::read_outcome_text(&a.outcome).map_err(|e| format!("replay: {e}"))?;
+    let outcome = lib::read(&text).map_err(|e| refused(&what, stevedore::error_chain(&e)))?;
+    let mut opts = options(a)?;
+    let recorded = outcome.evidence.action.as_ref().ok_or_else(|| refused(&what, "the outcome has no action"))?;
+    let trusted = a.trust || opts.key.as_ref().is_some_and(|k| recorded.sealed_by(k));
+    let rung = rung_of_runs(a, &recorded.rung, trusted, &what)?;
+    (opts.defaults, opts.max_input_bytes) = rung_bounds(g, rung).map_err(|e| refused(&what, e))?;
+    let plan = lib::plan(&outcome, &opts).map_err(|e| refused(&what, stevedore::error_chain(&e)))?;
+    announce(&plan, a.runs, rung, g);
     let base = match &a.output {
         Some(d) => d.clone(),
         // Made here, new and private (never a directory another local user placed first),
         // and kept: the runs' outputs are what the user came for.
-        None => match tempfile::Builder::new().prefix("stevedore-replay-").tempdir() {
-            Ok(d) => d.keep(),
-            Err(e) => return refuse(format!("replay {what}: a directory for the runs' outputs: {e}")),
-        },
+        None => tempfile::Builder::new()
+            .prefix("stevedore-replay-")
+            .tempdir()
+            .map_err(|e| refused(&what, format!("a directory for the runs' outputs: {e}")))?
+            .keep(),
     };
+    let (runs, stopped) = run_all(g, a, &plan, rung, &base, handlers).await?;
+    if let Some(code) = stopped {
+        return Ok(code);
+    }
+    Ok(conclude(&runs, &base))
+}
+
+/// The runs, each in `base/run-N`; with the exit status a signal asked for, if one came.
+async fn run_all(
+    g: &Global,
+    a: &ReplayArgs,
+    plan: &lib::Replay,
+    rung: RungKind,
+    base: &std::path::Path,
+    handlers: &Handlers,
+) -> Result<(Vec<Outcome>, Option<u8>), CliError> {
+    let what = a.outcome.display().to_string();
+    let action = &plan.action;
     let worker = a.worker.clone().unwrap_or_else(crate::common::mint_worker);
     let mut runs: Vec<Outcome> = Vec::new();
     for i in 1..=a.runs.max(1) {
         let out = base.join(format!("run-{i}"));
-        let args = match run_args(action, rung, plan.trusted.is_some(), &out, a.live) {
-            Ok(r) => r,
-            Err(e) => return refuse(format!("replay {what}: {e}")),
-        };
+        let args = run_args(action, rung, plan.trusted.is_some(), &out, a.live).map_err(|e| refused(&what, e))?;
         let mut req = plan.request.clone();
         req.output_dir = out.clone();
         req.worker_id.clone_from(&worker);
-        let (ended, got, _) = match run::execute(g, &args, req, handlers, false).await {
-            Ok(done) => done,
-            Err(code) => return code,
-        };
+        let (ended, got, _) = run::execute(g, &args, req, handlers, false).await?;
         let mut o = match ended {
             Some(Ok(o)) => o,
             Some(Err(LaunchError::ImageUnavailable { image, why, .. })) => {
-                return refuse(format!(
-                    "replay {what}: the attempt's image {image} is gone from this engine ({why}); it was tagged {}: \
-                     build or pull it again (a tag that now names another image would not replay the attempt)",
-                    action.image.as_deref().unwrap_or("(no tag)")
+                return Err(refused(
+                    &what,
+                    format!(
+                        "the attempt's image {image} is gone from this engine ({why}); it was tagged {}: build or \
+                         pull it again (a tag that now names another image would not replay the attempt)",
+                        action.image.as_deref().unwrap_or("(no tag)")
+                    ),
                 ));
             }
-            Some(Err(e)) => return refuse(format!("replay {what}: run {i}: {}", stevedore::error_chain(&e))),
-            None => return got.unwrap_or(130),
+            Some(Err(e)) => return Err(refused(&what, format!("run {i}: {}", stevedore::error_chain(&e)))),
+            None => return Ok((runs, Some(got.unwrap_or(130)))),
         };
         run::drop_captures(&mut o);
         say_run(i, &o, &action.digest, &out);
         runs.push(o);
-        if let Some(code) = got {
-            return code;
+        if got.is_some() {
+            return Ok((runs, got));
         }
     }
-    let cmp = lib::compare(&runs);
+    Ok((runs, None))
+}
+
+/// Whether the runs' outputs agree, their phases' spread, where they are; the exit status.
+fn conclude(runs: &[Outcome], base: &std::path::Path) -> u8 {
+    let cmp = lib::compare(runs);
     if cmp.identical {
         println!("outputs: identical in all {} runs", runs.len());
     } else {
@@ -226,7 +239,7 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
         println!("outputs: differ between runs: {}", names.join(", "));
     }
     if runs.len() > 1 {
-        let stats = lib::phase_stats(&runs);
+        let stats = lib::phase_stats(runs);
         let line: Vec<String> = stats.iter().map(|(k, (m, s))| format!("{k} {m:.1} ± {s:.1}")).collect();
         println!("phases (mean ± stddev over {} runs, ms): {}", runs.len(), line.join(", "));
     }
@@ -244,7 +257,7 @@ pub async fn replay(g: &Global, a: ReplayArgs, handlers: &Handlers) -> u8 {
 /// the Outcome says it had.
 fn describe(
     action: &stevedore::contract::Action,
-    rung: &str,
+    rung: RungKind,
     trusted: bool,
     req: &stevedore::contract::Request,
     g: &Global,
@@ -262,7 +275,7 @@ fn describe(
         _ => "no image".to_owned(),
     };
     let (network, user, caches) = match rung {
-        "container" if trusted => {
+        RungKind::Container if trusted => {
             let caches: Vec<String> = action.caches.iter().map(|(n, path)| format!("{}:{}", p(n), p(path))).collect();
             let net = if action.network.is_empty() { "the profile's".to_owned() } else { p(&action.network) };
             let user = if stevedore::contract::parse_user(&action.user).is_some() {
@@ -272,8 +285,8 @@ fn describe(
             };
             (net, user, caches)
         }
-        "container" => ("none".to_owned(), "the rung's".to_owned(), Vec::new()),
-        "process" => (
+        RungKind::Container => ("none".to_owned(), "the rung's".to_owned(), Vec::new()),
+        RungKind::Process => (
             "the host's (the process rung does not isolate the network)".to_owned(),
             "the process rung's (its own uid as root)".to_owned(),
             Vec::new(),
@@ -300,14 +313,14 @@ fn describe(
 }
 
 /// The limits an attempt with no options gets on `rung` and the bytes of inputs it stages.
-fn rung_bounds(g: &Global, rung: &str) -> Result<(stevedore::contract::Limits, u64), String> {
+fn rung_bounds(g: &Global, rung: RungKind) -> Result<(stevedore::contract::Limits, u64), String> {
     match rung {
-        "process" => {
+        RungKind::Process => {
             let cfg = stevedore::process::ProcessConfig::default();
             Ok((cfg.default_limits(), cfg.max_input_bytes))
         }
-        "kube" => crate::kube::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
-        _ => crate::common::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
+        RungKind::Kube => crate::kube::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
+        RungKind::Container => crate::common::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
     }
 }
 
@@ -330,17 +343,17 @@ fn say_run(i: u32, o: &Outcome, digest: &str, out: &std::path::Path) {
 /// action is trusted; else the rung's own with no network.
 fn run_args(
     action: &stevedore::contract::Action,
-    rung: &str,
+    rung: RungKind,
     trusted: bool,
     out: &std::path::Path,
     live: bool,
 ) -> Result<RunArgs, String> {
-    let mut argv: Vec<String> = vec!["replay".into(), "--rung".into(), rung.into()];
+    let mut argv: Vec<String> = vec!["replay".into(), "--rung".into(), rung.name().into()];
     argv.extend(["--output".into(), out.display().to_string()]);
     if !live {
         argv.push("--quiet".into());
     }
-    if rung == "container" {
+    if rung == RungKind::Container {
         argv.extend(["--pull".into(), "never".into()]);
         if !trusted {
             argv.extend(["--network".into(), "none".into()]);

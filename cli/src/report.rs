@@ -3,7 +3,29 @@
 
 use std::path::Path;
 use std::time::Duration;
-use stevedore::contract::{Outcome, Reason, Status};
+use stevedore::contract::{ActionTask, Outcome, Reason, Status};
+
+/// Whether the attempt ran a plain command (its action says; an Outcome without one, when its
+/// error is only the exit line a command leaves).
+pub fn plain_command(o: &Outcome) -> bool {
+    match o.evidence.action.as_ref().map(|a| &a.task) {
+        Some(ActionTask::Command(_)) => true,
+        Some(_) => false,
+        None => {
+            o.handler_error.is_empty()
+                || o.exit_code.is_some_and(|c| o.handler_error == format!("exited with code {c}"))
+        }
+    }
+}
+
+/// The status in people's words: a plain command that exits non-zero "failed (exit N)" (the
+/// Outcome keeps `handler_error`, the contract's word, which a handler's failure keeps here too).
+pub fn status_word(o: &Outcome) -> String {
+    match (o.status, o.exit_code) {
+        (Status::HandlerError, Some(c)) if plain_command(o) => format!("failed (exit {c})"),
+        (s, _) => s.to_string(),
+    }
+}
 
 /// The exit status for an attempt that ran, as shells and CI expect.
 pub fn exit_code(o: &Outcome) -> u8 {
@@ -89,12 +111,10 @@ fn line(o: &Outcome, grace: Option<Duration>, out_dir: Option<&Path>) -> String 
         (Status::Ok, None) => format!("ok in {wall}"),
         (Status::Ok, Some(r)) => format!("ok in {wall} ({r})"),
         (Status::HandlerError, _) => match o.exit_code {
-            Some(c) if o.handler_error.is_empty() || o.handler_error == format!("exited with code {c}") => {
-                // The user's words, not the status's: a CI log reads "failed" (the Outcome
-                // keeps `handler_error`).
-                format!("failed: exited with code {c} after {wall}")
-            }
-            _ => format!("failed after {wall}: {}", first_line(&o.handler_error)),
+            // The user's words, not the status's: a CI log reads "failed" (the Outcome keeps
+            // `handler_error`).
+            Some(c) if plain_command(o) => format!("failed (exit {c}) after {wall}"),
+            _ => format!("handler_error after {wall}: {}", first_line(&o.handler_error)),
         },
         (Status::Timeout, _) => format!("timeout after {wall}: {}", stop_story(o, grace)),
         (Status::OomKilled, _) => {
@@ -222,7 +242,20 @@ mod tests {
         h.usage.peak_memory_bytes = Some(3 << 20);
         assert_eq!(
             summary(&h, Duration::from_secs(30), Path::new("o")),
-            "failed: exited with code 3 after 500 ms (peak 3.0 MiB, 0 outputs in o)"
+            "failed (exit 3) after 500 ms (peak 3.0 MiB, 0 outputs in o)"
+        );
+        assert_eq!(status_word(&h), "failed (exit 3)");
+        // A handler's failure keeps the contract's word.
+        h.handler_error = "no such file: input.csv".into();
+        let mut action = stevedore::contract::Action::default();
+        action.task = ActionTask::Handler("convert".into());
+        h.evidence.action = Some(action);
+        assert_eq!(status_word(&h), "handler_error");
+        assert!(
+            summary(&h, Duration::from_secs(30), Path::new("o"))
+                .starts_with("handler_error after 500 ms: no such file"),
+            "{}",
+            summary(&h, Duration::from_secs(30), Path::new("o"))
         );
         let mut f = o(Status::Ok, None, Some(0), None);
         f.usage.wall_time_ms = Some(20);

@@ -1,13 +1,19 @@
 //! `stevedore smoke`: boot, census, one trivial jailed attempt, drain.
 
-use crate::common::{self, Global};
+use crate::common::{self, Global, Rung};
+use stevedore::container::ContainerExecutor;
 use stevedore::contract::{Executor, Request, Status};
 use stevedore::handlers::Handlers;
 use tokio_util::sync::CancellationToken;
 
 /// Runs `stevedore smoke`; the last line is `drain: ok` or `drain: failed <why>`.
 pub async fn smoke(g: &Global, a: &crate::census::CensusArgs, handlers: &Handlers) -> u8 {
-    let done = if a.rung == "kube" { kube_steps(g).await } else { steps(g, handlers).await };
+    let done = match common::open(g, a.rung, &()).await {
+        Ok(Rung::Container(rung)) => steps(rung, handlers).await,
+        Ok(Rung::Kube(rung)) => kube_steps(rung).await,
+        Ok(Rung::Process(_)) => Err("smoke: the process rung has no engine to check (--rung container or kube)".into()),
+        Err(e) => Err(format!("boot: {e}")),
+    };
     match done {
         Ok(()) => {
             println!("drain: ok");
@@ -20,9 +26,7 @@ pub async fn smoke(g: &Global, a: &crate::census::CensusArgs, handlers: &Handler
     }
 }
 
-async fn steps(g: &Global, handlers: &Handlers) -> Result<(), String> {
-    let cfg = common::config(g)?;
-    let rung = common::connect(cfg).await.map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
+async fn steps(rung: ContainerExecutor, handlers: &Handlers) -> Result<(), String> {
     println!("{}", crate::census::line(&rung));
     let image = {
         let _packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", false);
@@ -60,10 +64,7 @@ async fn attempt(rung: &dyn Executor, req: &Request, out: &std::path::Path) -> R
 
 /// The smoke on a cluster: the one image a cluster that runs the rung has is stevedore's
 /// init image, so the trivial attempt is its init sending a report from inside the Pod.
-async fn kube_steps(g: &Global) -> Result<(), String> {
-    let rung = stevedore::kube::KubeExecutor::connect(crate::kube::config(g)?)
-        .await
-        .map_err(|e| format!("boot: {}", stevedore::error_chain(&e)))?;
+async fn kube_steps(rung: stevedore::kube::KubeExecutor) -> Result<(), String> {
     println!("{}", crate::kube::line(&rung).await);
     let out = tempfile_dir()?;
     let argv = [stevedore::image::init_image::INIT_PATH, "report", "note", "smoke"];

@@ -61,6 +61,21 @@ pub(crate) fn redirected(dest: &str) -> Option<(String, String)> {
     None
 }
 
+/// The command's working directory, made when the image lacks it, as docker does (the
+/// container rung's engine makes it at create; this covers a container made before the
+/// request, whose root may be read-only): a failure names the directory, never the program.
+fn working_dir(cwd: &str) -> Result<(), String> {
+    match fs::metadata(cwd) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("the working directory {cwd} is not a directory in the image")),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+            fs::create_dir_all(cwd)
+                .map_err(|e| format!("the working directory {cwd} is not in the image and cannot be made: {e}"))
+        }
+        Err(e) => Err(format!("the working directory {cwd}: {e}")),
+    }
+}
+
 /// Starts the command `start` describes.
 pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     let other = |message: String| SpawnFailure { kind: SpawnFailureKind::Other, message };
@@ -76,6 +91,7 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
     let Some((prog, rest)) = start.argv.split_first() else {
         return Err(other("cannot execute an empty argv".into()));
     };
+    working_dir(&start.cwd).map_err(other)?;
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other(format!("pipe: {e}")));
     // With a terminal, its slave side is the command's stdin, stdout and stderr (one stream
     // the init reads from the master, as a terminal merges them); stderr's pipe then only
@@ -409,7 +425,27 @@ pub(crate) mod raw {
 
 #[cfg(test)]
 mod tests {
-    use super::child_oom_adj;
+    use super::{child_oom_adj, working_dir};
+
+    /// A working directory the image lacks is made; one that cannot be is named, never taken
+    /// for a missing program.
+    #[test]
+    fn a_missing_working_dir_is_made_or_named() {
+        let t = tempfile::tempdir().unwrap();
+        let made = t.path().join("a/b");
+        working_dir(made.to_str().unwrap()).unwrap();
+        assert!(made.is_dir());
+        let file = t.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let err = working_dir(file.to_str().unwrap()).unwrap_err();
+        assert!(err.contains(&format!("{} is not a directory", file.display())), "{err}");
+        let under = file.join("sub");
+        let err = working_dir(under.to_str().unwrap()).unwrap_err();
+        assert!(
+            err.contains(&format!("the working directory {} is not in the image and cannot be made", under.display())),
+            "{err}"
+        );
+    }
 
     #[test]
     fn the_command_is_always_above_the_init_at_the_memory_limit() {

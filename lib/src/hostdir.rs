@@ -184,7 +184,9 @@ pub struct PrivateDir {
 }
 
 impl PrivateDir {
-    /// Opens `path`, creating it (0700) when missing; its parents must exist.
+    /// Opens `path`, creating it (0700) when missing; its parents must exist. Its
+    /// [`path`](Self::path) is then absolute (resolved once opened): what is recorded of it
+    /// (the Outcome's captures) is read later from elsewhere, another directory or machine.
     pub fn open(path: &Path) -> Result<Self, HostDirError> {
         let io = |op, source: Errno| HostDirError::Io { op, path: path.to_owned(), source: source.into() };
         match nix::unistd::mkdir(path, Mode::from_bits_truncate(0o700)) {
@@ -201,7 +203,9 @@ impl PrivateDir {
             }
             Err(e) => return Err(io("open", e)),
         };
-        Self::checked(fd, path.to_owned())
+        let path =
+            std::fs::canonicalize(path).or_else(|_| std::path::absolute(path)).unwrap_or_else(|_| path.to_owned());
+        Self::checked(fd, path)
     }
 
     fn checked(fd: OwnedFd, path: PathBuf) -> Result<Self, HostDirError> {

@@ -19,8 +19,16 @@
 //!   configuration, labels and named caches; [`engine`]: how it reaches the engine;
 //!   [`image`]: worker images made without a registry; [`profiles`]: named configurations.
 //! - [`process`] (feature `process`): the process rung, a child process per attempt.
-//! - [`crate::kube`] (feature `kube`): the kube rung, a Pod per attempt on a Kubernetes
-//!   cluster; stevedore's init comes from its init image ([`image::init_image`]).
+#![cfg_attr(
+    feature = "kube",
+    doc = "- [`kube`] (feature `kube`): the kube rung, a Pod per attempt on a Kubernetes cluster; \
+           stevedore's init comes from its init image ([`image::init_image`])."
+)]
+#![cfg_attr(
+    not(feature = "kube"),
+    doc = "- `kube` (feature `kube`, not in this build): the kube rung, a Pod per attempt on a \
+           Kubernetes cluster; stevedore's init comes from its init image ([`image::init_image`])."
+)]
 //! - The in-process rung ([`InProcessExecutor`], level `none`).
 //! - Inside (not public): `attempt`, the life of an attempt whose PID 1 is stevedore's init,
 //!   written once for every rung that runs it, admission and the rung's `Executor` included

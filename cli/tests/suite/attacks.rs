@@ -1026,9 +1026,9 @@ async fn a_volume_inside_stevedores_mounts_is_refused_by_name_before_anything_is
     assert!(matches!(&err, LaunchError::ImageVolume { volume, .. } if volume == "/.stevedore/tools/sub"), "{err:?}");
     assert!(err.is_permanent(), "no retry changes the image");
     let o = Command::new(BIN)
-        .args(["run", "--worker", &w, "--image", &tag, "--output"])
+        .args(["run", "--worker", &w, "--output"])
         .arg(t.path().join("p"))
-        .arg("true")
+        .args([&tag, "true"])
         .output()
         .unwrap();
     support::remove_image(&docker, &tag).await;

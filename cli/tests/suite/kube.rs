@@ -610,7 +610,7 @@ async fn the_command_runs_an_attempt_on_the_cluster_with_dockers_flags_streams_a
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi /tmp 42\n");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("oops") && err.contains("stevedore: failed: exited with code 3"), "{err}");
+    assert!(err.contains("oops") && err.contains("stevedore: failed (exit 3)"), "{err}");
     let o: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("o.json")).unwrap()).unwrap();
     assert_eq!(o["evidence"]["executor"], "kube");
     assert_eq!(o["evidence"]["enforcement"]["cpu"], "Pod cpu limit of 500 millicores (cfs quota)");

@@ -293,3 +293,41 @@ fn a_browser_draws_the_memory_limit_and_the_oom_kill() {
     shows_the_climb_the_peak_and_the_kill(&dir, &outcome, Some(20));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The README's way (issue 49): `run --outcome o.json --logs ./logs` with relative paths, then
+/// `report o.json --html` from another directory: the Outcome records the captures' absolute
+/// paths and the page shows both streams' tails.
+#[test]
+fn a_run_with_relative_logs_shows_its_logs_on_its_page() {
+    support::time_limit();
+    let t = tempfile::tempdir().unwrap();
+    let w = support::worker("page-logs");
+    let run = Command::new(BIN)
+        .current_dir(t.path())
+        .args(["run", "--rung", "process", "--worker", &w, "--quiet", "--outcome", "o.json", "--logs", "logs"])
+        .args(["--output", "out", "--", "sh", "-c", "echo out-line; echo err-line >&2"])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(t.path().join("o.json")).unwrap()).unwrap();
+    let logs = t.path().join("logs").canonicalize().unwrap();
+    for stream in ["stdout", "stderr"] {
+        let path = outcome["evidence"]["logs"][stream]["path"].as_str().unwrap();
+        assert!(Path::new(path).is_absolute() && Path::new(path).starts_with(&logs), "{path}");
+    }
+    let elsewhere = tempfile::tempdir().unwrap();
+    let report = Command::new(BIN)
+        .current_dir(elsewhere.path())
+        .arg("report")
+        .arg(t.path().join("o.json"))
+        .arg("--html")
+        .arg("o.html")
+        .output()
+        .unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let page = std::fs::read_to_string(elsewhere.path().join("o.html")).unwrap();
+    assert!(page.contains("id=\"stdout-tail\">out-line\n"), "{page}");
+    assert!(page.contains("id=\"stderr-tail\">err-line\n"), "{page}");
+    let logs = &page[page.find("<section id=\"logs\">").unwrap()..page.find("<section id=\"evidence\">").unwrap()];
+    assert!(!logs.contains("class=\"missing\""), "{logs}");
+}

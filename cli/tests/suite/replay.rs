@@ -22,7 +22,7 @@ fn attempt(t: &Path, w: &str, input: &Path, script: &str, env: &[&str]) -> Strin
     for e in env {
         c.args(["--env", e]);
     }
-    let o = c.args(["sh", "-c", script]).output().unwrap();
+    let o = c.args(["--", "sh", "-c", script]).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     outcome
 }
@@ -132,7 +132,7 @@ async fn with_an_action_key_the_values_are_checked() {
     let o = Command::new(BIN)
         .args(["run", "-q", "--worker", &w, "--image", BUSYBOX_IMAGE, "--outcome", &outcome, "--action-key-file", &k])
         .args(["--input", &input.display().to_string(), "--output", &t.path().join("o").display().to_string()])
-        .args(["-e", "TOKEN=s3cret", "sh", "-c", "echo $TOKEN > /out/t"])
+        .args(["-e", "TOKEN=s3cret", "--", "sh", "-c", "echo $TOKEN > /out/t"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));

@@ -33,17 +33,8 @@ async fn the_streams_go_where_docker_run_sends_them() {
     let _g = ALONE.lock().await;
     let t = tempfile::tempdir().unwrap();
     let w = worker("cli-streams");
-    let o = run(&[
-        "--worker",
-        &w,
-        "--image",
-        BUSYBOX_IMAGE,
-        "--output",
-        &out_dir(&t, "o"),
-        "sh",
-        "-c",
-        "echo out; echo err >&2",
-    ]);
+    // docker's word order: the image, then the command.
+    let o = run(&["--worker", &w, "--output", &out_dir(&t, "o"), BUSYBOX_IMAGE, "sh", "-c", "echo out; echo err >&2"]);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(text(&o.stdout), "out\n", "the container's stdout is stevedore's, without a `--`");
     let err = text(&o.stderr);
@@ -588,6 +579,21 @@ async fn bad_input_gets_a_message_a_person_can_act_on() {
     let err = text(&o.stderr);
     assert!(err.contains("No such file") && err.contains("--config"), "{err}");
     assert!(msg(&["--image", BUSYBOX_IMAGE, "--output", &out, "-u", "nobody", "--", "true"]).contains("numeric"));
+    // Each path says what it is and what the flag takes (issue 49).
+    let file = t.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let file = file.display().to_string();
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--output", &file, "--", "true"]);
+    assert!(said.contains("is a file, not a directory: give a new or empty directory"), "{said}");
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--input", &file, "--output", &out, "--", "true"]);
+    assert!(said.contains("is a file, not a directory"), "{said}");
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--input", &out_dir(&t, "none"), "--output", &out, "--", "true"]);
+    assert!(said.contains("does not exist: give the directory"), "{said}");
+    let full = out_dir(&t, "full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(Path::new(&full).join("x"), "x").unwrap();
+    let said = msg(&["--image", BUSYBOX_IMAGE, "--output", &full, "--", "true"]);
+    assert!(said.contains("is not empty: give a new or empty directory"), "{said}");
     // A profile with a warm pool serves a long-lived process: the command says so, and
     // makes nothing.
     let config = t.path().join("pool.toml");
@@ -630,14 +636,14 @@ async fn docker_habits_flags_are_flags_and_a_failure_is_said_plainly() {
         assert!(!err.contains("applet not found"), "a flag ran as the command: {err}");
     }
     let out = out_dir(&t, "rm");
-    let o = run(&["--rm", "--image", BUSYBOX_IMAGE, "--output", &out, "sh", "-c", "echo $0 $1", "-x", "--y"]);
+    let o = run(&["--rm", "--output", &out, BUSYBOX_IMAGE, "sh", "-c", "echo $0 $1", "-x", "--y"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert_eq!(text(&o.stdout), "-x --y\n");
     // A command that fails is announced in the user's words; the Outcome keeps its status.
     let out = out_dir(&t, "fails");
-    let o = run(&["--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-", "sh", "-c", "exit 3"]);
+    let o = run(&["--image", BUSYBOX_IMAGE, "--output", &out, "--outcome", "-", "--", "sh", "-c", "exit 3"]);
     assert_eq!(o.status.code(), Some(3));
-    assert!(text(&o.stderr).contains("stevedore: failed: exited with code 3 after"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("stevedore: failed (exit 3) after"), "{}", text(&o.stderr));
     let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(outcome["status"], "handler_error");
 }
@@ -661,6 +667,7 @@ async fn a_fifo_or_socket_in_the_inputs_is_named_on_the_line_and_in_the_evidence
         &out,
         "--outcome",
         "-",
+        "--",
         "sh",
         "-c",
         "ls -R /in > /out/ls",
@@ -763,7 +770,7 @@ async fn it_gives_the_command_this_terminal_its_size_its_keys_and_its_ctrl_c() {
     let seen = until(&lines, "got:hello");
     assert!(seen.iter().any(|l| l == "40 120"), "the resize reached it: {seen:?}");
     let seen = until(&lines, "status=3");
-    assert!(seen.iter().any(|l| l.contains("stevedore: failed: exited with code 3")), "{seen:?}");
+    assert!(seen.iter().any(|l| l.contains("stevedore: failed (exit 3)")), "{seen:?}");
     let after = until(&lines, "icanon");
     assert_eq!(after, ["icanon"], "the terminal is canonical again (not raw), said at once");
     drop(tmux);
@@ -850,4 +857,46 @@ async fn progress_is_shown_on_a_terminal_only() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     assert!(!text(&o.stderr).contains("inputs") && !text(&o.stderr).contains('\r'), "{:?}", text(&o.stderr));
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+}
+
+/// `-w DIR` the image lacks (issue 49): made as docker makes it, on the read-only root too;
+/// where it cannot be (a file of the image), the message names the directory and the exit is
+/// never 127's "command not found".
+#[tokio::test]
+async fn a_working_dir_the_image_lacks_is_made_as_docker_does() {
+    let Some(_) = setup().await else { return };
+    let t = tempfile::tempdir().unwrap();
+    let w = worker("cli-workdir");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "-w",
+        "/made/here",
+        "--output",
+        &out_dir(&t, "made"),
+        "--",
+        "sh",
+        "-c",
+        "pwd; touch /x 2>/dev/null || echo read-only",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "/made/here\nread-only\n");
+    let o = run(&[
+        "--worker",
+        &w,
+        "--image",
+        BUSYBOX_IMAGE,
+        "-w",
+        "/bin/sh",
+        "--output",
+        &out_dir(&t, "file"),
+        "--",
+        "pwd",
+    ]);
+    let err = text(&o.stderr);
+    assert_ne!(o.status.code(), Some(127), "{err}");
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("/bin/sh") && !err.contains("command_not_found"), "{err}");
 }

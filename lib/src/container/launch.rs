@@ -60,7 +60,7 @@ async fn over_link(
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
-    let spec_of = |tools: &ToolsVolume| spec::build(&spec_input(shared, plan, tools, Some(&volume), true, &caches));
+    let spec_of = |tools: &ToolsVolume| spec_of(shared, plan, tools, Some(&volume), true, &caches);
     let spec::Spec { body, mut enforcement, skipped } = spec_of(&tools);
     left.container(plan.decided.name.clone());
     let s = shared.clone();
@@ -141,16 +141,17 @@ async fn remove_now(
     Ok(())
 }
 
-fn spec_input<'a>(
-    shared: &'a ContainerSite,
-    plan: &'a Plan,
-    tools: &'a ToolsVolume,
-    input_volume: Option<&'a str>,
+/// The attempt's container body.
+fn spec_of(
+    shared: &ContainerSite,
+    plan: &Plan,
+    tools: &ToolsVolume,
+    input_volume: Option<&str>,
     stage: bool,
-    caches: &'a [(String, String, String)],
-) -> spec::SpecInput<'a> {
+    caches: &[(String, String, String)],
+) -> spec::Spec {
     let facts = shared.engine.facts();
-    spec::SpecInput {
+    let mut spec = spec::build(&spec::SpecInput {
         config: &shared.config,
         image: &plan.image_ref,
         tools,
@@ -163,7 +164,11 @@ fn spec_input<'a>(
         podman: facts.is_podman(),
         publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
         caches,
-    }
+    });
+    // As docker: the engine makes the working directory at create, beneath the root, even a
+    // read-only one (the init makes or names it in a container made before the request).
+    spec.body.working_dir = Some(plan.decided.cwd.clone()).filter(|w| !w.is_empty());
+    spec
 }
 
 /// The inputs through the engine: the input volume, a never-started helper the archive API
@@ -191,8 +196,7 @@ async fn through_engine(
         return Err(LaunchError::CancelledBeforeStart);
     }
     let input_volume = staging.as_ref().map(|(v, ..)| v.clone());
-    let spec_of =
-        |tools: &ToolsVolume| spec::build(&spec_input(shared, plan, tools, input_volume.as_deref(), false, &caches));
+    let spec_of = |tools: &ToolsVolume| spec_of(shared, plan, tools, input_volume.as_deref(), false, &caches);
     let spec::Spec { body, mut enforcement, mut skipped } = spec_of(&tools);
     left.container(plan.decided.name.clone());
     let s = shared.clone();

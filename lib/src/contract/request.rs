@@ -157,9 +157,12 @@ pub enum RequestError {
         /// Its path.
         path: PathBuf,
     },
-    /// the input dir is missing or not a directory
-    #[error("input dir {0:?} does not exist or is not a directory")]
+    /// the input dir is missing
+    #[error("input dir {0:?} does not exist: give the directory whose files the attempt reads at /in")]
     InputDirMissing(PathBuf),
+    /// the input dir is not a directory
+    #[error("input dir {0:?} is a file, not a directory: give the directory whose files the attempt reads at /in")]
+    InputDirNotADirectory(PathBuf),
     /// the input dir cannot be read
     #[error("input dir {path:?} cannot be read: {why}")]
     InputDirUnreadable {
@@ -171,9 +174,15 @@ pub enum RequestError {
     /// the output dir is not given
     #[error("no output dir given")]
     NoOutputDir,
-    /// the output dir exists and is not an empty directory
-    #[error("output dir {0:?} is not an empty directory")]
+    /// the output dir exists and is not empty
+    #[error(
+        "output dir {0:?} is not empty: give a new or empty directory (the outputs are this attempt's alone), or \
+         empty this one first"
+    )]
     OutputDirNotEmpty(PathBuf),
+    /// the output dir is not a directory
+    #[error("output dir {0:?} is a file, not a directory: give a new or empty directory")]
+    OutputDirNotADirectory(PathBuf),
     /// the output dir is a symlink
     #[error("output dir {0:?} is a symlink; give the directory itself")]
     OutputDirSymlink(PathBuf),
@@ -527,8 +536,13 @@ impl Request {
 
     fn validate_dirs(&self) -> Result<(), RequestError> {
         if let Some(dir) = &self.input_dir {
-            if !dir.is_dir() {
-                return Err(RequestError::InputDirMissing(dir.clone()));
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(RequestError::InputDirNotADirectory(dir.clone())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(RequestError::InputDirMissing(dir.clone()));
+                }
+                Err(e) => return Err(RequestError::InputDirUnreadable { path: dir.clone(), why: e.to_string() }),
             }
             if let Err(e) = std::fs::read_dir(dir) {
                 return Err(RequestError::InputDirUnreadable { path: dir.clone(), why: e.to_string() });
@@ -540,7 +554,7 @@ impl Request {
         }
         match std::fs::symlink_metadata(out) {
             Ok(m) if m.file_type().is_symlink() => Err(RequestError::OutputDirSymlink(out.clone())),
-            Ok(m) if !m.is_dir() => Err(RequestError::OutputDirNotEmpty(out.clone())),
+            Ok(m) if !m.is_dir() => Err(RequestError::OutputDirNotADirectory(out.clone())),
             Ok(_) => {
                 let mut entries = std::fs::read_dir(out)
                     .map_err(|e| RequestError::OutputDirUnwritable { path: out.clone(), why: e.to_string() })?;
@@ -594,7 +608,7 @@ impl Request {
         let fd = match openat(AT_FDCWD, out.as_path(), flags, Mode::empty()) {
             Ok(fd) => fd,
             Err(Errno::ELOOP) => return Err(RequestError::OutputDirSymlink(out.clone())),
-            Err(Errno::ENOTDIR) => return Err(RequestError::OutputDirNotEmpty(out.clone())),
+            Err(Errno::ENOTDIR) => return Err(RequestError::OutputDirNotADirectory(out.clone())),
             Err(e) => return Err(unwritable(e.desc().to_owned())),
         };
         let mut dir = nix::dir::Dir::from_fd(fd.try_clone().map_err(|e| unwritable(e.to_string()))?)
@@ -689,6 +703,7 @@ mod tests {
             (base(p).input("x", "a"), |e| matches!(e, RequestError::SlotWithoutInputDir(_))),
             (base(p).input_dir(p.join("in")).input("x", "nope"), |e| matches!(e, RequestError::SlotMissing { .. })),
             (base(p).input_dir(p.join("missing")), |e| matches!(e, RequestError::InputDirMissing(_))),
+            (base(p).input_dir(p.join("afile")), |e| matches!(e, RequestError::InputDirNotADirectory(_))),
             (base(p).env("A=B", "1"), |e| matches!(e, RequestError::EnvKey(_))),
             (base(p).env("A", "x\0"), |e| matches!(e, RequestError::EnvValue(_))),
             (base(p).limits(ResourceLimits::new().with("memory", 1024)), |e| matches!(e, RequestError::Limit { .. })),
@@ -716,13 +731,18 @@ mod tests {
         std::fs::write(t.path().join("out/x"), b"").unwrap();
         let err = base(t.path()).validate().unwrap_err();
         assert!(matches!(err, RequestError::OutputDirNotEmpty(_)), "{err:?}");
+        assert!(err.to_string().contains("give a new or empty directory"), "what to do next: {err}");
     }
 
     #[test]
     fn output_file_not_dir_rejected() {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("out"), b"").unwrap();
-        assert!(base(t.path()).validate().is_err());
+        let err = base(t.path()).validate().unwrap_err();
+        assert!(matches!(err, RequestError::OutputDirNotADirectory(_)), "{err:?}");
+        assert!(err.to_string().contains("is a file, not a directory"), "{err}");
+        let err = base(t.path()).open_output_dir().unwrap_err();
+        assert!(matches!(err, RequestError::OutputDirNotADirectory(_)), "{err:?}");
     }
 }
 
