@@ -31,8 +31,9 @@
 //!   as a job engine runs it: the Outcome returned before the container's removal, which
 //!   runs on the rung's tasks (`background_cleanup`; `close` waits for it). "(c), removal
 //!   awaited" is the same with the removal inside the timed call (the default), which (f)
-//!   and (c') use.
-//!   **(c')** is the same with a small input dir (4 files, 16 KiB) staged at `/in`.
+//!   uses.
+//!   **(c')** is (c) with a small input dir (4 files, 16 KiB) staged at `/in` (over the link
+//!   where the rung can: `docs/outcome.md`, "Inputs over the link"), the removal not awaited.
 //! - **(d)** the handler `true` through the re-exec path: this build's `stevedore` binary
 //!   (`target/release/stevedore`) packed as a `FROM scratch` worker image labelled with the
 //!   fingerprint of `handlers::builtin()`, under the tag and labels `stevedore run --handler`
@@ -46,7 +47,7 @@
 //!   a whole process against `docker run --rm` of the same, in pairs, alternating which goes
 //!   first.
 //! - **(f)** sustained throughput with 1, 2, 4 and 8 in flight: attempts per second of (a)
-//!   and (c) (and (e)), in ABBA order per level, and the ratio to (a). After them the bench
+//!   and (c) (and (e) with the small inputs), in ABBA order per level, and the ratio to (a). After them the bench
 //!   checks that every warm attempt ran in a container of its own and that the pool made
 //!   exactly one fill per container taken (its refills are paid inside the run, none ahead
 //!   of it), and says how many times the pool turned over.
@@ -64,7 +65,7 @@
 //!   the better is the transport's), and in-process sha256 alone (MB/s per CPU-second of one
 //!   thread, 1 MiB updates; the backend is named). Each layout's collection
 //!   (the outcome's `collection.elapsed_ms`: the record's arrival to the outputs extracted
-//!   and hashed) is compared with 70 % of the lower ceiling.
+//!   and hashed) is compared with 50 % of the lower ceiling.
 //! - **(h)** the host RSS (`VmRSS` sampled every 5 ms, `VmHWM` reset just before) while one
 //!   attempt collects 4 GiB of outputs and 1 GiB of stdout. The capture keeps 4 MiB (the
 //!   default cap) but the whole stream is drained and counted.
@@ -384,7 +385,7 @@ impl Bench {
 
     /// (c) as a job engine runs it: the Outcome returned before the removal, which runs on
     /// the rung's tasks (`background_cleanup`; `close` waits for it).
-    async fn attempt_true_background(&self) -> Res<Duration> {
+    async fn attempt_true_background(&self, inputs: bool) -> Res<Duration> {
         let rung = BACKGROUND
             .get_or_try_init(|| async {
                 let mut cfg = ContainerConfig::default();
@@ -392,7 +393,10 @@ impl Bench {
                 ContainerExecutor::connect(cfg).await.map_err(|e| format!("(c) the rung: {}", chain(&e)))
             })
             .await?;
-        let req = self.command("cbg", &["true"]);
+        let mut req = self.command(if inputs { "cin" } else { "cbg" }, &["true"]);
+        if inputs {
+            req = req.input_dir(&self.small_inputs);
+        }
         let start = Instant::now();
         let outcome = rung.run(&req, CancellationToken::new()).await;
         let took = start.elapsed();
@@ -945,8 +949,8 @@ impl Kind {
             Kind::Raw => b.raw_true().await?,
             Kind::Cli => b.cli_true().await?,
             Kind::Attempt => b.attempt_true(false).await?,
-            Kind::AttemptBackground => b.attempt_true_background().await?,
-            Kind::AttemptInputs => b.attempt_true(true).await?,
+            Kind::AttemptBackground => b.attempt_true_background(false).await?,
+            Kind::AttemptInputs => b.attempt_true_background(true).await?,
             Kind::Handler => b.handler_true().await?,
             Kind::Warm => return warm_attempt(b, false).await,
             Kind::WarmInputs => return warm_attempt(b, true).await,
@@ -1035,16 +1039,15 @@ impl Single {
         let c = self.ratio(Kind::AttemptBackground, Kind::Cli);
         rows.push(
             Row::info(Kind::AttemptBackground.label(), m(Kind::AttemptBackground), "(b)", Some(c))
-                .target("≤ 0.9 × (b)", Some(c <= 0.9)),
+                .target("≤ 0.8 × (b)", Some(c <= 0.8)),
         );
         let awaited = self.ratio(Kind::Attempt, Kind::Cli);
         rows.push(Row::info(Kind::Attempt.label(), m(Kind::Attempt), "(b)", Some(awaited)));
-        rows.push(Row::info(
-            Kind::AttemptInputs.label(),
-            m(Kind::AttemptInputs),
-            "(c)",
-            Some(self.ratio(Kind::AttemptInputs, Kind::Attempt)),
-        ));
+        let ci = self.ratio(Kind::AttemptInputs, Kind::Cli);
+        rows.push(
+            Row::info(Kind::AttemptInputs.label(), m(Kind::AttemptInputs), "(b)", Some(ci))
+                .target("≤ 0.85 × (b)", Some(ci <= 0.85)),
+        );
         rows.push(Row::info(
             Kind::Handler.label(),
             m(Kind::Handler),
@@ -1052,15 +1055,24 @@ impl Single {
             Some(self.ratio(Kind::Handler, Kind::Attempt)),
         ));
         let b = self.median(Kind::Cli);
-        let warm =
-            [(Kind::Warm, "median", 0.5, 0.08), (Kind::Warm, "p90", 0.9, 0.15), (Kind::WarmInputs, "median", 0.5, 0.2)];
-        for (k, which, q, limit) in warm {
-            let target = format!("≤ {limit} × (b)");
+        // The warm path's targets: absolute for an attempt without inputs (milliseconds, as
+        // the speed issue sets them), a ratio to (b) with small inputs.
+        let warm: [(Kind, &str, f64, Option<f64>, f64); 3] = [
+            (Kind::Warm, "median", 0.5, Some(0.005), 0.0),
+            (Kind::Warm, "p90", 0.9, Some(0.010), 0.0),
+            (Kind::WarmInputs, "median", 0.5, None, 0.07),
+        ];
+        for (k, which, q, absolute, limit) in warm {
+            let target = match absolute {
+                Some(a) => format!("≤ {}", secs(a)),
+                None => format!("≤ {limit} × (b)"),
+            };
             let label = if which == "median" { k.label().to_owned() } else { format!("{}, {which}", k.label()) };
             let row = match self.stats.get(&k).filter(|_| self.warm) {
                 Some(s) => {
                     let v = if which == "median" { s.median() } else { s.pct(q) };
-                    Row::info(label, secs(v), "(b)", Some(v / b)).target(target, Some(v / b <= limit))
+                    let met = absolute.map_or(v / b <= limit, |a| v <= a);
+                    Row::info(label, secs(v), "(b)", Some(v / b)).target(target, Some(met))
                 }
                 None => Row::info(label, "n/a", "(b)", None).target(target, None),
             };
@@ -1225,7 +1237,8 @@ async fn batch(b: &Bench, kind: Kind, n: usize, level: usize) -> Res<Duration> {
 async fn throughput(b: &Bench, warm: bool) -> Res<Vec<Level>> {
     let mut kinds = vec![Kind::Raw, Kind::Attempt];
     if warm {
-        kinds.push(Kind::Warm);
+        // The warm path as a job engine feeds it: each attempt with the small inputs.
+        kinds.push(Kind::WarmInputs);
     }
     let mut levels = Vec::new();
     for in_flight in [1, 2, 4, 8] {
@@ -1247,14 +1260,14 @@ async fn throughput(b: &Bench, warm: bool) -> Res<Vec<Level>> {
     );
     let mut head = format!("    {:>9}  {:>8}  {:>8}  {:>7}", "in flight", "(a) raw", "(c)", "(c)/(a)");
     if warm {
-        head.push_str(&format!("  {:>8}  {:>7}", "(e)", "(e)/(a)"));
+        head.push_str(&format!("  {:>8}  {:>7}", "(e) in", "(e)/(a)"));
     }
     println!("{head}");
     for l in &levels {
         let a = l.rate[&Kind::Raw];
         let c = l.rate[&Kind::Attempt];
         let mut line = format!("    {:>9}  {a:>8.2}  {c:>8.2}  {:>7.2}", l.in_flight, c / a);
-        if let Some(e) = l.rate.get(&Kind::Warm) {
+        if let Some(e) = l.rate.get(&Kind::WarmInputs) {
             line.push_str(&format!("  {e:>8.2}  {:>7.2}", e / a));
         }
         println!("{line}");
@@ -1270,10 +1283,11 @@ fn levels_rows(levels: &[Level], rows: &mut Vec<Row>) {
         let row = Row::info(at("(c)"), format!("{c:.2}/s"), format!("(a) {a:.2}/s"), Some(c / a));
         rows.push(if l.in_flight == 4 { row.target("≥ 0.95 × (a)", Some(c / a >= 0.95)) } else { row });
         if l.in_flight == 4 {
-            let row = match l.rate.get(&Kind::Warm) {
+            let at = |k: &str| format!("(f) {k} throughput, small inputs, {} in flight", l.in_flight);
+            let row = match l.rate.get(&Kind::WarmInputs) {
                 Some(e) => Row::info(at("(e)"), format!("{e:.2}/s"), format!("(a) {a:.2}/s"), Some(e / a))
-                    .target("≥ 1.0 × (a)", Some(e / a >= 1.0)),
-                None => Row::info(at("(e)"), "n/a", "(a)", None).target("≥ 1.0 × (a)", None),
+                    .target("≥ 1.5 × (a)", Some(e / a >= 1.5)),
+                None => Row::info(at("(e)"), "n/a", "(a)", None).target("≥ 1.5 × (a)", None),
             };
             rows.push(row);
         }
@@ -1393,7 +1407,8 @@ async fn hash_ceiling(bytes: u64) -> Res<f64> {
 }
 
 /// The ceilings of (g): the best of a few runs of each (other load only lowers them).
-async fn ceilings(b: &Bench, rows: &mut Vec<Row>) -> Res<f64> {
+/// The lower of the two ceilings, and sha256 alone (MB/s per CPU-second).
+async fn ceilings(b: &Bench, rows: &mut Vec<Row>) -> Res<(f64, f64)> {
     let bytes = b.mode.g_bytes;
     let (mut head, mut dd, mut hash) = (Stats::default(), Stats::default(), Stats::default());
     for _ in 0..b.mode.hash_reps.max(1) {
@@ -1418,11 +1433,9 @@ async fn ceilings(b: &Bench, rows: &mut Vec<Row>) -> Res<f64> {
     );
     rows.push(Row::info("(g) ceiling: raw attach, head -c", format!("{:.0} MB/s", max(&head)), "", None));
     rows.push(Row::info("(g) ceiling: raw attach, dd bs=1M", format!("{:.0} MB/s", max(&dd)), "", None));
-    rows.push(
-        Row::info(format!("(g) ceiling: sha256 per core, {backend}"), format!("{h:.0} MB/s"), "", None)
-            .target("≥ 2000 MB/s", Some(h >= 2000.0)),
-    );
-    Ok(a.min(h))
+    // The 2 GB/s a core target is retired: above this CPU's `sha2` (the speed issue).
+    rows.push(Row::info(format!("(g) ceiling: sha256 per core, {backend}"), format!("{h:.0} MB/s"), "", None));
+    Ok((a.min(h), h))
 }
 
 fn max(s: &Stats) -> f64 {
@@ -1431,7 +1444,7 @@ fn max(s: &Stats) -> f64 {
 
 async fn outputs(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
     let bytes = b.mode.g_bytes;
-    let ceiling = ceilings(b, rows).await?;
+    let (ceiling, sha2_alone) = ceilings(b, rows).await?;
     for files in [b.mode.g_files, 1] {
         let script = fill_script(files, bytes);
         let req = b
@@ -1470,7 +1483,7 @@ async fn outputs(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
                 format!("{ceiling:.0} MB/s"),
                 rate.map(|r| r / ceiling),
             )
-            .target("≥ 0.7 × lower ceiling", rate.map(|r| r >= 0.7 * ceiling)),
+            .target("≥ 0.5 × lower ceiling", rate.map(|r| r >= 0.5 * ceiling)),
         );
 
         let race = hash_race(&req.output_dir, &o.outputs, b.mode.hash_reps).await?;
@@ -1488,8 +1501,13 @@ async fn outputs(b: &Bench, rows: &mut Vec<Row>) -> Res<()> {
             race.reader_wall.median() / race.cli_wall.median()
         );
         rows.push(
-            Row::info(format!("(g) hash_reader per core, {what}"), format!("{h:.0} MB/s"), "", None)
-                .target("≥ 1000 MB/s", Some(h >= 1000.0)),
+            Row::info(
+                format!("(g) hash_reader per core, {what}"),
+                format!("{h:.0} MB/s"),
+                format!("sha2 {sha2_alone:.0} MB/s"),
+                Some(h / sha2_alone),
+            )
+            .target("≥ 0.95 × sha2 alone", Some(h >= 0.95 * sha2_alone)),
         );
         rows.push(
             Row::info(
