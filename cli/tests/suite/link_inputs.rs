@@ -60,6 +60,24 @@ fn assert_over_the_link(o: &stevedore::Outcome) {
     assert!(o.evidence.enforcement["non_root"].contains("drops to it"), "{:?}", o.evidence.enforcement);
 }
 
+/// Lists, at the checkpoint (the sandbox runs, the command not yet), the volumes that carry
+/// the worker's labels: the input volume the container's create made is the attempt's.
+struct SeeVolumes {
+    docker: bollard::Docker,
+    worker: String,
+    seen: std::sync::Mutex<Vec<String>>,
+}
+
+impl stevedore::contract::Hooks for SeeVolumes {
+    fn checkpoint<'a>(&'a self, _: &'a stevedore::contract::Checkpoint) -> stevedore::contract::HookResult<'a> {
+        Box::pin(async move {
+            let (_, volumes) = labelled(&self.docker, &self.worker).await;
+            self.seen.lock().unwrap().extend(volumes);
+            Ok(())
+        })
+    }
+}
+
 fn assert_through_the_engine(o: &stevedore::Outcome, why: &str) {
     let how = &o.evidence.enforcement["inputs_staging"];
     assert!(how.contains("archive API") && how.contains(why), "{how}");
@@ -83,8 +101,14 @@ async fn inputs_over_the_link_are_beyond_the_commands_reach() {
     // Warm first (the parked container), then cold: another image name for the same image.
     let id = docker.inspect_image(&image).await.unwrap().id.unwrap();
     for (what, img, warm) in [("warm", image.as_str(), Some(true)), ("cold", id.as_str(), Some(false))] {
-        let req = sh(img, &w, &t.path().join(what), HOSTILE).input_dir(given.path());
+        let seen =
+            std::sync::Arc::new(SeeVolumes { docker: docker.clone(), worker: w.clone(), seen: Default::default() });
+        let req = sh(img, &w, &t.path().join(what), HOSTILE).input_dir(given.path()).hooks(seen.clone());
         let o = run(&rung, &req).await;
+        let volumes = seen.seen.lock().unwrap().clone();
+        let prefix = format!("sd-{w}-");
+        let input = volumes.iter().any(|v| v.starts_with(&prefix) && v.ends_with("-in"));
+        assert!(input, "{what}: the input volume is labelled as the worker's: {volumes:?}");
         assert_eq!((o.status, o.evidence.warm), (Status::Ok, warm), "{what}: {}", o.to_json());
         let owner = if podman { 65532 } else { 0 };
         assert_eq!(support::stdout_of(&o), expected_stdout(owner), "{what}: {}", o.to_json());

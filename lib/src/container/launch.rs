@@ -55,12 +55,19 @@ async fn over_link(
 ) -> Result<Result<Ready, String>, LaunchError> {
     let mut tools = tools_volume(shared, &plan.image_ref).await?;
     let caches = super::caches::ensure(shared, req, &plan.image_ref, &tools).await?;
+    // The input volume is made by the container's create, from its first mount's options
+    // (labelled as the attempt's, never filled from the image): one engine call fewer. The
+    // init's checks find it root's and empty, or refuse it.
     let volume = format!("{}-in", plan.decided.name);
-    super::stage::create_input_volume(shared, &volume, plan.input_labels.clone(), left).await?;
+    left.volume(volume.clone());
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
-    let spec_of = |tools: &ToolsVolume| spec_of(shared, plan, tools, Some(&volume), true, &caches);
+    let spec_of = |tools: &ToolsVolume| {
+        let mut spec = spec_of(shared, plan, tools, Some(&volume), true, &caches);
+        labelled_by_create(&mut spec.body, &volume, &plan.input_labels);
+        spec
+    };
     let spec::Spec { body, mut enforcement, skipped } = spec_of(&tools);
     left.container(plan.decided.name.clone());
     let s = shared.clone();
@@ -139,6 +146,18 @@ async fn remove_now(
     left.volumes.retain(|v| v != volume);
     left.record();
     Ok(())
+}
+
+/// Every mount of `volume` in `body` carries `labels` for the engine to create it with.
+fn labelled_by_create(
+    body: &mut bollard::models::ContainerCreateBody,
+    volume: &str,
+    labels: &std::collections::HashMap<String, String>,
+) {
+    let mounts = body.host_config.iter_mut().flat_map(|h| h.mounts.iter_mut().flatten());
+    for m in mounts.filter(|m| m.source.as_deref() == Some(volume)) {
+        m.volume_options.get_or_insert_with(Default::default).labels = Some(labels.clone());
+    }
 }
 
 /// The attempt's container body.
