@@ -92,15 +92,23 @@ async fn inputs_over_the_link_are_beyond_the_commands_reach() {
     let podman = podman(&docker).await;
     let w = worker("link-in");
     let mut cfg = ContainerConfig::default();
-    cfg.pool = Some(PoolConfig::new(1, &w).image(&image));
+    // The warm pool is this suite's on the local engine (`pool::`); on Podman the case is the
+    // path the inputs take, which a cold attempt shows.
+    if !podman {
+        cfg.pool = Some(PoolConfig::new(1, &w).image(&image));
+    }
     cfg.max_tmp_bytes = 16 << 20;
     let rung = support::rung_with(cfg).await;
-    assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool fills");
+    assert!(podman || rung.warm_up(Duration::from_secs(60)).await, "the pool fills");
     let given = inputs();
     let t = tempfile::tempdir().unwrap();
     // Warm first (the parked container), then cold: another image name for the same image.
     let id = docker.inspect_image(&image).await.unwrap().id.unwrap();
-    for (what, img, warm) in [("warm", image.as_str(), Some(true)), ("cold", id.as_str(), Some(false))] {
+    let paths = match podman {
+        false => vec![("warm", image.as_str(), Some(true)), ("cold", id.as_str(), Some(false))],
+        true => vec![("cold", id.as_str(), None)],
+    };
+    for (what, img, warm) in paths {
         let seen =
             std::sync::Arc::new(SeeVolumes { docker: docker.clone(), worker: w.clone(), seen: Default::default() });
         let req = sh(img, &w, &t.path().join(what), HOSTILE).input_dir(given.path()).hooks(seen.clone());
