@@ -1067,6 +1067,8 @@ done"#;
 #[test]
 fn an_init_told_to_wait_a_while_for_its_start_gives_up_when_none_comes() {
     // A Pod whose host died before it spoke: its stdin stays open, nothing is written.
+    // Timed from before the spawn: the init's own clock starts after it, never before.
+    let started = std::time::Instant::now();
     let mut child = Command::new(init_path())
         .args(["--start-within-ms", "300"])
         .stdin(Stdio::piped())
@@ -1075,7 +1077,6 @@ fn an_init_told_to_wait_a_while_for_its_start_gives_up_when_none_comes() {
         .spawn()
         .unwrap();
     let stdin = child.stdin.take();
-    let started = std::time::Instant::now();
     let out = child.wait_with_output().unwrap();
     drop(stdin);
     assert_eq!(out.status.code(), Some(stevedore_init::EXIT_SETUP_FAILED), "{out:?}");
