@@ -463,6 +463,16 @@ fn rung_words(executor: &str) -> String {
     }
 }
 
+/// `s` as one word a POSIX shell reads back unchanged: as it is when it holds only safe
+/// characters, else single-quoted (a command said for a person to paste).
+pub(crate) fn shell_word(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:@,%".contains(&b)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 /// [`render`] of an Outcome [`read_bounded`] read, saying what it left out.
 pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
     let mut p = String::with_capacity(64 << 10);
