@@ -502,13 +502,34 @@ fn what_ran(o: &Outcome) -> [(&'static str, String); 4] {
 }
 
 /// `s` as one word a POSIX shell reads back unchanged: as it is when it holds only safe
-/// characters, else single-quoted (the page shows the argv as one would type it).
+/// characters, else single-quoted; a word holding a character a terminal would obey or hide
+/// (an output's name is the sandbox's to choose) is written `$'…'` with those characters as
+/// `\xNN` bytes, so that what is printed is what a person sees and pastes.
 pub(crate) fn shell_word(s: &str) -> String {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:@,%".contains(&b)) {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
+        return s.to_owned();
     }
+    let seen_as_itself = |c: char| {
+        let mut b = [0u8; 4];
+        let one: &str = c.encode_utf8(&mut b);
+        stevedore_init::wire::printable(one) == one
+    };
+    if s.chars().all(seen_as_itself) {
+        return format!("'{}'", s.replace('\'', r"'\''"));
+    }
+    let mut out = String::from("$'");
+    for c in s.chars() {
+        if seen_as_itself(c) && c != '\'' && c != '\\' {
+            out.push(c);
+        } else {
+            let mut b = [0u8; 4];
+            for byte in c.encode_utf8(&mut b).bytes() {
+                out.push_str(&format!("\\x{byte:02x}"));
+            }
+        }
+    }
+    out.push('\'');
+    out
 }
 
 /// [`render`] of an Outcome [`read_bounded`] read, saying what it left out.
@@ -1580,6 +1601,22 @@ mod tests {
         // Without a timeline, the reason is the untrusted one.
         o.usage.timeline = None;
         assert_clean(&render(&o));
+    }
+
+    #[test]
+    fn a_word_is_said_as_a_shell_reads_it_back_and_never_raw() {
+        assert_eq!(shell_word("/tmp/r/run-1/t"), "/tmp/r/run-1/t");
+        assert_eq!(shell_word("it's here"), r"'it'\''s here'");
+        assert_eq!(shell_word(""), "''");
+        // A name the sandbox chose with a terminal's escape and a bidi override: bytes.
+        assert_eq!(shell_word("a\x1b[2Jb\u{202e}'"), r"$'a\x1b[2Jb\xe2\x80\xae\x27'");
+        let sh = |w: &str| {
+            let o = std::process::Command::new("bash").args(["-c", &format!("printf %s {w}")]).output().unwrap();
+            String::from_utf8(o.stdout).unwrap()
+        };
+        for word in ["it's here", "a\x1b[2Jb\u{202e}'\\", "tab\there\n"] {
+            assert_eq!(sh(&shell_word(word)), word, "bash reads it back");
+        }
     }
 
     #[test]
