@@ -426,7 +426,8 @@ fn style() -> String {
          .human{{margin:4px 0 0;font-family:ui-monospace,monospace;overflow-wrap:anywhere}}\
          section{{padding:0 {SIDE_PX}px 16px}}\
          h2{{margin:0;height:{HEADING_PX}px;line-height:{HEADING_PX}px;font-size:18px;overflow:hidden}}\
-         h3{{margin:12px 0 4px;font-size:15px}}\
+         h3,summary{{margin:12px 0 4px;font-size:15px;font-weight:600}}\
+         summary{{cursor:pointer}}\
          svg{{display:block;margin:0}}\
          svg text{{font:12px system-ui,sans-serif;fill:#333}}\
          svg text.label{{paint-order:stroke;stroke:#fbfbfb;stroke-width:3px}}\
@@ -457,10 +458,78 @@ pub fn render(o: &Outcome) -> String {
 /// (`docker` is the container rung's default name).
 fn rung_words(executor: &str) -> String {
     match crate::common::RungKind::of_name(executor) {
-        Some(kind) if kind.name() == executor => format!("rung {kind}"),
-        Some(kind) => format!("rung {kind} (configured as {executor})"),
-        None => format!("rung {executor}"),
+        Some(kind) if kind.name() == executor => kind.to_string(),
+        Some(kind) => format!("{kind} (configured as {executor})"),
+        None => executor.to_owned(),
     }
+}
+
+/// What a field the run did not set reads as.
+const NONE: &str = "<span class=\"unknown\">none</span>";
+
+/// What ran, for the top of the page, as HTML: the command (its argv as a shell would take it,
+/// or the handler), the image (tag and id), how it ended (exit code or signal) and the rung.
+fn what_ran(o: &Outcome) -> [(&'static str, String); 4] {
+    use stevedore::contract::ActionTask;
+    let action = o.evidence.action.as_ref();
+    let command = match action.map(|a| &a.task) {
+        Some(ActionTask::Command(argv)) if !argv.is_empty() => {
+            let words: Vec<String> = argv.iter().map(|w| shell_word(w)).collect();
+            format!("<code id=\"command\">{}</code>", text(&words.join(" ")))
+        }
+        Some(ActionTask::Handler(h)) => format!("handler <code id=\"command\">{}</code>", text(h)),
+        _ => NONE.to_owned(),
+    };
+    let tag = o.evidence.image.as_deref().or_else(|| action.and_then(|a| a.image.as_deref()));
+    let id = o.evidence.image_id.as_deref().or_else(|| action.and_then(|a| a.image_id.as_deref()));
+    let image = match (tag, id) {
+        (Some(t), Some(i)) => format!("{} ({})", text(t), text(i)),
+        (Some(t), None) => format!("{} (id {NONE})", text(t)),
+        (None, Some(i)) => text(i),
+        (None, None) => NONE.to_owned(),
+    };
+    let ended = match (o.exit_code, o.signal) {
+        (_, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(name) => format!("killed by signal {sig} ({name})"),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        (Some(code), None) => format!("exit code {code}"),
+        // The command never ended on its own: it did not start, or the rung ended it.
+        (None, None) => NONE.to_owned(),
+    };
+    let rung = if o.evidence.executor.is_empty() { NONE.to_owned() } else { text(&rung_words(&o.evidence.executor)) };
+    [("command", command), ("image", image), ("ended", ended), ("rung", rung)]
+}
+
+/// `s` as one word a POSIX shell reads back unchanged: as it is when it holds only safe
+/// characters, else single-quoted; a word holding a character a terminal would obey or hide
+/// (an output's name is the sandbox's to choose) is written `$'…'` with those characters as
+/// `\xNN` bytes, so that what is printed is what a person sees and pastes.
+pub(crate) fn shell_word(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-+=:@,%".contains(&b)) {
+        return s.to_owned();
+    }
+    let seen_as_itself = |c: char| {
+        let mut b = [0u8; 4];
+        let one: &str = c.encode_utf8(&mut b);
+        stevedore_init::wire::printable(one) == one
+    };
+    if s.chars().all(seen_as_itself) {
+        return format!("'{}'", s.replace('\'', r"'\''"));
+    }
+    let mut out = String::from("$'");
+    for c in s.chars() {
+        if seen_as_itself(c) && c != '\'' && c != '\\' {
+            out.push(c);
+        } else {
+            let mut b = [0u8; 4];
+            for byte in c.encode_utf8(&mut b).bytes() {
+                out.push_str(&format!("\\x{byte:02x}"));
+            }
+        }
+    }
+    out.push('\'');
+    out
 }
 
 /// [`render`] of an Outcome [`read_bounded`] read, saying what it left out.
@@ -487,18 +556,19 @@ pub fn render_cut(o: &Outcome, cut: &Cut) -> String {
     if !o.worker.is_empty() {
         meta.push(format!("worker {}", o.worker));
     }
-    if !o.evidence.executor.is_empty() {
-        meta.push(rung_words(&o.evidence.executor));
-    }
-    let _ = writeln!(
+    let _ = write!(
         p,
         "<header{class}><h1 id=\"status\">{}{}</h1><div class=\"meta\">{}</div>\
-         <p class=\"human\" id=\"human\">{}</p></header>",
+         <p class=\"human\" id=\"human\">{}</p><table class=\"kv\" id=\"what-ran\">",
         text(&status),
         text(&reason),
         text(&meta.join(", ")),
         text(&report::summary_of(o))
     );
+    for (k, v) in what_ran(o) {
+        let _ = write!(p, "<tr><th>{k}</th><td>{v}</td></tr>");
+    }
+    p.push_str("</table></header>\n");
     timeline(&mut p, o, cut);
     phases(&mut p, o);
     outputs(&mut p, o, cut);
@@ -1242,7 +1312,8 @@ fn capture(p: &mut String, name: &str, cap: &LogCapture) {
 
 fn evidence(p: &mut String, o: &Outcome, cut: &Cut) {
     p.push_str(
-        "<section id=\"evidence\"><h2>Evidence</h2>\n<h3>The attempt</h3>\n<table class=\"kv\" id=\"attempt-table\">",
+        "<section id=\"evidence\"><h2>Evidence</h2>\n<details id=\"attempt-details\"><summary>The attempt</summary>\n\
+         <table class=\"kv\" id=\"attempt-table\">",
     );
     let next = match o.next() {
         Next::Done => "done",
@@ -1251,10 +1322,10 @@ fn evidence(p: &mut String, o: &Outcome, cut: &Cut) {
         Next::GiveUp => "give up (retrying cannot help)",
         _ => "see the Outcome",
     };
-    let opt = |v: Option<i32>| v.map_or_else(|| "<span class=\"unknown\">none</span>".to_owned(), |v| v.to_string());
+    let opt = |v: Option<i32>| v.map_or_else(|| NONE.to_owned(), |v| v.to_string());
     let rows = [
         ("status", text(&o.status.to_string())),
-        ("reason", o.reason.map_or_else(|| "<span class=\"unknown\">none</span>".to_owned(), |r| text(&r.to_string()))),
+        ("reason", o.reason.map_or_else(|| NONE.to_owned(), |r| text(&r.to_string()))),
         ("exit code", opt(o.exit_code)),
         ("signal", opt(o.signal)),
         ("permanent", o.permanent.to_string()),
@@ -1274,15 +1345,15 @@ fn evidence(p: &mut String, o: &Outcome, cut: &Cut) {
         );
     }
     p.push_str(
-        "</table>\n<h3>Usage</h3>\n<table id=\"usage-table\"><tr><th>figure</th><th>value</th><th>source</th></tr>\n",
+        "</table></details>\n<details id=\"usage-details\"><summary>Usage</summary>\n<table id=\"usage-table\">\
+         <tr><th>figure</th><th>value</th><th>source</th></tr>\n",
     );
     let u = &o.usage;
     let src = |s: &Option<stevedore::contract::Source>| {
         s.as_ref().map_or_else(|| "<span class=\"unknown\">not said</span>".to_owned(), |s| text(&s.to_string()))
     };
-    let figure = |v: Option<u64>, say: fn(u64) -> String| {
-        v.map_or_else(|| "<span class=\"unknown\">unknown</span>".to_owned(), |v| format!("{} ({v})", say(v)))
-    };
+    let figure =
+        |v: Option<u64>, say: fn(u64) -> String| v.map_or_else(|| NONE.to_owned(), |v| format!("{} ({v})", say(v)));
     let usage_rows = [
         ("wall time", figure(u.wall_time_ms, ms), src(&u.sources.wall_time_ms)),
         ("CPU time", figure(u.cpu_time_ms, ms), src(&u.sources.cpu_time_ms)),
@@ -1290,14 +1361,14 @@ fn evidence(p: &mut String, o: &Outcome, cut: &Cut) {
         ("disk written", figure(u.disk_written_bytes, bytes), src(&u.sources.disk_written_bytes)),
         (
             "OOM kills",
-            o.evidence.oom_kills.map_or_else(|| "<span class=\"unknown\">unknown</span>".to_owned(), |n| n.to_string()),
+            o.evidence.oom_kills.map_or_else(|| NONE.to_owned(), |n| n.to_string()),
             src(&u.sources.oom_kills),
         ),
     ];
     for (k, v, s) in usage_rows {
         let _ = writeln!(p, "<tr><th>{k}</th><td class=\"n\">{v}</td><td>{s}</td></tr>");
     }
-    p.push_str("</table>\n<h3>Facts</h3>\n");
+    p.push_str("</table></details>\n<details id=\"facts-details\"><summary>Facts</summary>\n");
     // Every field of the evidence, as the JSON names it, but those drawn above.
     match serde_json::to_value(&o.evidence) {
         Ok(Value::Object(mut m)) => {
@@ -1315,7 +1386,7 @@ fn evidence(p: &mut String, o: &Outcome, cut: &Cut) {
         }
         _ => p.push_str("<p class=\"missing\">The evidence could not be shown.</p>\n"),
     }
-    p.push_str("</section>\n");
+    p.push_str("</details>\n</section>\n");
 }
 
 /// Deeper than any evidence nests: what is below is shown as JSON text.
@@ -1330,7 +1401,7 @@ struct Facts<'c> {
 
 impl Facts<'_> {
     /// A JSON value at `at` (its pointer) as HTML: objects and arrays of objects as nested
-    /// key/value tables, lists of words one a line, `null` as unknown; at most [`MAX_ROWS`]
+    /// key/value tables, lists of words one a line, `null` as none; at most [`MAX_ROWS`]
     /// entries of each, then "… N more" (with those reading left out).
     fn json(&self, p: &mut String, v: &Value, at: &str, depth: usize) {
         if p.len() > self.until {
@@ -1339,12 +1410,13 @@ impl Facts<'_> {
         }
         let more = |n: usize| n.saturating_sub(MAX_ROWS) as u64 + self.cut.more(at);
         match v {
-            Value::Null => p.push_str("<span class=\"unknown\">unknown</span>"),
+            // A field the run did not set: nothing is unknown about it.
+            Value::Null => p.push_str(NONE),
             Value::Bool(b) => p.push_str(if *b { "true" } else { "false" }),
             Value::Number(n) => p.push_str(&n.to_string()),
             Value::String(s) => p.push_str(&text(&capped(s, 4096))),
-            Value::Array(a) if a.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
-            Value::Object(m) if m.is_empty() => p.push_str("<span class=\"unknown\">none</span>"),
+            Value::Array(a) if a.is_empty() => p.push_str(NONE),
+            Value::Object(m) if m.is_empty() => p.push_str(NONE),
             _ if depth >= MAX_DEPTH => p.push_str(&text(&capped(&v.to_string(), 4096))),
             Value::Array(a) if a.iter().all(|v| !v.is_object() && !v.is_array()) => {
                 for (i, item) in a.iter().take(MAX_ROWS).enumerate() {
@@ -1532,10 +1604,26 @@ mod tests {
     }
 
     #[test]
+    fn a_word_is_said_as_a_shell_reads_it_back_and_never_raw() {
+        assert_eq!(shell_word("/tmp/r/run-1/t"), "/tmp/r/run-1/t");
+        assert_eq!(shell_word("it's here"), r"'it'\''s here'");
+        assert_eq!(shell_word(""), "''");
+        // A name the sandbox chose with a terminal's escape and a bidi override: bytes.
+        assert_eq!(shell_word("a\x1b[2Jb\u{202e}'"), r"$'a\x1b[2Jb\xe2\x80\xae\x27'");
+        let sh = |w: &str| {
+            let o = std::process::Command::new("bash").args(["-c", &format!("printf %s {w}")]).output().unwrap();
+            String::from_utf8(o.stdout).unwrap()
+        };
+        for word in ["it's here", "a\x1b[2Jb\u{202e}'\\", "tab\there\n"] {
+            assert_eq!(sh(&shell_word(word)), word, "bash reads it back");
+        }
+    }
+
+    #[test]
     fn the_rung_is_named_as_the_command_names_it() {
-        assert_eq!(rung_words("docker"), "rung container (configured as docker)");
-        assert_eq!(rung_words("process"), "rung process");
-        assert_eq!(rung_words("gpu-pool"), "rung gpu-pool");
+        assert_eq!(rung_words("docker"), "container (configured as docker)");
+        assert_eq!(rung_words("process"), "process");
+        assert_eq!(rung_words("gpu-pool"), "gpu-pool");
     }
 
     #[test]
@@ -1806,6 +1894,55 @@ mod tests {
             let page = render(&o);
             assert!(!page.contains("PRIVATE KEY") && !page.contains("PATH="), "{}", path.display());
         }
+    }
+
+    /// The top says what ran: the command as typed, the image by tag and id, how it ended and
+    /// the rung, before anything else; a field the run did not set says "none".
+    #[test]
+    fn the_top_says_what_ran_and_the_evidence_is_folded() {
+        let req = stevedore::contract::Request::command("j", ["sh", "-c", "echo it's > /out/y"], "/o");
+        let mut o = Outcome::new(Status::HandlerError);
+        o.exit_code = Some(3);
+        o.evidence.executor = "docker".into();
+        o.evidence.action = Some(stevedore::contract::Action::of_request(&req, "docker", None));
+        o.evidence.image = Some("busybox:latest".into());
+        o.evidence.image_id = Some("sha256:feed".into());
+        let page = render(&o);
+        let top =
+            &page[page.find("<table class=\"kv\" id=\"what-ran\">").expect(&page)..page.find("</header>").unwrap()];
+        assert_eq!(
+            top,
+            "<table class=\"kv\" id=\"what-ran\">\
+             <tr><th>command</th><td><code id=\"command\">sh -c &#39;echo it&#39;\\&#39;&#39;s &gt; /out/y&#39;</code></td></tr>\
+             <tr><th>image</th><td>busybox:latest (sha256:feed)</td></tr>\
+             <tr><th>ended</th><td>exit code 3</td></tr>\
+             <tr><th>rung</th><td>container (configured as docker)</td></tr></table>"
+        );
+        assert!(page.find("id=\"what-ran\"") < page.find("<section"), "at the top");
+        for id in ["attempt", "usage", "facts"] {
+            let open = page.find(&format!("<details id=\"{id}-details\"><summary>")).expect(id);
+            assert!(page.find(&format!("id=\"{id}-table\"")).map_or(id == "facts", |t| t > open), "{id} folded");
+        }
+        assert_eq!(page.matches("<details").count(), page.matches("</details>").count());
+        assert!(page.contains("id=\"evidence-table\""));
+        // Unset: said none, never unknown.
+        assert!(!page.contains(">unknown<"), "{page}");
+        let bare = render(&Outcome::new(Status::Killed));
+        let top = &bare[bare.find("id=\"what-ran\"").unwrap()..bare.find("</header>").unwrap()];
+        assert_eq!(top.matches(">none</span>").count(), 4, "{top}");
+        assert!(!bare.contains(">unknown<"));
+        // A signal is said by number and name; an image without a tag by its id.
+        o.signal = Some(9);
+        o.evidence.image = None;
+        let page = render(&o);
+        assert!(page.contains("<tr><th>ended</th><td>killed by signal 9 (SIGKILL)</td></tr>"), "{page}");
+        assert!(page.contains("<tr><th>image</th><td>sha256:feed</td></tr>"), "{page}");
+        o.evidence.action = Some(stevedore::contract::Action::of_request(
+            &stevedore::contract::Request::handler("j", "thumbnail", "/o"),
+            "docker",
+            None,
+        ));
+        assert!(render(&o).contains("<tr><th>command</th><td>handler <code id=\"command\">thumbnail</code></td></tr>"));
     }
 
     #[test]

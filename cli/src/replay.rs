@@ -1,13 +1,15 @@
 //! `stevedore replay OUTCOME.json`: the attempt again, as its action says (`docs/outcome.md`,
-//! "Replay"), `-n` times; each run's status and output digests, whether the runs' outputs
-//! were identical (a cheap test for non-determinism), and the phases' spread.
+//! "Replay"), `-n` times; each run's status and output digests, whether they are the
+//! attempt's, whether the runs' outputs were identical (a cheap test for non-determinism),
+//! where a differing file first differs, and the phases' spread.
 
 use crate::common::{Global, RungKind};
 use crate::error::CliError;
+use crate::page::shell_word;
 use crate::run::{self, RunArgs};
 use clap::Parser;
-use std::path::PathBuf;
-use stevedore::contract::{LaunchError, Outcome};
+use std::path::{Path, PathBuf};
+use stevedore::contract::{LaunchError, Outcome, OutputFile};
 use stevedore::handlers::Handlers;
 use stevedore::replay::{self as lib, ReplayOptions};
 
@@ -26,8 +28,14 @@ rung), no network, no caches, limits within the rung's defaults, the recorded de
 input dir the Outcome names is read only when it holds the attempt's file count and bytes.
 What will run is printed first.
 
-Exit status: 0 every run ok and all outputs identical, 1 the outputs differed, 2 a run was
-not ok (outputs identical or not), 125 refused (the reason on stderr).")]
+After the runs: first whether each run's outputs equal the attempt's (the Outcome's digests),
+then whether the runs agree with each other; for a file that differs, its sizes, the first
+differing byte of the kept copies and the cmp command that shows it; the phases in ms; where
+the runs' outputs are kept and the command that removes them.
+
+Exit status: 0 every run ok and all outputs equal the attempt's (unless --inputs replaced
+them) and each other's, 1 outputs differed, 2 a run was not ok (outputs identical or not),
+125 refused (the reason on stderr).")]
 pub struct ReplayArgs {
     /// The attempt's Outcome JSON (`stevedore run --outcome FILE`)
     #[arg(value_name = "OUTCOME.json")]
@@ -57,6 +65,10 @@ pub struct ReplayArgs {
     /// Where the runs' outputs go, as DIR/run-N (default: a new dir under $TMPDIR, kept)
     #[arg(long, value_name = "DIR")]
     output: Option<PathBuf>,
+    /// The attempt's output dir, when it is still there: a file that differs from the
+    /// attempt's is compared byte by byte with it (the Outcome holds only digests and sizes)
+    #[arg(long, value_name = "DIR")]
+    attempt_output: Option<PathBuf>,
     /// Show the command's output live
     #[arg(long)]
     live: bool,
@@ -181,7 +193,8 @@ async fn replay_all(g: &Global, a: &ReplayArgs, handlers: &Handlers) -> Result<u
     if let Some(code) = stopped {
         return Ok(code);
     }
-    Ok(conclude(&runs, &base))
+    let kept = Kept { base: &base, made: a.output.is_none() };
+    Ok(conclude(&outcome, &runs, &kept, a.attempt_output.as_deref(), plan.inputs_replaced.is_some()))
 }
 
 /// The runs, each in `base/run-N`; with the exit status a signal asked for, if one came.
@@ -229,27 +242,278 @@ async fn run_all(
     Ok((runs, None))
 }
 
-/// Whether the runs' outputs agree, their phases' spread, where they are; the exit status.
-fn conclude(runs: &[Outcome], base: &std::path::Path) -> u8 {
-    let cmp = lib::compare(runs);
-    if cmp.identical {
-        println!("outputs: identical in all {} runs", runs.len());
-    } else {
-        let names: Vec<&str> = cmp.differing.iter().map(String::as_str).collect();
-        println!("outputs: differ between runs: {}", names.join(", "));
+/// Where the runs' outputs are kept and whether this command made the directory (then the
+/// whole of it is the runs'; a directory given with `--output` may hold more).
+struct Kept<'a> {
+    base: &'a Path,
+    made: bool,
+}
+
+/// First whether each run's outputs equal the attempt's, then whether the runs agree, the
+/// phases in words, where the outputs are kept and how to remove them; the exit status. On
+/// inputs that `--inputs` replaced, outputs other than the attempt's are expected: said, and
+/// not a failure.
+fn conclude(
+    recorded: &Outcome,
+    runs: &[Outcome],
+    kept: &Kept<'_>,
+    attempt_dir: Option<&Path>,
+    inputs_replaced: bool,
+) -> u8 {
+    let mut against = against_attempt(recorded, runs, kept.base, attempt_dir);
+    if inputs_replaced && !against.equal {
+        against.lines.push("  (the inputs were replaced: outputs other than the attempt's are expected)".into());
+        against.equal = true;
     }
-    if runs.len() > 1 {
-        let stats = lib::phase_stats(runs);
-        let line: Vec<String> = stats.iter().map(|(k, (m, s))| format!("{k} {m:.1} ± {s:.1}")).collect();
-        println!("phases (mean ± stddev over {} runs, ms): {}", runs.len(), line.join(", "));
+    let between = between_runs(runs, kept.base);
+    for line in against.lines.iter().chain(&between.lines) {
+        println!("{line}");
     }
-    println!("outputs in {}", base.display());
+    println!("{}", phases_line(runs));
+    println!("{}", removal_line(runs.len(), kept));
     if runs.iter().any(|o| o.status != stevedore::contract::Status::Ok) {
         2
-    } else if !cmp.identical {
+    } else if !(against.equal && between.equal) {
         1
     } else {
         0
+    }
+}
+
+/// Lines said about a comparison, and whether it found the outputs equal.
+struct Said {
+    equal: bool,
+    lines: Vec<String>,
+}
+
+/// Whether each run's outputs are the attempt's (the Outcome's names and digests); for a file
+/// that differs, both sizes, and with the attempt's outputs at hand (`--attempt-output`) the
+/// first differing byte and the command that shows it.
+fn against_attempt(recorded: &Outcome, runs: &[Outcome], base: &Path, attempt_dir: Option<&Path>) -> Said {
+    let p = stevedore_init::wire::printable;
+    let then: std::collections::BTreeMap<&str, &OutputFile> =
+        recorded.outputs.iter().map(|f| (f.name.as_str(), f)).collect();
+    let files = plural(then.len(), "file");
+    let verdicts: Vec<lib::Comparison> = runs.iter().map(|o| lib::compare(&[recorded.clone(), o.clone()])).collect();
+    if verdicts.iter().all(|c| c.identical) {
+        let all = if runs.len() == 1 { "the run's".to_owned() } else { format!("all {} runs'", runs.len()) };
+        let line = format!("against the attempt: {all} outputs equal the attempt's ({files}, by digest)");
+        return Said { equal: true, lines: vec![line] };
+    }
+    let mut lines = Vec::new();
+    for (i, (o, cmp)) in runs.iter().zip(&verdicts).enumerate() {
+        let run = i + 1;
+        if cmp.identical {
+            lines.push(format!("against the attempt: run {run}'s outputs equal the attempt's"));
+            continue;
+        }
+        let names: Vec<String> = cmp.differing.iter().map(|n| p(n)).collect();
+        lines.push(format!("against the attempt: run {run}'s outputs differ from the attempt's: {}", names.join(", ")));
+        let now: std::collections::BTreeMap<&str, &OutputFile> =
+            o.outputs.iter().map(|f| (f.name.as_str(), f)).collect();
+        for name in &cmp.differing {
+            let (was, is) = (then.get(name.as_str()).copied(), now.get(name.as_str()).copied());
+            let mut line = format!("  {}: the attempt's {}, run {run}'s {}", p(name), size_of(was), size_of(is));
+            // Bytes to compare only where both have the file (else the sizes say it all).
+            if was.is_some() && is.is_some() {
+                let ours = beneath(&base.join(format!("run-{run}")), name);
+                match (attempt_dir.map(|d| beneath(d, name)), ours) {
+                    (Some(Some(theirs)), Some(ours)) => line.push_str(&differ_at(&theirs, &ours)),
+                    (None, _) => line.push_str(
+                        " (the outcome holds digests, not bytes: give --attempt-output DIR, the attempt's output \
+                         dir, for the first differing byte)",
+                    ),
+                    _ => {}
+                }
+            }
+            lines.push(line);
+        }
+    }
+    Said { equal: false, lines }
+}
+
+/// Whether the runs' outputs agree; for a file that differs, its sizes in the first run and in
+/// the first run whose copy is another, the first differing byte and the command that shows it.
+fn between_runs(runs: &[Outcome], base: &Path) -> Said {
+    let p = stevedore_init::wire::printable;
+    if runs.len() < 2 {
+        return Said {
+            equal: true,
+            lines: vec!["between the runs: one run, nothing to compare (-n N runs it N times)".into()],
+        };
+    }
+    let cmp = lib::compare(runs);
+    if cmp.identical {
+        return Said { equal: true, lines: vec![format!("between the runs: identical in all {} runs", runs.len())] };
+    }
+    let names: Vec<String> = cmp.differing.iter().map(|n| p(n)).collect();
+    let mut lines = vec![format!("between the runs: outputs differ: {}", names.join(", "))];
+    let find = |o: &Outcome, name: &str| o.outputs.iter().find(|f| f.name == name).map(|f| f.hash.clone());
+    for name in &cmp.differing {
+        let first = find(&runs[0], name);
+        // The first run whose file is another than run 1's: the pair a person compares.
+        let Some(k) = runs.iter().position(|o| find(o, name) != first) else { continue };
+        let (a, b) = (1, k + 1);
+        let file = |r: usize| runs[r - 1].outputs.iter().find(|f| f.name == *name);
+        let mut line = format!("  {}: run {a}'s {}, run {b}'s {}", p(name), size_of(file(a)), size_of(file(b)));
+        let copy = |r: usize| file(r).and_then(|_| beneath(&base.join(format!("run-{r}")), name));
+        if let (Some(x), Some(y)) = (copy(a), copy(b)) {
+            line.push_str(&differ_at(&x, &y));
+        }
+        lines.push(line);
+    }
+    Said { equal: false, lines }
+}
+
+/// A file's size as said, or that it is absent.
+fn size_of(f: Option<&OutputFile>) -> String {
+    f.map_or_else(|| "is absent".to_owned(), |f| plural(usize::try_from(f.size).unwrap_or(usize::MAX), "byte"))
+}
+
+/// `n` things, the word in the plural unless one.
+fn plural(n: usize, word: &str) -> String {
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
+/// `name` (an output's name, relative) beneath `dir`; `None` for a name that would leave it:
+/// the attempt's names come from a file anyone can write.
+fn beneath(dir: &Path, name: &str) -> Option<PathBuf> {
+    let rel = Path::new(name);
+    rel.components().all(|c| matches!(c, std::path::Component::Normal(_))).then(|| dir.join(rel))
+}
+
+/// Where the two kept copies first differ, and the command that shows it, as said after a
+/// file's sizes.
+fn differ_at(a: &Path, b: &Path) -> String {
+    match first_difference(a, b) {
+        Ok(Some(at)) => format!(
+            ", first differing byte at offset {at}: cmp -- {} {}",
+            shell_word(&a.display().to_string()),
+            shell_word(&b.display().to_string())
+        ),
+        Ok(None) => ", the kept copies are the same bytes (one changed after it was hashed?)".to_owned(),
+        Err(e) => format!(", the kept copies could not be compared: {e}"),
+    }
+}
+
+/// The offset of the first byte where the files at `a` and `b` differ (the shorter one's
+/// length when it is the other's beginning), or `None` when they are the same bytes.
+fn first_difference(a: &Path, b: &Path) -> std::io::Result<Option<u64>> {
+    use std::io::Read;
+    let open = |p: &Path| std::fs::File::open(p).map(std::io::BufReader::new);
+    let (mut x, mut y) = (open(a)?, open(b)?);
+    let (mut bx, mut by) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    let mut at: u64 = 0;
+    loop {
+        let nx = read_full(&mut x, &mut bx)?;
+        let ny = read_full(&mut y, &mut by)?;
+        let n = nx.min(ny);
+        if let Some(i) = bx[..n].iter().zip(&by[..n]).position(|(p, q)| p != q) {
+            return Ok(Some(at + i as u64));
+        }
+        if nx != ny {
+            return Ok(Some(at + n as u64));
+        }
+        if nx == 0 {
+            return Ok(None);
+        }
+        at += n as u64;
+    }
+
+    /// Fills `buf` as far as the file goes (a short read is not its end).
+    fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            match r.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// The span that ends at each phase (`docs/outcome.md`, "phases"), in words a person reads.
+const PHASE_WORDS: [(&str, &str); 8] = [
+    ("prepared_ms", "prepare"),
+    ("inputs_staged_ms", "stage the inputs"),
+    ("created_ms", "make the sandbox"),
+    ("started_ms", "start it"),
+    ("command_started_ms", "start the command"),
+    ("command_ended_ms", "command ran"),
+    ("outputs_collected_ms", "collect the outputs"),
+    ("concluded_ms", "remove the sandbox and conclude"),
+];
+
+/// Each phase's span in one run, in ms, by its words: the phases are offsets from when the
+/// rung took the attempt, and a span runs from the last phase reached before it. The total last.
+fn spans(o: &Outcome) -> Vec<(&'static str, u64)> {
+    let at = serde_json::to_value(&o.evidence.phases).unwrap_or_default();
+    let mut prev = 0;
+    let mut out = Vec::new();
+    for (key, words) in PHASE_WORDS {
+        if let Some(ms) = at.get(key).and_then(serde_json::Value::as_u64) {
+            out.push((words, ms.saturating_sub(prev)));
+            prev = ms;
+        }
+    }
+    if !out.is_empty() {
+        out.push(("total", prev));
+    }
+    out
+}
+
+/// The phases in words and milliseconds: one run's as they were, several runs' as mean ±
+/// standard deviation (of the population) over the runs that reached each.
+fn phases_line(runs: &[Outcome]) -> String {
+    let per_run: Vec<Vec<(&str, u64)>> = runs.iter().map(spans).collect();
+    let mut order: Vec<&str> = Vec::new();
+    let mut seen: std::collections::HashMap<&str, Vec<f64>> = std::collections::HashMap::new();
+    for (words, ms) in per_run.iter().flatten() {
+        if !order.contains(words) {
+            order.push(words);
+        }
+        seen.entry(words).or_default().push(*ms as f64);
+    }
+    // "total" last, whichever run first reached which phase.
+    order.sort_by_key(|w| *w == "total");
+    if order.is_empty() {
+        return "phases: none timed".to_owned();
+    }
+    let one = runs.len() == 1;
+    let parts: Vec<String> = order
+        .iter()
+        .map(|w| {
+            let xs = &seen[w];
+            let n = xs.len() as f64;
+            let mean = xs.iter().sum::<f64>() / n;
+            if one {
+                format!("{w} {mean:.0} ms")
+            } else {
+                let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+                format!("{w} {mean:.1} ± {sd:.1} ms")
+            }
+        })
+        .collect();
+    if one {
+        format!("phases: {}", parts.join(", "))
+    } else {
+        format!("phases (mean ± stddev over {} runs): {}", runs.len(), parts.join(", "))
+    }
+}
+
+/// Where the runs' outputs are kept and the command that removes them: the whole directory
+/// when this command made it, else only the runs' own (a directory given may hold more).
+fn removal_line(n: usize, kept: &Kept<'_>) -> String {
+    let base = shell_word(&kept.base.display().to_string());
+    if kept.made {
+        format!("the runs' outputs are kept in {base}/run-1 … run-{n}; remove them with: rm -rf -- {base}")
+    } else {
+        let dirs: Vec<String> =
+            (1..=n).map(|i| shell_word(&kept.base.join(format!("run-{i}")).display().to_string())).collect();
+        format!("the runs' outputs are kept in {base}/run-1 … run-{n}; remove them with: rm -rf -- {}", dirs.join(" "))
     }
 }
 
@@ -370,4 +634,138 @@ fn run_args(
         }
     }
     AsRun::try_parse_from(argv).map(|r| r.run).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stevedore::contract::Status;
+
+    fn file(name: &str, bytes: &[u8]) -> OutputFile {
+        // The digest stands for the bytes: equal bytes, equal digest.
+        let hash = format!("sha256:{}", String::from_utf8_lossy(bytes));
+        OutputFile { name: name.into(), size: bytes.len() as u64, hash, content_type: String::new() }
+    }
+
+    /// A run's Outcome and its kept copies in `base/run-<i>`.
+    fn run(base: &Path, i: usize, files: &[(&str, &[u8])]) -> Outcome {
+        let dir = base.join(format!("run-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut o = Outcome::new(Status::Ok);
+        for (name, bytes) in files {
+            std::fs::write(dir.join(name), bytes).unwrap();
+            o.outputs.push(file(name, bytes));
+        }
+        o
+    }
+
+    #[test]
+    fn the_first_differing_byte_is_found_past_a_buffer_and_at_a_prefix() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        let mut x = vec![7u8; 200_000];
+        std::fs::write(&a, &x).unwrap();
+        std::fs::write(&b, &x).unwrap();
+        assert_eq!(first_difference(&a, &b).unwrap(), None);
+        x[150_001] = 8;
+        std::fs::write(&b, &x).unwrap();
+        assert_eq!(first_difference(&a, &b).unwrap(), Some(150_001), "in the third buffer");
+        std::fs::write(&b, &x[..1000]).unwrap();
+        assert_eq!(first_difference(&a, &b).unwrap(), Some(1000), "the shorter one's end");
+        assert!(first_difference(&a, &t.path().join("gone")).is_err());
+    }
+
+    #[test]
+    fn each_run_is_said_against_the_attempt_first_then_against_the_others() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("r");
+        let attempt = t.path().join("attempt");
+        std::fs::create_dir(&attempt).unwrap();
+        std::fs::write(attempt.join("t"), b"100\n").unwrap();
+        let mut recorded = Outcome::new(Status::Ok);
+        recorded.outputs = vec![file("t", b"100\n"), file("y", b"same")];
+        let runs =
+            [run(&base, 1, &[("t", b"100\n"), ("y", b"same")]), run(&base, 2, &[("t", b"1050\n"), ("y", b"same")])];
+        let against = against_attempt(&recorded, &runs, &base, Some(&attempt));
+        assert!(!against.equal);
+        let run2 = base.join("run-2/t");
+        assert_eq!(
+            against.lines,
+            [
+                "against the attempt: run 1's outputs equal the attempt's".to_owned(),
+                "against the attempt: run 2's outputs differ from the attempt's: t".to_owned(),
+                format!(
+                    "  t: the attempt's 4 bytes, run 2's 5 bytes, first differing byte at offset 2: cmp -- {} {}",
+                    attempt.join("t").display(),
+                    run2.display()
+                ),
+            ]
+        );
+        // Without the attempt's copies the sizes are said, and how to get the offset.
+        let blind = against_attempt(&recorded, &runs, &base, None);
+        assert!(blind.lines[2].contains("give --attempt-output DIR"), "{:?}", blind.lines);
+        let between = between_runs(&runs, &base);
+        assert!(!between.equal);
+        assert_eq!(
+            between.lines,
+            [
+                "between the runs: outputs differ: t".to_owned(),
+                format!(
+                    "  t: run 1's 4 bytes, run 2's 5 bytes, first differing byte at offset 2: cmp -- {} {}",
+                    base.join("run-1/t").display(),
+                    run2.display()
+                ),
+            ]
+        );
+        // All equal: one line each.
+        let same = [runs[0].clone(), runs[0].clone()];
+        let against = against_attempt(&recorded, &same, &base, None);
+        assert!(against.equal);
+        assert_eq!(
+            against.lines,
+            ["against the attempt: all 2 runs' outputs equal the attempt's (2 files, by digest)"]
+        );
+        assert_eq!(between_runs(&same, &base).lines, ["between the runs: identical in all 2 runs"]);
+        // A file a run lacks is said absent, with no bytes to compare.
+        let lacking = [run(&base, 3, &[("y", b"same")])];
+        let said = against_attempt(&recorded, &lacking, &base, Some(&attempt)).lines;
+        assert_eq!(said[1], "  t: the attempt's 4 bytes, run 1's is absent");
+        // A name that would leave the dir is not followed.
+        assert_eq!(beneath(&base, "../x"), None);
+        assert_eq!(beneath(&base, "a/b"), Some(base.join("a/b")));
+    }
+
+    #[test]
+    fn the_phases_are_spans_in_words_and_ms() {
+        let mut a = Outcome::new(Status::Ok);
+        let p = &mut a.evidence.phases;
+        (p.prepared_ms, p.created_ms, p.command_started_ms, p.command_ended_ms) =
+            (Some(3), Some(10), Some(12), Some(24));
+        assert_eq!(
+            phases_line(std::slice::from_ref(&a)),
+            "phases: prepare 3 ms, make the sandbox 7 ms, start the command 2 ms, command ran 12 ms, total 24 ms"
+        );
+        let mut b = a.clone();
+        b.evidence.phases.command_ended_ms = Some(28);
+        let line = phases_line(&[a, b]);
+        assert!(line.starts_with("phases (mean ± stddev over 2 runs): prepare 3.0 ± 0.0 ms,"), "{line}");
+        assert!(line.contains("command ran 14.0 ± 2.0 ms, total 26.0 ± 2.0 ms"), "{line}");
+        assert_eq!(phases_line(&[Outcome::new(Status::Ok)]), "phases: none timed");
+    }
+
+    #[test]
+    fn the_removal_command_removes_what_the_runs_made_and_no_more() {
+        let made = Kept { base: Path::new("/tmp/stevedore-replay-x"), made: true };
+        assert_eq!(
+            removal_line(2, &made),
+            "the runs' outputs are kept in /tmp/stevedore-replay-x/run-1 … run-2; remove them with: rm -rf -- \
+             /tmp/stevedore-replay-x"
+        );
+        let given = Kept { base: Path::new("/home/me/it's here"), made: false };
+        assert!(
+            removal_line(2, &given).ends_with(r"rm -rf -- '/home/me/it'\''s here/run-1' '/home/me/it'\''s here/run-2'"),
+            "{}",
+            removal_line(2, &given)
+        );
+    }
 }

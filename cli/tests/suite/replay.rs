@@ -50,23 +50,83 @@ async fn a_deterministic_attempt_replays_identically_and_the_time_does_not() {
     let w = worker("replay-same");
     let input = inputs(t.path());
     let outcome = attempt(t.path(), &w, &input, "cat /in/x > /out/y", &[]);
-    let o = replay(&w, &outcome, &t.path().join("r"), &["-n", "3"]);
+    let r = t.path().join("r");
+    let o = replay(&w, &outcome, &r, &["-n", "3"]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
-    assert!(out.contains("outputs: identical in all 3 runs"), "{out}");
+    // Against the attempt first, then between the runs.
+    let against = out.find("against the attempt: all 3 runs' outputs equal the attempt's (1 file, by digest)\n");
+    let between = out.find("between the runs: identical in all 3 runs\n");
+    assert!(against.is_some() && between.is_some() && against < between, "{out}");
     assert_eq!(out.matches("the same action").count(), 3, "the runs' own digests are the attempt's: {out}");
-    assert!(out.contains("phases (mean ± stddev over 3 runs, ms): prepared_ms"), "{out}");
+    assert!(out.contains("phases (mean ± stddev over 3 runs): prepare "), "{out}");
+    let phases = out.lines().find(|l| l.starts_with("phases")).unwrap_or_default();
+    assert!(phases.contains(", command ran ") && !phases.contains("_ms"), "phases in words: {out}");
+    let runs: Vec<String> = (1..=3).map(|i| r.join(format!("run-{i}")).display().to_string()).collect();
+    assert!(
+        out.contains(&format!("remove them with: rm -rf -- {}\n", runs.join(" "))),
+        "a dir given: only the runs': {out}"
+    );
     for i in 1..=3 {
-        assert_eq!(std::fs::read(t.path().join(format!("r/run-{i}/y"))).unwrap(), b"hello\n");
+        assert_eq!(std::fs::read(r.join(format!("run-{i}/y"))).unwrap(), b"hello\n");
     }
+    // No --output: a new dir under $TMPDIR, kept, and the command that removes it works.
+    let tmp = t.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let o = Command::new(BIN).args(["replay", "--worker", &w, &outcome]).env("TMPDIR", &tmp).output().unwrap();
+    let out = text(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    assert!(out.contains("against the attempt: the run's outputs equal the attempt's (1 file, by digest)\n"), "{out}");
+    assert!(out.contains("between the runs: one run, nothing to compare"), "{out}");
+    assert!(out.contains("phases: prepare ") && out.contains(" ms, total "), "{out}");
+    let rm = out.lines().find_map(|l| l.split_once("remove them with: ").map(|(_, c)| c.to_owned())).expect(&out);
+    let dir = rm.strip_prefix("rm -rf -- ").expect(&rm);
+    assert!(Path::new(dir).starts_with(&tmp) && Path::new(dir).join("run-1/y").is_file(), "{out}");
+    assert!(Command::new("sh").args(["-c", &rm]).status().unwrap().success());
+    // stevedore's private dir (`stevedore-UID`, its runtime files) is no output of the runs.
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("stevedore-replay-")))
+        .collect();
+    assert!(left.is_empty() && !Path::new(dir).exists(), "the command said removes what the replay made: {left:?}");
 
     let t2 = tempfile::tempdir().unwrap();
     let input = inputs(t2.path());
     let outcome = attempt(t2.path(), &w, &input, "date +%s%N > /out/t; cat /in/x > /out/y", &[]);
-    let o = replay(&w, &outcome, &t2.path().join("r"), &["-n", "3"]);
+    let r = t2.path().join("r");
+    let out0 = t2.path().join("out0");
+    let o = replay(&w, &outcome, &r, &["-n", "3", "--attempt-output", &out0.display().to_string()]);
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "outputs that differ exit 1: {out}{}", text(&o.stderr));
-    assert!(out.contains("outputs: differ between runs: t\n"), "only t differs: {out}");
+    // The offsets the kept copies really differ at, as `cmp` would find them.
+    let at = |a: &Path, b: &Path| {
+        let (x, y) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        x.iter().zip(&y).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()))
+    };
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    let (then, run1, run2) = (out0.join("t"), r.join("run-1/t"), r.join("run-2/t"));
+    let against = format!(
+        "against the attempt: run 1's outputs differ from the attempt's: t\n  t: the attempt's {} bytes, run 1's {} \
+         bytes, first differing byte at offset {}: cmp -- {} {}\n",
+        size(&then),
+        size(&run1),
+        at(&then, &run1),
+        then.display(),
+        run1.display()
+    );
+    assert!(out.contains(&against), "{against:?} not in {out}");
+    let between = format!(
+        "between the runs: outputs differ: t\n  t: run 1's {} bytes, run 2's {} bytes, first differing byte at offset \
+         {}: cmp -- {} {}\n",
+        size(&run1),
+        size(&run2),
+        at(&run1, &run2),
+        run1.display(),
+        run2.display()
+    );
+    assert!(out.contains(&between), "only t differs: {between:?} not in {out}");
+    assert!(out.find(&against) < out.find(&between), "the attempt first: {out}");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
 }
 
@@ -112,6 +172,8 @@ async fn a_tampered_outcome_changed_inputs_and_missing_secrets_are_refused() {
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
     assert!(out.contains("inputs replaced: digest sha256:"), "{out}");
+    assert!(out.contains("against the attempt: run 1's outputs differ from the attempt's: y\n"), "{out}");
+    assert!(out.contains("(the inputs were replaced: outputs other than the attempt's are expected)"), "{out}");
     assert_eq!(std::fs::read(t.path().join("new/run-1/y")).unwrap(), b"HELLO\n");
     assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "nothing labelled is left");
 }
