@@ -92,8 +92,16 @@ async fn a_deterministic_attempt_replays_identically_and_the_time_does_not() {
     assert!(left.is_empty() && !Path::new(dir).exists(), "the command said removes what the replay made: {left:?}");
 
     let t2 = tempfile::tempdir().unwrap();
+    // The time and a fresh uuid: every run's `t` differs (busybox's `date` has no %N, and two
+    // runs in one second would otherwise agree).
     let input = inputs(t2.path());
-    let outcome = attempt(t2.path(), &w, &input, "date +%s%N > /out/t; cat /in/x > /out/y", &[]);
+    let outcome = attempt(
+        t2.path(),
+        &w,
+        &input,
+        "{ date +%s; cat /proc/sys/kernel/random/uuid; } > /out/t; cat /in/x > /out/y",
+        &[],
+    );
     let r = t2.path().join("r");
     let out0 = t2.path().join("out0");
     let o = replay(&w, &outcome, &r, &["-n", "3", "--attempt-output", &out0.display().to_string()]);
