@@ -38,12 +38,15 @@ const HOSTILE: &str = "cat /in/a.txt; \
     stat -c '%u %a' /in/a.txt /in/d; cat /in/a.txt /in/d/b.txt";
 
 /// What [`HOSTILE`] prints when nothing got through; the entries are root's over the link,
-/// the sandbox user's through the engine (its mount read-only either way).
-fn expected_stdout(owner: u32) -> String {
+/// the sandbox user's through the engine (its mount read-only either way). `groups`: the
+/// supplementary groups as the engine gives them (none from Docker or from a root init that
+/// drops to the configured list; Podman adds the user's gid).
+fn expected_stdout(owner: u32, groups: &str) -> String {
     let (zero, uid) = ("0000000000000000", 65532);
     let (file, dir) = if owner == 0 { ("444", "555") } else { ("644", "755") };
+    let groups = if groups.is_empty() { String::new() } else { format!("\t{groups}") };
     format!(
-        "inputUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGroups:\nCapInh:\t{zero}\nCapPrm:\t{zero}\nCapEff:\t{zero}\n\
+        "inputUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGroups:{groups}\nCapInh:\t{zero}\nCapPrm:\t{zero}\nCapEff:\t{zero}\n\
          CapBnd:\t{zero}\nCapAmb:\t{zero}\nNoNewPrivs:\t1\n{owner} {file}\n{owner} {dir}\ninputdeep"
     )
 }
@@ -118,8 +121,8 @@ async fn inputs_over_the_link_are_beyond_the_commands_reach() {
         let input = volumes.iter().any(|v| v.starts_with(&prefix) && v.ends_with("-in"));
         assert!(input, "{what}: the input volume is labelled as the worker's: {volumes:?}");
         assert_eq!((o.status, o.evidence.warm), (Status::Ok, warm), "{what}: {}", o.to_json());
-        let owner = if podman { 65532 } else { 0 };
-        assert_eq!(support::stdout_of(&o), expected_stdout(owner), "{what}: {}", o.to_json());
+        let (owner, groups) = if podman { (65532, "65532") } else { (0, "") };
+        assert_eq!(support::stdout_of(&o), expected_stdout(owner, groups), "{what}: {}", o.to_json());
         if podman {
             assert_through_the_engine(&o, "NoCopy");
         } else {
