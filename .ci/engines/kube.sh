@@ -44,6 +44,7 @@ FEATURE_GATES=SizeMemoryBackedVolumes=true
 PAUSE_IMAGE=stevedore-ci.local/pause:3.4
 BUSYBOX_IMAGE=stevedore-ci.local/busybox:1.35
 SMOKE_POD=stevedore-kube-smoke
+RESTRICTED_NS=stevedore-restricted # PodSecurityPolicy admits no root init there (setup_psp)
 
 SOCK=$RUN_DIR/containerd/containerd.sock
 PKI=$RUN_DIR/pki
@@ -786,10 +787,11 @@ node_ready() {
 }
 
 default_sa_ready() {
-    local sa
-    sa=$(api GET /api/v1/namespaces/default/serviceaccounts/default 2>/dev/null) || return 1
+    local sa ns=${1:-default}
+    sa=$(api GET "/api/v1/namespaces/$ns/serviceaccounts/default" 2>/dev/null) || return 1
     jq -e '(.secrets // []) | length > 0' <<<"$sa" >/dev/null
 }
+restricted_sa_ready() { default_sa_ready "$RESTRICTED_NS"; }
 
 # Docker images for the node: the pause image and a busybox, both FROM scratch, with the
 # legacy builder and no network.
@@ -818,19 +820,47 @@ import_images() {
     docker save "$@" | ctr --address "$SOCK" -n k8s.io images import - >/dev/null
 }
 
+# PodSecurityPolicy admission is on, as on many 1.20 clusters: a Pod is admitted only under a
+# policy its creator may `use`. `stevedore-ci-any` admits anything (the admin, and the rung's
+# users in `default`, where the rung's init may start as root to write the inputs);
+# `stevedore-ci-restricted` admits only non-root Pods without added capabilities, the only one
+# the rung's user may use in $RESTRICTED_NS (where the rung must fall back: issue 43).
+setup_psp() {
+    local seccomp='"annotations":{"seccomp.security.alpha.kubernetes.io/allowedProfileNames":"*"}'
+    local any_groups='"seLinux":{"rule":"RunAsAny"},"supplementalGroups":{"rule":"RunAsAny"},"fsGroup":{"rule":"RunAsAny"}'
+    local psp=/apis/policy/v1beta1/podsecuritypolicies
+    api POST "$psp" "{\"metadata\":{\"name\":\"stevedore-ci-any\",$seccomp},
+        \"spec\":{\"privileged\":true,\"allowPrivilegeEscalation\":true,\"allowedCapabilities\":[\"*\"],
+          \"volumes\":[\"*\"],\"hostNetwork\":true,\"hostIPC\":true,\"hostPID\":true,
+          \"hostPorts\":[{\"min\":0,\"max\":65535}],\"runAsUser\":{\"rule\":\"RunAsAny\"},$any_groups}}" >/dev/null
+    api POST "$psp" "{\"metadata\":{\"name\":\"stevedore-ci-restricted\",$seccomp},
+        \"spec\":{\"privileged\":false,\"allowPrivilegeEscalation\":false,\"requiredDropCapabilities\":[\"ALL\"],
+          \"volumes\":[\"emptyDir\",\"configMap\",\"secret\",\"projected\",\"downwardAPI\"],
+          \"runAsUser\":{\"rule\":\"MustRunAsNonRoot\"},$any_groups}}" >/dev/null
+    api POST /api/v1/namespaces "{\"metadata\":{\"name\":\"$RESTRICTED_NS\"}}" >/dev/null
+}
+
+# use_psp NAME: the rule that lets a Role's subjects create Pods under that policy.
+use_psp() { printf '{"apiGroups":["policy"],"resources":["podsecuritypolicies"],"verbs":["use"],"resourceNames":["%s"]}' "$1"; }
+
 setup_rbac() {
-    local rules_exec rules_noexec pods='{"apiGroups":[""],"resources":["pods"],"verbs":["create","get","list","watch","delete"]}'
+    setup_psp
+    local rules_exec rules_noexec rules_restricted pods='{"apiGroups":[""],"resources":["pods"],"verbs":["create","get","list","watch","delete"]}'
     local podlog='{"apiGroups":[""],"resources":["pods/log"],"verbs":["get"]}'
-    rules_exec="[$pods,{\"apiGroups\":[\"\"],\"resources\":[\"pods/attach\",\"pods/exec\"],\"verbs\":[\"get\",\"create\"]},$podlog]"
-    rules_noexec="[$pods,{\"apiGroups\":[\"\"],\"resources\":[\"pods/attach\"],\"verbs\":[\"get\",\"create\"]},$podlog]"
+    local streams='{"apiGroups":[""],"resources":["pods/attach","pods/exec"],"verbs":["get","create"]}'
+    rules_exec="[$pods,$streams,$podlog,$(use_psp stevedore-ci-any)]"
+    rules_noexec="[$pods,{\"apiGroups\":[\"\"],\"resources\":[\"pods/attach\"],\"verbs\":[\"get\",\"create\"]},$podlog,$(use_psp stevedore-ci-any)]"
+    rules_restricted="[$pods,$streams,$podlog,$(use_psp stevedore-ci-restricted)]"
     local rb=/apis/rbac.authorization.k8s.io/v1/namespaces/default
     api POST "$rb/roles" "{\"metadata\":{\"name\":\"stevedore-rung\"},\"rules\":$rules_exec}" >/dev/null
     api POST "$rb/roles" "{\"metadata\":{\"name\":\"stevedore-rung-noexec\"},\"rules\":$rules_noexec}" >/dev/null
-    local user role
-    for user in stevedore-rung:stevedore-rung stevedore-noexec:stevedore-rung-noexec; do
-        role=${user#*:}
-        user=${user%%:*}
-        api POST "$rb/rolebindings" "{\"metadata\":{\"name\":\"$user\"},
+    local rr=/apis/rbac.authorization.k8s.io/v1/namespaces/$RESTRICTED_NS
+    api POST "$rr/roles" "{\"metadata\":{\"name\":\"stevedore-rung\"},\"rules\":$rules_restricted}" >/dev/null
+    local user role ns
+    for user in default:stevedore-rung:stevedore-rung default:stevedore-noexec:stevedore-rung-noexec \
+        "$RESTRICTED_NS:stevedore-rung:stevedore-rung"; do
+        IFS=: read -r ns user role <<<"$user"
+        api POST "/apis/rbac.authorization.k8s.io/v1/namespaces/$ns/rolebindings" "{\"metadata\":{\"name\":\"$user\"},
             \"roleRef\":{\"apiGroup\":\"rbac.authorization.k8s.io\",\"kind\":\"Role\",\"name\":\"$role\"},
             \"subjects\":[{\"apiGroup\":\"rbac.authorization.k8s.io\",\"kind\":\"User\",\"name\":\"$user\"}]}" >/dev/null
     done
@@ -913,6 +943,7 @@ KUBE_NOEXEC_TOKEN=$(token_of stevedore-noexec)
 KUBE_NODE=$NODE_NAME
 KUBE_NODE_IP=$NODE_IP
 KUBE_NAMESPACE=default
+KUBE_RESTRICTED_NAMESPACE=$RESTRICTED_NS
 KUBE_VERSION=$version
 KUBE_FEATURE_GATES=$FEATURE_GATES
 KUBE_IMPORT=$RUN_DIR/bin/kube-import
@@ -974,7 +1005,7 @@ start_cluster() {
         --client-ca-file="$PKI/ca.crt" \
         --token-auth-file="$PKI/tokens.csv" \
         --authorization-mode=Node,RBAC \
-        --enable-admission-plugins=NodeRestriction \
+        --enable-admission-plugins=NodeRestriction,PodSecurityPolicy \
         --allow-privileged=true \
         --service-account-issuer=https://kubernetes.default.svc.cluster.local \
         --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
@@ -1009,6 +1040,7 @@ start_cluster() {
         --feature-gates="$FEATURE_GATES"
     wait_for "node $NODE_NAME Ready and untainted" "$READY_TIMEOUT" node_ready
     wait_for "service account default/default" 60 default_sa_ready
+    wait_for "service account $RESTRICTED_NS/default" 60 restricted_sa_ready
 }
 
 cmd_up() {

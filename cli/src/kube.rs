@@ -55,6 +55,7 @@ pub async fn line(rung: &KubeExecutor) -> serde_json::Value {
         "level": rung.level(),
         "network_denied": rung.denies_network(),
         "init_image": c.init_image,
+        "inputs": c.inputs,
         "access": access,
         "incarnation": rung.incarnation(),
         "stevedore_version": env!("CARGO_PKG_VERSION"),

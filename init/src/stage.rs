@@ -34,7 +34,15 @@ pub(crate) fn check(spec: &StageSpec) -> Result<OwnedFd, String> {
 fn fit(spec: &StageSpec) -> Result<OwnedFd, String> {
     let dir = tree::open_root(Path::new(&spec.stage_dir), false)
         .map_err(|e| format!("the staging mount {}: {e}", spec.stage_dir))?;
-    let st = fstat(dir.as_fd()).map_err(|e| format!("the staging mount {}: {e}", spec.stage_dir))?;
+    let mut st = fstat(dir.as_fd()).map_err(|e| format!("the staging mount {}: {e}", spec.stage_dir))?;
+    if spec.tighten && st.st_uid == 0 && st.st_mode & 0o022 != 0 {
+        // The owner may change the mode without a capability; from here on only root writes
+        // in it, and the emptiness checked below is what stays.
+        fchmod(dir.as_fd(), Mode::from_bits_truncate(st.st_mode & 0o7755)).map_err(|e| {
+            format!("the staging mount {}: clearing its group and other write bits: {e}", spec.stage_dir)
+        })?;
+        st = fstat(dir.as_fd()).map_err(|e| format!("the staging mount {}: {e}", spec.stage_dir))?;
+    }
     if st.st_uid != 0 || st.st_mode & 0o022 != 0 {
         return Err(format!(
             "the staging mount {} is owned by uid {} with mode {:o}: not root's alone (an engine that fills a volume \
@@ -347,6 +355,7 @@ mod tests {
             stage_dir: stage.display().to_string(),
             in_dir: inp.display().to_string(),
             inputs: None,
+            tighten: false,
         };
         let t = tempfile::tempdir().unwrap();
         let other = tempfile::tempdir().unwrap();
@@ -362,8 +371,15 @@ mod tests {
         assert!(e.contains("is not the volume at"), "{e}");
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o775)).unwrap();
         assert!(fit(&spec(t.path(), t.path())).unwrap_err().contains("not root's alone"));
-        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Told to tighten (a Kubernetes emptyDir, 0777): the bits cleared, then checked.
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let tight = StageSpec { tighten: true, ..spec(t.path(), t.path()) };
+        assert!(fit(&tight).is_ok());
+        assert_eq!(std::fs::metadata(t.path()).unwrap().permissions().mode() & 0o777, 0o755);
         std::fs::write(t.path().join("planted"), b"x").unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(fit(&tight).unwrap_err().contains("not empty (it holds planted)"));
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(fit(&spec(t.path(), t.path())).unwrap_err().contains("not empty (it holds planted)"));
         // A symlink as the staging mount is never followed.
         let link = other.path().join("link");

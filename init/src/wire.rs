@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 10;
+pub const PROTOCOL: u32 = 11;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -538,6 +538,12 @@ pub struct StageSpec {
     /// The staging mount (writable): the inputs volume, its root owned by uid 0, no group
     /// or other write bit, empty.
     pub stage_dir: String,
+    /// The staging mount's root may carry group and other write bits as the runtime made it
+    /// (a Kubernetes `emptyDir` is 0777): the init, its owner, clears them by the mount's own
+    /// descriptor before it checks that the mount is empty, so nothing written by another uid
+    /// before that can be there unseen. `false`: such bits are a refusal.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tighten: bool,
     /// The same volume mounted read-only, where the command reads the inputs: the staging
     /// mount must be on its device.
     pub in_dir: String,

@@ -88,7 +88,7 @@ impl InputDir {
     /// The same directory again (its descriptor duplicated; each walk opens `.` afresh, so
     /// the two never share a listing's position): the inputs offered over the link stay at
     /// hand for another path if the sandbox refuses them.
-    #[cfg(feature = "docker")]
+    #[cfg(any(feature = "docker", feature = "kube"))]
     pub fn try_clone(&self) -> io::Result<Self> {
         Ok(Self { root: self.root.try_clone()? })
     }
@@ -200,10 +200,10 @@ pub enum Owners {
     User(u32, u32),
     /// Root's, every write bit cleared, readable (and directories searchable) by everyone:
     /// read-only to a sandbox user without capabilities even where the mount itself is
-    /// writable (the warm pool's staging path, `container::pool`).
+    /// writable (inputs over the link, `link::stage`, on the container and kube rungs).
     #[cfg_attr(
-        all(not(feature = "docker"), not(test)),
-        expect(dead_code, reason = "only the container rung's warm pool stages so")
+        all(not(feature = "docker"), not(feature = "kube"), not(test)),
+        expect(dead_code, reason = "only the rungs with a root init stage so")
     )]
     RootReadOnly,
 }

@@ -757,3 +757,93 @@ async fn the_front_is_one_rule_on_the_kube_rung() {
     let made = async || c.pods_of(&w).len();
     crate::front::one_rule_for_every_rung(&rung, request, made).await;
 }
+
+/// Inputs for the root-init tests: a file and a file in a directory.
+fn inputs_in(dir: &Path) -> std::path::PathBuf {
+    let input = dir.join("in");
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    std::fs::write(input.join("a.txt"), b"alpha\n").unwrap();
+    std::fs::write(input.join("sub/b.txt"), b"beta\n").unwrap();
+    input
+}
+
+/// What the command tries on what the root init wrote, each said as `NAME ok|denied`.
+const HOSTILE: &str = "for d in /in /.stevedore/stage; do \
+      try() { if \"$@\" 2>/dev/null; then echo \"$d $1 ok\"; else echo \"$d $1 denied\"; fi; }; \
+      try sh -c \"echo x > $d/a.txt\"; try chmod 0777 $d/a.txt; try mv $d/a.txt $d/moved; \
+      try rm -f $d/sub/b.txt; try ln $d/a.txt $d/hard; try mkdir $d/new; try ln -s /etc $d/sym; \
+      try chmod 0777 $d; try touch $d/sub/new; \
+    done; \
+    stat -c '%u %a' /in/a.txt /in/sub /in; cat /in/a.txt; \
+    if cat /proc/1/environ >/dev/null 2>&1; then echo pid1-readable; else echo pid1-closed; fi; \
+    grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' /proc/self/status";
+
+#[tokio::test]
+async fn inputs_go_over_the_link_to_a_root_init_that_drops_before_the_command() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-root-init");
+    let rung = rung(c).await;
+    assert!(rung.census().await.inputs.starts_with("over the link to a root init"), "the namespace admits it");
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = sh(c, &w, &dir.path().join("out"), HOSTILE);
+    req.input_dir = Some(inputs_in(dir.path()));
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let said = stdout_of(&o);
+    for d in ["/in", "/.stevedore/stage"] {
+        for what in ["sh", "chmod", "mv", "rm", "ln", "mkdir", "touch"] {
+            assert!(!said.lines().any(|l| l.starts_with(&format!("{d} {what} ok"))), "{d} {what} got through:\n{said}");
+        }
+    }
+    let lines: Vec<String> = said.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    let at = lines.iter().position(|l| l == "0 444").unwrap_or_else(|| panic!("a root's 0444 file:\n{said}"));
+    assert_eq!(lines[at + 1], "0 555", "a root's 0555 dir");
+    assert_eq!(lines[at + 2], "0 755", "the emptyDir's 0777 cleared of group and other write");
+    assert_eq!(lines[at + 3], "alpha");
+    assert_eq!(lines[at + 4], "pid1-closed", "PID 1 is root's and not dumpable");
+    assert_eq!(lines[at + 5], "Uid: 65532 65532 65532 65532");
+    for cap in &lines[at + 6..at + 11] {
+        assert!(cap.ends_with(" 0000000000000000"), "the command holds no capability: {cap}");
+    }
+    let ev = &o.evidence;
+    assert!(ev.enforcement["inputs_staging"].contains("written over the link by the init as uid 0"), "{ev:?}");
+    assert!(ev.enforcement["user"].contains("read back from the created Pod: runAsUser 0"), "{:?}", ev.enforcement);
+    assert!(ev.enforcement["capabilities"].contains("add SETUID, SETGID, SETPCAP"), "{:?}", ev.enforcement);
+    let seen = ev.init_privileges.as_ref().expect("the init's credentials after the drop");
+    assert_eq!(seen.uid.split_whitespace().collect::<Vec<_>>(), ["65532"; 4]);
+    for cap in [&seen.cap_inh, &seen.cap_prm, &seen.cap_eff, &seen.cap_bnd, &seen.cap_amb] {
+        assert_eq!(cap, "0000000000000000");
+    }
+    assert_eq!((seen.no_new_privs.as_str(), seen.dumpable), ("1", false));
+    assert_eq!(ev.inputs.as_ref().map(|i| (i.files, i.tree.is_some())), Some((2, true)));
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn a_namespace_that_refuses_a_root_init_keeps_the_init_containers_way_and_says_why() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-restricted");
+    let ns = c.var("KUBE_RESTRICTED_NAMESPACE");
+    let rung = KubeExecutor::connect(config(c).namespace(ns)).await.expect("connect");
+    let census = rung.census().await;
+    assert!(census.inputs.starts_with("through the init container"), "{}", census.inputs);
+    assert!(census.inputs.contains("PodSecurityPolicy"), "the namespace's own word: {}", census.inputs);
+    let dir = tempfile::tempdir().unwrap();
+    let script =
+        "cat /in/a.txt /in/sub/b.txt; if touch /in/new 2>/dev/null; then echo writable; else echo read-only; fi";
+    let mut req = sh(c, &w, &dir.path().join("out"), script);
+    req.input_dir = Some(inputs_in(dir.path()));
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "alpha\nbeta\nread-only\n");
+    let ev = &o.evidence;
+    let staging = &ev.enforcement["inputs_staging"];
+    assert!(staging.contains("unpacked by stevedore's init container") && staging.contains("PodSecurityPolicy"));
+    assert!(ev.init_privileges.is_none(), "no root init ran");
+    assert!(ev.enforcement["user"].contains("read back from the created Pod: runAsUser 65532"), "{ev:?}");
+    rung.close().await;
+    let left = c.kubectl(&["get", "pods", "-n", ns, "-l", "dev.stevedore.managed=true", "-o", "name"]);
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "", "Pods left in {ns}");
+    none_left(c, &w);
+}

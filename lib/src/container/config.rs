@@ -57,9 +57,7 @@ impl Default for Hardening {
 /// The default sandbox user: not root, and not any user an image is likely to define.
 pub use stevedore_init::wire::SANDBOX_USER;
 
-/// The largest inputs that travel over the link by default: past this the engine's archive
-/// upload, which streams to disk without a frame per chunk, is as fast.
-pub const LINK_INPUTS_MAX_BYTES: u64 = 256 << 20;
+pub use crate::link::LINK_INPUTS_MAX_BYTES;
 
 /// How the container rung is set up. `ContainerConfig::default()` documents every default;
 /// the builder methods set one item each.

@@ -29,32 +29,39 @@ pub(crate) async fn provision(
     left: &mut Leftovers,
     cancel: &CancellationToken,
 ) -> Result<Ready, LaunchError> {
+    // Asked of the engine once, whichever way the inputs go (a refusal over the link then
+    // makes no second round of calls).
+    let tools = tools_volume(shared, &plan.image_ref).await?;
+    let caches = super::caches::ensure(shared, req, &plan.image_ref, &tools).await?;
+    let mut made = (tools, caches);
     if plan.inputs.is_some() && plan.not_over_link.is_none() {
-        match over_link(shared, req, plan, left, cancel).await? {
+        match over_link(shared, plan, left, cancel, made).await? {
             Ok(ready) => return Ok(ready),
-            Err(why) => {
+            Err((why, back)) => {
+                made = back;
                 plan.not_over_link = Some(format!("the sandbox refused them: {why}"));
                 plan.mounts.retain(|m| m != STAGE_DIR);
             }
         }
     }
-    through_engine(shared, req, plan, left, cancel).await
+    through_engine(shared, plan, left, cancel, made).await
 }
+
+/// The init's volume and the attempt's caches (name, target, kind), made once per attempt.
+type Made = (ToolsVolume, Vec<(String, String, String)>);
 
 /// The inputs over the link (`docs/outcome.md`, "Inputs over the link"): the input volume, the
 /// container with the init as root and the volume writable at `STAGE_DIR`, started, and the
 /// inputs sent to the init, which writes them and waits for the Start frame. `Ok(Err(why))`:
-/// the init refused the sandbox before it wrote anything; what was made is removed, for the
-/// other path.
+/// the init refused the sandbox before it wrote anything; the container and input volume are
+/// removed, and the init's volume and the caches handed back, for the other path.
 async fn over_link(
     shared: &Arc<ContainerSite>,
-    req: &Request,
     plan: &mut Plan,
     left: &mut Leftovers,
     cancel: &CancellationToken,
-) -> Result<Result<Ready, String>, LaunchError> {
-    let mut tools = tools_volume(shared, &plan.image_ref).await?;
-    let caches = super::caches::ensure(shared, req, &plan.image_ref, &tools).await?;
+    (mut tools, caches): Made,
+) -> Result<Result<Ready, (String, Made)>, LaunchError> {
     // The input volume is made by the container's create, from its first mount's options
     // (labelled as the attempt's, never filled from the image): one engine call fewer. The
     // init's checks find it root's and empty, or refuse it.
@@ -96,8 +103,7 @@ async fn over_link(
     let within = shared.engine.timeout() + Duration::from_secs(staged.bytes / super::stage::SLOWEST_UPLOAD);
     let sent = crate::link::stage::over_link(
         &mut transport,
-        STAGE_DIR,
-        IN_DIR,
+        crate::link::stage::Staging { stage_dir: STAGE_DIR, in_dir: IN_DIR, tighten: false },
         Some((dir, staged)),
         limit,
         within,
@@ -110,7 +116,7 @@ async fn over_link(
         Err(NotStaged::Refused(why)) => {
             drop(transport);
             remove_now(shared, left, &plan.decided.name, &volume).await?;
-            return Ok(Err(why));
+            return Ok(Err((why, (tools, caches))));
         }
     };
     enforcement.insert("inputs_staging".into(), super::stage::over_link_evidence(&volume));
@@ -194,13 +200,11 @@ fn spec_of(
 /// uploads into while the container is created.
 async fn through_engine(
     shared: &Arc<ContainerSite>,
-    req: &Request,
     plan: &mut Plan,
     left: &mut Leftovers,
     cancel: &CancellationToken,
+    (mut tools, caches): Made,
 ) -> Result<Ready, LaunchError> {
-    let mut tools = tools_volume(shared, &plan.image_ref).await?;
-    let caches = super::caches::ensure(shared, req, &plan.image_ref, &tools).await?;
     // With inputs, the container is created while they upload: it only needs their volume
     // to exist, and the upload goes through the helper, never the container.
     let staging = match plan.inputs.take() {

@@ -256,8 +256,7 @@ async fn made_ready(
         let sent = small.map(|(d, s)| (d, s));
         match crate::link::stage::over_link(
             &mut transport,
-            STAGE_DIR,
-            IN_DIR,
+            crate::link::stage::Staging { stage_dir: STAGE_DIR, in_dir: IN_DIR, tighten: false },
             sent,
             limit,
             within,

@@ -84,7 +84,7 @@ fn provisioned(site: &KubeSite, plan: &Plan, ready: super::launch::Ready) -> Pro
         image_env: Some(wire::env::INIT_READS.iter().map(|k| (*k).to_owned()).collect()),
         tmp_dir: Some("/tmp".to_owned()),
         sampled_cgroup: None,
-        credentials: None,
+        credentials: ready.credentials,
     };
     let own = Own {
         namespace: site.namespace.clone(),

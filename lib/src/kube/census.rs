@@ -41,6 +41,9 @@ pub struct ClusterCensus {
     pub unreadable: BTreeMap<String, String>,
     /// The init image the Pods use.
     pub init_image: String,
+    /// How inputs reach `/in`: over the link to a root init where the namespace admits its Pod
+    /// (asked by a dry run), else through the init container, and why.
+    pub inputs: String,
 }
 
 pub(crate) async fn census(site: &KubeSite) -> ClusterCensus {
@@ -61,7 +64,12 @@ pub(crate) async fn census(site: &KubeSite) -> ClusterCensus {
             None
         }
     };
+    let inputs = match super::admission::root_init(site).await {
+        Ok(()) => "over the link to a root init (the namespace admits its Pod: a dry run)".to_owned(),
+        Err(why) => format!("through the init container ({why})"),
+    };
     ClusterCensus {
+        inputs,
         server: site.server.clone(),
         server_version: site.server_version.clone(),
         namespace: site.namespace.clone(),

@@ -78,6 +78,14 @@ pub struct KubeConfig {
     pub network_denied: bool,
     /// The `uid:gid` the attempt's containers run as (non-root; default 65532:65532).
     pub user: (u32, u32),
+    /// The sandbox user's supplementary groups (default none), set by the root init as it
+    /// drops to the user when the inputs go over the link; never read from the image's files.
+    pub groups: Vec<u32>,
+    /// Inputs up to this apparent size travel over the link to a root init that writes them
+    /// and drops to the sandbox user, where the namespace admits such a Pod (default
+    /// [`crate::link::LINK_INPUTS_MAX_BYTES`]; 0: never); otherwise the init container unpacks
+    /// them (`docs/kube.md`, "Inputs").
+    pub link_inputs_max_bytes: u64,
     /// Limits for what a request leaves out.
     pub defaults: Limits,
     /// Limits a request is narrowed to.
@@ -137,6 +145,8 @@ impl Default for KubeConfig {
             runtime_class_is_vm: false,
             network_denied: false,
             user: (SANDBOX_UID, SANDBOX_UID),
+            groups: Vec::new(),
+            link_inputs_max_bytes: crate::link::LINK_INPUTS_MAX_BYTES,
             defaults: Limits::NONE,
             ceilings: Limits::NONE,
             max_tmp_bytes: 256 << 20,
@@ -236,6 +246,18 @@ impl KubeConfig {
     /// States that the namespace denies the attempts' network (see [`KubeConfig::network_denied`]).
     pub fn network_denied(mut self, denied: bool) -> Self {
         self.network_denied = denied;
+        self
+    }
+
+    /// Sets the largest inputs that go over the link (0: never).
+    pub fn link_inputs_max_bytes(mut self, bytes: u64) -> Self {
+        self.link_inputs_max_bytes = bytes;
+        self
+    }
+
+    /// Sets the sandbox user's supplementary groups.
+    pub fn groups(mut self, groups: impl IntoIterator<Item = u32>) -> Self {
+        self.groups = groups.into_iter().collect();
         self
     }
 

@@ -1,8 +1,10 @@
 //! Phase 2 of an attempt: the Pod created (recorded in the teardown before the call that
-//! makes it), the inputs written into its init container's stdin and checked against what
-//! it unpacked, the attempt's container followed until it runs, and attached. Every way this
-//! fails is a launch error saying what the Pod was waiting for; the teardown removes it.
+//! makes it), the attempt's container followed until it runs, and attached; the inputs sent
+//! over the link to its root init, where `admission` finds that fit, else written into the
+//! init container's stdin and checked against what it unpacked. Every way this fails is a
+//! launch error saying what the Pod was waiting for; the teardown removes it.
 
+use super::admission;
 use super::cleanup::Cleanup;
 use super::error::ClusterError;
 use super::prepare::Plan;
@@ -12,11 +14,14 @@ use super::state::{self, Launch};
 use super::watch::{self, Look};
 use crate::contract::{InputsStaged, LaunchError, Request};
 use crate::link::session::{Inbound, Sender, Transport};
+use crate::link::stage::{NotStaged, Staging};
 use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{AttachParams, AttachedProcess, PostParams};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stevedore_init::wire::{Credentials, IN_DIR, STAGE_DIR};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -37,9 +42,13 @@ pub(crate) struct Ready {
     pub skipped: BTreeMap<String, String>,
     pub inputs: Option<InputsStaged>,
     pub staged_at: Option<u64>,
+    /// Who the root init drops to (the inputs went over the link), else `None`.
+    pub credentials: Option<Credentials>,
 }
 
-/// The Pod, made and followed until its attempt's container runs, then attached.
+/// The Pod, made and followed until its attempt's container runs, then attached. With inputs,
+/// over the link where `admission` finds it fit; when the namespace refuses that Pod or the
+/// init refuses its sandbox, the init container's way, and the evidence says why.
 pub(crate) async fn provision(
     site: &Arc<KubeSite>,
     req: &Request,
@@ -49,12 +58,29 @@ pub(crate) async fn provision(
 ) -> Result<Ready, LaunchError> {
     super::access::ensure(site).await?;
     let started = Instant::now();
+    let mut not_over_link = match &plan.inputs {
+        None => None,
+        Some((_, s)) => match admission::not_over_link(&site.config, s.bytes) {
+            Some(why) => Some(why),
+            None => admission::root_init(site).await.err(),
+        },
+    };
+    if plan.inputs.is_some() && not_over_link.is_none() {
+        match over_link(site, req, plan, cleanup, cancel, started).await? {
+            Ok(ready) => return Ok(ready),
+            Err(why) => not_over_link = Some(why),
+        }
+    }
+    through_init_container(site, req, plan, cleanup, cancel, started, not_over_link).await
+}
+
+/// What every Pod of the attempt is made from; `root_init`: the inputs go over the link.
+fn pod_of(site: &KubeSite, req: &Request, plan: &Plan, started: Instant, root_init: bool) -> spec::Spec {
     let grace = req.policy.grace();
     let deadline = req.deadline_from(started).map(|d| d.saturating_duration_since(started));
-    let inputs = plan.inputs.take();
     // The inputs' upload has a bound of its own, beside the launch's.
-    let upload = inputs.as_ref().map_or(Duration::ZERO, |(_, s)| upload_bound(site, s.bytes, s.files));
-    let spec::Spec { pod, enforcement, skipped } = spec::pod(&spec::PodInput {
+    let upload = plan.inputs.as_ref().map_or(Duration::ZERO, |(_, s)| upload_bound(site, s.bytes, s.files));
+    spec::pod(&spec::PodInput {
         config: &site.config,
         name: &plan.decided.name,
         image: &plan.image,
@@ -62,7 +88,8 @@ pub(crate) async fn provision(
         labels: plan.labels.clone(),
         annotations: plan.annotations.clone(),
         sizes: &plan.sizes,
-        inputs: inputs.as_ref().map(|(_, s)| s.bytes),
+        inputs: plan.inputs.as_ref().map(|(_, s)| s.bytes),
+        root_init,
         workdir: (!plan.decided.cwd.is_empty()).then_some(plan.decided.cwd.as_str()),
         grace_secs: i64::try_from(grace.as_secs().max(1)).unwrap_or(i64::MAX),
         host_within_ms: u64::try_from((site.config.launch_timeout + upload + DEADLINE_BACKSTOP).as_millis())
@@ -74,23 +101,124 @@ pub(crate) async fn provision(
                 .unwrap_or(i64::MAX)
                 .clamp(1, i64::from(i32::MAX))
         }),
-    });
+    })
+}
+
+/// Creates `pod` (recorded in the teardown first); its UID and the Pod as the API made it.
+async fn create(site: &Arc<KubeSite>, cleanup: &mut Cleanup, name: &str, pod: Pod) -> Result<Pod, ClusterError> {
+    cleanup.pod(name.to_owned());
+    let s = site.clone();
+    cleanup
+        .creating(
+            async move { s.call("creating the attempt's Pod", s.pods.create(&PostParams::default(), &pod)).await },
+        )
+        .await
+}
+
+/// The inputs over the link: the Pod with the init as root and the input `emptyDir` also
+/// writable at `STAGE_DIR`, attached once its container runs, and the inputs sent to the init,
+/// which checks its sandbox, writes them and waits for the Start frame. `Ok(Err(why))`: the
+/// namespace refused such a Pod or the init its sandbox, before anything was written; no Pod
+/// of it is left, for the other way.
+async fn over_link(
+    site: &Arc<KubeSite>,
+    req: &Request,
+    plan: &mut Plan,
+    cleanup: &mut Cleanup,
+    cancel: &CancellationToken,
+    started: Instant,
+) -> Result<Result<Ready, String>, LaunchError> {
+    if !plan.mounts.iter().any(|m| m == STAGE_DIR) {
+        plan.mounts.push(STAGE_DIR.to_owned());
+    }
+    let spec::Spec { pod, mut enforcement, skipped } = pod_of(site, req, plan, started, true);
     if cancel.is_cancelled() {
         return Err(LaunchError::CancelledBeforeStart);
     }
-    cleanup.pod(plan.decided.name.clone());
-    let s = site.clone();
-    let created = cleanup.creating(async move {
-        s.call("creating the attempt's Pod", s.pods.create(&PostParams::default(), &pod)).await
-    });
-    let uid = created.await?.metadata.uid.unwrap_or_default();
+    let name = plan.decided.name.clone();
+    let created = match create(site, cleanup, &name, pod).await {
+        Ok(p) => p,
+        Err(e) if admission::is_admission_refusal(&e) => {
+            let why = format!("the namespace refused the Pod of a root init: {}", crate::util::error_chain(&e));
+            admission::refused(site, why.clone()).await;
+            return Ok(Err(why));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    spec::read_back(&created, &mut enforcement);
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    wait(site, &name, site.config.launch_timeout.saturating_sub(started.elapsed()), cancel, false).await?;
+    let attached = tokio::select! {
+        a = attach(site, &name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
+        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+    };
+    let mut transport = transport(attached);
+    let (dir, measured) = plan.inputs.as_ref().expect("over the link only with inputs");
+    let limit = site.config.link_inputs_max_bytes.min(site.config.max_input_bytes);
+    let at = Staging { stage_dir: STAGE_DIR, in_dir: IN_DIR, tighten: true };
+    let within = upload_bound(site, measured.bytes, measured.files);
+    let sent =
+        crate::link::stage::over_link(&mut transport, at, Some((dir, measured)), limit, within, plan.progress.clone());
+    let staged = tokio::select! {
+        r = sent => r,
+        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+    };
+    let inputs = match staged {
+        Ok(inputs) => inputs,
+        Err(NotStaged::Failed(e)) => return Err(e),
+        Err(NotStaged::Refused(why)) => {
+            drop(transport);
+            // Gone at once (nothing of the attempt ran in it); the other way makes a Pod of
+            // its own name.
+            site.delete_pod(&name, true).await?;
+            plan.decided.name = format!("{name}-b");
+            return Ok(Err(format!("the init refused its sandbox: {why}")));
+        }
+    };
+    enforcement.insert("inputs_staging".into(), spec::over_link_evidence());
+    plan.inputs = None;
+    let (uid_, gid) = site.config.user;
+    Ok(Ok(Ready {
+        attached: transport,
+        uid,
+        enforcement,
+        skipped,
+        inputs,
+        staged_at: Some(crate::contract::unix_ms_now()),
+        credentials: Some(Credentials { uid: uid_, gid, groups: site.config.groups.clone() }),
+    }))
+}
+
+/// The inputs (if any) through the init container's stdin, the way every namespace admits.
+async fn through_init_container(
+    site: &Arc<KubeSite>,
+    req: &Request,
+    plan: &mut Plan,
+    cleanup: &mut Cleanup,
+    cancel: &CancellationToken,
+    started: Instant,
+    not_over_link: Option<String>,
+) -> Result<Ready, LaunchError> {
+    plan.mounts.retain(|m| m != STAGE_DIR);
+    let spec::Spec { pod, mut enforcement, skipped } = pod_of(site, req, plan, started, false);
+    if let Some(why) = &not_over_link {
+        enforcement.insert("inputs_staging".into(), spec::init_container_evidence(why));
+    }
+    let inputs = plan.inputs.take();
+    if cancel.is_cancelled() {
+        return Err(LaunchError::CancelledBeforeStart);
+    }
+    let name = plan.decided.name.clone();
+    let created = create(site, cleanup, &name, pod).await?;
+    spec::read_back(&created, &mut enforcement);
+    let uid = created.metadata.uid.unwrap_or_default();
     let within = site.config.launch_timeout;
     let mut staged = None;
     let mut staged_at = None;
     // The time the upload took is not the launch's.
     let mut staging_took = Duration::ZERO;
     if let Some((dir, measured)) = inputs {
-        let at = wait(site, &plan.decided.name, within.saturating_sub(started.elapsed()), cancel, true).await?;
+        let at = wait(site, &name, within.saturating_sub(started.elapsed()), cancel, true).await?;
         if at != Launch::Preparing {
             // The init container waits for the inputs: running past it without them would
             // give the command an empty `/in`.
@@ -100,7 +228,7 @@ pub(crate) async fn provision(
             .into());
         }
         let t = Instant::now();
-        let staging = stage(site, &plan.decided.name, dir, (measured.bytes, measured.files), plan.progress.clone());
+        let staging = stage(site, &name, dir, (measured.bytes, measured.files), plan.progress.clone());
         let report = tokio::select! {
             r = staging => r?,
             _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
@@ -111,12 +239,12 @@ pub(crate) async fn provision(
         staged_at = Some(crate::contract::unix_ms_now());
     }
     let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));
-    wait(site, &plan.decided.name, left, cancel, false).await?;
+    wait(site, &name, left, cancel, false).await?;
     let attached = tokio::select! {
-        a = attach(site, &plan.decided.name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
+        a = attach(site, &name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
         _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
     };
-    Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at })
+    Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at, credentials: None })
 }
 
 /// How long an upload of `bytes` in `files` files may take (each entry of the tar adds a

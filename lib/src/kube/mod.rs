@@ -20,6 +20,7 @@
 //! rung's face: nothing imports it.
 
 mod access;
+mod admission;
 mod attempt;
 mod census;
 mod cleanup;

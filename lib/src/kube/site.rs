@@ -27,6 +27,8 @@ pub(crate) struct KubeSite {
     pub init_image: String,
     /// The permissions the rung needs, once checked (a success is kept; a refusal is asked again).
     pub access: tokio::sync::Mutex<bool>,
+    /// Whether the namespace admits the Pod of a root init, once known (`admission`).
+    pub root_init: tokio::sync::Mutex<Option<Result<(), String>>>,
     /// Pods this rung deleted itself while their attempt ran (a hard stop): their end is
     /// not someone else's removal.
     pub hard_stopped: Mutex<HashSet<String>>,
@@ -67,6 +69,7 @@ impl KubeSite {
             base,
             init_image,
             access: tokio::sync::Mutex::new(false),
+            root_init: tokio::sync::Mutex::new(None),
             hard_stopped: Mutex::default(),
             gate,
         }

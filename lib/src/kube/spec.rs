@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
-use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
+use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, STAGE_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 
 /// The attempt's container.
 pub(crate) const MAIN: &str = "attempt";
@@ -37,6 +37,9 @@ pub(crate) struct PodInput<'a> {
     pub sizes: &'a Sizes,
     /// The inputs' bytes, when there are inputs.
     pub inputs: Option<u64>,
+    /// The inputs go over the link to a root init (`docs/outcome.md`, "Inputs over the
+    /// link"), not through the init container's stdin.
+    pub root_init: bool,
     /// The command's working directory, when the request names one (else the image's).
     pub workdir: Option<&'a str>,
     /// The grace between SIGTERM and SIGKILL.
@@ -96,6 +99,19 @@ fn hardened(cfg: &KubeConfig) -> SecurityContext {
     }
 }
 
+/// The init as uid 0 holding only the three capabilities it needs to write the inputs and
+/// drop itself (`init/src/privileges.rs`); everything else as [`hardened`].
+fn root_init(cfg: &KubeConfig) -> SecurityContext {
+    let caps = ["SETUID", "SETGID", "SETPCAP"].map(str::to_owned).to_vec();
+    SecurityContext {
+        run_as_user: Some(0),
+        run_as_group: Some(0),
+        run_as_non_root: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: Some(caps) }),
+        ..hardened(cfg)
+    }
+}
+
 /// How much the Pod's memory limit is above its attempt's container's (see `prepare`).
 pub(crate) const POD_HEADROOM: u64 = 16 << 20;
 
@@ -129,6 +145,9 @@ pub(crate) fn pod(input: &PodInput<'_>) -> Spec {
     let v = volumes(input);
     if input.inputs.is_some() {
         put(&mut enforcement, "inputs_read_only", format!("emptyDir mounted read-only at {IN_DIR}"));
+    }
+    if input.root_init {
+        root_init_evidence(cfg, &mut enforcement);
     }
     if let Some(rc) = &cfg.runtime_class {
         put(&mut enforcement, "runtime", format!("runtimeClassName {rc}"));
@@ -191,9 +210,15 @@ fn volumes(input: &PodInput<'_>) -> Volumes {
         // On disk (inputs may be large), capped a little above their size (the kubelet
         // evicts a Pod past its emptyDir's limit).
         volumes.push(empty_dir("stevedore-in", false, n + (16 << 20)));
-        prepare_args.extend(["--inputs".to_owned(), IN_DIR.to_owned()]);
-        prepare_mounts.push(mount("stevedore-in", IN_DIR, false));
         main_mounts.push(mount("stevedore-in", IN_DIR, true));
+        if input.root_init {
+            // The same volume, writable for the root init alone, which clears the mode's
+            // group and other write bits (an emptyDir is made 0777) before it writes.
+            main_mounts.push(mount("stevedore-in", STAGE_DIR, false));
+        } else {
+            prepare_args.extend(["--inputs".to_owned(), IN_DIR.to_owned()]);
+            prepare_mounts.push(mount("stevedore-in", IN_DIR, false));
+        }
     }
     volumes.push(empty_dir("stevedore-out", true, s.disk));
     volumes.push(empty_dir("stevedore-tmp", true, s.tmp));
@@ -206,14 +231,15 @@ fn volumes(input: &PodInput<'_>) -> Volumes {
 /// and unpacks the inputs it is sent on its stdin.
 fn prepare_container(input: &PodInput<'_>, args: Vec<String>, mounts: Vec<VolumeMount>) -> Container {
     let (cfg, s) = (input.config, input.sizes);
+    let through_stdin = input.inputs.is_some() && !input.root_init;
     Container {
         name: PREPARE.into(),
         image: Some(input.init_image.to_owned()),
         image_pull_policy: Some(cfg.image_pull.as_str().to_owned()),
         command: Some(vec![INIT_IN_IMAGE.to_owned()]),
         args: Some(args),
-        stdin: Some(input.inputs.is_some()),
-        stdin_once: Some(input.inputs.is_some()),
+        stdin: Some(through_stdin),
+        stdin_once: Some(through_stdin),
         tty: Some(false),
         volume_mounts: Some(mounts),
         // Above the attempt's container: the Pod's cgroup takes the larger of its init
@@ -251,10 +277,75 @@ fn main_container(input: &PodInput<'_>, mounts: Vec<VolumeMount>) -> Container {
         tty: Some(false),
         volume_mounts: Some(mounts),
         resources: Some(resources(cfg, input.sizes)),
-        security_context: Some(hardened(cfg)),
+        security_context: Some(if input.root_init { root_init(cfg) } else { hardened(cfg) }),
         termination_message_policy: Some("File".into()),
         ..Default::default()
     }
+}
+
+/// The user and capabilities of a Pod whose init starts as root to write the inputs.
+fn root_init_evidence(cfg: &KubeConfig, enforcement: &mut BTreeMap<String, String>) {
+    put(
+        enforcement,
+        "user",
+        format!(
+            "runAsUser {} runAsGroup {} for the command: the init starts as runAsUser 0 to write the inputs and drops              to them, groups {:?}, before the command (init_privileges)",
+            cfg.user.0, cfg.user.1, cfg.groups
+        ),
+    );
+    put(
+        enforcement,
+        "capabilities",
+        "all dropped but SETUID, SETGID and SETPCAP for the init, which holds them only to write the inputs and drops          them (bounding set emptied, every set cleared) before the command (init_privileges)",
+    );
+}
+
+/// The enforcement's user and capabilities lines as the API made the Pod (an admission
+/// plugin may have changed what was asked), read back from the created Pod's attempt
+/// container.
+pub(crate) fn read_back(created: &Pod, enforcement: &mut BTreeMap<String, String>) {
+    let main = created.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == MAIN));
+    let Some(sc) = main.and_then(|c| c.security_context.as_ref()) else {
+        put(enforcement, "user", "unknown: the created Pod shows no security context for the attempt's container");
+        return;
+    };
+    let id = |v: Option<i64>| v.map_or_else(|| "the image's".to_owned(), |v| v.to_string());
+    let seen = format!(
+        "read back from the created Pod: runAsUser {}, runAsGroup {}, runAsNonRoot {}",
+        id(sc.run_as_user),
+        id(sc.run_as_group),
+        sc.run_as_non_root.unwrap_or(false)
+    );
+    let user = enforcement.remove("user").unwrap_or_default();
+    put(enforcement, "user", if user.is_empty() { seen } else { format!("{user} ({seen})") });
+    let caps = sc.capabilities.as_ref();
+    let list =
+        |l: Option<&Vec<String>>| l.filter(|l| !l.is_empty()).map_or_else(|| "none".to_owned(), |l| l.join(", "));
+    let seen = format!(
+        "read back: drop {}, add {}",
+        list(caps.and_then(|c| c.drop.as_ref())),
+        list(caps.and_then(|c| c.add.as_ref()))
+    );
+    let said = enforcement.remove("capabilities").unwrap_or_default();
+    put(enforcement, "capabilities", format!("{said} ({seen})"));
+}
+
+/// The evidence of inputs the root init wrote over the link.
+pub(crate) fn over_link_evidence() -> String {
+    format!(
+        "an emptyDir mounted read-only at {IN_DIR}; written over the link by the init as uid 0 into the same emptyDir \
+         at {STAGE_DIR} (root's entries, files 0444, dirs 0555, each by descriptor), after it checked it was alone and \
+         the mount root's (its 0777 mode cleared of group and other write), empty and on {IN_DIR}'s device; then it \
+         dropped to the sandbox user (init_privileges)"
+    )
+}
+
+/// The evidence of inputs unpacked by the init container, and why not over the link.
+pub(crate) fn init_container_evidence(why: &str) -> String {
+    format!(
+        "an emptyDir mounted read-only at {IN_DIR}; unpacked by stevedore's init container, as the sandbox user, from \
+         its attached stdin (not over the link: {why})"
+    )
 }
 
 /// What the Pod enforces, and what it cannot (item → how, or why not).
@@ -347,6 +438,7 @@ mod tests {
             annotations: BTreeMap::new(),
             sizes: s,
             inputs,
+            root_init: false,
             workdir: None,
             grace_secs: 3,
             active_deadline_secs: Some(40),
@@ -417,6 +509,38 @@ mod tests {
         assert!(init.args.as_ref().unwrap().ends_with(&["--inputs".to_owned(), IN_DIR.to_owned()]));
         let ro = p.containers[0].volume_mounts.as_ref().unwrap().iter().find(|m| m.mount_path == IN_DIR).unwrap();
         assert_eq!(ro.read_only, Some(true));
+    }
+
+    #[test]
+    fn a_root_init_holds_only_what_it_drops_and_writes_through_a_second_mount() {
+        let cfg = KubeConfig::default().groups([5000]);
+        let s = sizes();
+        let spec = pod(&PodInput { root_init: true, ..input(&cfg, &s, Some(1000)) });
+        assert!(spec.enforcement["user"].contains("runAsUser 0") && spec.enforcement["user"].contains("[5000]"));
+        assert!(spec.enforcement["capabilities"].contains("SETUID, SETGID and SETPCAP"));
+        let p = spec.pod.spec.unwrap();
+        let init = &p.init_containers.as_ref().unwrap()[0];
+        assert_eq!((init.stdin, init.stdin_once), (Some(false), Some(false)), "nothing goes through its stdin");
+        assert!(!init.args.as_ref().unwrap().contains(&"--inputs".to_owned()));
+        assert!(init.volume_mounts.as_ref().unwrap().iter().all(|m| m.name != "stevedore-in"));
+        assert_eq!(init.security_context.as_ref().unwrap().run_as_user, Some(65532), "the init container stays");
+        let main = &p.containers[0];
+        let sc = main.security_context.as_ref().unwrap();
+        assert_eq!((sc.run_as_user, sc.run_as_group, sc.run_as_non_root), (Some(0), Some(0), Some(false)));
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+        assert_eq!(caps.add.as_deref(), Some(&["SETUID".to_owned(), "SETGID".to_owned(), "SETPCAP".to_owned()][..]));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        let mounts: Vec<(&str, &str, Option<bool>)> = main
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+            .filter(|m| m.0 == "stevedore-in")
+            .collect();
+        assert_eq!(mounts, vec![("stevedore-in", IN_DIR, Some(true)), ("stevedore-in", STAGE_DIR, Some(false))]);
     }
 
     #[test]

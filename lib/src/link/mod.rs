@@ -8,7 +8,7 @@ pub(crate) mod convert;
 pub(crate) mod judgement;
 pub(crate) mod reports;
 pub(crate) mod session;
-#[cfg(feature = "docker")]
+#[cfg(any(feature = "docker", feature = "kube"))]
 pub(crate) mod stage;
 pub(crate) mod stdin;
 pub(crate) mod supervise;
@@ -22,6 +22,12 @@ use std::time::Duration;
 /// The delivery reserve a rung applies unless configured otherwise
 /// ([`LinkConfig::delivery_reserve`]).
 pub const DELIVERY_RESERVE: u64 = 8 << 20;
+
+/// The largest inputs that travel over the link by default (`docs/outcome.md`, "Inputs over
+/// the link"): past this the engine's archive upload, or the kube rung's init container, which
+/// stream to disk without a frame per chunk, are as fast.
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub const LINK_INPUTS_MAX_BYTES: u64 = 256 << 20;
 
 /// The evidence's `memory` line where the cgroup's limit is the attempt's `memory` plus the
 /// init's delivery `reserve` (the container and kube rungs; `how`: the rung's own words on

@@ -31,12 +31,21 @@ impl From<LaunchError> for NotStaged {
     }
 }
 
-/// Asks the init on `transport` to check its sandbox (`stage_dir`, `in_dir`) and, with
-/// `inputs`, to write them; within `within`. What was staged, as the other paths say it.
+/// Where the init writes the inputs: the staging mount, writable, and the same volume
+/// read-only at `in_dir`; `tighten`: the mount's root may be made with group and other
+/// write bits, which the init clears (`wire::StageSpec::tighten`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Staging<'a> {
+    pub stage_dir: &'a str,
+    pub in_dir: &'a str,
+    pub tighten: bool,
+}
+
+/// Asks the init on `transport` to check its sandbox (`at`) and, with `inputs`, to write
+/// them; within `within`. What was staged, as the other paths say it.
 pub(crate) async fn over_link(
     transport: &mut Transport,
-    stage_dir: &str,
-    in_dir: &str,
+    at: Staging<'_>,
     inputs: Option<(&InputDir, &InputsStaged)>,
     limit: u64,
     within: Duration,
@@ -44,7 +53,12 @@ pub(crate) async fn over_link(
 ) -> Result<Option<InputsStaged>, NotStaged> {
     let (inbound, sender) = transport;
     let sent = inputs.as_ref().map(|_| InputsSent { max_entries: LINK_MAX_ENTRIES, max_bytes: limit });
-    let spec = StageSpec { stage_dir: stage_dir.to_owned(), in_dir: in_dir.to_owned(), inputs: sent };
+    let spec = StageSpec {
+        stage_dir: at.stage_dir.to_owned(),
+        in_dir: at.in_dir.to_owned(),
+        inputs: sent,
+        tighten: at.tighten,
+    };
     let link = |e: std::io::Error| LaunchError::staging("the inputs over the link", e);
     let exchange = async {
         sender.frame(Kind::Stage, &serde_json::to_vec(&spec).expect("a spec always serialises")).await.map_err(link)?;
