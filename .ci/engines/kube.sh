@@ -856,6 +856,14 @@ setup_rbac() {
     api POST "$rb/roles" "{\"metadata\":{\"name\":\"stevedore-rung-noexec\"},\"rules\":$rules_noexec}" >/dev/null
     local rr=/apis/rbac.authorization.k8s.io/v1/namespaces/$RESTRICTED_NS
     api POST "$rr/roles" "{\"metadata\":{\"name\":\"stevedore-rung\"},\"rules\":$rules_restricted}" >/dev/null
+    # Optional for the rung (README, "Kubernetes"): with nodes readable, a Pod no node could
+    # take even empty fails at once, naming the biggest node; without, it waits launch_timeout.
+    local crb=/apis/rbac.authorization.k8s.io/v1
+    api POST "$crb/clusterroles" '{"metadata":{"name":"stevedore-rung-nodes"},
+        "rules":[{"apiGroups":[""],"resources":["nodes"],"verbs":["get","list"]}]}' >/dev/null
+    api POST "$crb/clusterrolebindings" '{"metadata":{"name":"stevedore-rung-nodes"},
+        "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"stevedore-rung-nodes"},
+        "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"stevedore-rung"}]}' >/dev/null
     local user role ns
     for user in default:stevedore-rung:stevedore-rung default:stevedore-noexec:stevedore-rung-noexec \
         "$RESTRICTED_NS:stevedore-rung:stevedore-rung"; do

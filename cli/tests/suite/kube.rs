@@ -533,6 +533,7 @@ async fn a_launch_that_cannot_run_is_a_clear_error_and_leaves_no_pod() {
     let req = sh(c, &w, &dir.path().join("o2"), "true").memory(1 << 50);
     let err = stevedore::error_chain(&rung.run(&req, CancellationToken::new()).await.expect_err("unschedulable"));
     assert!(err.contains("no node can take the Pod") && err.contains("Insufficient memory"), "{err}");
+    assert!(err.contains(&format!("the biggest, {}, can allocate memory", c.var("KUBE_NODE"))), "{err}");
     none_left(c, &w);
     rung.close().await;
     // A namespace that does not exist (asked as the admin, who may create Pods anywhere).
@@ -846,4 +847,124 @@ async fn a_namespace_that_refuses_a_root_init_keeps_the_init_containers_way_and_
     let left = c.kubectl(&["get", "pods", "-n", ns, "-l", "dev.stevedore.managed=true", "-o", "name"]);
     assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "", "Pods left in {ns}");
     none_left(c, &w);
+}
+
+/// Deletes the admin's Pod `name` at once, however the test ends.
+struct AdminPod<'a>(&'a Cluster, String);
+
+impl Drop for AdminPod<'_> {
+    fn drop(&mut self) {
+        self.0.kubectl(&["delete", "pod", &self.1, "--grace-period=0", "--force", "--ignore-not-found"]);
+    }
+}
+
+#[tokio::test]
+async fn a_pod_that_fits_once_the_node_has_room_is_waited_for_and_runs() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-room");
+    let node = c.kubectl(&["get", "node", c.var("KUBE_NODE"), "-o", "jsonpath={.status.allocatable.memory}"]);
+    let allocatable = String::from_utf8(node.stdout).unwrap();
+    let kib: u64 =
+        allocatable.strip_suffix("Ki").and_then(|k| k.parse().ok()).unwrap_or_else(|| panic!("{allocatable}"));
+    // Half the node and a GiB taken, and an attempt of half the node: it does not fit beside
+    // the blocker, whatever the other tests run meanwhile, and fits once the blocker is gone.
+    let half = (kib / 2) << 10;
+    let blocker = format!("stevedore-blocker-{}", std::process::id());
+    let guard = AdminPod(c, blocker.clone());
+    let body = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": blocker},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+          "containers": [{"name": "b", "image": c.var("KUBE_PAUSE_IMAGE"), "imagePullPolicy": "Never",
+            "resources": {"requests": {"memory": (half + (1 << 30)).to_string()}}}]}});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), body.to_string()).unwrap();
+    let made = c.kubectl(&["create", "-f", file.path().to_str().unwrap()]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let placed = || {
+        let out = c.kubectl(&["get", "pod", &blocker, "-o", "jsonpath={.spec.nodeName}"]);
+        !out.stdout.is_empty()
+    };
+    assert!(support::eventually(Duration::from_secs(60), placed).await, "the blocker was never placed");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    let req = sh(c, &w, &dir.path().join("out"), "echo ran").memory(half);
+    let attempt = tokio::spawn({
+        let rung = rung.clone();
+        async move { rung.run(&req, CancellationToken::new()).await }
+    });
+    // The attempt's Pod is seen waiting for room (the scheduler's word), then the room is made.
+    let unschedulable =
+        || {
+            let out = c.kubectl(&["get", "pods", "-l", &format!("dev.stevedore.worker={w}"), "-o", "json"]);
+            let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            list["items"].as_array().into_iter().flatten().any(|p| {
+                p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["reason"] == "Unschedulable")
+            })
+        };
+    let seen = support::eventually(Duration::from_secs(60), unschedulable).await;
+    assert!(seen, "the attempt's Pod was never seen waiting for room");
+    assert!(!attempt.is_finished(), "the attempt waits for room instead of failing");
+    drop(guard);
+    let o = attempt.await.unwrap().expect("the attempt runs once there is room");
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "ran\n");
+    assert!(
+        o.evidence.notes.iter().any(|n| n.contains("waited") && n.contains("for room on a node")),
+        "{:?}",
+        o.evidence.notes
+    );
+    rung.close().await;
+    none_left(c, &w);
+}
+
+#[tokio::test]
+async fn a_pod_whose_init_sent_its_last_frame_is_deleted_at_once_with_grace_0() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-grace0");
+    let rung = rung(c).await;
+    // The Pod's every change as the API server tells it, from before the Pod exists.
+    let mut watcher = Command::new(c.var("KUBE_KUBECTL"))
+        .args(["--kubeconfig", c.var("KUBE_ADMIN_CONFIG"), "get", "pods", "--watch", "--output-watch-events"])
+        .args(["-o", "json", "-l", &format!("dev.stevedore.worker={w}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl watches");
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<serde_json::Value>::new()));
+    let reader = std::thread::spawn({
+        let events = events.clone();
+        let out = watcher.stdout.take().unwrap();
+        move || {
+            for e in serde_json::Deserializer::from_reader(out).into_iter::<serde_json::Value>() {
+                let Ok(e) = e else { break };
+                let deleted = e["type"] == "DELETED";
+                events.lock().unwrap().push(e);
+                if deleted {
+                    break;
+                }
+            }
+        }
+    });
+    // The watch is established once it has listed (an empty list says nothing: so the
+    // attempt's Pod's ADDED event is what is waited for below).
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&rung, &sh(c, &w, &dir.path().join("out"), "true")).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    none_left(c, &w);
+    let done = support::eventually(Duration::from_secs(30), || reader.is_finished()).await;
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    assert!(done, "no DELETED event seen");
+    rung.close().await;
+    let events = std::mem::take(&mut *events.lock().unwrap());
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap_or("")).collect();
+    assert_eq!(kinds.first(), Some(&"ADDED"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"DELETED"), "{kinds:?}");
+    // Every deletion the API server recorded was of grace 0 (a graceful one carries its
+    // seconds, and the Pod then stays until the kubelet reports its containers stopped).
+    let deleting: Vec<&serde_json::Value> =
+        events.iter().map(|e| &e["object"]["metadata"]).filter(|m| !m["deletionTimestamp"].is_null()).collect();
+    assert!(!deleting.is_empty(), "{kinds:?}");
+    for m in deleting {
+        assert_eq!(m["deletionGracePeriodSeconds"], 0, "{kinds:?}: {m}");
+    }
 }

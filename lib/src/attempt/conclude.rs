@@ -50,6 +50,9 @@ pub(crate) async fn conclude<S: Site>(
     // rung is asked only its cheap facts; without it the rung's witness is what is left
     // (`ARCHITECTURE.md`, "Judging").
     let last_frame = verified && ended.received.outputs.as_ref().is_some_and(|o| o.end.is_some());
+    if last_frame {
+        site.last_frame(&ledger.own);
+    }
     let mut witness = site.witness(&ledger.own, last_frame || ended.collection_timed_out).await;
     let removed = match how {
         How::Fresh { background: true } if last_frame => {

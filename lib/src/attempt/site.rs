@@ -265,6 +265,10 @@ pub(crate) trait Site: Sync {
     /// cheap facts are worth having; else the rung waits, bounded, for its engine's view of
     /// the end (exit, OOM), and lists `/out` where it can still reach it.
     fn witness(&self, own: &Self::Own, link_verdict: bool) -> impl Future<Output = Witness> + Send;
+    /// The init's last frame arrived (before the witness and the removal): nothing of the
+    /// attempt runs but the init's own exit, so the removal need not wait for the rung's
+    /// engine to see the end (the kube rung deletes the Pod with grace 0 at once).
+    fn last_frame(&self, _own: &Self::Own) {}
     /// What the engine's going away looked like, if it went away while the attempt ran;
     /// asked only when the end is one that explains (a signal, no verified record). A rung
     /// without an engine to lose has nothing to say.

@@ -96,6 +96,7 @@ fn provisioned(site: &KubeSite, plan: &Plan, ready: super::launch::Ready) -> Pro
         cpu_millis: plan.sizes.cpu_millis,
         disk: plan.sizes.disk,
         seen: Arc::default(),
+        waited: ready.waited,
     };
     Provisioned {
         transport: ready.attached,
@@ -140,6 +141,10 @@ impl Site for Arc<KubeSite> {
             Ok(Some(p)) => Some(super::state::main_runs(&p)),
             Err(_) => None,
         }
+    }
+
+    fn last_frame(&self, own: &Own) {
+        self.concluded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(own.pod.clone());
     }
 
     async fn witness(&self, own: &Own, verified: bool) -> Witness {

@@ -120,6 +120,7 @@ impl Work {
         let taken = self.made.load(Ordering::Acquire) == TAKEN;
         if let Some(name) = self.pod.as_ref().filter(|_| !taken) {
             let ours = self.site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+            let concluded = self.site.concluded.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
             let unsure = self.made.load(Ordering::Acquire) == UNSURE;
             // Once a delete was accepted, a Pod found gone is this removal's doing.
             let mut deleted = false;
@@ -128,7 +129,14 @@ impl Work {
             // (its Pod may appear late), is tried again before the removal gives up; a wait
             // for a Pod whose delete was accepted is not (the kubelet has it, or never will).
             for (i, wait) in RETRY.iter().enumerate() {
-                match remove_pod(&self.site, name, &mut deleted).await {
+                let removal = if concluded {
+                    // The init's last frame came and the host acked it: nothing of the attempt
+                    // runs but the init's exit, which the kubelet need not be waited for.
+                    self.site.delete_pod(name, true).await.inspect(|_| deleted = true)
+                } else {
+                    remove_pod(&self.site, name, &mut deleted).await
+                };
+                match removal {
                     Ok(true) => {
                         last = None;
                         break;

@@ -43,6 +43,12 @@ pub enum ClusterError {
         /// The scheduler's words.
         reason: String,
     },
+    /// the namespace's ResourceQuota refuses the Pod now
+    #[error("the namespace's ResourceQuota refuses the Pod: {message}")]
+    Quota {
+        /// The API server's words.
+        message: String,
+    },
     /// the Pod did not start in time
     #[error("the Pod did not start within {waited:?}: {state}")]
     StartTimeout {

@@ -106,6 +106,9 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
         super::spec::PREPARE,
         crate::sandbox::init_binary::sha256()
     ));
+    if let Some(waited) = &own.waited {
+        ev.notes.push(waited.clone());
+    }
     if let Some(end) = &seen {
         ev.container_id = end.container_id.clone();
         ev.node = end.node.clone();

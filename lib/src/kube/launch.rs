@@ -5,6 +5,7 @@
 //! launch error saying what the Pod was waiting for; the teardown removes it.
 
 use super::admission;
+use super::capacity::{self, Need};
 use super::cleanup::Cleanup;
 use super::error::ClusterError;
 use super::prepare::Plan;
@@ -44,6 +45,8 @@ pub(crate) struct Ready {
     pub staged_at: Option<u64>,
     /// Who the root init drops to (the inputs went over the link), else `None`.
     pub credentials: Option<Credentials>,
+    /// How long the Pod waited for room on a node, and why, if it did.
+    pub waited: Option<String>,
 }
 
 /// The Pod, made and followed until its attempt's container runs, then attached. With inputs,
@@ -108,11 +111,18 @@ fn pod_of(site: &KubeSite, req: &Request, plan: &Plan, started: Instant, root_in
 async fn create(site: &Arc<KubeSite>, cleanup: &mut Cleanup, name: &str, pod: Pod) -> Result<Pod, ClusterError> {
     cleanup.pod(name.to_owned());
     let s = site.clone();
+    let quota = |e: ClusterError| match &e {
+        ClusterError::Api { code: Some(403), message, .. } if message.contains("exceeded quota") => {
+            ClusterError::Quota { message: message.clone() }
+        }
+        _ => e,
+    };
     cleanup
         .creating(
             async move { s.call("creating the attempt's Pod", s.pods.create(&PostParams::default(), &pod)).await },
         )
         .await
+        .map_err(quota)
 }
 
 /// The inputs over the link: the Pod with the init as root and the input `emptyDir` also
@@ -147,7 +157,9 @@ async fn over_link(
     };
     spec::read_back(&created, &mut enforcement);
     let uid = created.metadata.uid.clone().unwrap_or_default();
-    wait(site, &name, site.config.launch_timeout.saturating_sub(started.elapsed()), cancel, false).await?;
+    let mut waited = None;
+    let left = site.config.launch_timeout.saturating_sub(started.elapsed());
+    wait(site, &name, left, cancel, false, &need_of(site, plan), &mut waited).await?;
     let attached = tokio::select! {
         a = attach(site, &name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
         _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
@@ -186,6 +198,7 @@ async fn over_link(
         inputs,
         staged_at: Some(crate::contract::unix_ms_now()),
         credentials: Some(Credentials { uid: uid_, gid, groups: site.config.groups.clone() }),
+        waited,
     }))
 }
 
@@ -213,12 +226,14 @@ async fn through_init_container(
     spec::read_back(&created, &mut enforcement);
     let uid = created.metadata.uid.unwrap_or_default();
     let within = site.config.launch_timeout;
+    let need = need_of(site, plan);
+    let mut waited = None;
     let mut staged = None;
     let mut staged_at = None;
     // The time the upload took is not the launch's.
     let mut staging_took = Duration::ZERO;
     if let Some((dir, measured)) = inputs {
-        let at = wait(site, &name, within.saturating_sub(started.elapsed()), cancel, true).await?;
+        let at = wait(site, &name, within.saturating_sub(started.elapsed()), cancel, true, &need, &mut waited).await?;
         if at != Launch::Preparing {
             // The init container waits for the inputs: running past it without them would
             // give the command an empty `/in`.
@@ -239,12 +254,13 @@ async fn through_init_container(
         staged_at = Some(crate::contract::unix_ms_now());
     }
     let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));
-    wait(site, &name, left, cancel, false).await?;
+    wait(site, &name, left, cancel, false, &need, &mut waited).await?;
     let attached = tokio::select! {
         a = attach(site, &name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
         _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
     };
-    Ok(Ready { attached: transport(attached), uid, enforcement, skipped, inputs: staged, staged_at, credentials: None })
+    let attached = transport(attached);
+    Ok(Ready { attached, uid, enforcement, skipped, inputs: staged, staged_at, credentials: None, waited })
 }
 
 /// How long an upload of `bytes` in `files` files may take (each entry of the tar adds a
@@ -255,44 +271,82 @@ fn upload_bound(site: &KubeSite, bytes: u64, files: u64) -> Duration {
 }
 
 /// Follows the Pod until its init container runs (`preparing`, to stage the inputs) or its
-/// attempt's container does; a launch error for every end before that.
+/// attempt's container does; a launch error for every end before that. A Pod the scheduler
+/// cannot place now is waited for (the note in `waited` says how long and why) unless no node
+/// could take it even empty (`capacity`).
 async fn wait(
     site: &KubeSite,
     name: &str,
     within: Duration,
     cancel: &CancellationToken,
     preparing: bool,
+    need: &Need,
+    waited: &mut Option<String>,
 ) -> Result<Launch, LaunchError> {
-    let followed = watch::until(site, name, within, |pod| match state::launch(pod) {
-        Launch::Waiting(w) => Look::Wait(w),
-        Launch::Preparing if !preparing => Look::Wait("stevedore's init container to finish".into()),
-        other => Look::Done(other),
-    });
-    let at = tokio::select! {
-        r = followed => r.map_err(|e| match e {
-            // Said as the launch's whole bound, whatever was left of it for this wait.
-            ClusterError::StartTimeout { state, .. } => {
-                ClusterError::StartTimeout { waited: site.config.launch_timeout, state }
+    let until = Instant::now() + within;
+    let mut since: Option<(Instant, String)> = None;
+    loop {
+        let patient = waited.is_some() || since.is_some();
+        let left = until.saturating_duration_since(Instant::now());
+        let followed = watch::until(site, name, left, |pod| match state::launch(pod) {
+            Launch::Waiting(w) => Look::Wait(w),
+            Launch::Unschedulable(r) if patient => Look::Wait(format!("room on a node (the scheduler: {r})")),
+            Launch::Preparing if !preparing => Look::Wait("stevedore's init container to finish".into()),
+            other => Look::Done(other),
+        });
+        let at = tokio::select! {
+            r = followed => r.map_err(|e| match e {
+                // Said as the launch's whole bound, whatever was left of it for this wait.
+                ClusterError::StartTimeout { state, .. } => {
+                    ClusterError::StartTimeout { waited: site.config.launch_timeout, state }
+                }
+                e => e,
+            })?,
+            _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
+        };
+        if let Launch::Unschedulable(reason) = &at
+            && !patient
+        {
+            if let Some(why) = capacity::never_fits(site, need).await {
+                return Err(ClusterError::Unschedulable { reason: format!("{reason} {why}") }.into());
             }
-            e => e,
-        })?,
-        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
-    };
-    match at {
-        Launch::Preparing | Launch::Running => Ok(at),
-        Launch::ImageUnavailable { image, mut why } => {
-            // The node names images in full (`docker.io/library/…`).
-            if image == site.init_image || image.ends_with(&format!("/{}", site.init_image)) {
-                why.push_str(
-                    " (stevedore's init image: make it with `stevedore image init --tag REPO:TAG`, push it where the \
-                     cluster pulls from, and name it with --init-image)",
-                );
-            }
-            Err(LaunchError::ImageUnavailable { image, why, permanent: false, source: None })
+            since = Some((Instant::now(), reason.clone()));
+            continue;
         }
-        Launch::Unschedulable(reason) => Err(ClusterError::Unschedulable { reason }.into()),
-        Launch::Failed(what) => Err(ClusterError::PodFailed { what }.into()),
-        Launch::Waiting(_) => unreachable!("a wait ends only on a decision"),
+        if let Some((t, reason)) = since {
+            *waited = Some(format!(
+                "the Pod waited {} ms for room on a node (the scheduler: {reason}); it fits a node of the cluster \
+                 when that node has room",
+                t.elapsed().as_millis()
+            ));
+        }
+        return match at {
+            Launch::Preparing | Launch::Running => Ok(at),
+            Launch::ImageUnavailable { image, mut why } => {
+                // The node names images in full (`docker.io/library/…`).
+                if image == site.init_image || image.ends_with(&format!("/{}", site.init_image)) {
+                    why.push_str(
+                        " (stevedore's init image: make it with `stevedore image init --tag REPO:TAG`, push it where \
+                         the cluster pulls from, and name it with --init-image)",
+                    );
+                }
+                Err(LaunchError::ImageUnavailable { image, why, permanent: false, source: None })
+            }
+            Launch::Unschedulable(reason) => Err(ClusterError::Unschedulable { reason }.into()),
+            Launch::Failed(what) => Err(ClusterError::PodFailed { what }.into()),
+            Launch::Waiting(_) => unreachable!("a wait ends only on a decision"),
+        };
+    }
+}
+
+/// What the Pod asks of a node: its containers' limits (requests equal them), the init
+/// container's above the attempt's (`spec::POD_HEADROOM`).
+fn need_of(site: &KubeSite, plan: &Plan) -> Need {
+    let s = &plan.sizes;
+    Need {
+        memory: s.memory.saturating_add(site.config.link.delivery_reserve).saturating_add(spec::POD_HEADROOM),
+        cpu_millis: s.cpu_millis,
+        gpus: s.gpus.map(|n| (site.config.gpu_resource.clone(), n)),
     }
 }
 

@@ -23,6 +23,9 @@ pub(crate) struct Own {
     /// `account` reports it).
     #[serde(skip)]
     pub seen: Arc<Mutex<Option<MainEnd>>>,
+    /// How long the Pod waited for room on a node, and why (`launch::wait`), for the notes.
+    #[serde(skip)]
+    pub waited: Option<String>,
 }
 
 impl Own {

@@ -22,6 +22,7 @@
 mod access;
 mod admission;
 mod attempt;
+mod capacity;
 mod census;
 mod cleanup;
 pub mod config;

@@ -32,6 +32,9 @@ pub(crate) struct KubeSite {
     /// Pods this rung deleted itself while their attempt ran (a hard stop): their end is
     /// not someone else's removal.
     pub hard_stopped: Mutex<HashSet<String>>,
+    /// Pods whose init's last frame arrived: deleted with grace 0 at once, never followed
+    /// for the kubelet's next sync (`cleanup::Work::run`).
+    pub concluded: Mutex<HashSet<String>>,
     /// Admission: the attempts in flight.
     pub gate: Gate,
 }
@@ -71,6 +74,7 @@ impl KubeSite {
             access: tokio::sync::Mutex::new(false),
             root_init: tokio::sync::Mutex::new(None),
             hard_stopped: Mutex::default(),
+            concluded: Mutex::default(),
             gate,
         }
     }

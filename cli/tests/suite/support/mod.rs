@@ -472,3 +472,18 @@ pub async fn exec(docker: &Docker, id: &str, script: &str) -> i64 {
     }
     docker.inspect_exec(&created.id).await.unwrap().exit_code.unwrap_or(-1)
 }
+
+/// Whether `cond` holds within `within`, checked every 100 ms: a condition polled, never a
+/// sleep standing in for one.
+pub async fn eventually(within: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
