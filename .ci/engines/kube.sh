@@ -20,6 +20,8 @@
 #
 # See README.md next to this script for the env file, the cache and the timings.
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../apt.sh"
 
 CACHE_ROOT=${STEVEDORE_KUBE_CACHE:-/var/tmp/stevedore-ci/kube}
 RUN_DIR=${STEVEDORE_KUBE_RUN:-/run/stevedore-ci/kube}
@@ -99,7 +101,7 @@ recipe_fetch() {
             >"$t/sources.list"
         local o=(-o "Dir::Etc::SourceList=$t/sources.list" -o "Dir::Etc::SourceParts=$t/parts"
             -o "Dir::State::Lists=$t/lists" -o "APT::Sandbox::User=root")
-        apt-get "${o[@]}" update -qq >&2
+        apt_update "${o[@]}" -qq >&2
         (cd "$t/dl" && apt-get "${o[@]}" source -qq --download-only \
             "$RECIPE_SRC_PKG=$RECIPE_SRC_VERSION" >&2) ||
             die "apt-get source $RECIPE_SRC_PKG=$RECIPE_SRC_VERSION failed (is that version still on $MIRROR?)"
@@ -239,7 +241,7 @@ ensure_tools() {
     [ ${#pkgs[@]} -gt 0 ] || return 0
     t=$(now)
     log "installing: ${pkgs[*]}"
-    apt-get update -qq >&2
+    apt_update -qq >&2
     apt_install "${pkgs[@]}" || die "could not install: ${pkgs[*]}"
     # etcd-server enables a host etcd.service; policy-rc.d stops it from starting on this
     # machine kind. Say so if it runs anyway (ours is in the namespace and does not clash).

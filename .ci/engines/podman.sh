@@ -10,6 +10,8 @@
 #
 # See README.md next to this script.
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../apt.sh"
 
 RUN_DIR=${STEVEDORE_PODMAN_RUN:-/run/stevedore-ci/podman}
 START_TIMEOUT=${STEVEDORE_PODMAN_START_TIMEOUT:-60}
@@ -40,7 +42,7 @@ ensure_tools() {
     [ ${#pkgs[@]} -gt 0 ] || return 0
     mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
     log "installing: ${pkgs[*]}"
-    apt-get update -qq >&2
+    apt_update -qq >&2
     # --no-remove: never let apt remove a package to make room.
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove \
         "${pkgs[@]}" >&2

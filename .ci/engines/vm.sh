@@ -14,6 +14,8 @@
 #
 # See README.md next to this script for the endpoints, the env file and the timings.
 set -euo pipefail
+# shellcheck source=.ci/apt.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../apt.sh"
 
 CACHE_ROOT=${STEVEDORE_VM_CACHE:-/var/cache/stevedore-ci/vm}
 RUN_DIR=${STEVEDORE_VM_RUN:-/run/stevedore-ci/vm}
@@ -192,7 +194,7 @@ apt_install_backports() {
         -o "Dir::Cache::archives=$t/archives")
     # The whole request from backports where it has a version (-t), not only the qemu-*
     # packages named: their own dependencies (qemu-system-data, seabios) must follow them.
-    apt-get "${o[@]}" update -qq >&2 &&
+    apt_update "${o[@]}" -qq >&2 &&
         DEBIAN_FRONTEND=noninteractive apt-get "${o[@]}" install -y -qq --no-install-recommends \
             --no-remove -t bookworm-backports "$@" >&2 || rc=$?
     rm -rf "$t"
@@ -209,7 +211,7 @@ ensure_tools() {
     [ ${#pkgs[@]} -gt 0 ] || return 0
     mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
     log "installing: ${pkgs[*]}"
-    apt-get update -qq >&2
+    apt_update -qq >&2
     if ! apt_install "${pkgs[@]}"; then
         log "bookworm's packages conflict with installed ones; retrying with bookworm-backports for qemu-*"
         apt_install_backports "${pkgs[@]}" || die "could not install: ${pkgs[*]}"
