@@ -968,3 +968,25 @@ async fn a_pod_whose_init_sent_its_last_frame_is_deleted_at_once_with_grace_0() 
         assert_eq!(m["deletionGracePeriodSeconds"], 0, "{kinds:?}: {m}");
     }
 }
+
+#[tokio::test]
+async fn three_rounds_of_eight_in_parallel_all_conclude_and_leave_nothing() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-eight");
+    let rung = rung(c).await;
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..3 {
+        let attempts = (0..8).map(|i| {
+            let req = sh(c, &w, &dir.path().join(format!("o{round}-{i}")), &format!("echo {round}-{i}"));
+            let rung = rung.clone();
+            tokio::spawn(async move { rung.run(&req, CancellationToken::new()).await })
+        });
+        for (i, a) in attempts.collect::<Vec<_>>().into_iter().enumerate() {
+            let o = a.await.unwrap().expect("the attempt runs");
+            assert_eq!(o.status, Status::Ok, "round {round}, attempt {i}: {}", o.to_json());
+            assert_eq!(stdout_of(&o), format!("{round}-{i}\n"));
+        }
+        none_left(c, &w);
+    }
+    rung.close().await;
+}
