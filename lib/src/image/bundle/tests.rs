@@ -433,3 +433,33 @@ fn a_base_of_another_user_is_refused_and_an_open_one_of_ours_is_tightened() {
         assert!(matches!(err, Err(BundleError::Untrusted { .. })), "{err:?}");
     }
 }
+
+#[test]
+fn the_bundle_dir_is_the_one_the_environment_names_when_absolute() {
+    let default = crate::hostdir::default_base().join("bundles");
+    assert_eq!(place::base_from(Some("/var/cache/sd-bundles".into())), Path::new("/var/cache/sd-bundles"));
+    assert_eq!(place::base_from(Some("relative/dir".into())), default, "a relative dir is ignored");
+    assert_eq!(place::base_from(Some("".into())), default);
+    assert_eq!(place::base_from(None), default);
+}
+
+/// The prepare that makes a bundle says so, with its size and the cache's after the
+/// pruning; one that finds it says nothing.
+#[test]
+fn a_prepare_that_grows_the_cache_says_where_and_how_much() {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        crate::util::test_skip("/bin/busybox missing (install busybox-static)");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let first = ExeBundle::prepare(busybox, base.path()).unwrap();
+    let added = first.added().expect("a new bundle").clone();
+    let size = fs::metadata(busybox).unwrap().len();
+    assert_eq!(added.dir.as_path(), first.host_dir());
+    assert!((size..size + 4096).contains(&added.bytes), "the exe and the bookkeeping: {} of {size}", added.bytes);
+    assert_eq!(added.cache_bytes, added.bytes, "the only bundle, held, counts");
+    assert_eq!(added.cap_bytes, cap_bytes());
+    let again = ExeBundle::prepare(busybox, base.path()).unwrap();
+    assert_eq!(again.added(), None, "found in the cache: it did not grow");
+}
