@@ -253,13 +253,30 @@ pub async fn engine(g: &Global) -> Result<ContainerExecutor, CliError> {
 }
 
 /// Makes sure stevedore's own worker image exists (packing this binary on first use) and
-/// returns its tag.
-pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers) -> Result<String, String> {
+/// returns its tag; a bundle added to the host's cache on the way is said unless `quiet`.
+pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers, quiet: bool) -> Result<String, String> {
     let (exe, tag) = own_tag(rung)?;
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());
-    ensure_image(rung.engine(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    let packed = ensure_image(rung.engine(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    if let Some(added) = packed.bundle_added.as_ref().filter(|_| !quiet) {
+        crate::say::say(bundle_added(added));
+    }
     Ok(tag)
+}
+
+/// The line that says the bundle cache grew: by how much, where, what it holds now and
+/// how to bound or move it.
+pub fn bundle_added(a: &stevedore::image::bundle::BundleAdded) -> String {
+    use stevedore::image::bundle::{CAP_ENV, DIR_ENV};
+    format!(
+        "cached a {} bundle of the packed binary as {}: the cache holds {} of its {} cap ({CAP_ENV} bounds it, \
+         {DIR_ENV} moves it)",
+        crate::report::mib(a.bytes),
+        a.dir.display(),
+        crate::report::mib(a.cache_bytes),
+        crate::report::mib(a.cap_bytes),
+    )
 }
 
 /// This binary and the tag of its own worker image (`stevedore-worker:<digest16>`).

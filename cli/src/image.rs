@@ -75,6 +75,9 @@ pub async fn image(g: &Global, cmd: ImageCommand, handlers: &Handlers) -> u8 {
             drop(packing);
             match packed {
                 Ok(img) => {
+                    if let Some(added) = &img.bundle_added {
+                        crate::say::say(common::bundle_added(added));
+                    }
                     println!("{}", serde_json::json!({"image_id": img.id, "tag": img.tag}));
                     0
                 }

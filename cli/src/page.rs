@@ -14,7 +14,7 @@
 //! | memory over time | `memory-path` in `memory-chart` | blue `#1f77b4` |
 //! | the memory limit | `memory-limit` (horizontal, 2 px) | red `#d62728` |
 //! | the OOM kill | `oom-mark` (vertical, 2 px; class `oom-mark` on every chart) | purple `#9467bd` |
-//! | the cgroup's recorded peak | `memory-peak` (a dot) | orange `#ff7f0e` |
+//! | the cgroup's peak over the attempt | `memory-peak` (a tick on the value axis, 2 px) | orange `#ff7f0e` |
 //! | CPU use, in CPUs | `cpu-path` in `cpu-chart` | green `#2ca02c` |
 //! | the CPU limit | `cpu-limit` | red `#d62728` |
 //! | processes | `pids-path` in `pids-chart` | brown `#8c564b` |
@@ -22,7 +22,10 @@
 //! | the phases | `phases-bar`, a `phase-NAME` rect each | [`PHASE_COLOURS`] |
 //!
 //! The memory chart is the first thing under the header: its top left corner is at
-//! [`MEMORY_CHART_AT`] in the page (CSS px), whatever the fonts.
+//! [`MEMORY_CHART_AT`] in the page (CSS px), whatever the fonts. A mark's label (`ID-label`;
+//! the OOM kill's is `oom-label`) sits beside it, and the labels of one chart are stacked
+//! [`LABEL_GAP`] apart ([`stack`]): a limit, a peak and an OOM kill at one value never share
+//! a row of pixels.
 //!
 //! An Outcome file is input, of any size up to `common::read_outcome_text`'s cap: it is read
 //! within bounds ([`read_bounded`]: every list and map to [`MAX_ROWS`] entries, the timeline
@@ -632,6 +635,48 @@ struct Series {
     steps: bool,
 }
 
+/// How far apart (CSS px) the baselines of a chart's labels are at least: a 12 px line of
+/// text with its 1.5 px halo either side, and a pixel to spare.
+const LABEL_GAP: f64 = 18.0;
+/// How far the peak's tick reaches into the plot.
+const PEAK_TICK: f64 = 12.0;
+/// The peak label's colour: the peak's orange, darkened to read on white.
+const PEAK_TEXT: &str = "#b35900";
+
+/// The text beside a mark: `want` is the baseline it would have alone.
+struct Label {
+    /// Its element id, or empty for none.
+    id: String,
+    x: f64,
+    anchor: &'static str,
+    want: f64,
+    colour: &'static str,
+    text: String,
+}
+
+/// Baselines for labels that want `want`, each at least [`LABEL_GAP`] from every other and
+/// within `[lo, hi]`, each as near its want as that allows (their order kept). The labels are
+/// placed as if in one column: whatever their widths and anchors, no two share a row.
+fn stack(want: &[f64], lo: f64, hi: f64) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..want.len()).collect();
+    order.sort_by(|&a, &b| want[a].total_cmp(&want[b]));
+    let mut at = vec![0.0; want.len()];
+    let mut below: Option<f64> = None;
+    for &i in &order {
+        let floor = below.map_or(lo, |b| b + LABEL_GAP);
+        at[i] = want[i].max(floor);
+        below = Some(at[i]);
+    }
+    // Pushed past the bottom: the stack is pushed back up from it.
+    let mut above: Option<f64> = None;
+    for &i in order.iter().rev() {
+        let ceiling = above.map_or(hi, |a| a - LABEL_GAP);
+        at[i] = at[i].min(ceiling);
+        above = Some(at[i]);
+    }
+    at
+}
+
 /// A horizontal line across a chart.
 struct Level {
     id: &'static str,
@@ -646,8 +691,9 @@ struct Chart {
     unit: Unit,
     series: Vec<Series>,
     limit: Option<Level>,
-    /// `(t_ms, bytes)` of the recorded peak.
-    peak: Option<(f64, f64)>,
+    /// The cgroup's peak over the attempt: a value, not a sample (the kernel keeps the
+    /// highest use and says it at the end, never when it happened).
+    peak: Option<f64>,
     oom_ms: Option<f64>,
     /// The time axis, shared by every chart of the page.
     t_max: f64,
@@ -665,7 +711,7 @@ impl Chart {
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))
             .chain(self.limit.as_ref().map(|l| l.value))
-            .chain(self.peak.map(|p| p.1))
+            .chain(self.peak)
             .fold(0.0, f64::max);
         match (highest > 0.0, &self.unit) {
             (true, _) => highest * 1.1,
@@ -725,20 +771,25 @@ impl Chart {
         for series in &self.series {
             s.push_str(&self.path(series, y_max));
         }
+        let mut labels = Vec::new();
         if let Some(l) = &self.limit {
             // On a whole pixel, 2 px thick, edges crisp: its rows are exactly its colour.
             let y = self.y(l.value, y_max).round();
             let _ = write!(
                 s,
                 "<line id=\"{}\" x1=\"{pl}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{LIMIT}\" stroke-width=\"2\" \
-                 shape-rendering=\"crispEdges\"/>\
-                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:{LIMIT}\">{}</text>",
+                 shape-rendering=\"crispEdges\"/>",
                 l.id,
                 c(pl + pw),
-                c(pl + pw - 4.0),
-                c(y - 5.0),
-                text(&l.label)
             );
+            labels.push(Label {
+                id: format!("{}-label", l.id),
+                x: pl + pw - 4.0,
+                anchor: "end",
+                want: y - 5.0,
+                colour: LIMIT,
+                text: l.label.clone(),
+            });
         }
         if let Some(t) = self.oom_ms {
             let x = self.x(t).round();
@@ -746,25 +797,50 @@ impl Chart {
             let _ = write!(
                 s,
                 "<line{id} class=\"oom-mark\" x1=\"{x}\" y1=\"{pt}\" x2=\"{x}\" y2=\"{}\" stroke=\"{OOM}\" \
-                 stroke-width=\"2\" shape-rendering=\"crispEdges\"/>\
-                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:{OOM}\">OOM kill at {}</text>",
+                 stroke-width=\"2\" shape-rendering=\"crispEdges\"/>",
                 c(pt + ph),
-                c(x - 4.0),
-                c(pt + ph - 6.0),
-                ms(t.round() as u64)
             );
+            // Left of the mark, unless that would run past the plot's left edge.
+            let (x, anchor) = if x - pl >= 140.0 { (x - 4.0, "end") } else { (x + 4.0, "start") };
+            labels.push(Label {
+                id: if self.id == "memory-chart" { "oom-label".into() } else { String::new() },
+                x,
+                anchor,
+                want: pt + ph - 6.0,
+                colour: OOM,
+                text: format!("OOM kill at {}", ms(t.round() as u64)),
+            });
         }
-        if let Some((t, v)) = self.peak {
-            let (x, y) = (self.x(t), self.y(v, y_max));
+        if let Some(v) = self.peak {
+            // A tick across the value axis at the peak's height, its label just right of it.
+            let y = self.y(v, y_max).round();
             let _ = write!(
                 s,
-                "<circle id=\"memory-peak\" cx=\"{}\" cy=\"{}\" r=\"4.5\" fill=\"{PEAK}\" stroke=\"#ffffff\"/>\
-                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"label\" style=\"fill:#b35900\">peak {}</text>",
-                c(x),
+                "<line id=\"memory-peak\" x1=\"{}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"{PEAK}\" \
+                 stroke-width=\"2\" shape-rendering=\"crispEdges\"><title>the cgroup's peak over the attempt</title></line>",
+                c(pl - 4.0),
+                c(pl + PEAK_TICK),
+            );
+            labels.push(Label {
+                id: "memory-peak-label".into(),
+                x: pl + PEAK_TICK + 4.0,
+                anchor: "start",
+                want: y + 4.0,
+                colour: PEAK_TEXT,
+                text: format!("peak {}", bytes(v as u64)),
+            });
+        }
+        let at = stack(&labels.iter().map(|l| l.want).collect::<Vec<_>>(), pt + 14.0, pt + ph - 5.0);
+        for (l, y) in labels.iter().zip(at) {
+            let id = if l.id.is_empty() { String::new() } else { format!(" id=\"{}\"", l.id) };
+            let _ = write!(
+                s,
+                "<text{id} x=\"{}\" y=\"{}\" text-anchor=\"{}\" class=\"label\" style=\"fill:{}\">{}</text>",
+                c(l.x),
                 c(y),
-                c(x - 8.0),
-                c(y + 16.0),
-                text(&bytes(v as u64))
+                l.anchor,
+                l.colour,
+                text(&l.text)
             );
         }
         s.push_str("</svg>\n");
@@ -898,16 +974,15 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
     }
     let tl = &drawn;
     let t = &tl.t_ms;
-    let t_max =
-        t.iter().copied().chain(tl.peak.as_ref().map(|pk| pk.t_ms)).chain(tl.oom_kill_ms).max().unwrap_or(0).max(1)
-            as f64;
+    // The peak's time is when it was read, not when it happened: it stretches no axis.
+    let t_max = t.iter().copied().chain(tl.oom_kill_ms).max().unwrap_or(0).max(1) as f64;
     let oom_ms = tl.oom_kill_ms.map(|v| v as f64);
     let memory_limit = tl.memory_limit_bytes.map(|l| Level {
         id: "memory-limit",
         value: l as f64,
         label: format!("limit {}", bytes(l)),
     });
-    let peak = tl.peak.as_ref().map(|pk| (pk.t_ms as f64, pk.memory_bytes as f64));
+    let peak = tl.peak.as_ref().map(|pk| pk.memory_bytes as f64);
     let mut title = "Memory".to_owned();
     if let Some(l) = tl.memory_limit_bytes {
         let _ = write!(title, " (limit {})", bytes(l));
@@ -935,10 +1010,10 @@ fn timeline(p: &mut String, o: &Outcome, cut: &Cut) {
     if let Some(pk) = &tl.peak {
         let _ = writeln!(
             p,
-            "<p class=\"note\">The dot is the cgroup's recorded peak, {} at {}: the highest use, which a \
-             sample may have missed.</p>",
-            bytes(pk.memory_bytes),
-            ms(pk.t_ms)
+            "<p class=\"note\">The orange tick on the value axis is the cgroup's peak over the attempt, {}: the \
+             highest use at any moment, which the samples may have missed (the kernel says it at the end, not \
+             when it happened).</p>",
+            bytes(pk.memory_bytes)
         );
     }
     other_charts(p, tl, t_max, oom_ms);
@@ -1678,6 +1753,65 @@ mod tests {
         assert_eq!(ys.len(), 10);
         assert!(ys.iter().all(|&y| y > y1), "memory below its limit: {ys:?} vs {y1}");
         assert!(ys.windows(2).all(|w| w[1] < w[0]), "climbing: {ys:?}");
+    }
+
+    /// `name` of the element `id` as a number.
+    fn num_of(page: &str, id: &str, name: &str) -> f64 {
+        let at = page.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no {id}"));
+        let tag = &page[at..at + page[at..].find('>').unwrap()];
+        tag.split(&format!(" {name}=\"")).nth(1).unwrap().split('"').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn labels_wanting_one_row_are_stacked_a_gap_apart_inside_the_bounds() {
+        assert_eq!(stack(&[50.0, 120.0, 200.0], 40.0, 210.0), vec![50.0, 120.0, 200.0], "apart already: kept");
+        let at = stack(&[100.0, 100.0, 101.0], 40.0, 210.0);
+        assert_eq!(at, vec![100.0, 118.0, 136.0], "pushed down in their order");
+        let at = stack(&[205.0, 209.0, 207.0], 40.0, 210.0);
+        assert_eq!(at, vec![174.0, 210.0, 192.0], "pushed back up from the bottom");
+        let at = stack(&[0.0, 3.0], 40.0, 210.0);
+        assert_eq!(at, vec![40.0, 58.0], "never above the top");
+        assert!(stack(&[], 0.0, 1.0).is_empty());
+    }
+
+    /// The peak is a value over the attempt: a tick across the value axis, not a point at the
+    /// time the kernel was read (which stretched the time axis past the samples).
+    #[test]
+    fn the_peak_is_a_tick_on_the_value_axis_and_dates_nothing() {
+        let page = render(&outcome_with_timeline(10));
+        let f = Frame::new(240);
+        let (x1, x2) = (num_of(&page, "memory-peak", "x1"), num_of(&page, "memory-peak", "x2"));
+        assert!(x1 < f.left && f.left < x2 && x2 - x1 <= 20.0, "across the axis: {x1}..{x2}");
+        let (y, limit) = (num_of(&page, "memory-peak", "y1"), num_of(&page, "memory-limit", "y1"));
+        assert_eq!((y, y.fract()), (limit, 0.0), "a 64 MiB peak at the 64 MiB limit, on a whole pixel");
+        assert!(page.contains("the cgroup's peak over the attempt, 64.0 MiB"), "{page}");
+        assert!(!page.contains("<circle id=\"memory-peak\""));
+        // The time axis ends at the OOM kill (1.0 s), not at the peak's reading (1.02 s).
+        assert_eq!(num_of(&page, "oom-mark", "x1"), (f.left + f.plot_w()).round());
+    }
+
+    /// A limit, a peak and an OOM kill at one height (the kill at the limit, the memory
+    /// pinned at the bottom of the axis by a huge limit, the kill at the start): whichever
+    /// rows they want, their labels are a line apart and inside the plot.
+    #[test]
+    fn the_limit_peak_and_oom_labels_never_share_a_row() {
+        let f = Frame::new(240);
+        for (limit, peak, oom) in [(64u64 << 20, 64u64 << 20, 1000), (64 << 20, 63 << 20, 1000), (1 << 40, 1 << 20, 0)]
+        {
+            let mut o = outcome_with_timeline(10);
+            let tl = o.usage.timeline.as_mut().unwrap();
+            tl.memory_limit_bytes = Some(limit);
+            tl.peak = Some(TimelinePeak { t_ms: 1000, memory_bytes: peak });
+            tl.oom_kill_ms = Some(oom);
+            let page = render(&o);
+            let mut ys: Vec<f64> = ["memory-limit-label", "memory-peak-label", "oom-label"]
+                .iter()
+                .map(|id| num_of(&page, id, "y"))
+                .collect();
+            ys.sort_by(f64::total_cmp);
+            assert!(ys.windows(2).all(|w| w[1] - w[0] >= LABEL_GAP), "{limit} {peak} {oom}: {ys:?}");
+            assert!(ys[0] >= f.top + 12.0 && ys[2] <= f.top + f.plot_h(), "inside the plot: {ys:?}");
+        }
     }
 
     #[test]

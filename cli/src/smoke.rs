@@ -30,7 +30,7 @@ async fn steps(rung: ContainerExecutor, handlers: &Handlers) -> Result<(), Strin
     println!("{}", crate::census::line(&rung));
     let image = {
         let _packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", false);
-        common::own_image(&rung, handlers).await?
+        common::own_image(&rung, handlers, false).await?
     };
     let out = tempfile_dir()?;
     let mut req = Request::handler("smoke", "true", out.join("out"))

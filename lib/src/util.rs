@@ -64,3 +64,25 @@ pub fn finish_apart(name: &str, within: std::time::Duration, work: impl Future<O
     });
     spawned.is_ok() && ended.recv_timeout(within).is_ok()
 }
+
+/// Says that the unit test on this thread is skipped, and why: on stderr, and as a line
+/// `test<TAB>why` appended to the file `STEVEDORE_TEST_SKIP_LOG` names, as the command's
+/// integration tests do (`.ci/run` lists every skip at its end).
+#[cfg(all(test, any(feature = "docker", feature = "process")))]
+pub(crate) fn test_skip(why: &str) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    eprintln!("SKIP: {why}");
+    if let Some(log) = std::env::var_os("STEVEDORE_TEST_SKIP_LOG") {
+        let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
+        let line = format!("{}\t{}\n", clean(&test), clean(why));
+        std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .unwrap_or_else(|e| {
+                panic!("recording the skip of {test} in {}: {e}", std::path::Path::new(&log).display())
+            });
+    }
+}

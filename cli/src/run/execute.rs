@@ -104,7 +104,7 @@ pub(crate) async fn execute(
             if req.handler_name().is_some() && req.policy.image.is_empty() {
                 let packing =
                     crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
-                let packed = common::own_image(&rung, handlers).await;
+                let packed = common::own_image(&rung, handlers, a.quiet).await;
                 drop(packing);
                 req.policy.image = packed?;
             }

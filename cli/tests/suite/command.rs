@@ -149,10 +149,14 @@ async fn an_explicit_host_port_that_is_taken_fails_naming_port_and_profile() {
     let file = t.path().join("profiles.toml");
     std::fs::write(&file, format!("[profiles.web]\nnetwork = \"bridge\"\nports = {{ \"8080\" = {port} }}\n")).unwrap();
     let w = support::worker("port-taken");
+    // A runtime dir of its own: what the failed launch leaves in stevedore's private dir is
+    // in sight.
+    let runtime = tempfile::tempdir().unwrap();
     let out = with_profile(&file, "web")
         .args(["run", "--outcome", "-", "-q", "--worker", &w, "--image", &image, "--output"])
         .arg(t.path().join("out"))
         .args(["--", "true"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125), "a launch error, never a fallback: {}", stderr(&out));
@@ -160,6 +164,9 @@ async fn an_explicit_host_port_that_is_taken_fails_naming_port_and_profile() {
     assert!(err.contains(&format!("host port {port} (container port 8080) of profile \"web\" is taken")), "{err}");
     assert!(out.stdout.is_empty(), "no outcome for an attempt that never ran");
     assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]));
+    let logs = runtime.path().join("stevedore/logs");
+    let left: Vec<_> = std::fs::read_dir(&logs).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "neither the captures nor the worker's dir stay: {left:?}");
     drop(taken);
 }
 

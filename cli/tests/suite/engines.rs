@@ -141,6 +141,7 @@ async fn a_term_ignoring_command_times_out_and_a_cancelled_one_is_killed() {
 #[tokio::test]
 async fn oom_disk_limit_and_usage_are_the_kernels() {
     if quick() {
+        support::skip("STEVEDORE_ENGINE_SUITE=quick: the transport is proven by the quick cases");
         return;
     }
     let Some((docker, image, rung)) = support::setup_with_rung().await else { return };
@@ -209,6 +210,7 @@ fn delivered_big(o: &stevedore::Outcome, out: &std::path::Path) -> Option<u64> {
 #[tokio::test]
 async fn outputs_written_until_the_oom_kill_are_delivered_or_their_loss_is_told() {
     if quick() {
+        support::skip("STEVEDORE_ENGINE_SUITE=quick: the transport is proven by the quick cases");
         return;
     }
     let Some((docker, image)) = support::setup().await else { return };
@@ -320,6 +322,7 @@ async fn a_timeout_is_counted_from_the_commands_start() {
 #[tokio::test]
 async fn a_handler_runs_by_re_exec_in_a_packed_worker_image() {
     if quick() {
+        support::skip("STEVEDORE_ENGINE_SUITE=quick: the transport is proven by the quick cases");
         return;
     }
     let Some(docker) = support::engine().await else { return };
@@ -340,6 +343,7 @@ async fn a_handler_runs_by_re_exec_in_a_packed_worker_image() {
 #[tokio::test]
 async fn a_published_port_is_reached_from_the_engines_side() {
     if quick() {
+        support::skip("STEVEDORE_ENGINE_SUITE=quick: the transport is proven by the quick cases");
         return;
     }
     let Some((docker, image)) = setup().await else { return };
@@ -415,6 +419,7 @@ async fn the_dead_man_switch_and_reclaim_leave_nothing() {
 #[tokio::test]
 async fn reports_and_a_takeover_through_the_engines_exec() {
     if quick() {
+        support::skip("STEVEDORE_ENGINE_SUITE=quick: the transport is proven by the quick cases");
         return;
     }
     let Some((docker, image, rung)) = support::setup_with_rung().await else { return };

@@ -185,3 +185,49 @@ async fn stale_packed_images_are_listed_and_removed_on_request() {
     let after: Vec<_> = after.iter().flat_map(|s| s.tags.clone()).collect();
     assert_eq!(after, [kept], "the used one is in use; the kept one is stale once not kept");
 }
+
+/// `stevedore image pack` says when it grows the bundle cache: the new bundle's dir (in the
+/// cache `STEVEDORE_BUNDLE_DIR` names) and what the cache holds; a second pack of the same
+/// binary finds the bundle and says nothing of it.
+#[tokio::test]
+async fn the_command_says_where_it_cached_a_bundle_and_how_much_the_cache_holds() {
+    let Some(docker) = engine().await else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let bundles = cache.path().join("bundles");
+    let tag = format!("stevedore-test/said-bundle:{:08x}", rand::random::<u32>());
+    let pack = || {
+        std::process::Command::new(support::BIN)
+            .args(["image", "pack", "--exe", "/bin/busybox", "--tag", &tag])
+            .env(stevedore::image::bundle::DIR_ENV, &bundles)
+            .output()
+            .unwrap()
+    };
+    let first = pack();
+    let said = String::from_utf8_lossy(&first.stderr).into_owned();
+    assert!(first.status.success(), "{said}");
+    let dir = std::fs::read_dir(&bundles)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("bundle-"))
+        .expect("a bundle in the cache the environment names");
+    let line = said.lines().find(|l| l.starts_with("stevedore: cached a ")).unwrap_or_else(|| panic!("{said}"));
+    let between = |from: &str, to: &str| line.split(from).nth(1).and_then(|r| r.split(to).next()).unwrap_or("");
+    let cap = stevedore::image::bundle::cap_bytes() as f64 / f64::from(1 << 20);
+    assert!(
+        line.ends_with(&format!(
+            " bundle of the packed binary as {}: the cache holds {} of its {cap:.1} MiB cap \
+             (STEVEDORE_BUNDLE_CACHE_MAX bounds it, STEVEDORE_BUNDLE_DIR moves it)",
+            dir.display(),
+            between("cached a ", " bundle")
+        )),
+        "the only bundle is the whole cache: {line}"
+    );
+    // Busybox and the bundle's bookkeeping, a few hundred bytes.
+    let busybox = std::fs::metadata("/bin/busybox").unwrap().len() as f64 / f64::from(1 << 20);
+    let said_mib: f64 = between("cached a ", " MiB").parse().unwrap();
+    assert!((said_mib - busybox).abs() <= 0.1, "{line}");
+    let second = pack();
+    support::remove_image(&docker, &tag).await;
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success() && !said.contains("cached a "), "{said}");
+}

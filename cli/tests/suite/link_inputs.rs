@@ -145,7 +145,7 @@ async fn inputs_over_the_link_are_beyond_the_commands_reach() {
 async fn a_parked_container_touched_before_its_claim_is_discarded() {
     let Some((docker, image)) = setup().await else { return };
     if podman(&docker).await {
-        eprintln!("skipped: Podman ignores NoCopy, its parked containers take no inputs over the link");
+        support::skip("Podman ignores NoCopy: its parked containers take no inputs over the link");
         return;
     }
     let w = worker("link-planted");
@@ -201,6 +201,7 @@ async fn a_root_profile_keeps_the_engines_path() {
 async fn inputs_above_the_links_limit_go_through_the_engine() {
     let Some((docker, image)) = setup().await else { return };
     if podman(&docker).await {
+        support::skip("Podman ignores NoCopy: its parked containers take no inputs over the link");
         return;
     }
     let w = worker("link-big");

@@ -29,4 +29,5 @@ mod recover;
 mod registry;
 mod replay;
 mod run_cli;
+mod skips;
 mod usage;

@@ -1,7 +1,7 @@
 //! `stevedore report OUTCOME.json --html FILE` in a real browser: headless Chromium draws the
 //! page of an attempt whose memory climbed to its limit and was OOM-killed, and the picture,
-//! not the source, has the limit line's, the memory path's and the OOM mark's colours where
-//! the chart puts them. Chromium is Debian's `chromium` (`.ci/run` installs it); without it
+//! not the source, has the limit line's, the memory path's, the peak's tick and the OOM mark's
+//! colours where the chart puts them, and each of their labels in rows of its own. Chromium is Debian's `chromium` (`.ci/run` installs it); without it
 //! the test is skipped, and under `CI=true` it fails.
 
 use crate::support::{self, BIN};
@@ -19,6 +19,11 @@ const MEMORY: [u8; 3] = [0x1f, 0x77, 0xb4];
 const LIMIT: [u8; 3] = [0xd6, 0x27, 0x28];
 const OOM: [u8; 3] = [0x94, 0x67, 0xbd];
 const PEAK: [u8; 3] = [0xff, 0x7f, 0x0e];
+/// The peak label's text: the peak's orange, darkened.
+const PEAK_TEXT: [u8; 3] = [0xb3, 0x59, 0x00];
+/// The memory chart's labels (their ids) and their text's colours.
+const LABELS: [(&str, [u8; 3]); 3] =
+    [("memory-limit-label", LIMIT), ("memory-peak-label", PEAK_TEXT), ("oom-label", OOM)];
 /// The browser's window: the header and the whole memory chart fit.
 const WINDOW: (u32, u32) = (1000, 800);
 /// Longer than Chromium ever takes here (under a second; a busy machine, a cold disk).
@@ -31,8 +36,9 @@ fn chromium() -> Option<PathBuf> {
         .find_map(|name| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
 }
 
-/// An attempt whose memory climbed to within 4 MiB of its 128 MiB limit, then was OOM-killed.
-fn oom_outcome(log: &Path) -> Outcome {
+/// An attempt whose memory climbed to within 4 MiB of its 128 MiB limit over 1.9 s, OOM-killed
+/// at `oom_ms` with the cgroup's peak at `peak_mib`.
+fn oom_outcome(log: &Path, peak_mib: u64, oom_ms: u64) -> Outcome {
     const MIB: u64 = 1 << 20;
     let mut o = Outcome::new(Status::OomKilled);
     o.reason = Some(Reason::Oom);
@@ -57,8 +63,8 @@ fn oom_outcome(log: &Path) -> Outcome {
     }
     tl.memory_limit_bytes = Some(128 * MIB);
     tl.cpu_limit_millicpus = Some(1000);
-    tl.oom_kill_ms = Some(2000);
-    tl.peak = Some(TimelinePeak { t_ms: 2000, memory_bytes: 128 * MIB });
+    tl.oom_kill_ms = Some(oom_ms);
+    tl.peak = Some(TimelinePeak { t_ms: 2000, memory_bytes: peak_mib * MIB });
     o.usage.timeline = Some(tl);
     o.usage.sources.timeline = Some(Source::Sampled);
     o
@@ -231,9 +237,13 @@ fn check(picture: &Picture, page: &str, vertices_wanted: Option<usize>) -> Resul
     for &(x, vy) in &picks {
         picture.find(on_page(x, vy), MEMORY, 2).map_err(|e| format!("the memory path: {e}"))?;
     }
-    // The recorded peak: a dot drawn over the lines.
-    let (px, py) = (num(page, "memory-peak", "cx"), num(page, "memory-peak", "cy"));
-    picture.find(on_page(px, py), PEAK, 1).map_err(|e| format!("the recorded peak: {e}"))?;
+    // The peak over the attempt: a tick across the value axis, 2 px on a whole pixel, over the
+    // limit line where they meet.
+    let (px1, px2, py) =
+        (num(page, "memory-peak", "x1"), num(page, "memory-peak", "x2"), num(page, "memory-peak", "y1"));
+    for px in [px1 + 1.0, (px1 + px2) / 2.0, px2 - 1.0] {
+        picture.find(on_page(px, py - 1.0), PEAK, 0).map_err(|e| format!("the peak's tick: {e}"))?;
+    }
     // The OOM mark: vertical, 2 px, on a whole pixel, half way down the plot.
     let (x, y1, y2) = (num(page, "oom-mark", "x1"), num(page, "oom-mark", "y1"), num(page, "oom-mark", "y2"));
     picture.find(on_page(x - 1.0, (y1 + y2) / 2.0), OOM, 1).map_err(|e| format!("the OOM mark: {e}"))?;
@@ -245,7 +255,55 @@ fn check(picture: &Picture, page: &str, vertices_wanted: Option<usize>) -> Resul
     if [MEMORY, LIMIT, OOM, PEAK].iter().any(|&c| close(got, c)) {
         return Err(format!("{} at {between:?}, between the limit and the memory", hex(got)));
     }
+    labels_apart(picture, page)
+}
+
+/// Each label of the memory chart is drawn in its colour in rows no other label's colour
+/// reaches: the band of its line of text (from the cap height to the descenders), as wide as
+/// its text could be, holds its colour and none of the others' (the limit line's rows and
+/// the OOM mark's columns, which cross the bands, aside).
+fn labels_apart(picture: &Picture, page: &str) -> Result<(), String> {
+    let (ox, oy) = MEMORY_CHART_AT;
+    let limit_rows = num(page, "memory-limit", "y1") as i64;
+    let limit_rows = [limit_rows - 1, limit_rows];
+    let oom_cols = num(page, "oom-mark", "x1") as i64;
+    let oom_cols = [oom_cols - 1, oom_cols];
+    for (id, colour) in LABELS {
+        let (x, y) = (num(page, id, "x"), num(page, id, "y"));
+        let chars = text_of(page, id).chars().count() as f64;
+        let (x0, x1) = match attr(page, id, "text-anchor") {
+            "end" => (x - chars * 8.0, x),
+            _ => (x, x + chars * 8.0),
+        };
+        let mut own = 0;
+        for py in (y - 11.0) as i64..=(y + 3.0) as i64 {
+            if limit_rows.contains(&py) {
+                continue;
+            }
+            for px in x0 as i64..=x1 as i64 {
+                if oom_cols.contains(&px) {
+                    continue;
+                }
+                let got = picture.at((ox + px as f64) as u32, (oy + py as f64) as u32);
+                if close(got, colour) {
+                    own += 1;
+                } else if let Some((other, _)) = LABELS.iter().find(|(o, c)| *o != id && close(got, *c)) {
+                    return Err(format!("{} of {other} at ({px}, {py}), in the rows of {id} (baseline {y})", hex(got)));
+                }
+            }
+        }
+        if own < 3 {
+            return Err(format!("{id}: {own} pixels of {} in its rows (baseline {y}, x {x0}..{x1})", hex(colour)));
+        }
+    }
     Ok(())
+}
+
+/// The text of the element `id`.
+fn text_of<'a>(page: &'a str, id: &str) -> &'a str {
+    let at = page.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no element {id}"));
+    let open = at + page[at..].find('>').unwrap() + 1;
+    &page[open..open + page[open..].find('<').unwrap()]
 }
 
 /// Writes the page of the Outcome in `outcome` (a file in `dir`) with the built command,
@@ -279,8 +337,8 @@ pub(crate) fn shows_the_climb_the_peak_and_the_kill(dir: &Path, outcome: &Path, 
     }
 }
 
-#[test]
-fn a_browser_draws_the_memory_limit_and_the_oom_kill() {
+/// Draws the page of [`oom_outcome`] and checks its picture.
+fn draws_a_kill_with_its_peak_at(peak_mib: u64, oom_ms: u64) {
     support::time_limit();
     let t = tempfile::tempdir().unwrap();
     let log = t.path().join("a.stdout");
@@ -288,10 +346,31 @@ fn a_browser_draws_the_memory_limit_and_the_oom_kill() {
     std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     std::fs::set_permissions(t.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let outcome = t.path().join("o.json");
-    std::fs::write(&outcome, oom_outcome(&log).to_json()).unwrap();
+    std::fs::write(&outcome, oom_outcome(&log, peak_mib, oom_ms).to_json()).unwrap();
     let dir = t.keep();
     shows_the_climb_the_peak_and_the_kill(&dir, &outcome, Some(20));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The kill at the limit: the peak is the limit, its tick on the limit line's height.
+#[test]
+fn a_browser_draws_the_memory_limit_and_the_oom_kill() {
+    draws_a_kill_with_its_peak_at(128, 2000);
+}
+
+/// A peak a hair above the limit (the kernel's count may pass `memory.max` before it
+/// reclaims or kills): the labels of the limit and the peak want one row and are drawn apart.
+#[test]
+fn a_peak_next_to_the_limit_has_its_label_apart_from_the_limits() {
+    draws_a_kill_with_its_peak_at(129, 2000);
+}
+
+/// A kill near the start with the peak at the bottom of the axis: the OOM label, right of
+/// its early mark, and the peak's, right of the axis, want the same rows over the same
+/// columns; they are drawn a line apart.
+#[test]
+fn an_early_kill_and_a_low_peak_have_their_labels_apart() {
+    draws_a_kill_with_its_peak_at(2, 150);
 }
 
 /// The README's way (issue 49): `run --outcome o.json --logs ./logs` with relative paths, then

@@ -35,6 +35,9 @@ pub(crate) struct Running<O> {
 pub(crate) struct Captures {
     dir: Option<crate::hostdir::PrivateDir>,
     names: [String; 2],
+    /// The captures' base and the worker's dir in it, removed once empty: a launch that
+    /// failed leaves no dir behind (one per worker id, and the command mints one per run).
+    worker: (std::sync::Arc<crate::hostdir::PrivateDir>, String),
 }
 
 impl Captures {
@@ -52,6 +55,9 @@ impl Drop for Captures {
                     tracing::warn!(error = %e, "removing the capture of an attempt that was dropped");
                 }
             }
+            let (base, worker) = &self.worker;
+            // Only when empty: another attempt of the worker may be writing there.
+            let _ = base.remove_subdir_if_empty(worker);
         }
     }
 }
@@ -168,14 +174,15 @@ fn reader_setup<S: Site>(
 ) -> Result<(Captures, [String; 2], ReaderSetup), LaunchError> {
     let rung = site.rung();
     let cfg = rung.settings;
-    let logs = rung.base.captures.of_worker(&req.worker_id).map_err(|e| LaunchError::staging("the capture dir", e))?;
+    let base = rung.base.captures.base().map_err(|e| LaunchError::staging("the capture dir", e))?;
+    let logs = base.subdir(&req.worker_id).map_err(|e| LaunchError::staging("the capture dir", e))?;
     let captures = [format!("{}.stdout", plan.name), format!("{}.stderr", plan.name)];
     let capture = |n: &str| {
         CappedLog::create(&logs, n, cfg.link.log_cap_bytes)
             .map_err(|e| LaunchError::staging(format!("the capture {n}"), e))
     };
     let (stdout, stderr) = (capture(&captures[0]), capture(&captures[1]));
-    let guard = Captures { dir: Some(logs), names: captures.clone() };
+    let guard = Captures { dir: Some(logs), names: captures.clone(), worker: (base, req.worker_id.clone()) };
     let (stdout, stderr) = (stdout?, stderr?);
     let setup = ReaderSetup {
         key,

@@ -125,6 +125,8 @@ pub struct PackedImage {
     pub entry: Vec<String>,
     /// True when an existing image was reused instead of built.
     pub reused: bool,
+    /// The bundle this pack added to the host's cache, if it made one (`bundle`'s doc).
+    pub bundle_added: Option<super::bundle::BundleAdded>,
 }
 
 fn labels_for(spec: &PackSpec, bundle: &ExeBundle, entry: &[String]) -> BTreeMap<String, String> {
@@ -310,7 +312,7 @@ async fn pack_bundle(
         let fate = remove_replaced(engine, &old).await;
         tracing::debug!(tag = %spec.tag, image = %old, ?fate, "the image the tag replaced");
     }
-    Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: false })
+    Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: false, bundle_added: bundle.added().cloned() })
 }
 
 /// What became of the image a tag pointed to before the tag was packed again.
@@ -367,7 +369,13 @@ pub async fn ensure_image(engine: &Engine, spec: &PackSpec) -> Result<PackedImag
             && (spec.fingerprint.is_some() || !have.contains_key(LABEL_FINGERPRINT));
         let same_user = user.as_deref() == Some(user_string(spec.user).as_str());
         if same_labels && same_user && !id.is_empty() {
-            return Ok(PackedImage { id, tag: spec.tag.clone(), entry, reused: true });
+            return Ok(PackedImage {
+                id,
+                tag: spec.tag.clone(),
+                entry,
+                reused: true,
+                bundle_added: bundle.added().cloned(),
+            });
         }
         previous = Some(id).filter(|i| !i.is_empty());
     }

@@ -497,7 +497,7 @@ mod tests {
     #[test]
     fn a_sweep_removes_what_a_uid_left_and_only_that() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: needs root to own files as another uid");
+            crate::util::test_skip("needs root to own files as another uid");
             return;
         }
         let uid = 0x6200_0000 + (rand::random::<u32>() % 1000);
@@ -527,7 +527,7 @@ mod tests {
     fn a_uid_is_leased_only_when_nothing_of_it_is_left() {
         use std::os::unix::process::{CommandExt, ExitStatusExt};
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: needs root to run processes as another uid");
+            crate::util::test_skip("needs root to run processes as another uid");
             return;
         }
         let uid = 0x6300_0000 + (rand::random::<u32>() % 100_000);

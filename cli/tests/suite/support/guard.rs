@@ -1,11 +1,14 @@
 //! What watches the tests from outside the harness: a time limit on every test that needs
 //! an engine or a dedicated uid, and one line at the end of the run naming what was
 //! skipped and why (the harness captures a test's own output, so a skip would be silent).
+//! Each skip also goes, by name, to the file `STEVEDORE_TEST_SKIP_LOG` names: `.ci/run`
+//! lists them all at its end, per stage (one binary's last line scrolls away among many).
 
 #![expect(unsafe_code, reason = "atexit, to print the skip summary once the harness is done")]
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::Path;
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -87,8 +90,21 @@ extern "C" fn summary() {
     }
 }
 
-/// Records that the test on this thread is skipped, and why; the run's last line says so.
-/// Under `CI=true` the callers fail instead where the contract asks it (an engine).
+/// The variable naming the file each skip is appended to.
+pub const SKIP_LOG: &str = "STEVEDORE_TEST_SKIP_LOG";
+
+/// Appends `test<TAB>why` to `log`. One write of the whole line to a file opened to append:
+/// the lines of tests skipping at once (threads, or test binaries sharing the file) never
+/// interleave. A tab or line break inside either part becomes a space.
+pub fn record_skip(log: &Path, test: &str, why: &str) -> std::io::Result<()> {
+    let clean = |s: &str| s.replace(['\t', '\n', '\r'], " ");
+    let line = format!("{}\t{}\n", clean(test), clean(why));
+    std::fs::File::options().create(true).append(true).open(log)?.write_all(line.as_bytes())
+}
+
+/// Records that the test on this thread is skipped, and why; the run's last line says so,
+/// and so does the file [`SKIP_LOG`] names, if any. Under `CI=true` the callers fail
+/// instead where the contract asks it (an engine).
 pub fn skip(why: impl Into<String>) {
     static AT_EXIT: Once = Once::new();
     AT_EXIT.call_once(|| {
@@ -99,5 +115,12 @@ pub fn skip(why: impl Into<String>) {
         }
     });
     let test = std::thread::current().name().unwrap_or("a test").to_owned();
-    SKIPPED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((test, why.into()));
+    let why = why.into();
+    if let Some(log) = std::env::var_os(SKIP_LOG) {
+        // A skip that cannot be told would be a silent one: the test fails instead.
+        record_skip(Path::new(&log), &test, &why).unwrap_or_else(|e| {
+            panic!("recording the skip of {test} in {} ({SKIP_LOG}): {e}", Path::new(&log).display())
+        });
+    }
+    SKIPPED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((test, why));
 }

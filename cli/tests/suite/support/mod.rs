@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
-mod guard;
+pub mod guard;
 pub use guard::{skip, time_limit};
 
 /// The tag of the cached busybox test image.

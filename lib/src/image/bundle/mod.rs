@@ -67,8 +67,8 @@ use digest::*;
 pub use digest::{exe_digest, sha256_file};
 pub use ldd::host_linkage;
 use ldd::*;
-pub use place::default_base;
 use place::*;
+pub use place::{DIR_ENV, default_base};
 use prune::*;
 pub use prune::{BundlesPruned, CAP_ENV, DEFAULT_CAP_BYTES, cap_bytes, prune, prune_to};
 
@@ -183,6 +183,22 @@ pub struct ExeBundle {
     dir: PathBuf,
     manifest: Manifest,
     hold: Arc<Hold>,
+    added: Option<BundleAdded>,
+}
+
+/// A bundle [`ExeBundle::prepare`] made, the cache not having it: the cache grew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BundleAdded {
+    /// The new bundle's dir.
+    pub dir: PathBuf,
+    /// The bytes of its files.
+    pub bytes: u64,
+    /// The bytes of every bundle in its base now, this one included, after the pruning
+    /// that follows each prepare.
+    pub cache_bytes: u64,
+    /// The size cap the base is pruned to ([`cap_bytes`]).
+    pub cap_bytes: u64,
 }
 
 impl PartialEq for ExeBundle {
@@ -227,24 +243,38 @@ impl ExeBundle {
         let base_fd = open_base(base)?;
         let name = format!("bundle-{}", &digest[..16]);
         let mut bundle = None;
+        let mut built = false;
         for _ in 0..MAX_TRIES {
             match Self::reuse(&base_fd, base, &name, &digest)? {
                 Found::Bundle(b) => bundle = Some(b),
                 Found::Again => continue,
-                Found::Absent => bundle = Self::build_in_place(&base_fd, base, &name, &file, exe, &exe_name, &digest)?,
+                Found::Absent => {
+                    bundle = Self::build_in_place(&base_fd, base, &name, &file, exe, &exe_name, &digest)?;
+                    built = bundle.is_some();
+                }
             }
             if bundle.is_some() {
                 break;
             }
         }
-        let bundle = bundle.ok_or_else(|| io_err("settle", &base.join(&name))(io::Error::other("it kept changing")))?;
+        let mut bundle =
+            bundle.ok_or_else(|| io_err("settle", &base.join(&name))(io::Error::other("it kept changing")))?;
         // Bookkeeping failures only make the bundle go by its age.
         if let Err(e) = touch(&bundle.hold.0).and_then(|()| record_exe(&bundle.hold.0, &exe_path)) {
             tracing::debug!(dir = %bundle.dir.display(), error = %e, "cannot record the use of a tools bundle");
         }
-        let pruned = prune_at(&base_fd, base);
+        let cap = cap_bytes();
+        let pruned = prune_capped(&base_fd, base, cap);
         if !pruned.removed.is_empty() {
             tracing::info!(removed = ?pruned.removed, freed_bytes = pruned.freed_bytes, "pruned tools bundles");
+        }
+        if built {
+            bundle.added = Some(BundleAdded {
+                dir: bundle.dir.clone(),
+                bytes: bytes_of(&bundle.hold.0),
+                cache_bytes: pruned.bytes_kept,
+                cap_bytes: cap,
+            });
         }
         Ok(bundle)
     }
@@ -301,7 +331,7 @@ impl ExeBundle {
             }
             return Ok(Found::Again);
         };
-        Ok(Found::Bundle(ExeBundle { dir, manifest, hold: Arc::new(Hold(lock)) }))
+        Ok(Found::Bundle(ExeBundle { dir, manifest, hold: Arc::new(Hold(lock)), added: None }))
     }
 
     /// Builds the bundle in a temporary dir (held exclusively, so no pruner takes it for
@@ -341,7 +371,7 @@ impl ExeBundle {
                 // Shared from now on, like any user's. The conversion is not atomic, which
                 // is harmless: a bundle just built and used is never prunable.
                 let _ = lock.relock(FlockArg::LockShared);
-                Ok(Some(ExeBundle { dir, manifest, hold: Arc::new(Hold(lock)) }))
+                Ok(Some(ExeBundle { dir, manifest, hold: Arc::new(Hold(lock)), added: None }))
             }
             // Another process won the race (a non-empty target): use its bundle.
             Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
@@ -434,6 +464,12 @@ impl ExeBundle {
     /// The bundle's dir on the host (it stays in place while this value lives).
     pub fn host_dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether this prepare made the bundle (the cache grew by it), and what the cache
+    /// holds now; `None` for a bundle that was there.
+    pub fn added(&self) -> Option<&BundleAdded> {
+        self.added.as_ref()
     }
 
     /// The executable's file name inside the bundle.

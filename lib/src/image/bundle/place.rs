@@ -5,9 +5,29 @@
 use super::*;
 use stevedore_init::tree;
 
-/// The default base dir for host bundles: `bundles` in stevedore's private host dir.
+/// The environment variable that moves the bundle cache: an absolute path, made a private
+/// dir of this user when missing. The default, stevedore's private dir, is often a tmpfs
+/// (`$XDG_RUNTIME_DIR`), and a debug build's bundle weighs a few hundred MB: a build tree,
+/// or a disk, may suit it better (the repository's tests keep theirs under `target/`).
+pub const DIR_ENV: &str = "STEVEDORE_BUNDLE_DIR";
+
+/// The default base dir for host bundles: [`DIR_ENV`] when it is an absolute path, else
+/// `bundles` in stevedore's private host dir.
 pub fn default_base() -> PathBuf {
-    crate::hostdir::default_base().join("bundles")
+    base_from(std::env::var_os(DIR_ENV))
+}
+
+/// [`default_base`] given [`DIR_ENV`]'s value (a relative one is said and ignored: it would
+/// name another dir from each working directory).
+pub(super) fn base_from(configured: Option<std::ffi::OsString>) -> PathBuf {
+    match configured.filter(|d| !d.is_empty()) {
+        Some(d) if Path::new(&d).is_absolute() => PathBuf::from(d),
+        Some(d) => {
+            tracing::warn!(value = %Path::new(&d).display(), "{DIR_ENV} is not an absolute path; the default holds");
+            crate::hostdir::default_base().join("bundles")
+        }
+        None => crate::hostdir::default_base().join("bundles"),
+    }
 }
 
 pub(super) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> BundleError + use<> {

@@ -16,6 +16,8 @@ pub struct BundlesPruned {
     pub freed_bytes: u64,
     /// The remembered digests removed.
     pub digests_removed: usize,
+    /// The bytes of the bundles left in the base (those in use included).
+    pub bytes_kept: u64,
 }
 
 /// What a recorded executable path holds now, compared with a bundle's executable.
@@ -211,10 +213,11 @@ fn evict_over_cap(base_fd: &OwnedFd, base: &Path, cap: u64, held: u64, mut idle:
             Err(e) => tracing::warn!(dir = %base.join(&b.name).display(), error = %e, "cannot prune a tools bundle"),
         }
     }
+    out.bytes_kept = total;
 }
 
 /// The bytes of the regular files of the bundle open as `dir` (its top level and `lib/`).
-fn bytes_of(dir: &OwnedFd) -> u64 {
+pub(super) fn bytes_of(dir: &OwnedFd) -> u64 {
     let files = |fd: &OwnedFd| -> u64 {
         let Ok((all, _)) = tree::children(fd, usize::MAX, |_| true) else { return 0 };
         all.iter().filter(|c| c.kind == tree::Kind::File).filter_map(|c| c.stat.as_ref().map(|s| s.size)).sum()

@@ -92,7 +92,7 @@ fn dynamic_bundle_holds_loader_and_libs() {
 fn static_bundle_holds_only_the_exe_and_is_reused() {
     let busybox = Path::new("/bin/busybox");
     if !busybox.exists() {
-        eprintln!("SKIP: /bin/busybox missing (install busybox-static)");
+        crate::util::test_skip("/bin/busybox missing (install busybox-static)");
         return;
     }
     let base = tempfile::tempdir().unwrap();
@@ -217,7 +217,7 @@ fn a_bundle_unused_for_a_week_is_pruned_and_a_recent_one_kept() {
     let base = t.path().join("base");
     let (a, b) = (t.path().join("a"), t.path().join("b"));
     let (Some(_), Some(_)) = (busybox_variant(&a, b"a"), busybox_variant(&b, b"b")) else {
-        eprintln!("SKIP: /bin/busybox missing (install busybox-static)");
+        crate::util::test_skip("/bin/busybox missing (install busybox-static)");
         return;
     };
     let first = ExeBundle::prepare(&a, &base).unwrap();
@@ -251,7 +251,7 @@ fn over_the_size_cap_the_least_recently_used_unheld_bundles_go_first() {
     let base = t.path().join("base");
     let exes: Vec<PathBuf> = ["a", "b", "c"].iter().map(|n| t.path().join(n)).collect();
     if exes.iter().enumerate().any(|(i, e)| busybox_variant(e, &[b'0' + i as u8; 4]).is_none()) {
-        eprintln!("SKIP: /bin/busybox missing (install busybox-static)");
+        crate::util::test_skip("/bin/busybox missing (install busybox-static)");
         return;
     }
     let mut dirs = Vec::new();
@@ -288,7 +288,7 @@ fn a_bundle_of_an_older_stevedore_goes_after_a_day() {
     let base = t.path().join("base");
     let exe = t.path().join("prog");
     let Some(_) = busybox_variant(&exe, b"old") else {
-        eprintln!("SKIP: /bin/busybox missing (install busybox-static)");
+        crate::util::test_skip("/bin/busybox missing (install busybox-static)");
         return;
     };
     // What an older stevedore left: no record, no marker.
@@ -376,7 +376,7 @@ fn leftovers_go_once_old_and_unheld_and_nothing_is_followed() {
 #[test]
 fn a_dir_of_another_user_inside_is_not_emptied() {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: needs root to chown");
+        crate::util::test_skip("needs root to chown");
         return;
     }
     let t = tempfile::tempdir().unwrap();
@@ -432,4 +432,34 @@ fn a_base_of_another_user_is_refused_and_an_open_one_of_ours_is_tightened() {
         let err = ExeBundle::prepare(Path::new("/bin/sh"), &theirs);
         assert!(matches!(err, Err(BundleError::Untrusted { .. })), "{err:?}");
     }
+}
+
+#[test]
+fn the_bundle_dir_is_the_one_the_environment_names_when_absolute() {
+    let default = crate::hostdir::default_base().join("bundles");
+    assert_eq!(place::base_from(Some("/var/cache/sd-bundles".into())), Path::new("/var/cache/sd-bundles"));
+    assert_eq!(place::base_from(Some("relative/dir".into())), default, "a relative dir is ignored");
+    assert_eq!(place::base_from(Some("".into())), default);
+    assert_eq!(place::base_from(None), default);
+}
+
+/// The prepare that makes a bundle says so, with its size and the cache's after the
+/// pruning; one that finds it says nothing.
+#[test]
+fn a_prepare_that_grows_the_cache_says_where_and_how_much() {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        crate::util::test_skip("/bin/busybox missing (install busybox-static)");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let first = ExeBundle::prepare(busybox, base.path()).unwrap();
+    let added = first.added().expect("a new bundle").clone();
+    let size = fs::metadata(busybox).unwrap().len();
+    assert_eq!(added.dir.as_path(), first.host_dir());
+    assert!((size..size + 4096).contains(&added.bytes), "the exe and the bookkeeping: {} of {size}", added.bytes);
+    assert_eq!(added.cache_bytes, added.bytes, "the only bundle, held, counts");
+    assert_eq!(added.cap_bytes, cap_bytes());
+    let again = ExeBundle::prepare(busybox, base.path()).unwrap();
+    assert_eq!(again.added(), None, "found in the cache: it did not grow");
 }
