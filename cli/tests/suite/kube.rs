@@ -990,3 +990,48 @@ async fn three_rounds_of_eight_in_parallel_all_conclude_and_leave_nothing() {
     }
     rung.close().await;
 }
+
+/// A namespace of the test's own, where the rung's user has the Role the README gives and a
+/// ResourceQuota admits no Pod; removed with everything in it however the test ends.
+struct QuotaNamespace<'a>(&'a Cluster, String);
+
+impl Drop for QuotaNamespace<'_> {
+    fn drop(&mut self) {
+        self.0.kubectl(&["delete", "namespace", &self.1, "--wait=false", "--ignore-not-found"]);
+    }
+}
+
+#[tokio::test]
+async fn a_quota_refusal_is_said_as_such_and_leaves_no_pod() {
+    let Some(c) = setup().await else { return };
+    let w = worker("kube-quota");
+    let ns = format!("stevedore-quota-{}", std::process::id());
+    let guard = QuotaNamespace(c, ns.clone());
+    let objects = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "none", "namespace": ns},
+         "spec": {"hard": {"pods": "0"}}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "rung", "namespace": ns},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
+                   {"apiGroups": [""], "resources": ["pods/attach", "pods/exec"], "verbs": ["get", "create"]},
+                   {"apiGroups": ["policy"], "resources": ["podsecuritypolicies"], "verbs": ["use"],
+                    "resourceNames": ["stevedore-ci-any"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "rung", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rung"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "stevedore-rung"}]}]});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), objects.to_string()).unwrap();
+    let made = c.kubectl(&["create", "-f", file.path().to_str().unwrap()]);
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let rung = KubeExecutor::connect(config(c).namespace(&ns)).await.expect("connect");
+    let dir = tempfile::tempdir().unwrap();
+    let err = stevedore::error_chain(
+        &rung.run(&sh(c, &w, &dir.path().join("out"), "true"), CancellationToken::new()).await.expect_err("quota"),
+    );
+    assert!(err.contains("the namespace's ResourceQuota refuses the Pod") && err.contains("exceeded quota"), "{err}");
+    rung.close().await;
+    let left = c.kubectl(&["get", "pods", "-n", &ns, "-o", "name"]);
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "");
+    drop(guard);
+}
