@@ -1,0 +1,249 @@
+//! The oci rung on this machine: each attempt a bundle run by the real runc (no daemon in
+//! its path), the busybox image's filesystem exported from the local engine once, the real
+//! init as PID 1. Statuses, inputs and outputs, OOM, timeout and grace, hardening probes, and
+//! after every attempt nothing left: no runtime container, bundle, mount or cgroup.
+
+use crate::support;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use stevedore::contract::Status;
+use stevedore::oci::{OciConfig, OciExecutor};
+use stevedore::{Executor, Request, ResourceLimits};
+use tokio_util::sync::CancellationToken;
+
+/// The rung and the image, or `None` (skipped, failing under `CI=true`) without runc, root
+/// or an engine.
+async fn setup() -> Option<(OciExecutor, String)> {
+    let (_docker, image) = support::setup().await?;
+    let why = if !nix::unistd::geteuid().is_root() { Some("the oci rung needs root".to_owned()) } else { None };
+    let rung = match why {
+        Some(w) => Err(w),
+        None => {
+            let cfg = OciConfig::default()
+                .log_dir(support::test_logs())
+                .incarnation(stevedore::contract::incarnation::mint());
+            OciExecutor::new(cfg).await.map_err(|e| stevedore::error_chain(&e))
+        }
+    };
+    match rung {
+        Ok(r) => Some((r, image)),
+        Err(why) if support::in_ci() => panic!("CI=true and the oci rung cannot run: {why}"),
+        Err(why) => {
+            eprintln!("SKIP: no oci rung ({why})");
+            support::skip(format!("no oci rung: {why}"));
+            None
+        }
+    }
+}
+
+fn sh(image: &str, w: &str, out: &Path, script: &str) -> Request {
+    Request::command("job", ["sh", "-c", script], out).worker(w).image(image)
+}
+
+async fn run(r: &OciExecutor, req: &Request) -> stevedore::Outcome {
+    r.run(req, CancellationToken::new()).await.expect("the attempt runs")
+}
+
+fn stdout_of(o: &stevedore::Outcome) -> String {
+    std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap()
+}
+
+/// Nothing of `w`'s attempts is left: no runtime container in the state dir, no bundle, no
+/// mount naming them, no cgroup under the rung's parent.
+fn nothing_left(r: &OciExecutor, w: &str) {
+    let named = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(w))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(named(r.state_dir()), Vec::<String>::new(), "runtime containers left");
+    assert_eq!(named(r.bundles_dir()), Vec::<String>::new(), "bundles left");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(w)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    let mut cgroups = named(Path::new("/sys/fs/cgroup/stevedore-oci"));
+    for h in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        cgroups.extend(named(&h.path().join("stevedore-oci")));
+    }
+    assert_eq!(cgroups, Vec::<String>::new(), "cgroups left");
+}
+
+#[tokio::test]
+async fn oci_a_command_s_exit_code_and_stdout_and_nothing_left() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-plain");
+    let t = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let o = run(&rung, &sh(&image, &w, &t.path().join("a"), "echo hello; echo err >&2")).await;
+    eprintln!("a cold attempt (the image's first unpack included when it is new): {:?}", started.elapsed());
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(stdout_of(&o), "hello\n");
+    assert_eq!(o.evidence.level, Some(stevedore::Level::Sandboxed));
+    assert!(o.evidence.runtime.as_deref().is_some_and(|r| r.contains("runc")), "{:?}", o.evidence.runtime);
+    assert!(o.evidence.skipped.contains_key("seccomp"), "no seccomp yet, and said so");
+    nothing_left(&rung, &w);
+
+    let o = run(&rung, &sh(&image, &w, &t.path().join("b"), "echo oops >&2; exit 3")).await;
+    assert_eq!(o.status, Status::HandlerError, "{}", o.to_json());
+    assert_eq!((o.exit_code, o.signal), (Some(3), None));
+    assert!(o.status.counts_against_retries());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_inputs_are_read_only_and_outputs_hashed_and_the_caller_s() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-io");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    std::fs::write(input.join("sub/data.txt"), b"forty-two\n").unwrap();
+    let before = std::fs::metadata(input.join("sub/data.txt")).unwrap();
+    let script = "cat /in/sub/data.txt > /out/copy.txt; \
+                  if echo x > /in/sub/data.txt 2>/dev/null; then echo WROTE; fi; \
+                  if touch /in/new 2>/dev/null; then echo MADE; fi; mkdir /out/d; echo y > /out/d/y";
+    let req = sh(&image, &w, &t.path().join("o"), script).input_dir(&input);
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "", "the inputs were not writable");
+    let mut names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["copy.txt", "d/y"]);
+    let copy = o.outputs.iter().find(|f| f.name == "copy.txt").unwrap();
+    use sha2::Digest;
+    assert_eq!(copy.hash, format!("sha256:{:x}", sha2::Sha256::digest(b"forty-two\n")));
+    let md = std::fs::metadata(t.path().join("o/copy.txt")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()));
+    let after = std::fs::metadata(input.join("sub/data.txt")).unwrap();
+    assert_eq!((after.uid(), after.mode(), after.len()), (before.uid(), before.mode(), before.len()));
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_a_memory_hog_is_oom_killed() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-oom");
+    let t = tempfile::tempdir().unwrap();
+    let hog = "dd if=/dev/zero of=/dev/null bs=256M count=1 2>/dev/null";
+    let req = sh(&image, &w, &t.path().join("o"), hog).limits(ResourceLimits::new().with("memory", 64 << 20));
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::OomKilled, "{}", o.to_json());
+    assert!(o.evidence.oom_kills >= Some(1), "{}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_a_timeout_with_grace_kills_a_term_ignoring_command() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-deadline");
+    let t = tempfile::tempdir().unwrap();
+    let (grace, deadline) = (Duration::from_secs(1), Duration::from_secs(2));
+    let mut req = sh(&image, &w, &t.path().join("o"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done");
+    req.policy = req.policy.clone().with_grace(grace);
+    let req = req.timeout(deadline);
+    let start = Instant::now();
+    let o = run(&rung, &req).await;
+    let took = start.elapsed();
+    assert_eq!(o.status, Status::Timeout, "{}", o.to_json());
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("deadline"));
+    assert_eq!(o.signal, Some(9), "SIGKILLed after the grace");
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"], "a timed-out attempt's outputs");
+    assert!(took < deadline + grace + Duration::from_secs(5), "took {took:?}");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_cancellation_stops_the_attempt_and_removes_it() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-cancel");
+    let t = tempfile::tempdir().unwrap();
+    let mut req = sh(&image, &w, &t.path().join("o"), "echo ready; sleep 60").grace(Duration::from_secs(5));
+    let mut watch = support::watch([&mut req]);
+    let token = CancellationToken::new();
+    let t2 = token.clone();
+    tokio::spawn(async move {
+        watch.until("ready").await;
+        t2.cancel();
+    });
+    let o = rung.run(&req, token).await.unwrap();
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("cancelled"));
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_hardening_probes() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-hard");
+    let t = tempfile::tempdir().unwrap();
+    let probe = "id -u; id -g; grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; \
+                 if touch /probe 2>/dev/null; then echo root-writable; else echo root-read-only; fi; \
+                 ls /sys/class/net; \
+                 if echo 1 > /sys/kernel/mm/ksm/run 2>/dev/null; then echo sys-writable; else echo sys-read-only; fi; \
+                 cat /proc/kcore 2>/dev/null | head -c 1 | wc -c; ls /dev | tr '\\n' ' '; echo; \
+                 if [ -e /dev/sda ] || [ -e /dev/mem ]; then echo host-devices; fi; echo $HOME; hostname";
+    let o = run(&rung, &sh(&image, &w, &t.path().join("o"), probe)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let out = stdout_of(&o);
+    eprintln!("{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..2], ["65532", "65532"], "non-root: {out}");
+    for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        let line = lines.iter().find(|l| l.starts_with(set)).unwrap_or_else(|| panic!("{set}: {out}"));
+        assert!(line.ends_with("0000000000000000"), "{line}");
+    }
+    assert!(lines.iter().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{out}");
+    assert!(lines.contains(&"root-read-only"), "{out}");
+    assert!(lines.contains(&"lo"), "{out}");
+    let net: Vec<&&str> = lines.iter().filter(|l| ["eth0", "docker0", "ens3", "ens4", "enp0s3"].contains(l)).collect();
+    assert!(net.is_empty(), "only lo: {out}");
+    assert!(lines.contains(&"sys-read-only"), "{out}");
+    assert!(lines.contains(&"0"), "/proc/kcore masked: {out}");
+    assert!(!lines.contains(&"host-devices"), "{out}");
+    assert!(lines.contains(&"/tmp"), "HOME: {out}");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_two_attempts_of_a_new_image_unpack_it_once_side_by_side() {
+    let Some((_, image)) = setup().await else { return };
+    // A base of its own: the image is new to this cache, and both attempts want it at once.
+    let base = tempfile::tempdir().unwrap();
+    let cfg = OciConfig::default()
+        .base_dir(base.path().join("oci"))
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint());
+    let rung = OciExecutor::new(cfg).await.expect("the oci rung sets up");
+    let w = support::worker("oci-two");
+    let t = tempfile::tempdir().unwrap();
+    let a = sh(&image, &w, &t.path().join("a"), "echo a");
+    let b = sh(&image, &w, &t.path().join("b"), "echo b");
+    let (oa, ob) = tokio::join!(run(&rung, &a), run(&rung, &b));
+    assert_eq!((oa.status, ob.status), (Status::Ok, Status::Ok), "{} {}", oa.to_json(), ob.to_json());
+    assert_eq!((stdout_of(&oa), stdout_of(&ob)), ("a\n".to_owned(), "b\n".to_owned()));
+    let images: Vec<String> = std::fs::read_dir(base.path().join("oci/images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let id = oa.evidence.image_id.clone().unwrap();
+    assert_eq!(images, [id.trim_start_matches("sha256:")], "one unpack, nothing half-made left");
+    let mode = std::fs::metadata(base.path().join("oci/images")).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the cache is private");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
