@@ -56,6 +56,12 @@ pub async fn census(g: &Global, a: &CensusArgs) -> u8 {
             )
             .said();
         }
+        Ok(Rung::Oci(_)) => {
+            return CliError::Failed(
+                "census: the oci rung's census is not built yet (--rung container or kube)".into(),
+            )
+            .said();
+        }
         Err(e) => return e.exiting(1).said(),
     };
     println!("{line}");

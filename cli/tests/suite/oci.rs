@@ -247,3 +247,31 @@ async fn oci_two_attempts_of_a_new_image_unpack_it_once_side_by_side() {
     nothing_left(&rung, &w);
     rung.close().await;
 }
+
+#[tokio::test]
+async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-cli");
+    let t = tempfile::tempdir().unwrap();
+    let stevedore = |out: &str, extra: &[&str], argv: &[&str]| {
+        std::process::Command::new(support::BIN)
+            .args(["run", "--rung", "oci", "--worker", &w, "--image", &image, "--output"])
+            .arg(t.path().join(out))
+            .args(extra)
+            .arg("--")
+            .args(argv)
+            .output()
+            .unwrap()
+    };
+    let o = stevedore("a", &[], &["sh", "-c", "echo hi; id -u"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n65532\n");
+    let o = stevedore("b", &[], &["sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("stevedore: failed (exit 3)"));
+    let o = stevedore("c", &["-p", "80"], &["true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not available on the oci rung"));
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
