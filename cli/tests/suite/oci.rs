@@ -50,9 +50,19 @@ fn stdout_of(o: &stevedore::Outcome) -> String {
     std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap()
 }
 
+/// What every name of `w`'s attempts starts with: its first 40 characters and 12 hex of the
+/// whole id's SHA-256 (ids that share 40 characters are told apart).
+fn names_of(w: &str) -> String {
+    use sha2::Digest;
+    let hash: String = sha2::Sha256::digest(w.as_bytes())[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hash}-", &w[..w.len().min(40)])
+}
+
 /// Nothing of `w`'s attempts is left: no runtime container in the state dir, no bundle, no
 /// mount naming them, no cgroup under the rung's parent.
 fn nothing_left(r: &OciExecutor, w: &str) {
+    let w = names_of(w);
+    let w = w.as_str();
     let named = |dir: &Path| -> Vec<String> {
         std::fs::read_dir(dir)
             .map(|rd| {
@@ -273,5 +283,61 @@ async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
     assert_eq!(o.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not available on the oci rung"));
     nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+/// `stevedore run --rung oci` of a command that says `ready` and sleeps, for `w`.
+fn oci_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
+    let mut child = std::process::Command::new(support::BIN)
+        .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--grace", "2s", "--output"])
+        .arg(out)
+        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::stderr_until(&mut child, "ready");
+    child
+}
+
+fn bundles_of(r: &OciExecutor, w: &str) -> Vec<String> {
+    std::fs::read_dir(r.bundles_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&names_of(w)))
+        .collect()
+}
+
+#[tokio::test]
+async fn oci_a_worker_killed_mid_attempts_leaves_nothing_after_reclaim_and_spares_a_near_namesake() {
+    let Some((rung, image)) = setup().await else { return };
+    // Two workers whose ids share their first 40 characters and more.
+    let stem = support::worker("oci-crash");
+    let a = format!("{stem}-{}-a", "x".repeat(40));
+    let b = format!("{stem}-{}-b", "x".repeat(40));
+    let t = tempfile::tempdir().unwrap();
+    let sleepers: Vec<_> = (0..3).map(|i| oci_sleeper(&image, &a, &t.path().join(format!("a{i}")))).collect();
+    let other = oci_sleeper(&image, &b, &t.path().join("b"));
+    for s in sleepers {
+        support::kill9(s);
+    }
+    assert_eq!(bundles_of(&rung, &a).len(), 3, "the crash left its bundles");
+    let report = rung.reclaim(&a).await.expect("reclaim runs");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.paths_removed.iter().filter(|p| p.contains("/bundles/")).count(), 3, "{report:?}");
+    nothing_left(&rung, &a);
+    assert_eq!(bundles_of(&rung, &b).len(), 1, "the other worker's attempt is untouched");
+    let state: Vec<String> = std::fs::read_dir(rung.state_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&names_of(&b)))
+        .collect();
+    assert_eq!(state.len(), 1, "its runtime container runs on: {state:?}");
+    support::kill9(other);
+    let report = rung.reclaim(&b).await.expect("reclaim runs");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    nothing_left(&rung, &b);
     rung.close().await;
 }
