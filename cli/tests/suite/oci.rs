@@ -98,7 +98,7 @@ async fn oci_a_command_s_exit_code_and_stdout_and_nothing_left() {
     assert_eq!(stdout_of(&o), "hello\n");
     assert_eq!(o.evidence.level, Some(stevedore::Level::Sandboxed));
     assert!(o.evidence.runtime.as_deref().is_some_and(|r| r.contains("runc")), "{:?}", o.evidence.runtime);
-    assert!(o.evidence.skipped.contains_key("seccomp"), "no seccomp yet, and said so");
+    assert!(o.evidence.enforcement.contains_key("seccomp") && !o.evidence.skipped.contains_key("seccomp"));
     nothing_left(&rung, &w);
 
     let o = run(&rung, &sh(&image, &w, &t.path().join("b"), "echo oops >&2; exit 3")).await;
@@ -204,7 +204,10 @@ async fn oci_hardening_probes() {
                  ls /sys/class/net; \
                  if echo 1 > /sys/kernel/mm/ksm/run 2>/dev/null; then echo sys-writable; else echo sys-read-only; fi; \
                  cat /proc/kcore 2>/dev/null | head -c 1 | wc -c; ls /dev | tr '\\n' ' '; echo; \
-                 if [ -e /dev/sda ] || [ -e /dev/mem ]; then echo host-devices; fi; echo $HOME; hostname";
+                 if [ -e /dev/sda ] || [ -e /dev/mem ]; then echo host-devices; fi; echo $HOME; hostname; \
+                 grep '^Seccomp:' /proc/self/status; \
+                 if unshare -U true 2>/dev/null; then echo userns-made; else echo userns-refused; fi; \
+                 if unshare -n true 2>/dev/null; then echo netns-made; else echo netns-refused; fi";
     let o = run(&rung, &sh(&image, &w, &t.path().join("o"), probe)).await;
     assert_eq!(o.status, Status::Ok, "{}", o.to_json());
     let out = stdout_of(&o);
@@ -224,6 +227,15 @@ async fn oci_hardening_probes() {
     assert!(lines.contains(&"0"), "/proc/kcore masked: {out}");
     assert!(!lines.contains(&"host-devices"), "{out}");
     assert!(lines.contains(&"/tmp"), "HOME: {out}");
+    // Docker's default profile: a filter (mode 2), and no new user namespace without
+    // CAP_SYS_ADMIN (the kernel alone would let an unprivileged process make one).
+    assert!(lines.iter().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{out}");
+    assert!(lines.contains(&"userns-refused") && lines.contains(&"netns-refused"), "{out}");
+    assert!(
+        o.evidence.enforcement["seccomp"].contains("Docker's default seccomp profile"),
+        "{:?}",
+        o.evidence.enforcement
+    );
     nothing_left(&rung, &w);
     rung.close().await;
 }

@@ -24,7 +24,8 @@ pub struct OciConfig {
     pub image: Option<String>,
     /// The command's `uid:gid` (never 0).
     pub user: (u32, u32),
-    /// Limits for what a request leaves out (under the ceilings; [`FALLBACK`] below both).
+    /// Limits for what a request leaves out (under the ceilings; below both, the container
+    /// rung's fallback).
     pub defaults: Limits,
     /// The most an attempt gets per dimension.
     pub ceilings: Limits,
@@ -42,6 +43,9 @@ pub struct OciConfig {
     pub connection: crate::engine::Connection,
     /// The boot of the worker process (minted when not given).
     pub incarnation: Option<String>,
+    /// Docker's default seccomp profile on every command (default); `false` relaxes it, and
+    /// the evidence says so.
+    pub seccomp: bool,
 }
 
 impl Default for OciConfig {
@@ -61,6 +65,7 @@ impl Default for OciConfig {
             link: LinkConfig::default(),
             connection: crate::engine::Connection::default(),
             incarnation: None,
+            seccomp: true,
         }
     }
 }

@@ -37,6 +37,9 @@ pub enum OciError {
     /// a place on the host could not be made or trusted
     #[error(transparent)]
     Dir(#[from] HostDirError),
+    /// the seccomp profile cannot be used on this machine
+    #[error(transparent)]
+    Seccomp(#[from] super::seccomp::SeccompError),
     /// the engine the images come from cannot be reached
     #[error("the engine the images come from cannot be reached")]
     Engine(#[source] EngineError),
@@ -64,7 +67,8 @@ fn find_runtime(name: &Path) -> Option<PathBuf> {
 }
 
 impl OciExecutor {
-    /// Sets the rung up: root, the runtime (asked its version), the rung's private dirs
+    /// Sets the rung up: root, the runtime (asked its version), the seccomp profile for this
+    /// machine, the rung's private dirs
     /// (`<base>/state` the runtime's `--root`, `bundles`, `images`), the init's host copy,
     /// the engine.
     pub async fn new(config: OciConfig) -> Result<Self, OciError> {
@@ -103,6 +107,13 @@ impl OciExecutor {
             init,
             &init_digest,
         )?;
+        let seccomp = match config.seccomp {
+            true => {
+                let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+                Some(super::seccomp::for_attempt(std::env::consts::ARCH, release.trim())?)
+            }
+            false => None,
+        };
         let engine =
             Engine::connect(&config.connection, std::time::Duration::from_secs(30)).await.map_err(OciError::Engine)?;
         let incarnation =
@@ -118,6 +129,7 @@ impl OciExecutor {
             tools,
             init_digest,
             images: Cache::new(images),
+            seccomp,
             config,
         };
         Ok(Self { shared: Arc::new(site) })

@@ -9,7 +9,9 @@
 //! `prepare`; `site` holds what attempts share; `executor` is the rung's face, and nothing
 //! imports it.
 //!
-//! Not built yet: Docker's seccomp profile and AppArmor, recovery after a worker restart,
+//! `seccomp` resolves Docker's default profile, vendored as data, for the attempts.
+//!
+//! Not built yet: AppArmor, recovery after a worker restart,
 //! the host's own witness of an end without a record (the runtime destroys the cgroup as
 //! PID 1 ends), handlers, `/out` walked in place, a bounded and pruned image cache, layers
 //! from `docker save` or an OCI layout (whiteouts), the census's runtime line.
@@ -23,9 +25,11 @@ mod ledger;
 mod prepare;
 mod provision;
 mod reclaim;
+pub mod seccomp;
 mod site;
 mod spec;
 
 pub use config::OciConfig;
 pub use executor::{OciError, OciExecutor};
 pub use image::ImageError;
+pub use seccomp::SeccompError;

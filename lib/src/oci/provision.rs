@@ -54,6 +54,7 @@ pub(crate) async fn provision(
         user: site.config.user,
         name: &name,
         reserve: site.config.link.delivery_reserve,
+        seccomp: site.seccomp.as_ref(),
     };
     let spec = build(&input).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;
     let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;

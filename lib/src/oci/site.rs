@@ -27,6 +27,9 @@ pub(crate) struct OciSite {
     pub tools: PathBuf,
     pub init_digest: String,
     pub images: Cache,
+    /// Docker's default seccomp profile resolved for this machine (`None`: relaxed by
+    /// configuration).
+    pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
     pub gate: Gate,
 }
 

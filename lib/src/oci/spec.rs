@@ -76,6 +76,8 @@ pub(crate) struct SpecInput<'a> {
     pub name: &'a str,
     /// The init's delivery reserve, added to the cgroup's memory.
     pub reserve: u64,
+    /// The seccomp filter (`None`: relaxed by configuration).
+    pub seccomp: Option<&'a oci_spec::runtime::LinuxSeccomp>,
 }
 
 /// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`).
@@ -159,13 +161,16 @@ pub(crate) fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     .into_iter()
     .map(|typ| LinuxNamespaceBuilder::default().typ(typ).build())
     .collect::<Result<Vec<_>, _>>()?;
-    let linux = LinuxBuilder::default()
+    let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
         .resources(resources.build()?)
         .cgroups_path(format!("/{CGROUP_PARENT}/{}", input.name))
         .masked_paths(get_default_maskedpaths())
-        .readonly_paths(get_default_readonly_paths())
-        .build()?;
+        .readonly_paths(get_default_readonly_paths());
+    if let Some(s) = input.seccomp {
+        linux = linux.seccomp(s.clone());
+    }
+    let linux = linux.build()?;
     SpecBuilder::default()
         .version("1.0.2")
         .root(root)
@@ -207,10 +212,19 @@ pub(crate) fn enforcement(input: &SpecInput<'_>) -> (BTreeMap<String, String>, B
     if input.input.is_some() {
         put("inputs", "a private copy made and held by stevedore, root's without write bits, bound read-only".into());
     }
-    off.insert(
-        "seccomp".into(),
-        "no seccomp profile yet on the oci rung (Docker's default is not vendored yet)".into(),
-    );
+    match input.seccomp {
+        Some(s) => put(
+            "seccomp",
+            format!(
+                "{} for a command without capabilities: {} rules, default action errno",
+                super::seccomp::ORIGIN,
+                s.syscalls().as_ref().map_or(0, Vec::len)
+            ),
+        ),
+        None => {
+            off.insert("seccomp".into(), "relaxed by configuration".into());
+        }
+    }
     off.insert("apparmor".into(), "no AppArmor profile on the oci rung yet".into());
     (on, off)
 }
@@ -221,6 +235,7 @@ mod tests {
 
     fn spec_json(input_dir: Option<&Path>) -> serde_json::Value {
         let z = sizes(&ResourceLimits::new().with("memory", 64 << 20).with("cpu", 500), &OciConfig::default());
+        let seccomp = super::super::seccomp::for_attempt("x86_64", "6.1.0").unwrap();
         let input = SpecInput {
             rootfs: Path::new("/cache/abc/rootfs"),
             tools: Path::new("/run/stevedore-oci/tools"),
@@ -229,6 +244,7 @@ mod tests {
             user: (65532, 65532),
             name: "w-0123-a1",
             reserve: 8 << 20,
+            seccomp: Some(&seccomp),
         };
         serde_json::to_value(build(&input).unwrap()).unwrap()
     }
@@ -251,6 +267,8 @@ mod tests {
         assert_eq!(s["linux"]["resources"]["memory"]["swap"], (64 << 20) + (8 << 20));
         assert_eq!(s["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(s["linux"]["cgroupsPath"], "/stevedore-oci/w-0123-a1");
+        assert_eq!(s["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ERRNO");
+        assert_eq!(s["linux"]["seccomp"]["architectures"][0], "SCMP_ARCH_X86_64");
         assert!(s["linux"]["maskedPaths"].as_array().unwrap().contains(&"/proc/kcore".into()));
         let mounts = s["mounts"].as_array().unwrap();
         let at = |d: &str| mounts.iter().find(|m| m["destination"] == d).unwrap_or_else(|| panic!("{d}"));
