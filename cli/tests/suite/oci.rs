@@ -38,6 +38,15 @@ async fn setup() -> Option<(OciExecutor, String)> {
     }
 }
 
+/// A rung whose places (the image cache included) are under `dir`/oci.
+async fn private_rung(dir: &Path) -> OciExecutor {
+    let cfg = OciConfig::default()
+        .base_dir(dir.join("oci"))
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint());
+    OciExecutor::new(cfg).await.expect("the oci rung sets up")
+}
+
 fn sh(image: &str, w: &str, out: &Path, script: &str) -> Request {
     Request::command("job", ["sh", "-c", script], out).worker(w).image(image)
 }
@@ -245,11 +254,7 @@ async fn oci_two_attempts_of_a_new_image_unpack_it_once_side_by_side() {
     let Some((_, image)) = setup().await else { return };
     // A base of its own: the image is new to this cache, and both attempts want it at once.
     let base = tempfile::tempdir().unwrap();
-    let cfg = OciConfig::default()
-        .base_dir(base.path().join("oci"))
-        .log_dir(support::test_logs())
-        .incarnation(stevedore::contract::incarnation::mint());
-    let rung = OciExecutor::new(cfg).await.expect("the oci rung sets up");
+    let rung = private_rung(base.path()).await;
     let w = support::worker("oci-two");
     let t = tempfile::tempdir().unwrap();
     let a = sh(&image, &w, &t.path().join("a"), "echo a");
@@ -352,4 +357,45 @@ async fn oci_a_worker_killed_mid_attempts_leaves_nothing_after_reclaim_and_spare
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     nothing_left(&rung, &b);
     rung.close().await;
+}
+
+/// Builds `stevedore-test/oci-<what>:<unique>` from busybox with `run` as its one `RUN`.
+async fn image_with(docker: &bollard::Docker, what: &str, run: &str) -> String {
+    let busybox = support::busybox_image(docker).await;
+    let dockerfile = format!("FROM {busybox}\nRUN {run}\nLABEL {}=true\n", support::TEST_LABEL);
+    let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]);
+    let tag = format!("stevedore-test/oci-{what}:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &tag, context).await.expect("building the image");
+    tag
+}
+
+#[tokio::test]
+async fn oci_an_image_whose_mount_point_is_a_symlink_is_refused_and_setuid_is_never_reproduced() {
+    let Some(_) = setup().await else { return };
+    let docker = support::engine().await.unwrap();
+    // A cache of its own: these images' roots go with the test.
+    let base = tempfile::tempdir().unwrap();
+    let rung = private_rung(base.path()).await;
+    let w = support::worker("oci-image");
+    let t = tempfile::tempdir().unwrap();
+    let moved = image_with(&docker, "moved-out", "ln -s /etc /out").await;
+    let err = rung.run(&sh(&moved, &w, &t.path().join("a"), "true"), CancellationToken::new()).await.unwrap_err();
+    let text = stevedore::error_chain(&err);
+    assert!(matches!(err, stevedore::LaunchError::ImageUnavailable { permanent: true, .. }), "{text}");
+    assert!(text.contains("/out") && text.contains("symlink"), "{text}");
+    let half_made: Vec<_> = std::fs::read_dir(rung.bundles_dir().parent().unwrap().join("images"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+        .collect();
+    assert!(half_made.is_empty(), "a refused unpack leaves nothing: {half_made:?}");
+
+    let suid = image_with(&docker, "suid", "cp /bin/busybox /bin/suid && chmod 6755 /bin/suid").await;
+    let o = run(&rung, &sh(&suid, &w, &t.path().join("b"), "stat -c %a /bin/suid")).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "755\n", "no setuid or setgid bit in the unpacked root");
+    nothing_left(&rung, &w);
+    rung.close().await;
+    support::remove_image(&docker, &moved).await;
+    support::remove_image(&docker, &suid).await;
 }
