@@ -282,7 +282,9 @@ async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
     let t = tempfile::tempdir().unwrap();
     let stevedore = |out: &str, extra: &[&str], argv: &[&str]| {
         std::process::Command::new(support::BIN)
-            .args(["run", "--rung", "oci", "--worker", &w, "--image", &image, "--output"])
+            .args(["run", "--rung", "oci", "--worker", &w, "--image", &image, "--logs"])
+            .arg(support::test_logs())
+            .arg("--output")
             .arg(t.path().join(out))
             .args(extra)
             .arg("--")
@@ -306,7 +308,10 @@ async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
 /// `stevedore run --rung oci` of a command that says `ready` and sleeps, for `w`.
 fn oci_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
     let mut child = std::process::Command::new(support::BIN)
-        .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--grace", "2s", "--output"])
+        .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--grace", "2s", "--logs"])
+        // Where the test's rung keeps its captures: its reclaim finds these.
+        .arg(support::test_logs())
+        .arg("--output")
         .arg(out)
         .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
         .stdout(std::process::Stdio::null())
