@@ -404,3 +404,32 @@ async fn oci_an_image_whose_mount_point_is_a_symlink_is_refused_and_setuid_is_ne
     support::remove_image(&docker, &moved).await;
     support::remove_image(&docker, &suid).await;
 }
+
+#[tokio::test]
+async fn oci_a_container_killed_from_outside_is_killed_by_that_signal_and_removed() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-outside");
+    let t = tempfile::tempdir().unwrap();
+    let mut req = sh(&image, &w, &t.path().join("o"), "echo ready; sleep 60");
+    let mut watch = support::watch([&mut req]);
+    let (state, runtime) = (rung.state_dir().to_owned(), rung.runtime().0.to_owned());
+    let prefix = names_of(&w);
+    let killer = tokio::spawn(async move {
+        watch.until("ready").await;
+        let id = std::fs::read_dir(&state)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.starts_with(&prefix))
+            .expect("the runtime's container");
+        let killed =
+            std::process::Command::new(&runtime).arg("--root").arg(&state).args(["kill", &id, "KILL"]).status();
+        assert!(killed.unwrap().success());
+    });
+    let o = run(&rung, &req).await;
+    killer.await.unwrap();
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    assert_eq!(o.signal, Some(9), "the runtime's word on how PID 1 ended: {}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}

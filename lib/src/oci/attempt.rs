@@ -95,10 +95,22 @@ impl Site for Arc<OciSite> {
         Some(start_ticks(own.runtime_pid) == Some(own.start_ticks))
     }
 
-    /// The runtime destroys the container (and its cgroup) as its PID 1 ends: what is known
-    /// of an end without a record is the init's, which did not come.
-    async fn witness(&self, _: &Own, _: bool) -> Witness {
-        Witness { why_no_record: "no record from the init", ..Witness::default() }
+    /// The runtime destroys the container (and its cgroup) as its PID 1 ends: what it says of
+    /// an end without a record is how PID 1 ended (its exit status is the runtime's own:
+    /// 128 + the signal that killed it).
+    async fn witness(&self, own: &Own, link_verdict: bool) -> Witness {
+        let none = Witness { why_no_record: "no record from the init", ..Witness::default() };
+        let Some(mut exit) = self.exit_of(&own.id).filter(|_| !link_verdict) else { return none };
+        let within = self.config.link.kill_margin + Duration::from_secs(3);
+        let code = match tokio::time::timeout(within, exit.wait_for(Option::is_some)).await {
+            Ok(Ok(code)) => *code,
+            _ => None,
+        };
+        // stevedore's init never exits above 128 by itself: such a code is a signal from outside.
+        match code {
+            Some(c) if c > 128 => Witness { exit: crate::contract::Exit::Signal(c - 128), ..none },
+            _ => none,
+        }
     }
 
     fn action(&self, own: &Own, action: &mut crate::contract::Action) {

@@ -23,7 +23,8 @@ pub(crate) struct Cleanup {
     pub bundle: Option<PathBuf>,
     /// The runtime's container id, once `run` was asked for.
     pub id: Option<String>,
-    pub runtime: Option<tokio::process::Child>,
+    /// `runtime run`'s pid and its end, as its waiter reports it.
+    pub runtime: Option<(i32, super::site::Exit)>,
 }
 
 impl Cleanup {
@@ -92,29 +93,35 @@ pub(crate) async fn remove_bundle(bundle: PathBuf, worker: &str) -> Vec<String> 
     }
 }
 
+/// Waits (at most `within`) for the runtime's process to end; whether it did.
+async fn ended(exit: &mut super::site::Exit, within: Duration) -> bool {
+    matches!(tokio::time::timeout(within, exit.wait_for(Option::is_some)).await, Ok(Ok(_)) | Ok(Err(_)))
+}
+
 async fn finish(
     shared: Arc<OciSite>,
     worker: String,
-    runtime: Option<tokio::process::Child>,
+    runtime: Option<(i32, super::site::Exit)>,
     id: Option<String>,
     bundle: Option<PathBuf>,
 ) -> Vec<String> {
     let mut errors = Vec::new();
-    if let Some(mut child) = runtime {
+    if let Some((pid, mut exit)) = runtime {
         let margin = shared.config.link.kill_margin + Duration::from_secs(3);
-        if tokio::time::timeout(margin, child.wait()).await.is_err() {
+        if !ended(&mut exit, margin).await {
             if let Some(id) = &id
                 && let Err(e) = shared.runtime_call(&["kill", id, "KILL"]).await
             {
                 tracing::debug!(error = %e, "SIGKILL through the runtime");
             }
-            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
+            if !ended(&mut exit, Duration::from_secs(10)).await {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                ended(&mut exit, Duration::from_secs(10)).await;
             }
         }
     }
     if let Some(id) = &id {
+        shared.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
         errors.extend(remove_container(&shared, id).await);
     }
     if let Some(b) = bundle {

@@ -130,6 +130,7 @@ impl OciExecutor {
             init_digest,
             images: Cache::new(images),
             seccomp,
+            exits: std::sync::Mutex::default(),
             config,
         };
         Ok(Self { shared: Arc::new(site) })

@@ -11,9 +11,9 @@
 //!
 //! `seccomp` resolves Docker's default profile, vendored as data, for the attempts.
 //!
-//! Not built yet: AppArmor, recovery after a worker restart,
-//! the host's own witness of an end without a record (the runtime destroys the cgroup as
-//! PID 1 ends), handlers, `/out` walked in place, a bounded and pruned image cache, layers
+//! Not built yet: AppArmor, recovery after a worker restart, the host's read of the cgroup
+//! for an end without a record (the runtime destroys the cgroup as PID 1 ends; the witness
+//! has `runtime run`'s exit status only), handlers, `/out` walked in place, a bounded and pruned image cache, layers
 //! from `docker save` or an OCI layout (whiteouts), the census's runtime line.
 
 mod attempt;

@@ -112,7 +112,15 @@ fn spawn(site: &OciSite, bundle: &Path, id: &str, cleanup: &mut Cleanup) -> Resu
     let pid = child.id().map_or(0, |p| p as i32);
     let ticks = super::cleanup::start_ticks(pid).unwrap_or(0);
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-    cleanup.runtime = Some(child);
+    // One waiter owns the runtime's process: the witness and the removal both read its end.
+    let (ended, exit) = tokio::sync::watch::channel(None);
+    site.base.tracker.spawn(async move {
+        use std::os::unix::process::ExitStatusExt;
+        let code = child.wait().await.ok().and_then(|s| s.code().or_else(|| s.signal().map(|n| 128 + n)));
+        let _ = ended.send(Some(code.unwrap_or(-1)));
+    });
+    site.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_owned(), exit.clone());
+    cleanup.runtime = Some((pid, exit));
     let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
         return Err(LaunchError::Staging { what: "the runtime's pipes".into(), source: "missing".into() });
     };

@@ -31,9 +31,21 @@ pub(crate) struct OciSite {
     /// configuration).
     pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
     pub gate: Gate,
+    /// How each running attempt's `runtime run` ended, by container id, until its removal:
+    /// the witness of an end without a record.
+    pub exits: std::sync::Mutex<std::collections::HashMap<String, Exit>>,
 }
 
+/// `runtime run`'s exit status once it ended (its code, or 128 + the signal that killed it:
+/// the runtime's own rule for its container's PID 1).
+pub(crate) type Exit = tokio::sync::watch::Receiver<Option<i32>>;
+
 impl OciSite {
+    /// The exit of the attempt `id`'s runtime, while it is recorded.
+    pub fn exit_of(&self, id: &str) -> Option<Exit> {
+        self.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
+    }
+
     /// `runtime --root <state> <args…>`, with nothing of the worker's environment.
     pub fn runtime_cmd(&self, args: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.runtime);
