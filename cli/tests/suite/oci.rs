@@ -433,3 +433,19 @@ async fn oci_a_container_killed_from_outside_is_killed_by_that_signal_and_remove
     nothing_left(&rung, &w);
     rung.close().await;
 }
+
+#[tokio::test]
+async fn oci_the_census_names_the_runtime_its_cgroups_and_what_it_cannot_do() {
+    let Some((rung, _)) = setup().await else { return };
+    let out = std::process::Command::new(support::BIN).args(["census", "--rung", "oci"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(c["runtime"], rung.runtime().0.display().to_string());
+    assert!(c["runtime_version"].as_str().unwrap().contains(rung.runtime().1), "{c}");
+    assert_eq!((c["cgroup_driver"].as_str(), c["level"].as_str()), (Some("cgroupfs"), Some("sandboxed")));
+    assert!(["1", "2"].contains(&c["cgroup_version"].as_str().unwrap()), "{c}");
+    let features: Vec<&str> = c["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+    assert!(features.contains(&"seccomp") && features.contains(&"network"), "{c}");
+    assert!(c["cannot"]["apparmor"].is_string(), "{c}");
+    rung.close().await;
+}

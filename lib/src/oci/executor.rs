@@ -146,10 +146,88 @@ impl OciExecutor {
         &self.shared.bundles
     }
 
+    /// What the rung is on this machine: the runtime, its version, the cgroups it drives and
+    /// how, what it enforces and what it cannot (`stevedore census --rung oci`).
+    pub fn census(&self) -> OciCensus {
+        let s = &self.shared;
+        let cgroup_version = match stevedore_init::cgroup::detect(Path::new("/sys/fs/cgroup")) {
+            Some(stevedore_init::cgroup::Version::V1) => "1",
+            Some(stevedore_init::cgroup::Version::V2) => "2",
+            None => "none",
+        };
+        let mut features = vec![
+            "memory",
+            "cpu",
+            "pids",
+            "disk",
+            "tmp",
+            "nofile",
+            "network",
+            "read_only_rootfs",
+            "capabilities",
+            "no_new_privileges",
+            "non_root",
+            "namespaces",
+            "proc",
+            "devices",
+            "init",
+            "inputs",
+        ];
+        if s.seccomp.is_some() {
+            features.push("seccomp");
+        }
+        let mut cannot = std::collections::BTreeMap::new();
+        cannot.insert("apparmor", "no AppArmor profile yet");
+        cannot.insert("gpu", "no GPU passed through yet");
+        cannot.insert("handlers", "plain commands only yet");
+        cannot.insert("recover", "no recovery after a worker restart yet");
+        if s.seccomp.is_none() {
+            cannot.insert("seccomp", "relaxed by configuration");
+        }
+        OciCensus {
+            runtime: s.runtime.display().to_string(),
+            runtime_version: s.runtime_version.clone(),
+            cgroup_version,
+            cgroup_driver: "cgroupfs",
+            cgroup_parent: super::spec::CGROUP_PARENT,
+            level: crate::contract::Level::Sandboxed,
+            features,
+            cannot,
+            incarnation: s.base.incarnation.clone(),
+            state_dir: s.state.display().to_string(),
+        }
+    }
+
     /// The runtime this rung runs, and what its `--version` says.
     pub fn runtime(&self) -> (&Path, &str) {
         (&self.shared.runtime, &self.shared.runtime_version)
     }
+}
+
+/// What the oci rung is on this machine ([`OciExecutor::census`]).
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct OciCensus {
+    /// The runtime's path.
+    pub runtime: String,
+    /// The first line of its `--version`.
+    pub runtime_version: String,
+    /// `1`, `2` or `none`: the host's cgroup hierarchy.
+    pub cgroup_version: &'static str,
+    /// How the runtime is asked for cgroups: by path (`cgroupfs`).
+    pub cgroup_driver: &'static str,
+    /// The parent of every attempt's cgroup.
+    pub cgroup_parent: &'static str,
+    /// The rung's isolation level.
+    pub level: crate::contract::Level,
+    /// What every attempt gets enforced (the evidence's `enforcement` keys).
+    pub features: Vec<&'static str>,
+    /// What it cannot do, and why.
+    pub cannot: std::collections::BTreeMap<&'static str, &'static str>,
+    /// This process's incarnation.
+    pub incarnation: String,
+    /// The runtime's `--root`.
+    pub state_dir: String,
 }
 
 crate::attempt::front::executor!(OciExecutor, shared);

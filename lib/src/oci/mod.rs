@@ -13,8 +13,8 @@
 //!
 //! Not built yet: AppArmor, recovery after a worker restart, the host's read of the cgroup
 //! for an end without a record (the runtime destroys the cgroup as PID 1 ends; the witness
-//! has `runtime run`'s exit status only), handlers, `/out` walked in place, a bounded and pruned image cache, layers
-//! from `docker save` or an OCI layout (whiteouts), the census's runtime line.
+//! has `runtime run`'s exit status only), handlers, `/out` walked in place, a bounded and
+//! pruned image cache, layers from `docker save` or an OCI layout (whiteouts).
 
 mod attempt;
 mod cleanup;
@@ -30,6 +30,6 @@ mod site;
 mod spec;
 
 pub use config::OciConfig;
-pub use executor::{OciError, OciExecutor};
+pub use executor::{OciCensus, OciError, OciExecutor};
 pub use image::ImageError;
 pub use seccomp::SeccompError;
