@@ -39,8 +39,8 @@ pub fn line(rung: &ContainerExecutor) -> serde_json::Value {
 /// Which rung `census` and `smoke` look at.
 #[derive(Debug, clap::Args)]
 pub struct CensusArgs {
-    /// The rung: container (a Docker-API engine) or kube (a Kubernetes cluster; see the
-    /// Kubernetes options)
+    /// The rung: container (a Docker-API engine), kube (a Kubernetes cluster; see the
+    /// Kubernetes options) or oci (the runtime and what it enforces; no smoke for it yet)
     #[arg(long, value_name = "RUNG", default_value = "container", value_enum)]
     pub rung: RungKind,
 }
@@ -56,6 +56,10 @@ pub async fn census(g: &Global, a: &CensusArgs) -> u8 {
             )
             .said();
         }
+        Ok(Rung::Oci(rung)) => match serde_json::to_value(rung.census()) {
+            Ok(v) => v,
+            Err(e) => return CliError::Failed(format!("census: {e}")).said(),
+        },
         Err(e) => return e.exiting(1).said(),
     };
     println!("{line}");

@@ -7,6 +7,7 @@ use stevedore::contract::{Executor, LaunchError};
 use stevedore::handlers::Handlers;
 use stevedore::image::{PackSpec, ensure_image};
 use stevedore::kube::{KubeConfig, KubeExecutor};
+use stevedore::oci::{OciConfig, OciExecutor};
 use stevedore::process::{ProcessConfig, ProcessExecutor};
 
 /// Options of every command.
@@ -128,6 +129,8 @@ pub enum RungKind {
     Process,
     /// A Pod on a Kubernetes cluster (see the Kubernetes options)
     Kube,
+    /// A bundle run by the OCI runtime (runc) directly, no daemon; as root
+    Oci,
 }
 
 impl RungKind {
@@ -137,6 +140,7 @@ impl RungKind {
             Self::Container => "container",
             Self::Process => "process",
             Self::Kube => "kube",
+            Self::Oci => "oci",
         }
     }
 
@@ -178,6 +182,10 @@ pub trait Adjust {
     fn kube(&self, _cfg: &mut KubeConfig) -> Result<(), String> {
         Ok(())
     }
+    /// The oci rung's.
+    fn oci(&self, _cfg: &mut OciConfig) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The configured rungs as they are.
@@ -192,6 +200,8 @@ pub enum Rung {
     Process(ProcessExecutor),
     /// The kube rung.
     Kube(KubeExecutor),
+    /// The oci rung.
+    Oci(OciExecutor),
 }
 
 impl Rung {
@@ -201,6 +211,7 @@ impl Rung {
             Self::Container(r) => std::sync::Arc::new(r),
             Self::Process(r) => std::sync::Arc::new(r),
             Self::Kube(r) => std::sync::Arc::new(r),
+            Self::Oci(r) => std::sync::Arc::new(r),
         }
     }
 
@@ -218,6 +229,7 @@ impl Rung {
             Self::Container(_) => RungKind::Container,
             Self::Process(_) => RungKind::Process,
             Self::Kube(_) => RungKind::Kube,
+            Self::Oci(_) => RungKind::Oci,
         }
     }
 }
@@ -243,6 +255,11 @@ pub async fn open(g: &Global, kind: RungKind, adjust: &dyn Adjust) -> Result<Run
             let mut cfg = crate::kube::config(g)?;
             adjust.kube(&mut cfg)?;
             KubeExecutor::connect(cfg).await.map(Rung::Kube).map_err(|e| unreachable(&e))
+        }
+        RungKind::Oci => {
+            let mut cfg = OciConfig::default();
+            adjust.oci(&mut cfg)?;
+            OciExecutor::new(cfg).await.map(Rung::Oci).map_err(|e| unreachable(&e))
         }
     }
 }

@@ -37,6 +37,14 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
     let rung = match common::open(g, a.rung, &()).await {
         Ok(Rung::Container(r)) => r,
         Ok(Rung::Kube(r)) => return reclaim_kube(r, &a).await,
+        Ok(Rung::Oci(_)) => {
+            return CliError::Failed(
+                "reclaim: the oci rung's reclaim is the library's (OciExecutor::reclaim); the command's is not built \
+                 yet (--rung container or kube)"
+                    .into(),
+            )
+            .said();
+        }
         Ok(Rung::Process(_)) => {
             return CliError::Failed(
                 "reclaim: the process rung removes what it left when it starts again (--rung container or kube)".into(),

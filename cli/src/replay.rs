@@ -584,6 +584,10 @@ fn rung_bounds(g: &Global, rung: RungKind) -> Result<(stevedore::contract::Limit
             Ok((cfg.default_limits(), cfg.max_input_bytes))
         }
         RungKind::Kube => crate::kube::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
+        RungKind::Oci => {
+            let cfg = stevedore::oci::OciConfig::default();
+            Ok((cfg.default_limits(), cfg.max_input_bytes))
+        }
         RungKind::Container => crate::common::config(g).map(|c| (c.default_limits(), c.max_input_bytes)),
     }
 }

@@ -12,6 +12,7 @@ pub async fn smoke(g: &Global, a: &crate::census::CensusArgs, handlers: &Handler
         Ok(Rung::Container(rung)) => steps(rung, handlers).await,
         Ok(Rung::Kube(rung)) => kube_steps(rung).await,
         Ok(Rung::Process(_)) => Err("smoke: the process rung has no engine to check (--rung container or kube)".into()),
+        Ok(Rung::Oci(_)) => Err("smoke: the oci rung's steps are not built yet (--rung container or kube)".into()),
         Err(e) => Err(format!("boot: {e}")),
     };
     match done {

@@ -20,6 +20,16 @@
 //!   [`image`]: worker images made without a registry; [`profiles`]: named configurations.
 //! - [`process`] (feature `process`): the process rung, a child process per attempt.
 #![cfg_attr(
+    feature = "oci",
+    doc = "- [`oci`] (feature `oci`): the oci rung, a bundle per attempt run by the OCI runtime (runc) \
+           with no daemon; images exported from the local engine."
+)]
+#![cfg_attr(
+    not(feature = "oci"),
+    doc = "- `oci` (feature `oci`, not in this build): the oci rung, a bundle per attempt run by the OCI \
+           runtime (runc) with no daemon."
+)]
+#![cfg_attr(
     feature = "kube",
     doc = "- [`kube`] (feature `kube`): the kube rung, a Pod per attempt on a Kubernetes cluster; \
            stevedore's init comes from its init image ([`image::init_image`])."
@@ -95,6 +105,8 @@ pub mod kube;
 #[cfg(any(feature = "docker", feature = "kube"))]
 pub mod labels;
 pub(crate) mod link;
+#[cfg(feature = "oci")]
+pub mod oci;
 pub(crate) mod outputs;
 pub(crate) mod pipe;
 #[cfg(feature = "process")]
@@ -124,6 +136,8 @@ pub use inprocess::InProcessExecutor;
 #[cfg(feature = "kube")]
 pub use kube::{KubeConfig, KubeExecutor};
 pub use link::{Collection, HostLoss, LinkConfig};
+#[cfg(feature = "oci")]
+pub use oci::{OciConfig, OciExecutor};
 pub use outputs::{Caps as OutputCaps, hash_backend, hash_reader};
 #[cfg(feature = "process")]
 pub use process::{ProcessConfig, ProcessExecutor};

@@ -120,6 +120,44 @@ fn adjust_kube(a: &RunArgs, cfg: &mut stevedore::kube::KubeConfig) -> Result<(),
     Ok(())
 }
 
+/// What the options change in the oci rung's configuration; an option it cannot keep yet is
+/// refused, named.
+fn adjust_oci(a: &RunArgs, cfg: &mut stevedore::oci::OciConfig) -> Result<(), String> {
+    let refuse = |opt: &str, why: &str| Err(format!("{opt} is not available on the oci rung: {why}"));
+    if a.handler.is_some() {
+        return refuse("--handler", "handlers are not built on it yet; run a command with --image");
+    }
+    if !a.cache.is_empty() {
+        return refuse("--cache", "named caches are not built on it yet");
+    }
+    if !a.publish.is_empty() {
+        return refuse("-p/--publish", "its attempts have a network namespace with only lo");
+    }
+    if a.pull.is_some() {
+        return refuse("--pull", "it pulls nothing: images come from the local engine");
+    }
+    match a.network.as_deref() {
+        None | Some("none") => {}
+        Some(n) => return Err(format!("--network {n} is not available on the oci rung: its only network is none")),
+    }
+    if let Some(u) = &a.user {
+        match stevedore::contract::parse_user(u) {
+            Some((0, _)) | Some((_, 0)) => {
+                return Err(format!("--user {u}: the oci rung runs commands as non-root only"));
+            }
+            Some((uid, gid)) => cfg.user = (uid, gid),
+            None => return Err(format!("--user {u:?}: give a numeric UID[:GID]")),
+        }
+    }
+    if let Some(g) = &a.host_loss_grace {
+        cfg.link.host_loss.grace = parse_duration(g).map_err(|e| format!("--host-loss-grace: {e}"))?;
+    }
+    if let Some(dir) = &a.logs {
+        cfg.log_dir = Some(dir.clone());
+    }
+    Ok(())
+}
+
 impl common::Adjust for RunArgs {
     fn container(&self, cfg: &mut stevedore::container::ContainerConfig) -> Result<(), String> {
         adjust(self, cfg)
@@ -143,5 +181,9 @@ impl common::Adjust for RunArgs {
 
     fn kube(&self, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
         adjust_kube(self, cfg)
+    }
+
+    fn oci(&self, cfg: &mut stevedore::oci::OciConfig) -> Result<(), String> {
+        adjust_oci(self, cfg)
     }
 }

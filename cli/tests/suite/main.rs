@@ -21,6 +21,7 @@ mod init;
 mod kube;
 mod leftovers;
 mod link_inputs;
+mod oci;
 mod page;
 mod pool;
 mod process;

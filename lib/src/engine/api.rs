@@ -228,6 +228,10 @@ pub(crate) trait EngineApi: Send + Sync + std::fmt::Debug {
     /// Uploads a tar into `path` of a (created, not necessarily started) container, under
     /// `timeout` instead of the per-call one (a large upload takes longer).
     fn upload<'a>(&'a self, name: &'a str, path: &'a str, tar: ByteStream, timeout: Duration) -> Call<'a, ()>;
+    /// A (created, not necessarily started) container's whole filesystem as one tar: the
+    /// image's layers flattened by the engine (`docker export`); the oci rung's images.
+    #[cfg(feature = "oci")]
+    fn export(&self, name: &str) -> ByteStream;
     /// An image by reference or id, `None` when there is none.
     fn image_info<'a>(&'a self, reference: &'a str) -> Call<'a, Option<ImageInfo>>;
     /// Images matching `filters`, intermediate ones included.
@@ -603,6 +607,11 @@ impl EngineApi for BollardApi {
             let bound = timeout.max(self.change);
             timed("upload archive", bound, self.docker.upload_to_container(name, Some(opts), body)).await
         })
+    }
+
+    #[cfg(feature = "oci")]
+    fn export(&self, name: &str) -> ByteStream {
+        Box::pin(self.docker.export_container(name).map(|r| r.map_err(io::Error::other)))
     }
 
     fn image_info<'a>(&'a self, reference: &'a str) -> Call<'a, Option<ImageInfo>> {

@@ -490,6 +490,12 @@ impl EngineApi for FakeApi {
     }
 
     // The rungs never touch images beyond `inspect_image`: packing is tested on real engines.
+    #[cfg(feature = "oci")]
+    fn export(&self, name: &str) -> super::api::ByteStream {
+        let e = std::io::Error::other(Self::not_faked("export container", name).to_string());
+        Box::pin(futures_util::stream::once(std::future::ready(Err(e))))
+    }
+
     fn image_info<'a>(&'a self, reference: &'a str) -> Call<'a, Option<super::api::ImageInfo>> {
         Box::pin(async move { Err(Self::not_faked("inspect image", reference)) })
     }

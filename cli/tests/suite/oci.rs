@@ -1,0 +1,451 @@
+//! The oci rung on this machine: each attempt a bundle run by the real runc (no daemon in
+//! its path), the busybox image's filesystem exported from the local engine once, the real
+//! init as PID 1. Statuses, inputs and outputs, OOM, timeout and grace, hardening probes, and
+//! after every attempt nothing left: no runtime container, bundle, mount or cgroup.
+
+use crate::support;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use stevedore::contract::Status;
+use stevedore::oci::{OciConfig, OciExecutor};
+use stevedore::{Executor, Request, ResourceLimits};
+use tokio_util::sync::CancellationToken;
+
+/// The rung and the image, or `None` (skipped, failing under `CI=true`) without runc, root
+/// or an engine.
+async fn setup() -> Option<(OciExecutor, String)> {
+    let (_docker, image) = support::setup().await?;
+    let why = if !nix::unistd::geteuid().is_root() { Some("the oci rung needs root".to_owned()) } else { None };
+    let rung = match why {
+        Some(w) => Err(w),
+        None => {
+            let cfg = OciConfig::default()
+                .log_dir(support::test_logs())
+                .incarnation(stevedore::contract::incarnation::mint());
+            OciExecutor::new(cfg).await.map_err(|e| stevedore::error_chain(&e))
+        }
+    };
+    match rung {
+        Ok(r) => Some((r, image)),
+        Err(why) if support::in_ci() => panic!("CI=true and the oci rung cannot run: {why}"),
+        Err(why) => {
+            eprintln!("SKIP: no oci rung ({why})");
+            support::skip(format!("no oci rung: {why}"));
+            None
+        }
+    }
+}
+
+/// A rung whose places (the image cache included) are under `dir`/oci.
+async fn private_rung(dir: &Path) -> OciExecutor {
+    let cfg = OciConfig::default()
+        .base_dir(dir.join("oci"))
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint());
+    OciExecutor::new(cfg).await.expect("the oci rung sets up")
+}
+
+fn sh(image: &str, w: &str, out: &Path, script: &str) -> Request {
+    Request::command("job", ["sh", "-c", script], out).worker(w).image(image)
+}
+
+async fn run(r: &OciExecutor, req: &Request) -> stevedore::Outcome {
+    r.run(req, CancellationToken::new()).await.expect("the attempt runs")
+}
+
+fn stdout_of(o: &stevedore::Outcome) -> String {
+    std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().unwrap()).unwrap()
+}
+
+/// What every name of `w`'s attempts starts with: its first 40 characters and 12 hex of the
+/// whole id's SHA-256 (ids that share 40 characters are told apart).
+fn names_of(w: &str) -> String {
+    use sha2::Digest;
+    let hash: String = sha2::Sha256::digest(w.as_bytes())[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hash}-", &w[..w.len().min(40)])
+}
+
+/// Nothing of `w`'s attempts is left: no runtime container in the state dir, no bundle, no
+/// mount naming them, no cgroup under the rung's parent.
+fn nothing_left(r: &OciExecutor, w: &str) {
+    let w = names_of(w);
+    let w = w.as_str();
+    let named = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(w))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(named(r.state_dir()), Vec::<String>::new(), "runtime containers left");
+    assert_eq!(named(r.bundles_dir()), Vec::<String>::new(), "bundles left");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(w)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    let mut cgroups = named(Path::new("/sys/fs/cgroup/stevedore-oci"));
+    for h in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        cgroups.extend(named(&h.path().join("stevedore-oci")));
+    }
+    assert_eq!(cgroups, Vec::<String>::new(), "cgroups left");
+}
+
+#[tokio::test]
+async fn oci_a_command_s_exit_code_and_stdout_and_nothing_left() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-plain");
+    let t = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let o = run(&rung, &sh(&image, &w, &t.path().join("a"), "echo hello; echo err >&2")).await;
+    eprintln!("a cold attempt (the image's first unpack included when it is new): {:?}", started.elapsed());
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(stdout_of(&o), "hello\n");
+    assert_eq!(o.evidence.level, Some(stevedore::Level::Sandboxed));
+    assert!(o.evidence.runtime.as_deref().is_some_and(|r| r.contains("runc")), "{:?}", o.evidence.runtime);
+    assert!(o.evidence.enforcement.contains_key("seccomp") && !o.evidence.skipped.contains_key("seccomp"));
+    nothing_left(&rung, &w);
+
+    let o = run(&rung, &sh(&image, &w, &t.path().join("b"), "echo oops >&2; exit 3")).await;
+    assert_eq!(o.status, Status::HandlerError, "{}", o.to_json());
+    assert_eq!((o.exit_code, o.signal), (Some(3), None));
+    assert!(o.status.counts_against_retries());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_inputs_are_read_only_and_outputs_hashed_and_the_caller_s() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-io");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir_all(input.join("sub")).unwrap();
+    std::fs::write(input.join("sub/data.txt"), b"forty-two\n").unwrap();
+    let before = std::fs::metadata(input.join("sub/data.txt")).unwrap();
+    let script = "cat /in/sub/data.txt > /out/copy.txt; \
+                  if echo x > /in/sub/data.txt 2>/dev/null; then echo WROTE; fi; \
+                  if touch /in/new 2>/dev/null; then echo MADE; fi; mkdir /out/d; echo y > /out/d/y";
+    let req = sh(&image, &w, &t.path().join("o"), script).input_dir(&input);
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "", "the inputs were not writable");
+    let mut names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["copy.txt", "d/y"]);
+    let copy = o.outputs.iter().find(|f| f.name == "copy.txt").unwrap();
+    use sha2::Digest;
+    assert_eq!(copy.hash, format!("sha256:{:x}", sha2::Sha256::digest(b"forty-two\n")));
+    let md = std::fs::metadata(t.path().join("o/copy.txt")).unwrap();
+    assert_eq!((md.uid(), md.gid()), (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()));
+    let after = std::fs::metadata(input.join("sub/data.txt")).unwrap();
+    assert_eq!((after.uid(), after.mode(), after.len()), (before.uid(), before.mode(), before.len()));
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_a_memory_hog_is_oom_killed() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-oom");
+    let t = tempfile::tempdir().unwrap();
+    let hog = "dd if=/dev/zero of=/dev/null bs=256M count=1 2>/dev/null";
+    let req = sh(&image, &w, &t.path().join("o"), hog).limits(ResourceLimits::new().with("memory", 64 << 20));
+    let o = run(&rung, &req).await;
+    assert_eq!(o.status, Status::OomKilled, "{}", o.to_json());
+    assert!(o.evidence.oom_kills >= Some(1), "{}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_a_timeout_with_grace_kills_a_term_ignoring_command() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-deadline");
+    let t = tempfile::tempdir().unwrap();
+    let (grace, deadline) = (Duration::from_secs(1), Duration::from_secs(2));
+    let mut req = sh(&image, &w, &t.path().join("o"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done");
+    req.policy = req.policy.clone().with_grace(grace);
+    let req = req.timeout(deadline);
+    let start = Instant::now();
+    let o = run(&rung, &req).await;
+    let took = start.elapsed();
+    assert_eq!(o.status, Status::Timeout, "{}", o.to_json());
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("deadline"));
+    assert_eq!(o.signal, Some(9), "SIGKILLed after the grace");
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"], "a timed-out attempt's outputs");
+    assert!(took < deadline + grace + Duration::from_secs(5), "took {took:?}");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_cancellation_stops_the_attempt_and_removes_it() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-cancel");
+    let t = tempfile::tempdir().unwrap();
+    let mut req = sh(&image, &w, &t.path().join("o"), "echo ready; sleep 60").grace(Duration::from_secs(5));
+    let mut watch = support::watch([&mut req]);
+    let token = CancellationToken::new();
+    let t2 = token.clone();
+    tokio::spawn(async move {
+        watch.until("ready").await;
+        t2.cancel();
+    });
+    let o = rung.run(&req, token).await.unwrap();
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("cancelled"));
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_hardening_probes() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-hard");
+    let t = tempfile::tempdir().unwrap();
+    let probe = "id -u; id -g; grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; \
+                 if touch /probe 2>/dev/null; then echo root-writable; else echo root-read-only; fi; \
+                 ls /sys/class/net; \
+                 if echo 1 > /sys/kernel/mm/ksm/run 2>/dev/null; then echo sys-writable; else echo sys-read-only; fi; \
+                 cat /proc/kcore 2>/dev/null | head -c 1 | wc -c; ls /dev | tr '\\n' ' '; echo; \
+                 if [ -e /dev/sda ] || [ -e /dev/mem ]; then echo host-devices; fi; echo $HOME; hostname; \
+                 grep '^Seccomp:' /proc/self/status; \
+                 if unshare -U true 2>/dev/null; then echo userns-made; else echo userns-refused; fi; \
+                 if unshare -n true 2>/dev/null; then echo netns-made; else echo netns-refused; fi";
+    let o = run(&rung, &sh(&image, &w, &t.path().join("o"), probe)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let out = stdout_of(&o);
+    eprintln!("{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..2], ["65532", "65532"], "non-root: {out}");
+    for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        let line = lines.iter().find(|l| l.starts_with(set)).unwrap_or_else(|| panic!("{set}: {out}"));
+        assert!(line.ends_with("0000000000000000"), "{line}");
+    }
+    assert!(lines.iter().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{out}");
+    assert!(lines.contains(&"root-read-only"), "{out}");
+    assert!(lines.contains(&"lo"), "{out}");
+    let net: Vec<&&str> = lines.iter().filter(|l| ["eth0", "docker0", "ens3", "ens4", "enp0s3"].contains(l)).collect();
+    assert!(net.is_empty(), "only lo: {out}");
+    assert!(lines.contains(&"sys-read-only"), "{out}");
+    assert!(lines.contains(&"0"), "/proc/kcore masked: {out}");
+    assert!(!lines.contains(&"host-devices"), "{out}");
+    assert!(lines.contains(&"/tmp"), "HOME: {out}");
+    // Docker's default profile: a filter (mode 2), and no new user namespace without
+    // CAP_SYS_ADMIN (the kernel alone would let an unprivileged process make one).
+    assert!(lines.iter().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{out}");
+    assert!(lines.contains(&"userns-refused") && lines.contains(&"netns-refused"), "{out}");
+    assert!(
+        o.evidence.enforcement["seccomp"].contains("Docker's default seccomp profile"),
+        "{:?}",
+        o.evidence.enforcement
+    );
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_two_attempts_of_a_new_image_unpack_it_once_side_by_side() {
+    let Some((_, image)) = setup().await else { return };
+    // A base of its own: the image is new to this cache, and both attempts want it at once.
+    let base = tempfile::tempdir().unwrap();
+    let rung = private_rung(base.path()).await;
+    let w = support::worker("oci-two");
+    let t = tempfile::tempdir().unwrap();
+    let a = sh(&image, &w, &t.path().join("a"), "echo a");
+    let b = sh(&image, &w, &t.path().join("b"), "echo b");
+    let (oa, ob) = tokio::join!(run(&rung, &a), run(&rung, &b));
+    assert_eq!((oa.status, ob.status), (Status::Ok, Status::Ok), "{} {}", oa.to_json(), ob.to_json());
+    assert_eq!((stdout_of(&oa), stdout_of(&ob)), ("a\n".to_owned(), "b\n".to_owned()));
+    let images: Vec<String> = std::fs::read_dir(base.path().join("oci/images"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let id = oa.evidence.image_id.clone().unwrap();
+    assert_eq!(images, [id.trim_start_matches("sha256:")], "one unpack, nothing half-made left");
+    let mode = std::fs::metadata(base.path().join("oci/images")).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the cache is private");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-cli");
+    let t = tempfile::tempdir().unwrap();
+    let stevedore = |out: &str, extra: &[&str], argv: &[&str]| {
+        std::process::Command::new(support::BIN)
+            .args(["run", "--rung", "oci", "--worker", &w, "--image", &image, "--logs"])
+            .arg(support::test_logs())
+            .arg("--output")
+            .arg(t.path().join(out))
+            .args(extra)
+            .arg("--")
+            .args(argv)
+            .output()
+            .unwrap()
+    };
+    let o = stevedore("a", &[], &["sh", "-c", "echo hi; id -u"]);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n65532\n");
+    let o = stevedore("b", &[], &["sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("stevedore: failed (exit 3)"));
+    let o = stevedore("c", &["-p", "80"], &["true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not available on the oci rung"));
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+/// `stevedore run --rung oci` of a command that says `ready` and sleeps, for `w`.
+fn oci_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
+    let mut child = std::process::Command::new(support::BIN)
+        .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--grace", "2s", "--logs"])
+        // Where the test's rung keeps its captures: its reclaim finds these.
+        .arg(support::test_logs())
+        .arg("--output")
+        .arg(out)
+        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::stderr_until(&mut child, "ready");
+    child
+}
+
+fn bundles_of(r: &OciExecutor, w: &str) -> Vec<String> {
+    std::fs::read_dir(r.bundles_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&names_of(w)))
+        .collect()
+}
+
+#[tokio::test]
+async fn oci_a_worker_killed_mid_attempts_leaves_nothing_after_reclaim_and_spares_a_near_namesake() {
+    let Some((rung, image)) = setup().await else { return };
+    // Two workers whose ids share their first 40 characters and more.
+    let stem = support::worker("oci-crash");
+    let a = format!("{stem}-{}-a", "x".repeat(40));
+    let b = format!("{stem}-{}-b", "x".repeat(40));
+    let t = tempfile::tempdir().unwrap();
+    let sleepers: Vec<_> = (0..3).map(|i| oci_sleeper(&image, &a, &t.path().join(format!("a{i}")))).collect();
+    let other = oci_sleeper(&image, &b, &t.path().join("b"));
+    for s in sleepers {
+        support::kill9(s);
+    }
+    assert_eq!(bundles_of(&rung, &a).len(), 3, "the crash left its bundles");
+    let report = rung.reclaim(&a).await.expect("reclaim runs");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.paths_removed.iter().filter(|p| p.contains("/bundles/")).count(), 3, "{report:?}");
+    nothing_left(&rung, &a);
+    assert_eq!(bundles_of(&rung, &b).len(), 1, "the other worker's attempt is untouched");
+    let state: Vec<String> = std::fs::read_dir(rung.state_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&names_of(&b)))
+        .collect();
+    assert_eq!(state.len(), 1, "its runtime container runs on: {state:?}");
+    support::kill9(other);
+    let report = rung.reclaim(&b).await.expect("reclaim runs");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    nothing_left(&rung, &b);
+    rung.close().await;
+}
+
+/// Builds `stevedore-test/oci-<what>:<unique>` from busybox with `run` as its one `RUN`.
+async fn image_with(docker: &bollard::Docker, what: &str, run: &str) -> String {
+    let busybox = support::busybox_image(docker).await;
+    let dockerfile = format!("FROM {busybox}\nRUN {run}\nLABEL {}=true\n", support::TEST_LABEL);
+    let context = support::tar_of(&[("Dockerfile", 0o644, dockerfile.as_bytes())]);
+    let tag = format!("stevedore-test/oci-{what}:{:08x}", rand::random::<u32>());
+    stevedore::image::build_image_from_dir_tar(support::seam().await, &tag, context).await.expect("building the image");
+    tag
+}
+
+#[tokio::test]
+async fn oci_an_image_whose_mount_point_is_a_symlink_is_refused_and_setuid_is_never_reproduced() {
+    let Some(_) = setup().await else { return };
+    let docker = support::engine().await.unwrap();
+    // A cache of its own: these images' roots go with the test.
+    let base = tempfile::tempdir().unwrap();
+    let rung = private_rung(base.path()).await;
+    let w = support::worker("oci-image");
+    let t = tempfile::tempdir().unwrap();
+    let moved = image_with(&docker, "moved-out", "ln -s /etc /out").await;
+    let err = rung.run(&sh(&moved, &w, &t.path().join("a"), "true"), CancellationToken::new()).await.unwrap_err();
+    let text = stevedore::error_chain(&err);
+    assert!(matches!(err, stevedore::LaunchError::ImageUnavailable { permanent: true, .. }), "{text}");
+    assert!(text.contains("/out") && text.contains("symlink"), "{text}");
+    let half_made: Vec<_> = std::fs::read_dir(rung.bundles_dir().parent().unwrap().join("images"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+        .collect();
+    assert!(half_made.is_empty(), "a refused unpack leaves nothing: {half_made:?}");
+
+    let suid = image_with(&docker, "suid", "cp /bin/busybox /bin/suid && chmod 6755 /bin/suid").await;
+    let o = run(&rung, &sh(&suid, &w, &t.path().join("b"), "stat -c %a /bin/suid")).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "755\n", "no setuid or setgid bit in the unpacked root");
+    nothing_left(&rung, &w);
+    rung.close().await;
+    support::remove_image(&docker, &moved).await;
+    support::remove_image(&docker, &suid).await;
+}
+
+#[tokio::test]
+async fn oci_a_container_killed_from_outside_is_killed_by_that_signal_and_removed() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-outside");
+    let t = tempfile::tempdir().unwrap();
+    let mut req = sh(&image, &w, &t.path().join("o"), "echo ready; sleep 60");
+    let mut watch = support::watch([&mut req]);
+    let (state, runtime) = (rung.state_dir().to_owned(), rung.runtime().0.to_owned());
+    let prefix = names_of(&w);
+    let killer = tokio::spawn(async move {
+        watch.until("ready").await;
+        let id = std::fs::read_dir(&state)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.starts_with(&prefix))
+            .expect("the runtime's container");
+        let killed =
+            std::process::Command::new(&runtime).arg("--root").arg(&state).args(["kill", &id, "KILL"]).status();
+        assert!(killed.unwrap().success());
+    });
+    let o = run(&rung, &req).await;
+    killer.await.unwrap();
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    assert_eq!(o.signal, Some(9), "the runtime's word on how PID 1 ended: {}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+#[tokio::test]
+async fn oci_the_census_names_the_runtime_its_cgroups_and_what_it_cannot_do() {
+    let Some((rung, _)) = setup().await else { return };
+    let out = std::process::Command::new(support::BIN).args(["census", "--rung", "oci"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(c["runtime"], rung.runtime().0.display().to_string());
+    assert!(c["runtime_version"].as_str().unwrap().contains(rung.runtime().1), "{c}");
+    assert_eq!((c["cgroup_driver"].as_str(), c["level"].as_str()), (Some("cgroupfs"), Some("sandboxed")));
+    assert!(["1", "2"].contains(&c["cgroup_version"].as_str().unwrap()), "{c}");
+    let features: Vec<&str> = c["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+    assert!(features.contains(&"seccomp") && features.contains(&"network"), "{c}");
+    assert!(c["cannot"]["apparmor"].is_string(), "{c}");
+    rung.close().await;
+}

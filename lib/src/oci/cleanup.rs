@@ -1,0 +1,173 @@
+//! Removing what an oci attempt made, whichever way it ends: awaited at its end
+//! (`attempt::Teardown`), or by a `Drop` backstop that hands the same removal to the rung's
+//! tracked tasks. In order: the runtime's process waited for (bounded; then the container
+//! SIGKILLed through the runtime), `runtime delete -f` (its state, its cgroup), any cgroup
+//! dir the runtime left, the bundle (with the inputs' copy), after its owner marker was
+//! checked. The runtime's mounts live in the container's mount namespace and go with it.
+
+use super::provision::OWNER_FILE;
+use super::site::OciSite;
+use crate::attempt::{InFlight, Removed, Teardown};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What an attempt made, to be removed.
+#[derive(Debug)]
+pub(crate) struct Cleanup {
+    shared: Arc<OciSite>,
+    /// `None` once removed, or handed to the backstop.
+    entry: Option<InFlight>,
+    /// The worker whose marker the bundle carries.
+    worker: String,
+    pub bundle: Option<PathBuf>,
+    /// The runtime's container id, once `run` was asked for.
+    pub id: Option<String>,
+    /// `runtime run`'s pid and its end, as its waiter reports it.
+    pub runtime: Option<(i32, super::site::Exit)>,
+}
+
+impl Cleanup {
+    /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
+    pub fn new(shared: Arc<OciSite>, attempt_id: String, worker: &str) -> Self {
+        let entry = Some(shared.base.enter(attempt_id));
+        Self { shared, entry, worker: worker.to_owned(), bundle: None, id: None, runtime: None }
+    }
+}
+
+/// `/proc/<pid>/stat` field 22 (start ticks since boot), of a process that is not a zombie.
+pub(crate) fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// The cgroup dirs an attempt named `id` may have under the rung's parent (v1: one per
+/// hierarchy; v2: one).
+pub(crate) fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup");
+    let mut dirs = vec![root.join(super::spec::CGROUP_PARENT).join(id)];
+    if let Ok(rd) = std::fs::read_dir(root) {
+        for h in rd.flatten() {
+            dirs.push(h.path().join(super::spec::CGROUP_PARENT).join(id));
+        }
+    }
+    dirs.retain(|d| d.is_dir());
+    dirs
+}
+
+/// Removes the runtime's container `id` and anything of it the runtime left; the errors.
+pub(crate) async fn remove_container(site: &OciSite, id: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if site.state.join(id).exists()
+        && let Err(e) = site.runtime_call(&["delete", "-f", id]).await
+    {
+        errors.push(e);
+    }
+    for d in cgroup_dirs(id) {
+        // Empty once the container is gone (the runtime deletes it itself, normally).
+        if let Err(e) = std::fs::remove_dir(&d) {
+            errors.push(format!("cgroup {}: {e}", d.display()));
+        }
+    }
+    errors
+}
+
+/// Removes a bundle once its marker names `worker` (a bundle that is not what this rung made
+/// for that worker is left, and said).
+pub(crate) async fn remove_bundle(bundle: PathBuf, worker: &str) -> Vec<String> {
+    let owner = std::fs::read_to_string(bundle.join(OWNER_FILE)).unwrap_or_default();
+    if !bundle.exists() {
+        return Vec::new();
+    }
+    if !owner.is_empty() && owner.lines().next() != Some(worker) {
+        return vec![format!("bundle {} belongs to another worker: left", bundle.display())];
+    }
+    match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&bundle).map_err(|e| (bundle, e))).await {
+        Ok(Ok(())) => Vec::new(),
+        Ok(Err((b, e))) => vec![format!("bundle {}: {e}", b.display())],
+        Err(e) => vec![e.to_string()],
+    }
+}
+
+/// Waits (at most `within`) for the runtime's process to end; whether it did.
+async fn ended(exit: &mut super::site::Exit, within: Duration) -> bool {
+    matches!(tokio::time::timeout(within, exit.wait_for(Option::is_some)).await, Ok(Ok(_)) | Ok(Err(_)))
+}
+
+async fn finish(
+    shared: Arc<OciSite>,
+    worker: String,
+    runtime: Option<(i32, super::site::Exit)>,
+    id: Option<String>,
+    bundle: Option<PathBuf>,
+) -> Vec<String> {
+    let mut errors = Vec::new();
+    if let Some((pid, mut exit)) = runtime {
+        let margin = shared.config.link.kill_margin + Duration::from_secs(3);
+        if !ended(&mut exit, margin).await {
+            if let Some(id) = &id
+                && let Err(e) = shared.runtime_call(&["kill", id, "KILL"]).await
+            {
+                tracing::debug!(error = %e, "SIGKILL through the runtime");
+            }
+            if !ended(&mut exit, Duration::from_secs(10)).await {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                ended(&mut exit, Duration::from_secs(10)).await;
+            }
+        }
+    }
+    if let Some(id) = &id {
+        shared.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
+        errors.extend(remove_container(&shared, id).await);
+    }
+    if let Some(b) = bundle {
+        errors.extend(remove_bundle(b, &worker).await);
+    }
+    errors
+}
+
+impl Teardown for Cleanup {
+    async fn remove(mut self) -> Removed {
+        let errors =
+            finish(self.shared.clone(), self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take())
+                .await;
+        self.entry = None;
+        Removed { errors, by_others: Vec::new(), counters: None }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Some(entry) = self.entry.take() else { return };
+        if let Some(id) = self.id.clone() {
+            // The init stops its command within the grace and exits on SIGTERM.
+            // A std command: a drop may come without a runtime.
+            let _ = std::process::Command::new(&self.shared.runtime)
+                .arg("--root")
+                .arg(&self.shared.state)
+                .args(["kill", &id, "TERM"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .and_then(|mut c| c.wait());
+        }
+        let shared = self.shared.clone();
+        let (worker, runtime, id, bundle) =
+            (self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take());
+        let attempt = entry.id.clone();
+        let removal = async move {
+            let errors = finish(shared, worker, runtime, id, bundle).await;
+            if !errors.is_empty() {
+                tracing::warn!(attempt_id = %entry.id, ?errors, "backstop cleanup left things behind");
+            }
+        };
+        if !self.shared.base.backstop(removal) {
+            tracing::warn!(attempt_id = %attempt, "attempt dropped without a runtime; reclaim will remove what it made");
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! `OciExecutor`: the oci rung's public face (level `sandboxed`): its setup on the host (the
+//! runtime found and asked its version, the rung's private dirs, the init's host copy, the
+//! engine the images come from). Its `Executor` is the shared front's (`attempt::front`), over
+//! this rung's `Launch` (`attempt`).
+
+use super::config::OciConfig;
+use super::image::Cache;
+use super::site::OciSite;
+use crate::attempt::SiteBase;
+use crate::attempt::front::Gate;
+use crate::engine::{Engine, EngineError};
+use crate::hostdir::{Captures, HostDirError, PrivateDir};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Why the oci rung cannot be set up as configured.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OciError {
+    /// the rung runs containers as root only (rootless runtimes are not supported yet)
+    #[error("the oci rung needs root (this worker is uid {0}); a rootless runtime is not supported yet")]
+    NotRoot(u32),
+    /// commands would run as root
+    #[error("the oci rung runs commands as non-root only: configure a user other than 0")]
+    RootUser,
+    /// the runtime cannot be found or does not run
+    #[error("the OCI runtime {runtime} cannot be used: {why}")]
+    Runtime {
+        /// The runtime configured.
+        runtime: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// this build carries no init for this platform
+    #[error("this build of stevedore carries no init for this platform")]
+    NoInit,
+    /// a place on the host could not be made or trusted
+    #[error(transparent)]
+    Dir(#[from] HostDirError),
+    /// the seccomp profile cannot be used on this machine
+    #[error(transparent)]
+    Seccomp(#[from] super::seccomp::SeccompError),
+    /// the engine the images come from cannot be reached
+    #[error("the engine the images come from cannot be reached")]
+    Engine(#[source] EngineError),
+}
+
+/// Runs each attempt as a bundle run by an OCI runtime (runc) directly, with no daemon in
+/// the attempt's path (level `sandboxed`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct OciExecutor {
+    shared: Arc<OciSite>,
+}
+
+/// `name` as a path: as is when it has a slash, else the first executable of that name on
+/// `PATH` (and the sbin dirs, where Debian puts runc).
+fn find_runtime(name: &Path) -> Option<PathBuf> {
+    if name.components().count() > 1 {
+        return Some(name.to_owned());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let extra = ["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from);
+    std::env::split_paths(&path).chain(extra).map(|d| d.join(name)).find(|p| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
+}
+
+impl OciExecutor {
+    /// Sets the rung up: root, the runtime (asked its version), the seccomp profile for this
+    /// machine, the rung's private dirs
+    /// (`<base>/state` the runtime's `--root`, `bundles`, `images`), the init's host copy,
+    /// the engine.
+    pub async fn new(config: OciConfig) -> Result<Self, OciError> {
+        let euid = nix::unistd::geteuid().as_raw();
+        if euid != 0 {
+            return Err(OciError::NotRoot(euid));
+        }
+        if config.user.0 == 0 || config.user.1 == 0 {
+            return Err(OciError::RootUser);
+        }
+        let runtime_err = |why: String| OciError::Runtime { runtime: config.runtime.clone(), why };
+        let runtime = find_runtime(&config.runtime).ok_or_else(|| runtime_err("not found".into()))?;
+        let out = tokio::process::Command::new(&runtime)
+            .arg("--version")
+            .env_clear()
+            .output()
+            .await
+            .map_err(|e| runtime_err(e.to_string()))?;
+        if !out.status.success() {
+            return Err(runtime_err(format!("--version: {}", out.status)));
+        }
+        let runtime_version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_owned();
+        let base_path = config.base_dir.clone().unwrap_or_else(|| PathBuf::from("/run/stevedore-oci"));
+        let base = PrivateDir::open(&base_path)?;
+        let state = base.subdir("state")?.path().to_owned();
+        let bundles = base.subdir("bundles")?.path().to_owned();
+        let images = base.subdir("images")?.path().to_owned();
+        let init = crate::sandbox::init_binary::bytes().ok_or(OciError::NoInit)?;
+        let init_digest = {
+            use sha2::Digest;
+            crate::util::hex(&sha2::Sha256::digest(init))
+        };
+        let tools = base.subdir("tools")?.readable_copy(
+            &init_digest[..16],
+            stevedore_init::wire::INIT_NAME,
+            init,
+            &init_digest,
+        )?;
+        let seccomp = match config.seccomp {
+            true => {
+                let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+                Some(super::seccomp::for_attempt(std::env::consts::ARCH, release.trim())?)
+            }
+            false => None,
+        };
+        let engine =
+            Engine::connect(&config.connection, std::time::Duration::from_secs(30)).await.map_err(OciError::Engine)?;
+        let incarnation =
+            config.incarnation.clone().unwrap_or_else(|| crate::contract::incarnation::current().to_owned());
+        let site = OciSite {
+            base: SiteBase::new(incarnation, Captures::new(config.log_dir.clone())),
+            gate: Gate::new(config.max_in_flight, true, None),
+            engine,
+            runtime,
+            runtime_version,
+            state,
+            bundles,
+            tools,
+            init_digest,
+            images: Cache::new(images),
+            seccomp,
+            exits: std::sync::Mutex::default(),
+            config,
+        };
+        Ok(Self { shared: Arc::new(site) })
+    }
+
+    /// The runtime's state dir (`--root`): one entry per container it holds.
+    pub fn state_dir(&self) -> &Path {
+        &self.shared.state
+    }
+
+    /// The attempts' bundles' dir.
+    pub fn bundles_dir(&self) -> &Path {
+        &self.shared.bundles
+    }
+
+    /// What the rung is on this machine: the runtime, its version, the cgroups it drives and
+    /// how, what it enforces and what it cannot (`stevedore census --rung oci`).
+    pub fn census(&self) -> OciCensus {
+        let s = &self.shared;
+        let cgroup_version = match stevedore_init::cgroup::detect(Path::new("/sys/fs/cgroup")) {
+            Some(stevedore_init::cgroup::Version::V1) => "1",
+            Some(stevedore_init::cgroup::Version::V2) => "2",
+            None => "none",
+        };
+        let mut features = vec![
+            "memory",
+            "cpu",
+            "pids",
+            "disk",
+            "tmp",
+            "nofile",
+            "network",
+            "read_only_rootfs",
+            "capabilities",
+            "no_new_privileges",
+            "non_root",
+            "namespaces",
+            "proc",
+            "devices",
+            "init",
+            "inputs",
+        ];
+        if s.seccomp.is_some() {
+            features.push("seccomp");
+        }
+        let mut cannot = std::collections::BTreeMap::new();
+        cannot.insert("apparmor", "no AppArmor profile yet");
+        cannot.insert("gpu", "no GPU passed through yet");
+        cannot.insert("handlers", "plain commands only yet");
+        cannot.insert("recover", "no recovery after a worker restart yet");
+        if s.seccomp.is_none() {
+            cannot.insert("seccomp", "relaxed by configuration");
+        }
+        OciCensus {
+            runtime: s.runtime.display().to_string(),
+            runtime_version: s.runtime_version.clone(),
+            cgroup_version,
+            cgroup_driver: "cgroupfs",
+            cgroup_parent: super::spec::CGROUP_PARENT,
+            level: crate::contract::Level::Sandboxed,
+            features,
+            cannot,
+            incarnation: s.base.incarnation.clone(),
+            state_dir: s.state.display().to_string(),
+        }
+    }
+
+    /// The runtime this rung runs, and what its `--version` says.
+    pub fn runtime(&self) -> (&Path, &str) {
+        (&self.shared.runtime, &self.shared.runtime_version)
+    }
+}
+
+/// What the oci rung is on this machine ([`OciExecutor::census`]).
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct OciCensus {
+    /// The runtime's path.
+    pub runtime: String,
+    /// The first line of its `--version`.
+    pub runtime_version: String,
+    /// `1`, `2` or `none`: the host's cgroup hierarchy.
+    pub cgroup_version: &'static str,
+    /// How the runtime is asked for cgroups: by path (`cgroupfs`).
+    pub cgroup_driver: &'static str,
+    /// The parent of every attempt's cgroup.
+    pub cgroup_parent: &'static str,
+    /// The rung's isolation level.
+    pub level: crate::contract::Level,
+    /// What every attempt gets enforced (the evidence's `enforcement` keys).
+    pub features: Vec<&'static str>,
+    /// What it cannot do, and why.
+    pub cannot: std::collections::BTreeMap<&'static str, &'static str>,
+    /// This process's incarnation.
+    pub incarnation: String,
+    /// The runtime's `--root`.
+    pub state_dir: String,
+}
+
+crate::attempt::front::executor!(OciExecutor, shared);
