@@ -271,11 +271,11 @@ pub async fn engine(g: &Global) -> Result<ContainerExecutor, CliError> {
 
 /// Makes sure stevedore's own worker image exists (packing this binary on first use) and
 /// returns its tag; a bundle added to the host's cache on the way is said unless `quiet`.
-pub async fn own_image(rung: &ContainerExecutor, handlers: &Handlers, quiet: bool) -> Result<String, String> {
-    let (exe, tag) = own_tag(rung)?;
+pub async fn own_image(engine: &stevedore::engine::Engine, handlers: &Handlers, quiet: bool) -> Result<String, String> {
+    let (exe, tag) = own_tag()?;
     let mut spec = PackSpec::new(exe, tag.clone());
     spec.fingerprint = Some(handlers.fingerprint());
-    let packed = ensure_image(rung.engine(), &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
+    let packed = ensure_image(engine, &spec).await.map_err(|e| format!("cannot build own worker image: {e}"))?;
     if let Some(added) = packed.bundle_added.as_ref().filter(|_| !quiet) {
         crate::say::say(bundle_added(added));
     }
@@ -297,9 +297,8 @@ pub fn bundle_added(a: &stevedore::image::bundle::BundleAdded) -> String {
 }
 
 /// This binary and the tag of its own worker image (`stevedore-worker:<digest16>`).
-pub fn own_tag(rung: &ContainerExecutor) -> Result<(std::path::PathBuf, String), String> {
+pub fn own_tag() -> Result<(std::path::PathBuf, String), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate own binary: {e}"))?;
-    let _ = rung;
     let digest = stevedore::image::bundle::exe_digest(&exe, &stevedore::image::bundle::default_base())
         .map_err(|e| format!("cannot read own binary: {e}"))?;
     let tag = format!("stevedore-worker:{}", &digest[..16.min(digest.len())]);

@@ -12,7 +12,8 @@ pub struct ReclaimArgs {
     #[arg(long, value_name = "ID")]
     worker: Option<String>,
     /// Also remove stale worker images (images stevedore packed that no container uses,
-    /// except this binary's own); without it they are only listed
+    /// except this binary's own); without it they are only listed. With `--rung oci`: empty
+    /// the rung's image cache of every image no attempt holds
     #[arg(long)]
     images: bool,
     /// Remove copies of stevedore's init that crashed processes left in the engine (volumes
@@ -20,7 +21,8 @@ pub struct ReclaimArgs {
     /// but idle rung whose volume is taken makes a new one)
     #[arg(long)]
     tools: bool,
-    /// The rung: container (a Docker-API engine) or kube (the worker's Pods in the namespace)
+    /// The rung: container (a Docker-API engine), kube (the worker's Pods in the namespace) or
+    /// oci (the worker's runtime containers, bundles and cgroups on this host)
     #[arg(long, value_name = "RUNG", default_value = "container", value_enum)]
     rung: RungKind,
 }
@@ -28,6 +30,14 @@ pub struct ReclaimArgs {
 /// Runs `stevedore reclaim`: one JSON line; exit 0 when the sweep ran (failures on single
 /// objects are in `failed`), 1 when it could not run.
 pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
+    if a.rung == RungKind::Oci && a.tools {
+        return CliError::Failed(
+            "--rung oci keeps no copy of the init in an engine: --tools is the container rung's (--worker W reclaims \
+             a worker's runtime containers, bundles and cgroups; --images empties the rung's image cache)"
+                .into(),
+        )
+        .said();
+    }
     if a.rung == RungKind::Kube && a.worker.is_none() {
         return CliError::Failed(
             "--rung kube reclaims a worker's Pods: give --worker (--images and --tools are the engine's)".into(),
@@ -37,14 +47,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
     let rung = match common::open(g, a.rung, &()).await {
         Ok(Rung::Container(r)) => r,
         Ok(Rung::Kube(r)) => return reclaim_kube(r, &a).await,
-        Ok(Rung::Oci(_)) => {
-            return CliError::Failed(
-                "reclaim: the oci rung's reclaim is the library's (OciExecutor::reclaim); the command's is not built \
-                 yet (--rung container or kube)"
-                    .into(),
-            )
-            .said();
-        }
+        Ok(Rung::Oci(r)) => return reclaim_oci(r, &a).await,
         Ok(Rung::Process(_)) => {
             return CliError::Failed(
                 "reclaim: the process rung removes what it left when it starts again (--rung container or kube)".into(),
@@ -88,7 +91,7 @@ pub async fn reclaim(g: &Global, a: ReclaimArgs) -> u8 {
         }
     }
     // The running binary's own image is never stale: it would be packed again on next use.
-    let keep: Vec<String> = common::own_tag(&rung).map(|(_, tag)| vec![tag]).unwrap_or_default();
+    let keep: Vec<String> = common::own_tag().map(|(_, tag)| vec![tag]).unwrap_or_default();
     let docker = rung.engine();
     match stevedore::image::stale_images(docker, &keep, &[]).await {
         Ok(stale) => {
@@ -132,4 +135,40 @@ async fn reclaim_kube(rung: stevedore::kube::KubeExecutor, a: &ReclaimArgs) -> u
         }
         Err(e) => CliError::Failed(stevedore::error_chain(&e)).said(),
     }
+}
+
+/// `reclaim --rung oci --worker W`: the worker's runtime containers, bundles and cgroups on
+/// this host, by the names that carry its whole id (`stevedore::oci`).
+async fn reclaim_oci(rung: stevedore::oci::OciExecutor, a: &ReclaimArgs) -> u8 {
+    let mut v = serde_json::Map::new();
+    if let Some(worker) = &a.worker {
+        match rung.reclaim(worker).await {
+            Ok(r) => {
+                v.insert("worker".into(), r.worker.into());
+                v.insert("state_dir".into(), rung.state_dir().display().to_string().into());
+                v.insert("containers_removed".into(), r.containers_removed.len().into());
+                v.insert("volumes_removed".into(), 0.into());
+                v.insert("paths_removed".into(), r.paths_removed.len().into());
+                v.insert("containers".into(), serde_json::json!(r.containers_removed));
+                v.insert("paths".into(), serde_json::json!(r.paths_removed));
+                v.insert("kept_in_flight".into(), serde_json::json!(r.kept_in_flight));
+                v.insert("failed".into(), serde_json::json!(r.failed));
+            }
+            Err(e) => return CliError::Failed(stevedore::error_chain(&e)).said(),
+        }
+    }
+    if a.images {
+        // Every image no attempt holds: each is unpacked again on its next use.
+        match rung.prune_images(Some(0)).await {
+            Ok(p) => {
+                v.insert("images_removed".into(), serde_json::json!(p.removed));
+                v.insert("images_in_use".into(), serde_json::json!(p.in_use));
+                v.insert("image_bytes_freed".into(), p.bytes_freed.into());
+            }
+            Err(e) => return CliError::Failed(stevedore::error_chain(&e)).said(),
+        }
+    }
+    rung.close().await;
+    println!("{}", serde_json::Value::Object(v));
+    0
 }

@@ -12,7 +12,7 @@ pub async fn smoke(g: &Global, a: &crate::census::CensusArgs, handlers: &Handler
         Ok(Rung::Container(rung)) => steps(rung, handlers).await,
         Ok(Rung::Kube(rung)) => kube_steps(rung).await,
         Ok(Rung::Process(_)) => Err("smoke: the process rung has no engine to check (--rung container or kube)".into()),
-        Ok(Rung::Oci(_)) => Err("smoke: the oci rung's steps are not built yet (--rung container or kube)".into()),
+        Ok(Rung::Oci(rung)) => oci_steps(rung, handlers).await,
         Err(e) => Err(format!("boot: {e}")),
     };
     match done {
@@ -29,9 +29,24 @@ pub async fn smoke(g: &Global, a: &crate::census::CensusArgs, handlers: &Handler
 
 async fn steps(rung: ContainerExecutor, handlers: &Handlers) -> Result<(), String> {
     println!("{}", crate::census::line(&rung));
+    handler_attempt(&rung, rung.engine(), handlers).await
+}
+
+/// The oci rung's: its census line, then the same handler attempt, in the same image.
+async fn oci_steps(rung: stevedore::oci::OciExecutor, handlers: &Handlers) -> Result<(), String> {
+    println!("{}", serde_json::to_value(rung.census()).unwrap_or_default());
+    handler_attempt(&rung, rung.engine(), handlers).await
+}
+
+/// The `true` handler in stevedore's own worker image, packed once per build.
+async fn handler_attempt(
+    rung: &dyn Executor,
+    engine: &stevedore::engine::Engine,
+    handlers: &Handlers,
+) -> Result<(), String> {
     let image = {
         let _packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", false);
-        common::own_image(&rung, handlers, false).await?
+        common::own_image(engine, handlers, false).await?
     };
     let out = tempfile_dir()?;
     let mut req = Request::handler("smoke", "true", out.join("out"))
@@ -39,7 +54,7 @@ async fn steps(rung: ContainerExecutor, handlers: &Handlers) -> Result<(), Strin
         .timeout(std::time::Duration::from_secs(60));
     req.policy.image = image;
     req.fingerprint = Some(handlers.fingerprint());
-    attempt(&rung, &req, &out).await
+    attempt(rung, &req, &out).await
 }
 
 /// Runs the trivial attempt, says how it ended, leaves nothing (its scratch dir, its

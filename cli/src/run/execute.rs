@@ -99,19 +99,13 @@ pub(crate) async fn execute(
         (Ok(i), Ok(t)) => (i, t),
         _ => return Err("cannot install signal handlers".into()),
     };
-    let rung = match common::open(g, RungKind::chosen(g, a.rung), a).await? {
-        common::Rung::Container(rung) => {
-            if req.handler_name().is_some() && req.policy.image.is_empty() {
-                let packing =
-                    crate::progress::spinner("packing stevedore's own worker image (once per build)", a.quiet);
-                let packed = common::own_image(&rung, handlers, a.quiet).await;
-                drop(packing);
-                req.policy.image = packed?;
-            }
-            Arc::new(rung)
-        }
-        other => other.executor(),
-    };
+    let rung = common::open(g, RungKind::chosen(g, a.rung), a).await?;
+    match &rung {
+        common::Rung::Container(r) => own_image_for(&mut req, r.engine(), handlers, a.quiet).await?,
+        common::Rung::Oci(r) => own_image_for(&mut req, r.engine(), handlers, a.quiet).await?,
+        _ => {}
+    }
+    let rung = rung.executor();
     let printer = (!a.quiet).then(|| {
         let (live, task) = live_printer(to_stdout);
         req.live = Some(live);
@@ -178,4 +172,21 @@ pub(crate) async fn execute(
         let _ = tokio::time::timeout(Duration::from_secs(5), p).await;
     }
     Ok((outcome, got, req))
+}
+
+/// A handler named without an image runs in stevedore's own worker image, packed here once
+/// per build.
+async fn own_image_for(
+    req: &mut Request,
+    engine: &stevedore::engine::Engine,
+    handlers: &Handlers,
+    quiet: bool,
+) -> Result<(), CliError> {
+    if req.handler_name().is_some() && req.policy.image.is_empty() {
+        let packing = crate::progress::spinner("packing stevedore's own worker image (once per build)", quiet);
+        let packed = common::own_image(engine, handlers, quiet).await;
+        drop(packing);
+        req.policy.image = packed?;
+    }
+    Ok(())
 }

@@ -124,9 +124,6 @@ fn adjust_kube(a: &RunArgs, cfg: &mut stevedore::kube::KubeConfig) -> Result<(),
 /// refused, named.
 fn adjust_oci(a: &RunArgs, cfg: &mut stevedore::oci::OciConfig) -> Result<(), String> {
     let refuse = |opt: &str, why: &str| Err(format!("{opt} is not available on the oci rung: {why}"));
-    if a.handler.is_some() {
-        return refuse("--handler", "handlers are not built on it yet; run a command with --image");
-    }
     if !a.cache.is_empty() {
         return refuse("--cache", "named caches are not built on it yet");
     }

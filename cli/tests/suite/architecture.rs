@@ -20,7 +20,7 @@ struct Rule {
     why: &'static str,
 }
 
-const RUNGS: &[&str] = &["container", "kube", "process", "inprocess"];
+const RUNGS: &[&str] = &["container", "kube", "process", "inprocess", "oci"];
 
 /// The rules, as `ARCHITECTURE.md`'s map states them.
 const RULES: &[Rule] = &[
@@ -81,22 +81,28 @@ const RULES: &[Rule] = &[
         except: &[],
         why: "link names no rung",
     },
-    Rule { from: "container", to: &["kube", "process", "inprocess"], except: &[], why: "no rung names another" },
+    Rule { from: "container", to: &["kube", "process", "inprocess", "oci"], except: &[], why: "no rung names another" },
+    Rule {
+        from: "oci",
+        to: &["container", "kube", "process", "inprocess"],
+        except: &[],
+        why: "oci names no other rung (its images come from the engine module, not the container rung)",
+    },
     Rule {
         from: "kube",
-        to: &["container", "process", "inprocess", "engine", "image", "profiles"],
+        to: &["container", "process", "inprocess", "oci", "engine", "image", "profiles"],
         except: &[],
         why: "kube names no other rung and needs no Docker engine",
     },
     Rule {
         from: "process",
-        to: &["container", "kube", "inprocess", "engine", "image", "profiles"],
+        to: &["container", "kube", "inprocess", "oci", "engine", "image", "profiles"],
         except: &[],
         why: "process names no other rung and builds without the docker feature",
     },
     Rule {
         from: "engine",
-        to: &["container", "kube", "process", "inprocess", "attempt", "link", "sandbox"],
+        to: &["container", "kube", "process", "inprocess", "oci", "attempt", "link", "sandbox"],
         except: &["engine::fake"],
         why: "engine holds no rung (its cfg(test) fake plays an engine of the init's architecture)",
     },

@@ -301,6 +301,16 @@ async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
     let o = stevedore("c", &["-p", "80"], &["true"]);
     assert_eq!(o.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not available on the oci rung"));
+    // A handler without an image runs in stevedore's own worker image, packed by the command.
+    let o = std::process::Command::new(support::BIN)
+        .args(["run", "--rung", "oci", "--worker", &w, "--handler", "write-outputs", "--logs"])
+        .arg(support::test_logs())
+        .arg("--output")
+        .arg(t.path().join("d"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(t.path().join("d/a.txt")).unwrap(), b"alpha\n");
     nothing_left(&rung, &w);
     rung.close().await;
 }
@@ -339,15 +349,21 @@ async fn oci_a_worker_killed_mid_attempts_leaves_nothing_after_reclaim_and_spare
     let a = format!("{stem}-{}-a", "x".repeat(40));
     let b = format!("{stem}-{}-b", "x".repeat(40));
     let t = tempfile::tempdir().unwrap();
-    let sleepers: Vec<_> = (0..3).map(|i| oci_sleeper(&image, &a, &t.path().join(format!("a{i}")))).collect();
+    let sleepers: Vec<_> = (0..8).map(|i| oci_sleeper(&image, &a, &t.path().join(format!("a{i}")))).collect();
     let other = oci_sleeper(&image, &b, &t.path().join("b"));
     for s in sleepers {
         support::kill9(s);
     }
-    assert_eq!(bundles_of(&rung, &a).len(), 3, "the crash left its bundles");
-    let report = rung.reclaim(&a).await.expect("reclaim runs");
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(report.paths_removed.iter().filter(|p| p.contains("/bundles/")).count(), 3, "{report:?}");
+    assert_eq!(bundles_of(&rung, &a).len(), 8, "the crash left its bundles");
+    // One `reclaim`, by the command, as an operator would after the crash.
+    let o =
+        std::process::Command::new(support::BIN).args(["reclaim", "--rung", "oci", "--worker", &a]).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON line");
+    assert_eq!(report["failed"], serde_json::json!([]), "{report}");
+    assert_eq!(report["containers_removed"], 8, "{report}");
+    let bundles = report["paths"].as_array().unwrap().iter().filter(|p| p.as_str().unwrap().contains("/bundles/"));
+    assert_eq!(bundles.count(), 8, "{report}");
     nothing_left(&rung, &a);
     assert_eq!(bundles_of(&rung, &b).len(), 1, "the other worker's attempt is untouched");
     let state: Vec<String> = std::fs::read_dir(rung.state_dir())
@@ -446,6 +462,158 @@ async fn oci_the_census_names_the_runtime_its_cgroups_and_what_it_cannot_do() {
     assert!(["1", "2"].contains(&c["cgroup_version"].as_str().unwrap()), "{c}");
     let features: Vec<&str> = c["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
     assert!(features.contains(&"seccomp") && features.contains(&"network"), "{c}");
-    assert!(c["cannot"]["apparmor"].is_string(), "{c}");
+    // AppArmor is either applied or said why not, by what this host's kernel has.
+    let host_has = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled").is_ok_and(|e| e.trim() == "Y");
+    match (features.contains(&"apparmor"), c["cannot"]["apparmor"].as_str()) {
+        (true, None) => assert!(host_has, "{c}"),
+        (false, Some(why)) if !host_has => assert!(why.contains("no AppArmor"), "{c}"),
+        (false, Some(why)) => assert!(why.contains("not loaded"), "{c}"),
+        _ => panic!("apparmor neither applied nor refused with a reason: {c}"),
+    }
     rung.close().await;
+}
+
+/// Handlers by re-exec in the packed worker image (the same image the container rung's
+/// handler cases run), on the oci rung: an `ok` with outputs, a handler's error, a panic,
+/// an unknown handler, a fingerprint the image's label refuses before anything is made.
+#[tokio::test]
+async fn oci_handlers_run_by_re_exec_in_the_worker_image() {
+    let Some((plain, _)) = setup().await else { return };
+    plain.close().await;
+    let worker_image = support::worker_image().await;
+    let cfg = OciConfig::default()
+        .worker_image(&worker_image)
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint());
+    let rung = OciExecutor::new(cfg).await.expect("the oci rung sets up");
+    let w = support::worker("oci-handlers");
+    let t = tempfile::tempdir().unwrap();
+    let fp = stevedore::handlers::builtin().fingerprint();
+    let handler = |out: &str, name: &str, payload: &str| {
+        Request::handler("job", name, t.path().join(out)).worker(&w).payload(payload.as_bytes().to_vec())
+    };
+
+    let o = run(&rung, &handler("ok", "write-outputs", "").fingerprint(&fp)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    let names: Vec<_> = o.outputs.iter().map(|f| (f.name.as_str(), f.size)).collect();
+    assert_eq!(names, [("a.txt", 6), ("dir/b.json", 7)]);
+    assert_eq!(std::fs::read(t.path().join("ok/dir/b.json")).unwrap(), br#"{"b":1}"#);
+    assert_eq!(o.evidence.enforcement.get("non_root").map(String::as_str), Some("user 65532:65532"));
+
+    let o = run(&rung, &handler("err", "fail-permanent", "bad payload")).await;
+    assert_eq!((o.status, o.permanent), (Status::HandlerError, true), "{}", o.to_json());
+    assert_eq!(o.handler_error, "bad payload");
+
+    let o = run(&rung, &handler("panic", "panic", "oh no")).await;
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("panicked")), "{}", o.to_json());
+
+    let o = run(&rung, &handler("unknown", "no-such-handler", "")).await;
+    assert_eq!((o.status, o.permanent), (Status::LaunchFailed, true), "{}", o.to_json());
+    assert!(o.handler_error.contains("no-such-handler"), "{}", o.handler_error);
+
+    let wrong = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    match rung.run(&handler("fp", "write-outputs", "").fingerprint(wrong), CancellationToken::new()).await {
+        Err(stevedore::LaunchError::FingerprintMismatch { expected, .. }) => assert_eq!(expected, wrong),
+        other => panic!("a fingerprint the image's label refuses: {other:?}"),
+    }
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+/// `stevedore smoke --rung oci`: the census, then the `true` handler in stevedore's own
+/// worker image (packed by the command), run by runc; nothing left.
+#[tokio::test]
+async fn oci_smoke_runs_a_handler_in_stevedore_s_own_image() {
+    let Some((rung, _)) = setup().await else { return };
+    let o = std::process::Command::new(support::BIN).args(["smoke", "--rung", "oci"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    let census: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).expect("the census line");
+    assert_eq!(census["level"], "sandboxed", "{census}");
+    assert!(stdout.contains("attempt: ok"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("drain: ok"), "{stdout}");
+    let left: Vec<String> = std::fs::read_dir(rung.bundles_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cli-"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "the smoke's bundle is left");
+    rung.close().await;
+}
+
+/// The image cache is bounded: over its bound the oldest-used image goes, but never one an
+/// attempt holds (here, one still running); `reclaim --rung oci --images` empties it of what
+/// no attempt holds.
+#[tokio::test]
+async fn oci_the_image_cache_is_bounded_and_never_prunes_an_image_in_use() {
+    let Some((_, busybox)) = setup().await else { return };
+    let docker = support::engine().await.unwrap();
+    let base = tempfile::tempdir().unwrap();
+    // A bound below one image: each new image prunes all the others it may.
+    let cfg = OciConfig::default()
+        .base_dir(base.path().join("oci"))
+        .image_cache_max_bytes(1)
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint());
+    let rung = OciExecutor::new(cfg).await.expect("the oci rung sets up");
+    let images = base.path().join("oci/images");
+    let cached = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&images)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        v.sort();
+        v
+    };
+    let id_of = |image: &str| {
+        let docker = docker.clone();
+        let image = image.to_owned();
+        async move {
+            let id = docker.inspect_image(&image).await.unwrap().id.unwrap();
+            id.trim_start_matches("sha256:").to_owned()
+        }
+    };
+    let other = image_with(&docker, "cache", "echo other > /other").await;
+    let (bb, ot) = (id_of(&busybox).await, id_of(&other).await);
+    let w = support::worker("oci-cache");
+    let t = tempfile::tempdir().unwrap();
+
+    // busybox runs on while the other image is unpacked: it is held, so kept.
+    let mut req = sh(&busybox, &w, &t.path().join("a"), "echo ready; sleep 300");
+    let mut watch = support::watch([&mut req]);
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let (rung, cancel) = (rung.clone(), cancel.clone());
+        async move { rung.run(&req, cancel).await }
+    });
+    watch.until("ready").await;
+    let o = run(&rung, &sh(&other, &w, &t.path().join("b"), "cat /other")).await;
+    assert_eq!(stdout_of(&o), "other\n");
+    assert_eq!(cached(), sorted(&[&bb, &ot]), "the image in use is kept over the bound");
+    cancel.cancel();
+    let o = running.await.unwrap().expect("the attempt runs");
+    assert_eq!(o.reason.map(|r| r.as_str()), Some("cancelled"), "{}", o.to_json());
+
+    // Now nothing holds busybox: the next new unpack prunes it.
+    support::remove_image(&docker, &other).await;
+    let third = image_with(&docker, "cache3", "echo third > /third").await;
+    let th = id_of(&third).await;
+    run(&rung, &sh(&third, &w, &t.path().join("c"), "true")).await;
+    assert_eq!(cached(), std::slice::from_ref(&th), "the oldest-used images went");
+    let pruned = rung.prune_images(Some(0)).await.unwrap();
+    assert_eq!(pruned.removed, [format!("sha256:{th}")]);
+    assert_eq!(cached(), Vec::<String>::new());
+    assert_eq!(std::fs::read_dir(&images).unwrap().count(), 0, "nothing left aside");
+    nothing_left(&rung, &w);
+    rung.close().await;
+    support::remove_image(&docker, &third).await;
+}
+
+fn sorted(v: &[&String]) -> Vec<String> {
+    let mut v: Vec<String> = v.iter().map(|s| (*s).clone()).collect();
+    v.sort();
+    v
 }

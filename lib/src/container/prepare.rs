@@ -3,18 +3,16 @@
 //! inputs measured against their limit, the names and labels.
 
 use super::config::PullPolicy;
-use super::labels::{self, AttemptLabels, Owner};
+use super::labels::{AttemptLabels, Owner};
 use super::site::ContainerSite;
 use super::sizes::Sizes;
 use crate::attempt::Decided;
-use crate::contract::{InputsStaged, LaunchError, Request, Task};
+use crate::contract::{InputsStaged, LaunchError, Request};
 use crate::engine::ImageFacts;
 use crate::envlayer;
 use crate::inputs::InputDir;
 use std::collections::HashMap;
-use stevedore_init::wire::{
-    HANDLER_MARKER, IN_DIR, INIT_NAME, OUT_DIR, STAGE_DIR, TMP_DIR, TOOLS_DIR, env as wire_env,
-};
+use stevedore_init::wire::{IN_DIR, INIT_NAME, OUT_DIR, STAGE_DIR, TMP_DIR, TOOLS_DIR, env as wire_env};
 
 /// What the attempt will do, decided.
 #[derive(Debug)]
@@ -50,7 +48,7 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
     if let Some((volume, mount)) = super::spec::nested_volume(&image.volumes, &caches) {
         return Err(LaunchError::ImageVolume { image: image_ref, volume, mount });
     }
-    let argv = argv(req, &image_ref, &image)?;
+    let argv = image.argv(req, &image_ref)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
     let mut mounts =
@@ -86,43 +84,6 @@ pub(crate) async fn prepare(shared: &ContainerSite, req: &Request, applied: Size
         progress: req.progress.clone(),
         not_over_link,
     })
-}
-
-/// The argv: a plain command after the image's `ENTRYPOINT` (as with `docker run IMAGE
-/// ARGV`); a handler through the worker image's entry label. A fingerprint mismatch visible
-/// on the image is refused before anything is created.
-fn argv(req: &Request, image_ref: &str, image: &ImageFacts) -> Result<Vec<String>, LaunchError> {
-    match &req.task {
-        Task::Command(argv) => {
-            let entry = req.entrypoint.as_ref().unwrap_or(&image.entrypoint);
-            let all: Vec<String> = entry.iter().chain(argv).cloned().collect();
-            if all.first().is_none_or(String::is_empty) {
-                return Err(LaunchError::InvalidRequest(crate::contract::RequestError::EmptyCommand));
-            }
-            Ok(all)
-        }
-        Task::Handler(_) => {
-            let not_worker = |why: String| LaunchError::NotAWorkerImage { image: image_ref.to_owned(), why };
-            let entry =
-                image.labels.get(labels::ENTRY).ok_or_else(|| not_worker(format!("no {} label", labels::ENTRY)))?;
-            let mut argv: Vec<String> =
-                serde_json::from_str(entry).map_err(|e| not_worker(format!("bad {} label: {e}", labels::ENTRY)))?;
-            if argv.is_empty() {
-                return Err(not_worker(format!("empty {} label", labels::ENTRY)));
-            }
-            if let (Some(want), Some(have)) = (&req.fingerprint, image.labels.get(labels::FINGERPRINT))
-                && want != have
-            {
-                return Err(LaunchError::FingerprintMismatch {
-                    image: image_ref.to_owned(),
-                    expected: want.clone(),
-                    actual: have.clone(),
-                });
-            }
-            argv.push(HANDLER_MARKER.to_owned());
-            Ok(argv)
-        }
-    }
 }
 
 /// Environment: image `ENV` < rung/profile < request < stevedore's protocol variables.

@@ -65,6 +65,52 @@ pub(crate) struct ImageFacts {
     pub architecture: String,
 }
 
+impl ImageFacts {
+    /// The argv an attempt of `req` runs in this image (`image_ref`): a plain command after
+    /// the image's `ENTRYPOINT` (as with `docker run IMAGE ARGV`); a handler through the
+    /// worker image's entry label. A fingerprint mismatch visible on the image is refused
+    /// before anything is made. Written once for the rungs that run an engine's images.
+    pub fn argv(
+        &self,
+        req: &crate::contract::Request,
+        image_ref: &str,
+    ) -> Result<Vec<String>, crate::contract::LaunchError> {
+        use crate::contract::{LaunchError, Task};
+        use crate::labels;
+        match &req.task {
+            Task::Command(argv) => {
+                let entry = req.entrypoint.as_ref().unwrap_or(&self.entrypoint);
+                let all: Vec<String> = entry.iter().chain(argv).cloned().collect();
+                if all.first().is_none_or(String::is_empty) {
+                    return Err(LaunchError::InvalidRequest(crate::contract::RequestError::EmptyCommand));
+                }
+                Ok(all)
+            }
+            Task::Handler(_) => {
+                let not_worker = |why: String| LaunchError::NotAWorkerImage { image: image_ref.to_owned(), why };
+                let entry =
+                    self.labels.get(labels::ENTRY).ok_or_else(|| not_worker(format!("no {} label", labels::ENTRY)))?;
+                let mut argv: Vec<String> =
+                    serde_json::from_str(entry).map_err(|e| not_worker(format!("bad {} label: {e}", labels::ENTRY)))?;
+                if argv.is_empty() {
+                    return Err(not_worker(format!("empty {} label", labels::ENTRY)));
+                }
+                if let (Some(want), Some(have)) = (&req.fingerprint, self.labels.get(labels::FINGERPRINT))
+                    && want != have
+                {
+                    return Err(LaunchError::FingerprintMismatch {
+                        image: image_ref.to_owned(),
+                        expected: want.clone(),
+                        actual: have.clone(),
+                    });
+                }
+                argv.push(stevedore_init::wire::HANDLER_MARKER.to_owned());
+                Ok(argv)
+            }
+        }
+    }
+}
+
 /// What a container's state says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ContainerState {

@@ -25,13 +25,15 @@ pub(crate) struct Cleanup {
     pub id: Option<String>,
     /// `runtime run`'s pid and its end, as its waiter reports it.
     pub runtime: Option<(i32, super::site::Exit)>,
+    /// The image's root filesystem, held against the cache's prune until the container is gone.
+    pub held: Option<super::cache::Held>,
 }
 
 impl Cleanup {
     /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
     pub fn new(shared: Arc<OciSite>, attempt_id: String, worker: &str) -> Self {
         let entry = Some(shared.base.enter(attempt_id));
-        Self { shared, entry, worker: worker.to_owned(), bundle: None, id: None, runtime: None }
+        Self { shared, entry, worker: worker.to_owned(), bundle: None, id: None, runtime: None, held: None }
     }
 }
 
@@ -135,6 +137,7 @@ impl Teardown for Cleanup {
         let errors =
             finish(self.shared.clone(), self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take())
                 .await;
+        self.held = None;
         self.entry = None;
         Removed { errors, by_others: Vec::new(), counters: None }
     }
@@ -159,9 +162,11 @@ impl Drop for Cleanup {
         let shared = self.shared.clone();
         let (worker, runtime, id, bundle) =
             (self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take());
+        let held = self.held.take();
         let attempt = entry.id.clone();
         let removal = async move {
             let errors = finish(shared, worker, runtime, id, bundle).await;
+            drop(held);
             if !errors.is_empty() {
                 tracing::warn!(attempt_id = %entry.id, ?errors, "backstop cleanup left things behind");
             }

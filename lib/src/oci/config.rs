@@ -22,6 +22,9 @@ pub struct OciConfig {
     pub base_dir: Option<PathBuf>,
     /// The image attempts run when the request's policy names none.
     pub image: Option<String>,
+    /// The worker's own image (stevedore's entry label): where handlers run when the request
+    /// names no image (`stevedore::image::pack` makes one).
+    pub worker_image: Option<String>,
     /// The command's `uid:gid` (never 0).
     pub user: (u32, u32),
     /// Limits for what a request leaves out (under the ceilings; below both, the container
@@ -31,6 +34,9 @@ pub struct OciConfig {
     pub ceilings: Limits,
     /// The largest `/tmp` (a tmpfs, counted as memory: never above the memory limit).
     pub max_tmp_bytes: u64,
+    /// The most the image cache keeps, in bytes (images in use are kept regardless); default
+    /// 8 GiB, or a quarter of the filesystem holding it when smaller.
+    pub image_cache_max_bytes: Option<u64>,
     /// The most bytes the input dir may hold.
     pub max_input_bytes: u64,
     /// The most attempts in flight (waiting for a slot beyond it).
@@ -46,6 +52,9 @@ pub struct OciConfig {
     /// Docker's default seccomp profile on every command (default); `false` relaxes it, and
     /// the evidence says so.
     pub seccomp: bool,
+    /// The AppArmor profile every command runs under where the host has AppArmor and that
+    /// profile loaded (default `docker-default`, Docker's); elsewhere the evidence says why not.
+    pub apparmor_profile: String,
 }
 
 impl Default for OciConfig {
@@ -55,10 +64,12 @@ impl Default for OciConfig {
             runtime: PathBuf::from("runc"),
             base_dir: None,
             image: None,
+            worker_image: None,
             user: (stevedore_init::wire::SANDBOX_UID, stevedore_init::wire::SANDBOX_UID),
             defaults: Limits::NONE,
             ceilings: Limits::NONE,
             max_tmp_bytes: 256 << 20,
+            image_cache_max_bytes: None,
             max_input_bytes: 4 << 30,
             max_in_flight: 64,
             log_dir: None,
@@ -66,6 +77,7 @@ impl Default for OciConfig {
             connection: crate::engine::Connection::default(),
             incarnation: None,
             seccomp: true,
+            apparmor_profile: "docker-default".into(),
         }
     }
 }
@@ -99,6 +111,11 @@ impl OciConfig {
         self.image = Some(image.into());
         self
     }
+    /// Sets the worker's own image, where handlers run.
+    pub fn worker_image(mut self, image: impl Into<String>) -> Self {
+        self.worker_image = Some(image.into());
+        self
+    }
     /// Sets the command's uid and gid.
     pub fn user(mut self, uid: u32, gid: u32) -> Self {
         self.user = (uid, gid);
@@ -112,6 +129,11 @@ impl OciConfig {
     /// Sets the most an attempt may ask for.
     pub fn ceilings(mut self, limits: Limits) -> Self {
         self.ceilings = limits;
+        self
+    }
+    /// Bounds the image cache.
+    pub fn image_cache_max_bytes(mut self, bytes: u64) -> Self {
+        self.image_cache_max_bytes = Some(bytes);
         self
     }
     /// Sets the capture dir.

@@ -3,8 +3,8 @@
 //! engine the images come from). Its `Executor` is the shared front's (`attempt::front`), over
 //! this rung's `Launch` (`attempt`).
 
+use super::cache::Cache;
 use super::config::OciConfig;
-use super::image::Cache;
 use super::site::OciSite;
 use crate::attempt::SiteBase;
 use crate::attempt::front::Gate;
@@ -128,8 +128,12 @@ impl OciExecutor {
             bundles,
             tools,
             init_digest,
-            images: Cache::new(images),
+            images: Cache::new(
+                images.clone(),
+                config.image_cache_max_bytes.unwrap_or_else(|| super::cache::default_max_bytes(&images)),
+            ),
             seccomp,
+            apparmor: super::spec::host_apparmor(&config.apparmor_profile),
             exits: std::sync::Mutex::default(),
             config,
         };
@@ -177,12 +181,16 @@ impl OciExecutor {
             features.push("seccomp");
         }
         let mut cannot = std::collections::BTreeMap::new();
-        cannot.insert("apparmor", "no AppArmor profile yet");
-        cannot.insert("gpu", "no GPU passed through yet");
-        cannot.insert("handlers", "plain commands only yet");
-        cannot.insert("recover", "no recovery after a worker restart yet");
+        match &s.apparmor {
+            Ok(_) => features.push("apparmor"),
+            Err(why) => {
+                cannot.insert("apparmor", why.clone());
+            }
+        }
+        cannot.insert("gpu", "no GPU passed through yet".into());
+        cannot.insert("recover", "no recovery after a worker restart yet".into());
         if s.seccomp.is_none() {
-            cannot.insert("seccomp", "relaxed by configuration");
+            cannot.insert("seccomp", "relaxed by configuration".into());
         }
         OciCensus {
             runtime: s.runtime.display().to_string(),
@@ -196,6 +204,17 @@ impl OciExecutor {
             incarnation: s.base.incarnation.clone(),
             state_dir: s.state.display().to_string(),
         }
+    }
+
+    /// The engine the images come from (where a worker image is packed for handlers).
+    pub fn engine(&self) -> &crate::engine::Engine {
+        &self.shared.engine
+    }
+
+    /// Prunes the image cache down to `max_bytes` (the configured bound when `None`; 0 empties
+    /// it): the oldest-used images first, never one an attempt of any process holds.
+    pub async fn prune_images(&self, max_bytes: Option<u64>) -> Result<super::Pruned, super::ImageError> {
+        self.shared.images.prune(max_bytes.unwrap_or(self.shared.images.max_bytes)).await
     }
 
     /// The runtime this rung runs, and what its `--version` says.
@@ -223,7 +242,7 @@ pub struct OciCensus {
     /// What every attempt gets enforced (the evidence's `enforcement` keys).
     pub features: Vec<&'static str>,
     /// What it cannot do, and why.
-    pub cannot: std::collections::BTreeMap<&'static str, &'static str>,
+    pub cannot: std::collections::BTreeMap<&'static str, String>,
     /// This process's incarnation.
     pub incarnation: String,
     /// The runtime's `--root`.

@@ -15,9 +15,8 @@
 //! built as root carry `/dev/null`); setuid, setgid and sticky bits on files never
 //! reproduced (and the rootfs is mounted `nosuid` besides: see `spec`). The mount points the
 //! sandbox needs are made as plain directories here, so the runtime never writes into the
-//! shared root; an image where one of them is not a plain directory is refused. The tree is
-//! unpacked into a temporary dir and renamed into place: two attempts of one image unpack it
-//! once (a lock per image id in this process), and a crash leaves only a `.tmp-` dir.
+//! shared root; an image where one of them is not a plain directory is refused. Where the
+//! trees live, how long, and who may remove one: `cache`.
 
 use crate::engine::Engine;
 use futures_util::StreamExt;
@@ -26,7 +25,6 @@ use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use stevedore_init::wire::{IN_DIR, OUT_DIR, TMP_DIR, TOOLS_DIR};
 
 /// Where the runtime mounts something in every attempt: each must be a plain directory of
@@ -69,107 +67,54 @@ pub enum ImageError {
     },
 }
 
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ImageError + use<> {
+pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ImageError + use<> {
     let path = path.to_owned();
     move |source| ImageError::Io { op, path, source }
 }
 
-/// What an unpack skipped.
+/// What an unpack wrote and skipped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Skipped {
-    /// Character and block devices.
+pub(crate) struct Unpacked {
+    /// Bytes of the regular files written.
+    pub bytes: u64,
+    /// Character and block devices skipped.
     pub devices: u64,
-    /// FIFOs and other entries that are not files, dirs or links.
+    /// FIFOs and other entries that are not files, dirs or links, skipped.
     pub other: u64,
 }
 
-/// The rung's image cache: `<dir>/<id hex>/rootfs`, each made once.
-#[derive(Debug)]
-pub(crate) struct Cache {
-    dir: PathBuf,
-    /// One lock per image id: a second attempt of an image being unpacked waits for it.
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl Cache {
-    pub fn new(dir: PathBuf) -> Self {
-        Self { dir, locks: Mutex::default() }
-    }
-
-    /// The root filesystem of the image `id` (`sha256:…`), unpacked from the engine's export
-    /// unless it is there already.
-    pub async fn rootfs(
-        &self,
-        engine: &Engine,
-        id: &str,
-        labels: HashMap<String, String>,
-    ) -> Result<PathBuf, ImageError> {
-        let hexid = id.strip_prefix("sha256:").unwrap_or(id);
-        let unsafe_id = || ImageError::Unsafe { entry: id.to_owned(), why: "is not an image id" };
-        if hexid.is_empty() || !hexid.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(unsafe_id());
-        }
-        let at = self.dir.join(hexid);
-        let rootfs = at.join("rootfs");
-        let lock = self
-            .locks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(hexid.to_owned())
-            .or_default()
-            .clone();
-        let _held = lock.lock().await;
-        if fs::symlink_metadata(&rootfs).is_ok_and(|m| m.is_dir()) {
-            return Ok(rootfs);
-        }
-        let tmp = self.dir.join(format!(".tmp-{hexid}-{}", crate::util::random_hex(4)));
-        fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(io_err("create", &tmp))?;
-        let made = self.unpack_export(engine, id, &tmp.join("rootfs"), labels).await;
-        let placed = made.and_then(|skipped| {
-            tracing::debug!(image = id, ?skipped, "image unpacked");
-            fs::rename(&tmp, &at).map_err(io_err("rename", &at))
-        });
-        if let Err(e) = placed {
-            remove_tree(&tmp);
-            return Err(e);
-        }
-        Ok(rootfs)
-    }
-
-    /// A never-started container of the image, exported into `root` and removed.
-    async fn unpack_export(
-        &self,
-        engine: &Engine,
-        id: &str,
-        root: &Path,
-        labels: HashMap<String, String>,
-    ) -> Result<Skipped, ImageError> {
-        let name = format!("sd-oci-export-{}", crate::util::random_hex(6));
-        let body = bollard::models::ContainerCreateBody {
-            image: Some(id.to_owned()),
-            entrypoint: Some(vec!["/.stevedore-export-never-started".into()]),
-            network_disabled: Some(true),
-            labels: Some(labels),
-            host_config: Some(bollard::models::HostConfig {
-                network_mode: Some("none".into()),
-                log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
-                ..Default::default()
-            }),
+/// A never-started container of the image, exported into `root` and removed.
+pub(crate) async fn unpack_export(
+    engine: &Engine,
+    id: &str,
+    root: &Path,
+    labels: HashMap<String, String>,
+) -> Result<Unpacked, ImageError> {
+    let name = format!("sd-oci-export-{}", crate::util::random_hex(6));
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(id.to_owned()),
+        entrypoint: Some(vec!["/.stevedore-export-never-started".into()]),
+        network_disabled: Some(true),
+        labels: Some(labels),
+        host_config: Some(bollard::models::HostConfig {
+            network_mode: Some("none".into()),
+            log_config: Some(bollard::models::HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()
-        };
-        engine.api.create_container(&name, body).await.map_err(ImageError::Export)?;
-        let stream = engine.api.export(&name);
-        let unpacked = unpack_stream(stream, root.to_owned()).await;
-        if let Err(e) = engine.api.remove_container(&name).await {
-            tracing::warn!(container = name, error = %e, "removing the export's container");
-        }
-        unpacked
+        }),
+        ..Default::default()
+    };
+    engine.api.create_container(&name, body).await.map_err(ImageError::Export)?;
+    let stream = engine.api.export(&name);
+    let unpacked = unpack_stream(stream, root.to_owned()).await;
+    if let Err(e) = engine.api.remove_container(&name).await {
+        tracing::warn!(container = name, error = %e, "removing the export's container");
     }
+    unpacked
 }
 
 /// Unpacks a byte stream (a tar) into `root` on a thread of its own, then makes the mount
 /// points; the stream's error, if it breaks, is the reader's.
-async fn unpack_stream(mut stream: crate::engine::ByteStream, root: PathBuf) -> Result<Skipped, ImageError> {
+async fn unpack_stream(mut stream: crate::engine::ByteStream, root: PathBuf) -> Result<Unpacked, ImageError> {
     let (tx, reader) = crate::pipe::reader(8);
     let unpack = tokio::task::spawn_blocking(move || {
         let skipped = unpack(reader, &root)?;
@@ -218,11 +163,11 @@ fn parents_are_dirs(root: &Path, rel: &Path) -> bool {
 }
 
 /// Unpacks the tar `from` into `root` (which must not exist): see the module's rules.
-pub(crate) fn unpack(from: impl Read, root: &Path) -> Result<Skipped, ImageError> {
+pub(crate) fn unpack(from: impl Read, root: &Path) -> Result<Unpacked, ImageError> {
     use tar::EntryType;
     fs::DirBuilder::new().mode(0o755).create(root).map_err(io_err("create", root))?;
     let mut archive = tar::Archive::new(from);
-    let mut skipped = Skipped::default();
+    let mut skipped = Unpacked::default();
     let mut dirs: Vec<(PathBuf, u32)> = Vec::new();
     for entry in archive.entries().map_err(io_err("read", root))? {
         let mut entry = entry.map_err(io_err("read", root))?;
@@ -278,7 +223,7 @@ pub(crate) fn unpack(from: impl Read, root: &Path) -> Result<Skipped, ImageError
                     .custom_flags(nix::libc::O_NOFOLLOW)
                     .open(&path)
                     .map_err(io_err("create", &path))?;
-                io::copy(&mut entry, &mut f).map_err(io_err("write", &path))?;
+                skipped.bytes += io::copy(&mut entry, &mut f).map_err(io_err("write", &path))?;
                 owner(&path)?;
                 // No setuid, setgid or sticky bit is reproduced (chown cleared none yet: set after it).
                 f.set_permissions(fs::Permissions::from_mode(mode & 0o777)).map_err(io_err("chmod", &path))?;

@@ -2,21 +2,26 @@
 //! that speaks its command line), no daemon in the attempt's path (level `sandboxed`).
 //!
 //! Pure parts (unit-tested): `config`, `spec` (the sizes, `config.json` through `oci-spec`,
-//! the evidence's enforcement), `ledger`. On the host: `image` (each image's root filesystem,
-//! exported from the local engine and unpacked once per image id into the rung's private
-//! cache), `provision` (the bundle, the inputs' private copy, `runtime run` with the link on
-//! its stdio), `cleanup`, `reclaim`. The attempt: `attempt` (this rung's `Launch` and `Site`);
+//! the evidence's enforcement, the host's AppArmor), `ledger`. On the host: `image` (each
+//! image's root filesystem, exported from the local engine and unpacked beneath its root),
+//! `cache` (where those trees live, bounded, pruned oldest-used first, an image an attempt
+//! holds never removed), `provision` (the bundle, the inputs' private copy, `runtime run`
+//! with the link on its stdio), `cleanup`, `reclaim`. The attempt: `attempt` (this rung's `Launch` and `Site`);
 //! `prepare`; `site` holds what attempts share; `executor` is the rung's face, and nothing
 //! imports it.
 //!
 //! `seccomp` resolves Docker's default profile, vendored as data, for the attempts.
 //!
-//! Not built yet: AppArmor, recovery after a worker restart, the host's read of the cgroup
-//! for an end without a record (the runtime destroys the cgroup as PID 1 ends; the witness
-//! has `runtime run`'s exit status only), handlers, `/out` walked in place, a bounded and
-//! pruned image cache, layers from `docker save` or an OCI layout (whiteouts).
+//! Handlers run by re-exec in the worker's image (`OciConfig::worker_image`), as on the
+//! container rung (`engine::ImageFacts::argv`, shared).
+//!
+//! Not built yet: recovery after a worker restart (a restarted worker's `reclaim` removes
+//! what it left), the host's read of the cgroup for an end without a record (the runtime
+//! destroys the cgroup as PID 1 ends; the witness has `runtime run`'s exit status only),
+//! `/out` walked in place, layers from `docker save` or an OCI layout (whiteouts).
 
 mod attempt;
+mod cache;
 mod cleanup;
 pub mod config;
 mod executor;
@@ -29,6 +34,7 @@ pub mod seccomp;
 mod site;
 mod spec;
 
+pub use cache::Pruned;
 pub use config::OciConfig;
 pub use executor::{OciCensus, OciError, OciExecutor};
 pub use image::ImageError;

@@ -21,8 +21,9 @@ pub(crate) struct Plan {
     pub decided: Decided,
     pub image_ref: String,
     pub image: ImageFacts,
-    /// The image's root filesystem in the cache.
+    /// The image's root filesystem in the cache, held against its prune until the teardown.
     pub rootfs: PathBuf,
+    pub held: Option<super::cache::Held>,
     pub sizes: Sizes,
     pub inputs: Option<(InputDir, InputsStaged)>,
 }
@@ -30,13 +31,15 @@ pub(crate) struct Plan {
 pub(crate) async fn prepare(site: &OciSite, req: &Request, sizes: Sizes) -> Result<Plan, LaunchError> {
     let cfg = &site.config;
     let started_ms = crate::contract::unix_ms_now();
-    let image_ref = match (&req.policy.image, &cfg.image) {
+    // A handler runs in the worker's own image; a command in the request's or the rung's.
+    let configured = match req.task {
+        Task::Handler(_) => cfg.worker_image.as_ref().or(cfg.image.as_ref()),
+        Task::Command(_) => cfg.image.as_ref().or(cfg.worker_image.as_ref()),
+    };
+    let image_ref = match (&req.policy.image, configured) {
         (i, _) if !i.is_empty() => i.clone(),
         (_, Some(i)) => i.clone(),
         (_, None) => return Err(LaunchError::NotAllowed("no image given and no image configured".into())),
-    };
-    let Task::Command(command) = &req.task else {
-        return Err(LaunchError::NotAllowed("handlers are not available on the oci rung yet: run a command".into()));
     };
     let unavailable = |why: String, permanent: bool, source: Option<crate::util::Cause>| {
         LaunchError::ImageUnavailable { image: image_ref.clone(), why, permanent, source }
@@ -48,11 +51,7 @@ pub(crate) async fn prepare(site: &OciSite, req: &Request, sizes: Sizes) -> Resu
         }
         Err(e) => return Err(unavailable("inspecting it failed".into(), false, Some(e.into()))),
     };
-    let entry = req.entrypoint.as_ref().unwrap_or(&image.entrypoint);
-    let argv: Vec<String> = entry.iter().chain(command).cloned().collect();
-    if argv.first().is_none_or(String::is_empty) {
-        return Err(LaunchError::InvalidRequest(crate::contract::RequestError::EmptyCommand));
-    }
+    let argv = image.argv(req, &image_ref)?;
     let inputs = crate::inputs::opened(req.input_dir.as_deref(), cfg.max_input_bytes)?;
     let output_dir = req.open_output_dir()?;
     let labels = HashMap::from([
@@ -62,7 +61,7 @@ pub(crate) async fn prepare(site: &OciSite, req: &Request, sizes: Sizes) -> Resu
         ("dev.stevedore.executor".to_owned(), cfg.name.clone()),
         ("dev.stevedore.kind".to_owned(), "attempt".to_owned()),
     ]);
-    let rootfs = site.images.rootfs(&site.engine, &image.id, labels).await.map_err(|e| match e {
+    let (rootfs, held) = site.images.rootfs(&site.engine, &image.id, labels).await.map_err(|e| match e {
         e @ super::image::ImageError::MountPoint { .. } => unavailable(e.to_string(), true, None),
         e @ super::image::ImageError::Unsafe { .. } => {
             unavailable("its filesystem was refused".into(), true, Some(e.into()))
@@ -79,7 +78,7 @@ pub(crate) async fn prepare(site: &OciSite, req: &Request, sizes: Sizes) -> Resu
         .or_else(|| image.working_dir.clone().filter(|w| !w.is_empty()))
         .unwrap_or_else(|| "/".into());
     decided.narrowed.clone_from(&sizes.narrowed);
-    Ok(Plan { decided, image_ref, image, rootfs, sizes, inputs })
+    Ok(Plan { decided, image_ref, image, rootfs, held: Some(held), sizes, inputs })
 }
 
 /// Environment: image `ENV` < rung < request < stevedore's protocol variables.

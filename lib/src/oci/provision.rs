@@ -34,6 +34,7 @@ pub(crate) async fn provision(
     let name = plan.decided.name.clone();
     let bundle = site.bundles.join(&name);
     cleanup.bundle = Some(bundle.clone());
+    cleanup.held = plan.held.take();
     std::fs::DirBuilder::new().mode(0o700).create(&bundle).map_err(|e| LaunchError::staging("the bundle", e))?;
     write_new(&bundle.join(OWNER_FILE), format!("{}\n{}\n", req.worker_id, site.base.incarnation).as_bytes())
         .map_err(|e| LaunchError::staging("the bundle's owner marker", e))?;
@@ -55,6 +56,7 @@ pub(crate) async fn provision(
         name: &name,
         reserve: site.config.link.delivery_reserve,
         seccomp: site.seccomp.as_ref(),
+        apparmor: &site.apparmor,
     };
     let spec = build(&input).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;
     let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;

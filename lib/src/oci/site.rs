@@ -2,8 +2,8 @@
 //! state dir, the bundles' dir, the image cache, the init's host copy, the engine the images
 //! come from, the gate, the tasks).
 
+use super::cache::Cache;
 use super::config::OciConfig;
-use super::image::Cache;
 use crate::attempt::SiteBase;
 use crate::attempt::front::Gate;
 use crate::engine::Engine;
@@ -30,6 +30,8 @@ pub(crate) struct OciSite {
     /// Docker's default seccomp profile resolved for this machine (`None`: relaxed by
     /// configuration).
     pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
+    /// The AppArmor profile of every command, or why there is none on this host.
+    pub apparmor: Result<String, String>,
     pub gate: Gate,
     /// How each running attempt's `runtime run` ended, by container id, until its removal:
     /// the witness of an end without a record.
