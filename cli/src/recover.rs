@@ -43,6 +43,12 @@ impl common::Adjust for Resume<'_> {
         Ok(())
     }
 
+    fn oci(&self, cfg: &mut stevedore::oci::OciConfig) -> Result<(), String> {
+        cfg.name = self.cp.rung.clone();
+        cfg.log_dir = self.logs.cloned();
+        Ok(())
+    }
+
     fn kube(&self, cfg: &mut stevedore::kube::KubeConfig) -> Result<(), String> {
         cfg.name = self.cp.rung.clone();
         if let stevedore::contract::Target::Pod { namespace, .. } = &self.cp.target {
@@ -66,6 +72,7 @@ pub async fn recover(g: &Global, a: RecoverArgs) -> u8 {
     };
     let kind = match (&cp.target, cp.level) {
         (stevedore::contract::Target::Pod { .. }, _) => RungKind::Kube,
+        (stevedore::contract::Target::Runtime { .. }, _) => RungKind::Oci,
         (_, stevedore::contract::Level::Process) => RungKind::Process,
         _ => RungKind::Container,
     };

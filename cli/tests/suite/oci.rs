@@ -110,6 +110,12 @@ async fn oci_a_command_s_exit_code_and_stdout_and_nothing_left() {
     assert!(o.evidence.enforcement.contains_key("seccomp") && !o.evidence.skipped.contains_key("seccomp"));
     nothing_left(&rung, &w);
 
+    // `/tmp` and `HOME` are the command's to write, `/out` its own alone (a scratch image has
+    // neither dir: the rung makes them, with these modes).
+    let o = run(&rung, &sh(&image, &w, &t.path().join("w"), "touch /tmp/x $HOME/y && stat -c '%a %u' /tmp /out")).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(stdout_of(&o), "1777 0\n700 65532\n");
+
     let o = run(&rung, &sh(&image, &w, &t.path().join("b"), "echo oops >&2; exit 3")).await;
     assert_eq!(o.status, Status::HandlerError, "{}", o.to_json());
     assert_eq!((o.exit_code, o.signal), (Some(3), None));
@@ -616,4 +622,121 @@ fn sorted(v: &[&String]) -> Vec<String> {
     let mut v: Vec<String> = v.iter().map(|s| (*s).clone()).collect();
     v.sort();
     v
+}
+
+/// `stevedore run --rung oci` of `script` with a checkpoint and a host-loss grace, returned
+/// once the command said `ready` on stderr (which the checkpoint precedes).
+fn oci_worker(image: &str, w: &str, out: &Path, cp: &Path, script: &str) -> std::process::Child {
+    let mut child = std::process::Command::new(support::BIN)
+        .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--host-loss-grace", "120s", "--checkpoint"])
+        .arg(cp)
+        .arg("--output")
+        .arg(out)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
+        .args(["--", "sh", "-c", script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::stderr_until(&mut child, "ready");
+    child
+}
+
+/// `sh -c script` inside the checkpoint's runtime container, as the sandbox user: its status.
+fn in_container(rung: &OciExecutor, cp: &Path, script: &str) -> i32 {
+    let c = stevedore::contract::Checkpoint::from_json(&std::fs::read(cp).unwrap()).unwrap();
+    let stevedore::contract::Target::Runtime { id, root } = c.target else { panic!("{:?}", c.target) };
+    assert_eq!(Path::new(&root), rung.state_dir());
+    let st = std::process::Command::new(rung.runtime().0)
+        .arg("--root")
+        .arg(&root)
+        .args(["exec", "--user", "65532:65532", "--env", "PATH=/bin", &id, "/bin/sh", "-c", script])
+        .status()
+        .unwrap();
+    st.code().unwrap_or(-1)
+}
+
+/// A worker SIGKILLed mid-attempt: a checkpoint that points the rung elsewhere is refused
+/// and touches nothing; `stevedore recover` takes the init over through its socket in the
+/// bundle while the command runs, and the attempt ends `ok` with its outputs and captures.
+#[tokio::test]
+async fn oci_a_worker_killed_mid_attempt_is_recovered_while_the_command_runs() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-recover-run");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    let script = r#"echo ready >&2; while [ ! -e /tmp/gate ]; do "$STEVEDORE_INIT" report heartbeat; sleep 0.2; done;
+                    echo result > /out/r; echo finished"#;
+    support::kill9(oci_worker(&image, &w, &out, &cp, script));
+
+    // The checkpoint is input: one naming another state dir is refused, and nothing is touched.
+    let mut forged: serde_json::Value = serde_json::from_slice(&std::fs::read(&cp).unwrap()).unwrap();
+    forged["target"]["runtime"]["root"] = "/run/runc".into();
+    let forged_at = dir.path().join("forged.json");
+    std::fs::write(&forged_at, serde_json::to_vec(&forged).unwrap()).unwrap();
+    let o = std::process::Command::new(support::BIN).arg("recover").arg(&forged_at).output().unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another state dir"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(in_container(&rung, &cp, "true"), 0, "the attempt runs on");
+
+    let mut recover = std::process::Command::new(support::BIN)
+        .arg("recover")
+        .arg(&cp)
+        .arg("--logs")
+        .arg(out.with_file_name("logs"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(recover.stderr.take().unwrap()).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("report heartbeat") => break,
+            Some(_) => continue,
+            None => panic!("stevedore recover ended before the takeover"),
+        }
+    }
+    assert_eq!(in_container(&rung, &cp, "touch /tmp/gate"), 0);
+    let drain = std::thread::spawn(move || lines.count());
+    let got = recover.wait_with_output().unwrap();
+    drain.join().unwrap();
+    assert!(got.status.success());
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!((o["status"].as_str(), o["evidence"]["level"].as_str()), (Some("ok"), Some("sandboxed")), "{o}");
+    assert!(o["evidence"]["recovered"].as_str().unwrap().contains("while the command was running"), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("r")).unwrap(), "result\n");
+    let stdout = std::fs::read_to_string(o["evidence"]["logs"]["stdout"]["path"].as_str().unwrap()).unwrap();
+    assert!(stdout.contains("finished"), "the capture continues: {stdout:?}");
+    assert!(!cp.exists(), "the checkpoint (a secret) is removed once the attempt is over");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+/// The command ended while no worker was there: the init waited, and `recover` collects
+/// its record and outputs; the command's own exit status is the command's.
+#[tokio::test]
+async fn oci_an_attempt_that_ended_while_the_worker_was_away_is_collected() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-recover-ended");
+    let dir = tempfile::tempdir().unwrap();
+    let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
+    let script = r#"echo ready >&2; echo $$ > /tmp/pid; while [ ! -e /tmp/gate ]; do sleep 0.05; done;
+                    echo made > /out/m; exit 7"#;
+    support::kill9(oci_worker(&image, &w, &out, &cp, script));
+    assert_eq!(in_container(&rung, &cp, "touch /tmp/gate"), 0);
+    let t = Instant::now();
+    // Gone once reaped by the init: `kill -0` then fails.
+    while in_container(&rung, &cp, "! kill -0 $(cat /tmp/pid) 2>/dev/null") != 0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the command never ended");
+    }
+    let got = std::process::Command::new(support::BIN).arg("recover").arg(&cp).output().unwrap();
+    assert_eq!(got.status.code(), Some(7), "{}", String::from_utf8_lossy(&got.stderr));
+    let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
+    assert_eq!((o["status"].as_str(), o["exit_code"].as_i64()), (Some("handler_error"), Some(7)), "{o}");
+    assert!(o["evidence"]["recovered"].as_str().unwrap().contains("after the command had ended"), "{o}");
+    assert_eq!(std::fs::read_to_string(out.join("m")).unwrap(), "made\n");
+    nothing_left(&rung, &w);
+    rung.close().await;
 }

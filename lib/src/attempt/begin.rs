@@ -123,7 +123,7 @@ pub(crate) async fn begin<S: Site>(
     // Sent, and the sender let go: the forwarding ends once the reader's route is gone too.
     if let Some(tx) = started_tx {
         let (container_id, pid) = match site.target(&ledger.own) {
-            Target::Container { id, .. } => (Some(id), None),
+            Target::Container { id, .. } | Target::Runtime { id, .. } => (Some(id), None),
             Target::Process { pid, .. } => (None, Some(pid)),
             Target::Pod { namespace, name, .. } => (Some(format!("{namespace}/{name}")), None),
         };

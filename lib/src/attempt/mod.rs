@@ -79,6 +79,7 @@ fn describe(t: &crate::contract::Target) -> String {
     match t {
         crate::contract::Target::Container { id, .. } => format!("container {}", &id[..id.len().min(12)]),
         crate::contract::Target::Process { pid, .. } => format!("pid {pid}"),
+        crate::contract::Target::Runtime { id, .. } => format!("runtime container {id}"),
         crate::contract::Target::Pod { namespace, name, .. } => format!("pod {namespace}/{name}"),
     }
 }

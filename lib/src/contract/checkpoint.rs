@@ -76,6 +76,13 @@ pub enum Target {
         /// reused pid is not mistaken for it.
         start_ticks: u64,
     },
+    /// A container an OCI runtime runs itself (the oci rung).
+    Runtime {
+        /// Its id in the runtime's state dir (the attempt's name).
+        id: String,
+        /// The runtime's state dir (`--root`).
+        root: String,
+    },
     /// A Pod (the kube rung).
     Pod {
         /// Its namespace.

@@ -5,6 +5,8 @@
 mod capture;
 pub(crate) mod claims;
 pub(crate) mod convert;
+#[cfg(any(feature = "process", feature = "oci"))]
+pub(crate) mod inherit;
 pub(crate) mod judgement;
 pub(crate) mod reports;
 pub(crate) mod session;

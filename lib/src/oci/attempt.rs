@@ -80,7 +80,7 @@ impl Site for Arc<OciSite> {
     }
 
     fn target(&self, own: &Own) -> Target {
-        Target::Container { id: own.id.clone(), name: own.id.clone() }
+        Target::Runtime { id: own.id.clone(), root: self.state.display().to_string() }
     }
 
     /// SIGKILL to the container's PID 1: its pid namespace goes with it.
@@ -152,12 +152,11 @@ impl Site for Arc<OciSite> {
         format!("of image {:?}", own.image_ref)
     }
 
-    /// Not built yet: a checkpoint of this rung is refused, and its attempt is left to `reclaim`.
-    async fn reattach(&self, _: &Checkpoint, _: &Ledger<Own>) -> Result<Cleanup, RecoverError> {
-        Err(RecoverError::Unsupported(self.config.name.clone()))
+    async fn reattach(&self, cp: &Checkpoint, ledger: &Ledger<Own>) -> Result<Cleanup, RecoverError> {
+        super::recover::reattach(self, cp, ledger).await
     }
 
-    async fn takeover(&self, _: &Ledger<Own>, _: &str, _: Duration) -> Result<Transport, String> {
-        Err("the oci rung has no takeover yet".into())
+    async fn takeover(&self, ledger: &Ledger<Own>, _: &str, _: Duration) -> Result<Transport, String> {
+        super::recover::takeover(ledger).await
     }
 }

@@ -124,6 +124,15 @@ impl Cache {
         })
     }
 
+    /// A hold on the image `id` when it is in the cache (a recovered attempt's image).
+    pub fn held(&self, id: &str) -> Option<Held> {
+        let hexid = id.strip_prefix("sha256:").unwrap_or(id);
+        if hexid.is_empty() || !hexid.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        hold(&self.dir.join(hexid)).ok().flatten()
+    }
+
     /// Prunes the cache down to `max_bytes` (oldest-used first; held images kept).
     pub async fn prune(&self, max_bytes: u64) -> Result<Pruned, ImageError> {
         let dir = self.dir.clone();
@@ -159,6 +168,8 @@ fn adopt(at: &Path) -> Result<(), ImageError> {
     if at.join("lock").exists() || !fs::symlink_metadata(&rootfs).is_ok_and(|m| m.is_dir()) {
         return Ok(());
     }
+    // Made before the mount points had their modes: given them now.
+    super::image::mount_point_modes(&rootfs)?;
     fs::write(at.join("bytes"), tree_bytes(&rootfs).to_string()).map_err(io_err("write", at))?;
     // `create`, not `create_new`: another process may adopt it at the same time.
     fs::OpenOptions::new()

@@ -27,13 +27,25 @@ pub(crate) struct Cleanup {
     pub runtime: Option<(i32, super::site::Exit)>,
     /// The image's root filesystem, held against the cache's prune until the container is gone.
     pub held: Option<super::cache::Held>,
+    /// The pid and start ticks of a runtime process a previous life of the worker started
+    /// (not this process's child: its end is seen in `/proc`).
+    pub adopted: Option<(i32, u64)>,
 }
 
 impl Cleanup {
     /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
     pub fn new(shared: Arc<OciSite>, attempt_id: String, worker: &str) -> Self {
         let entry = Some(shared.base.enter(attempt_id));
-        Self { shared, entry, worker: worker.to_owned(), bundle: None, id: None, runtime: None, held: None }
+        Self {
+            shared,
+            entry,
+            worker: worker.to_owned(),
+            bundle: None,
+            id: None,
+            runtime: None,
+            held: None,
+            adopted: None,
+        }
     }
 }
 
@@ -95,30 +107,52 @@ pub(crate) async fn remove_bundle(bundle: PathBuf, worker: &str) -> Vec<String> 
     }
 }
 
+/// The runtime's process: this process's child (its waiter reports its end), or one a
+/// previous life of the worker started (its end is seen in `/proc`).
+enum Runtime {
+    Child(super::site::Exit),
+    Adopted(u64),
+}
+
 /// Waits (at most `within`) for the runtime's process to end; whether it did.
-async fn ended(exit: &mut super::site::Exit, within: Duration) -> bool {
-    matches!(tokio::time::timeout(within, exit.wait_for(Option::is_some)).await, Ok(Ok(_)) | Ok(Err(_)))
+async fn ended(runtime: &mut Runtime, pid: i32, within: Duration) -> bool {
+    match runtime {
+        Runtime::Child(exit) => {
+            matches!(tokio::time::timeout(within, exit.wait_for(Option::is_some)).await, Ok(Ok(_)) | Ok(Err(_)))
+        }
+        // Not a child: no wait(2) and no pidfd here; `/proc` is asked at a short interval.
+        Runtime::Adopted(ticks) => {
+            let until = tokio::time::Instant::now() + within;
+            while start_ticks(pid) == Some(*ticks) {
+                if tokio::time::Instant::now() >= until {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            true
+        }
+    }
 }
 
 async fn finish(
     shared: Arc<OciSite>,
     worker: String,
-    runtime: Option<(i32, super::site::Exit)>,
+    runtime: Option<(i32, Runtime)>,
     id: Option<String>,
     bundle: Option<PathBuf>,
 ) -> Vec<String> {
     let mut errors = Vec::new();
-    if let Some((pid, mut exit)) = runtime {
+    if let Some((pid, mut runtime)) = runtime {
         let margin = shared.config.link.kill_margin + Duration::from_secs(3);
-        if !ended(&mut exit, margin).await {
+        if !ended(&mut runtime, pid, margin).await {
             if let Some(id) = &id
                 && let Err(e) = shared.runtime_call(&["kill", id, "KILL"]).await
             {
                 tracing::debug!(error = %e, "SIGKILL through the runtime");
             }
-            if !ended(&mut exit, Duration::from_secs(10)).await {
+            if !ended(&mut runtime, pid, Duration::from_secs(10)).await {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                ended(&mut exit, Duration::from_secs(10)).await;
+                ended(&mut runtime, pid, Duration::from_secs(10)).await;
             }
         }
     }
@@ -132,11 +166,22 @@ async fn finish(
     errors
 }
 
+impl Cleanup {
+    /// The runtime's process to wait for, whichever it is.
+    fn runtime(&mut self) -> Option<(i32, Runtime)> {
+        match (self.runtime.take(), self.adopted.take()) {
+            (Some((pid, exit)), _) => Some((pid, Runtime::Child(exit))),
+            (None, Some((pid, ticks))) => Some((pid, Runtime::Adopted(ticks))),
+            (None, None) => None,
+        }
+    }
+}
+
 impl Teardown for Cleanup {
     async fn remove(mut self) -> Removed {
+        let runtime = self.runtime();
         let errors =
-            finish(self.shared.clone(), self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take())
-                .await;
+            finish(self.shared.clone(), self.worker.clone(), runtime, self.id.take(), self.bundle.take()).await;
         self.held = None;
         self.entry = None;
         Removed { errors, by_others: Vec::new(), counters: None }
@@ -160,8 +205,7 @@ impl Drop for Cleanup {
                 .and_then(|mut c| c.wait());
         }
         let shared = self.shared.clone();
-        let (worker, runtime, id, bundle) =
-            (self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take());
+        let (worker, runtime, id, bundle) = (self.worker.clone(), self.runtime(), self.id.take(), self.bundle.take());
         let held = self.held.take();
         let attempt = entry.id.clone();
         let removal = async move {

@@ -188,7 +188,6 @@ impl OciExecutor {
             }
         }
         cannot.insert("gpu", "no GPU passed through yet".into());
-        cannot.insert("recover", "no recovery after a worker restart yet".into());
         if s.seccomp.is_none() {
             cannot.insert("seccomp", "relaxed by configuration".into());
         }

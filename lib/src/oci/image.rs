@@ -267,8 +267,24 @@ fn replace(path: &Path) -> Result<(), ImageError> {
     }
 }
 
+/// The modes the sandbox's tmpfs mount points must have: runc gives a tmpfs it mounts over an
+/// existing directory that directory's mode (its `mode=` option is overridden), so `/tmp`
+/// must be 1777 (the command writes there: its `HOME`) and `/out` 0700 whatever the image says.
+const MOUNT_MODES: &[(&str, u32)] = &[(TMP_DIR, 0o1777), (OUT_DIR, 0o700)];
+
+/// Gives the tmpfs mount points their modes ([`MOUNT_MODES`]); the tree is the cache's own.
+pub(crate) fn mount_point_modes(root: &Path) -> Result<(), ImageError> {
+    for (p, mode) in MOUNT_MODES {
+        let at = root.join(p.trim_start_matches('/'));
+        if fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) {
+            fs::set_permissions(&at, fs::Permissions::from_mode(*mode)).map_err(io_err("chmod", &at))?;
+        }
+    }
+    Ok(())
+}
+
 /// Makes each of [`MOUNT_POINTS`] a plain directory, refusing an image where one is
-/// something else (a symlink could move a mount anywhere in the root).
+/// something else (a symlink could move a mount anywhere in the root); then their modes.
 pub(crate) fn mount_points(root: &Path) -> Result<(), ImageError> {
     for p in MOUNT_POINTS {
         let rel = Path::new(p.trim_start_matches('/'));
@@ -296,7 +312,7 @@ pub(crate) fn mount_points(root: &Path) -> Result<(), ImageError> {
             }
         }
     }
-    Ok(())
+    mount_point_modes(root)
 }
 
 /// Removes a tree the rung made (best effort: a failed unpack's).
@@ -370,6 +386,9 @@ mod tests {
         for p in MOUNT_POINTS {
             assert!(fs::symlink_metadata(root.join(&p[1..])).unwrap().is_dir(), "{p}");
         }
+        // runc gives its tmpfs the mount point's mode: the command's /tmp must be writable.
+        assert_eq!(fs::metadata(root.join("tmp")).unwrap().mode() & 0o7777, 0o1777);
+        assert_eq!(fs::metadata(root.join("out")).unwrap().mode() & 0o7777, 0o700);
     }
 
     #[test]

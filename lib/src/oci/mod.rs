@@ -15,8 +15,10 @@
 //! Handlers run by re-exec in the worker's image (`OciConfig::worker_image`), as on the
 //! container rung (`engine::ImageFacts::argv`, shared).
 //!
-//! Not built yet: recovery after a worker restart (a restarted worker's `reclaim` removes
-//! what it left), the host's read of the cgroup for an end without a record (the runtime
+//! A restarted worker takes its attempts over (`recover`): the init's takeover socket is in the
+//! bundle, handed to it as fd 3 through the runtime.
+//!
+//! Not built yet: the host's read of the cgroup for an end without a record (the runtime
 //! destroys the cgroup as PID 1 ends; the witness has `runtime run`'s exit status only),
 //! `/out` walked in place, layers from `docker save` or an OCI layout (whiteouts).
 
@@ -30,6 +32,7 @@ mod ledger;
 mod prepare;
 mod provision;
 mod reclaim;
+mod recover;
 pub mod seccomp;
 mod site;
 mod spec;

@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 /// The file in a bundle naming its owner (`<worker>\n<incarnation>\n`), checked before removal.
 pub(crate) const OWNER_FILE: &str = "owner";
+/// The init's takeover socket in the bundle (0700, root's): bound here, handed to the init as
+/// fd 3 through the runtime; a restarted worker connects to it (`recover`).
+pub(crate) const TAKEOVER_SOCKET: &str = "ctl";
 
 pub(crate) async fn provision(
     site: &OciSite,
@@ -76,8 +79,8 @@ pub(crate) async fn provision(
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),
-        takeover_uid: None,
-        takeover_fd: None,
+        takeover_uid: Some(nix::unistd::geteuid().as_raw()),
+        takeover_fd: Some(crate::link::inherit::TAKEOVER_FD),
         rlimits: Vec::new(),
         cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
         measure: Vec::new(),
@@ -103,8 +106,13 @@ pub(crate) async fn provision(
 
 /// `runtime run`, its stdin and stdout the link, its stderr the runtime's and the init's.
 fn spawn(site: &OciSite, bundle: &Path, id: &str, cleanup: &mut Cleanup) -> Result<(Transport, i32, u64), LaunchError> {
+    let ctl = bundle.join(TAKEOVER_SOCKET);
+    let listener = std::os::unix::net::UnixListener::bind(&ctl)
+        .map_err(|e| LaunchError::staging("the attempt's takeover socket", e))?;
     let bundle = bundle.display().to_string();
-    let mut cmd = site.runtime_cmd(&["run", "--bundle", &bundle, id]);
+    // fd 3 goes through the runtime to the init, which takes it as its takeover socket.
+    let mut cmd = site.runtime_cmd(&["run", "--preserve-fds", "1", "--bundle", &bundle, id]);
+    crate::link::inherit::with_takeover_fd(&mut cmd, listener.into());
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
