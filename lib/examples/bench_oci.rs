@@ -151,7 +151,8 @@ async fn measure(b: &Bench, mode: &Mode) -> Res<()> {
         let what = format!("(g) collection of {} MiB in {files} file(s), hashed", bytes >> 20);
         target(&what, format!("{rate:.0} MB/s"), "≥ 1000 MB/s", rate >= 1000.0);
     }
-    let left = std::fs::read_dir(b.rung.bundles_dir()).map(|d| d.count()).unwrap_or(0);
+    let ours = |e: &std::fs::DirEntry| e.file_name().to_string_lossy().starts_with(&format!("{}-", b.worker));
+    let left = std::fs::read_dir(b.rung.bundles_dir()).map(|d| d.flatten().filter(ours).count()).unwrap_or(0);
     match left {
         0 => Ok(()),
         n => Err(format!("{n} bundles left behind")),
