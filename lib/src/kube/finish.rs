@@ -38,7 +38,8 @@ const END_SEEN_WITHIN: Duration = Duration::from_secs(10);
 pub(crate) async fn witness(site: &KubeSite, own: &Own, link_verdict: bool) -> Witness {
     let ours = site.hard_stopped.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&own.pod);
     let read = if link_verdict {
-        site.get_pod(&own.pod).await
+        // Evidence only: the link is the verdict.
+        site.cached_pod(&own.pod).await
     } else {
         let ended = super::watch::until(site, &own.pod, END_SEEN_WITHIN, |pod| match pod {
             Some(p) if state::main_end(p).exit_code.is_none() => Look::Wait("the kubelet to report the end".into()),
@@ -111,6 +112,11 @@ pub(crate) fn account(site: &KubeSite, ledger: &Ledger<Own>, ended: &Ended, ev: 
     }
     if let Some(end) = &seen {
         ev.container_id = end.container_id.clone();
+        if end.container_id.is_none() {
+            // The attach is made as soon as the runtime runs the container, and the Pod deleted
+            // at the init's last frame: a short attempt can end before the kubelet's relist.
+            ev.notes.push("the kubelet had not reported the attempt's container id when it ended".into());
+        }
         ev.node = end.node.clone();
         ev.image_id = end.image_id.clone();
         if let Some(why) = &end.pod_ended_by {

@@ -33,6 +33,8 @@ const DEADLINE_BACKSTOP: Duration = Duration::from_secs(60);
 const SLOWEST_UPLOAD: u64 = 4 << 20;
 /// What is kept of the init container's words.
 const PREPARE_WORDS: usize = 16 << 10;
+/// The longest pause between attaches tried before the API says the attempt's container runs.
+const EAGER_ATTACH_PAUSE: Duration = Duration::from_millis(200);
 
 /// A Pod whose attempt's container runs its init, attached.
 pub(crate) struct Ready {
@@ -159,11 +161,7 @@ async fn over_link(
     let uid = created.metadata.uid.clone().unwrap_or_default();
     let mut waited = None;
     let left = site.config.launch_timeout.saturating_sub(started.elapsed());
-    wait(site, &name, left, cancel, false, &need_of(site, plan), &mut waited).await?;
-    let attached = tokio::select! {
-        a = attach(site, &name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
-        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
-    };
+    let attached = attached(site, &name, left, cancel, &need_of(site, plan), &mut waited).await?;
     let mut transport = transport(attached);
     let (dir, measured) = plan.inputs.as_ref().expect("over the link only with inputs");
     let limit = site.config.link_inputs_max_bytes.min(site.config.max_input_bytes);
@@ -233,7 +231,9 @@ async fn through_init_container(
     // The time the upload took is not the launch's.
     let mut staging_took = Duration::ZERO;
     if let Some((dir, measured)) = inputs {
-        let at = wait(site, &name, within.saturating_sub(started.elapsed()), cancel, true, &need, &mut waited).await?;
+        let left = within.saturating_sub(started.elapsed());
+        let p = Patience { need: &need, waited: &mut waited, soon: None };
+        let at = wait(site, &name, left, cancel, true, p).await?;
         if at != Launch::Preparing {
             // The init container waits for the inputs: running past it without them would
             // give the command an empty `/in`.
@@ -254,12 +254,7 @@ async fn through_init_container(
         staged_at = Some(crate::contract::unix_ms_now());
     }
     let left = within.saturating_sub(started.elapsed().saturating_sub(staging_took));
-    wait(site, &name, left, cancel, false, &need, &mut waited).await?;
-    let attached = tokio::select! {
-        a = attach(site, &name, MAIN, true) => a.map_err(|e| LaunchError::staging("attaching to the attempt", e))?,
-        _ = cancel.cancelled() => return Err(LaunchError::CancelledBeforeStart),
-    };
-    let attached = transport(attached);
+    let attached = transport(attached(site, &name, left, cancel, &need, &mut waited).await?);
     Ok(Ready { attached, uid, enforcement, skipped, inputs: staged, staged_at, credentials: None, waited })
 }
 
@@ -280,19 +275,34 @@ async fn wait(
     within: Duration,
     cancel: &CancellationToken,
     preparing: bool,
-    need: &Need,
-    waited: &mut Option<String>,
+    p: Patience<'_>,
 ) -> Result<Launch, LaunchError> {
+    let Patience { need, waited, soon } = p;
     let until = Instant::now() + within;
     let mut since: Option<(Instant, String)> = None;
     loop {
         let patient = waited.is_some() || since.is_some();
         let left = until.saturating_duration_since(Instant::now());
-        let followed = watch::until(site, name, left, |pod| match state::launch(pod) {
-            Launch::Waiting(w) => Look::Wait(w),
-            Launch::Unschedulable(r) if patient => Look::Wait(format!("room on a node (the scheduler: {r})")),
-            Launch::Preparing if !preparing => Look::Wait("stevedore's init container to finish".into()),
-            other => Look::Done(other),
+        let followed = watch::until(site, name, left, |pod| {
+            if let (Some(soon), Some(p)) = (soon, pod)
+                && state::prepared(p)
+            {
+                soon.notify_one();
+            }
+            let at = state::launch(pod);
+            // Said as soon as the Pod is placed: an eager attach may end this wait before it returns.
+            if let Some((t, reason)) = &since
+                && waited.is_none()
+                && !matches!(at, Launch::Unschedulable(_))
+            {
+                *waited = Some(room_note(t.elapsed(), reason));
+            }
+            match at {
+                Launch::Waiting(w) => Look::Wait(w),
+                Launch::Unschedulable(r) if patient => Look::Wait(format!("room on a node (the scheduler: {r})")),
+                Launch::Preparing if !preparing => Look::Wait("stevedore's init container to finish".into()),
+                other => Look::Done(other),
+            }
         });
         let at = tokio::select! {
             r = followed => r.map_err(|e| match e {
@@ -313,12 +323,10 @@ async fn wait(
             since = Some((Instant::now(), reason.clone()));
             continue;
         }
-        if let Some((t, reason)) = since {
-            *waited = Some(format!(
-                "the Pod waited {} ms for room on a node (the scheduler: {reason}); it fits a node of the cluster \
-                 when that node has room",
-                t.elapsed().as_millis()
-            ));
+        if let Some((t, reason)) = since
+            && waited.is_none()
+        {
+            *waited = Some(room_note(t.elapsed(), &reason));
         }
         return match at {
             Launch::Preparing | Launch::Running => Ok(at),
@@ -336,6 +344,64 @@ async fn wait(
             Launch::Failed(what) => Err(ClusterError::PodFailed { what }.into()),
             Launch::Waiting(_) => unreachable!("a wait ends only on a decision"),
         };
+    }
+}
+
+/// The note of a Pod that waited `took` for room on a node.
+fn room_note(took: Duration, reason: &str) -> String {
+    format!(
+        "the Pod waited {} ms for room on a node (the scheduler: {reason}); it fits a node of the cluster when that \
+         node has room",
+        took.as_millis()
+    )
+}
+
+/// What a wait may wait for and tells: room on a node for the Pod (`need`; `waited` says how
+/// long it waited), and `soon`, notified when the init container ended well (the attempt's
+/// container starts in the same kubelet sync).
+struct Patience<'a> {
+    need: &'a Need,
+    waited: &'a mut Option<String>,
+    soon: Option<&'a tokio::sync::Notify>,
+}
+
+/// Follows the Pod until its attempt's container runs, and attaches to it: as soon as the
+/// runtime runs it (tried from the init container's end on), not a kubelet relist later when
+/// the API says so (the kubelet finds the container for an attach in the runtime itself).
+async fn attached(
+    site: &KubeSite,
+    name: &str,
+    within: Duration,
+    cancel: &CancellationToken,
+    need: &Need,
+    waited: &mut Option<String>,
+) -> Result<AttachedProcess, LaunchError> {
+    let soon = tokio::sync::Notify::new();
+    let follow = wait(site, name, within, cancel, false, Patience { need, waited, soon: Some(&soon) });
+    let eager = async {
+        soon.notified().await;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            // "container not found" until the runtime runs it: asked again, more slowly.
+            if let Ok(a) = attach(site, name, MAIN, true).await {
+                return a;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(EAGER_ATTACH_PAUSE);
+        }
+    };
+    let attaching = async {
+        tokio::select! {
+            a = eager => Ok(a),
+            w = follow => {
+                w?;
+                attach(site, name, MAIN, true).await.map_err(|e| LaunchError::staging("attaching to the attempt", e))
+            }
+        }
+    };
+    tokio::select! {
+        a = attaching => a,
+        _ = cancel.cancelled() => Err(LaunchError::CancelledBeforeStart),
     }
 }
 

@@ -16,6 +16,14 @@ use crate::link::session::Transport;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The longest a takeover waits for the kubelet to report a container it has not reported yet.
+const KUBELET_REPORT: std::time::Duration = std::time::Duration::from_secs(15);
+
+fn terminal(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 /// The checkpoint's Pod, if it is that attempt's and still runs its init; else what is left
 /// of the attempt is removed.
 pub(crate) async fn reattach(
@@ -52,8 +60,30 @@ pub(crate) async fn reattach(
         return Err(RecoverError::Invalid("the Pod's UID or labels are not this attempt's".into()));
     }
     let cleanup = cleanup();
-    let end = super::state::main_end(&pod);
-    if !super::state::main_runs(&pod) {
+    let mut end = super::state::main_end(&pod);
+    // The attach is made before the API says the container runs (`launch::attached`): a
+    // worker that died early may have left a Pod the kubelet has not reported on yet.
+    let runs = match super::state::main_runs(&pod) || end.exit_code.is_some() || terminal(&pod) {
+        true => super::state::main_runs(&pod),
+        false => {
+            let reported = super::watch::until(site, name, KUBELET_REPORT, |p| match p {
+                Some(p) if super::state::main_runs(p) => super::watch::Look::Done(Some(p.clone())),
+                Some(p) if super::state::main_end(p).exit_code.is_none() && !terminal(p) => {
+                    super::watch::Look::Wait("the kubelet to report the attempt's container".into())
+                }
+                other => super::watch::Look::Done(other.cloned()),
+            })
+            .await;
+            match reported {
+                Ok(Some(p)) => {
+                    end = super::state::main_end(&p);
+                    super::state::main_runs(&p)
+                }
+                _ => false,
+            }
+        }
+    };
+    if !runs {
         cleanup.remove().await;
         return Err(RecoverError::Gone(format!(
             "its init ended while no host was there (exit code {:?}); the record went with it",

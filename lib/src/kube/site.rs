@@ -129,6 +129,17 @@ impl KubeSite {
     }
 
     /// The Pod as the API has it now (`None`: gone).
+    /// The Pod as the API server's cache has it (`resourceVersion=0`: no read of etcd, which
+    /// a node busy writing statuses can make a hundred ms): for evidence, never a decision.
+    pub async fn cached_pod(&self, name: &str) -> Result<Option<Pod>, ClusterError> {
+        let any = kube::api::GetParams::any();
+        match self.call(format!("reading Pod {name}"), self.pods.get_with(name, &any)).await {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn get_pod(&self, name: &str) -> Result<Option<Pod>, ClusterError> {
         match self.call(format!("reading Pod {name}"), self.pods.get(name)).await {
             Ok(p) => Ok(Some(p)),

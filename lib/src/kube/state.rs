@@ -195,6 +195,15 @@ pub(crate) fn nothing_runs(pod: &Pod) -> bool {
         .all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none()))
 }
 
+/// Whether stevedore's init container ended well: the attempt's container starts next (the
+/// kubelet starts it in the same sync, a relist before the API says so).
+pub(crate) fn prepared(pod: &Pod) -> bool {
+    let st = pod.status.as_ref();
+    status(st.and_then(|s| s.init_container_statuses.as_ref()), PREPARE)
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0)
+}
+
 /// Whether the attempt's container runs (its init may be about to end by itself).
 pub(crate) fn main_runs(pod: &Pod) -> bool {
     let st = pod.status.as_ref();
