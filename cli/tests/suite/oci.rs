@@ -689,19 +689,10 @@ async fn oci_a_worker_killed_mid_attempt_is_recovered_while_the_command_runs() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(recover.stderr.take().unwrap()).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(l)) if l.contains("report heartbeat") => break,
-            Some(_) => continue,
-            None => panic!("stevedore recover ended before the takeover"),
-        }
-    }
+    // A report of the command reached the recovering process: the takeover happened.
+    support::stderr_until(&mut recover, "report heartbeat");
     assert_eq!(in_container(&rung, &cp, "touch /tmp/gate"), 0);
-    let drain = std::thread::spawn(move || lines.count());
     let got = recover.wait_with_output().unwrap();
-    drain.join().unwrap();
     assert!(got.status.success());
     let o: serde_json::Value = serde_json::from_slice(&got.stdout).unwrap();
     assert_eq!((o["status"].as_str(), o["evidence"]["level"].as_str()), (Some("ok"), Some("sandboxed")), "{o}");
