@@ -624,25 +624,6 @@ fn sorted(v: &[&String]) -> Vec<String> {
     v
 }
 
-/// `stevedore run --rung oci` of `script` with a checkpoint and a host-loss grace, returned
-/// once the command said `ready` on stderr (which the checkpoint precedes).
-fn oci_worker(image: &str, w: &str, out: &Path, cp: &Path, script: &str) -> std::process::Child {
-    let mut child = std::process::Command::new(support::BIN)
-        .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--host-loss-grace", "120s", "--checkpoint"])
-        .arg(cp)
-        .arg("--output")
-        .arg(out)
-        .arg("--logs")
-        .arg(out.with_file_name("logs"))
-        .args(["--", "sh", "-c", script])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    support::stderr_until(&mut child, "ready");
-    child
-}
-
 /// `sh -c script` inside the checkpoint's runtime container, as the sandbox user: its status.
 fn in_container(rung: &OciExecutor, cp: &Path, script: &str) -> i32 {
     let c = stevedore::contract::Checkpoint::from_json(&std::fs::read(cp).unwrap()).unwrap();
@@ -668,7 +649,7 @@ async fn oci_a_worker_killed_mid_attempt_is_recovered_while_the_command_runs() {
     let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
     let script = r#"echo ready >&2; while [ ! -e /tmp/gate ]; do "$STEVEDORE_INIT" report heartbeat; sleep 0.2; done;
                     echo result > /out/r; echo finished"#;
-    support::kill9(oci_worker(&image, &w, &out, &cp, script));
+    support::kill9(crate::recover::start_worker_on(&["--rung", "oci"], &image, &w, &out, &cp, script));
 
     // The checkpoint is input: one naming another state dir is refused, and nothing is touched.
     let mut forged: serde_json::Value = serde_json::from_slice(&std::fs::read(&cp).unwrap()).unwrap();
@@ -715,7 +696,7 @@ async fn oci_an_attempt_that_ended_while_the_worker_was_away_is_collected() {
     let (out, cp) = (dir.path().join("out"), dir.path().join("cp.json"));
     let script = r#"echo ready >&2; echo $$ > /tmp/pid; while [ ! -e /tmp/gate ]; do sleep 0.05; done;
                     echo made > /out/m; exit 7"#;
-    support::kill9(oci_worker(&image, &w, &out, &cp, script));
+    support::kill9(crate::recover::start_worker_on(&["--rung", "oci"], &image, &w, &out, &cp, script));
     assert_eq!(in_container(&rung, &cp, "touch /tmp/gate"), 0);
     let t = Instant::now();
     // Gone once reaped by the init: `kill -0` then fails.

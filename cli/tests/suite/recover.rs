@@ -16,8 +16,15 @@ use support::*;
 /// `stevedore run` of `script` with a checkpoint and a host-loss grace, returned once the
 /// command said `ready` on stderr (which the checkpoint precedes).
 fn start_worker(image: &str, w: &str, out: &Path, cp: &Path, script: &str) -> Child {
+    start_worker_on(&[], image, w, out, cp, script)
+}
+
+/// [`start_worker`] with `rung` (`["--rung", "oci"]`) before the rest.
+pub(crate) fn start_worker_on(rung: &[&str], image: &str, w: &str, out: &Path, cp: &Path, script: &str) -> Child {
     let mut child = Command::new(BIN)
-        .args(["run", "--worker", w, "--image", image, "--host-loss-grace", "120s", "--checkpoint"])
+        .arg("run")
+        .args(rung)
+        .args(["--worker", w, "--image", image, "--host-loss-grace", "120s", "--checkpoint"])
         .arg(cp)
         .arg("--output")
         .arg(out)

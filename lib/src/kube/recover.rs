@@ -19,11 +19,6 @@ use std::sync::Arc;
 /// The longest a takeover waits for the kubelet to report a container it has not reported yet.
 const KUBELET_REPORT: std::time::Duration = std::time::Duration::from_secs(15);
 
-fn terminal(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    matches!(phase, Some("Succeeded" | "Failed"))
-}
-
 /// The checkpoint's Pod, if it is that attempt's and still runs its init; else what is left
 /// of the attempt is removed.
 pub(crate) async fn reattach(
@@ -63,12 +58,12 @@ pub(crate) async fn reattach(
     let mut end = super::state::main_end(&pod);
     // The attach is made before the API says the container runs (`launch::attached`): a
     // worker that died early may have left a Pod the kubelet has not reported on yet.
-    let runs = match super::state::main_runs(&pod) || end.exit_code.is_some() || terminal(&pod) {
+    let runs = match super::state::main_runs(&pod) || end.exit_code.is_some() || super::state::finished(&pod) {
         true => super::state::main_runs(&pod),
         false => {
             let reported = super::watch::until(site, name, KUBELET_REPORT, |p| match p {
                 Some(p) if super::state::main_runs(p) => super::watch::Look::Done(Some(p.clone())),
-                Some(p) if super::state::main_end(p).exit_code.is_none() && !terminal(p) => {
+                Some(p) if super::state::main_end(p).exit_code.is_none() && !super::state::finished(p) => {
                     super::watch::Look::Wait("the kubelet to report the attempt's container".into())
                 }
                 other => super::watch::Look::Done(other.cloned()),

@@ -132,16 +132,15 @@ impl KubeSite {
     /// The Pod as the API server's cache has it (`resourceVersion=0`: no read of etcd, which
     /// a node busy writing statuses can make a hundred ms): for evidence, never a decision.
     pub async fn cached_pod(&self, name: &str) -> Result<Option<Pod>, ClusterError> {
-        let any = kube::api::GetParams::any();
-        match self.call(format!("reading Pod {name}"), self.pods.get_with(name, &any)).await {
-            Ok(p) => Ok(Some(p)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.read_pod(name, &kube::api::GetParams::any()).await
     }
 
     pub async fn get_pod(&self, name: &str) -> Result<Option<Pod>, ClusterError> {
-        match self.call(format!("reading Pod {name}"), self.pods.get(name)).await {
+        self.read_pod(name, &kube::api::GetParams::default()).await
+    }
+
+    async fn read_pod(&self, name: &str, params: &kube::api::GetParams) -> Result<Option<Pod>, ClusterError> {
+        match self.call(format!("reading Pod {name}"), self.pods.get_with(name, params)).await {
             Ok(p) => Ok(Some(p)),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),

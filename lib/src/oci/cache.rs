@@ -65,10 +65,7 @@ impl Cache {
         id: &str,
         labels: HashMap<String, String>,
     ) -> Result<(PathBuf, Held), ImageError> {
-        let hexid = id.strip_prefix("sha256:").unwrap_or(id);
-        if hexid.is_empty() || !hexid.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(ImageError::Unsafe { entry: id.to_owned(), why: "is not an image id" });
-        }
+        let hexid = hex_of(id).ok_or_else(|| ImageError::Unsafe { entry: id.to_owned(), why: "is not an image id" })?;
         let at = self.dir.join(hexid);
         let lock = self
             .locks
@@ -126,11 +123,7 @@ impl Cache {
 
     /// A hold on the image `id` when it is in the cache (a recovered attempt's image).
     pub fn held(&self, id: &str) -> Option<Held> {
-        let hexid = id.strip_prefix("sha256:").unwrap_or(id);
-        if hexid.is_empty() || !hexid.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        hold(&self.dir.join(hexid)).ok().flatten()
+        hold(&self.dir.join(hex_of(id)?)).ok().flatten()
     }
 
     /// Prunes the cache down to `max_bytes` (oldest-used first; held images kept).
@@ -144,8 +137,14 @@ impl Cache {
     }
 }
 
+/// The hex of an image id (`sha256:<hex>` or `<hex>`): an entry's name; `None` for anything else.
+fn hex_of(id: &str) -> Option<&str> {
+    let hexid = id.strip_prefix("sha256:").unwrap_or(id);
+    (!hexid.is_empty() && hexid.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hexid)
+}
+
 /// A shared hold on the entry at `at` with its use stamped, or `None` when there is no
-/// complete entry there.
+/// complete entry there (or a prune is taking it away this instant).
 fn hold(at: &Path) -> Result<Option<Held>, ImageError> {
     adopt(at)?;
     let file = match fs::OpenOptions::new().read(true).write(true).open(at.join("lock")) {
@@ -193,10 +192,11 @@ fn tree_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// `file` locked (shared, waiting; or exclusive, not waiting): `None` when it would have
-/// waited. The lock goes with the returned value.
+/// `file` locked, shared or exclusive, never waiting (this runs on the attempt's path): `None`
+/// when another holds it the other way (a prune taking the entry, or attempts holding it).
+/// The lock goes with the returned value.
 fn locked(file: fs::File, exclusive: bool) -> io::Result<Option<Flock<fs::File>>> {
-    let arg = if exclusive { FlockArg::LockExclusiveNonblock } else { FlockArg::LockShared };
+    let arg = if exclusive { FlockArg::LockExclusiveNonblock } else { FlockArg::LockSharedNonblock };
     match Flock::lock(file, arg) {
         Ok(l) => Ok(Some(l)),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),

@@ -23,29 +23,17 @@ pub(crate) struct Cleanup {
     pub bundle: Option<PathBuf>,
     /// The runtime's container id, once `run` was asked for.
     pub id: Option<String>,
-    /// `runtime run`'s pid and its end, as its waiter reports it.
-    pub runtime: Option<(i32, super::site::Exit)>,
+    /// The runtime's process (`runtime run`, or one a previous life started) and its pid.
+    pub runtime: Option<(i32, Runtime)>,
     /// The image's root filesystem, held against the cache's prune until the container is gone.
     pub held: Option<super::cache::Held>,
-    /// The pid and start ticks of a runtime process a previous life of the worker started
-    /// (not this process's child: its end is seen in `/proc`).
-    pub adopted: Option<(i32, u64)>,
 }
 
 impl Cleanup {
     /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
     pub fn new(shared: Arc<OciSite>, attempt_id: String, worker: &str) -> Self {
         let entry = Some(shared.base.enter(attempt_id));
-        Self {
-            shared,
-            entry,
-            worker: worker.to_owned(),
-            bundle: None,
-            id: None,
-            runtime: None,
-            held: None,
-            adopted: None,
-        }
+        Self { shared, entry, worker: worker.to_owned(), bundle: None, id: None, runtime: None, held: None }
     }
 }
 
@@ -109,8 +97,11 @@ pub(crate) async fn remove_bundle(bundle: PathBuf, worker: &str) -> Vec<String> 
 
 /// The runtime's process: this process's child (its waiter reports its end), or one a
 /// previous life of the worker started (its end is seen in `/proc`).
-enum Runtime {
+#[derive(Debug)]
+pub(crate) enum Runtime {
+    /// Its end, as its waiter reports it.
     Child(super::site::Exit),
+    /// Its start ticks: not this process's child, its end is seen in `/proc`.
     Adopted(u64),
 }
 
@@ -166,20 +157,9 @@ async fn finish(
     errors
 }
 
-impl Cleanup {
-    /// The runtime's process to wait for, whichever it is.
-    fn runtime(&mut self) -> Option<(i32, Runtime)> {
-        match (self.runtime.take(), self.adopted.take()) {
-            (Some((pid, exit)), _) => Some((pid, Runtime::Child(exit))),
-            (None, Some((pid, ticks))) => Some((pid, Runtime::Adopted(ticks))),
-            (None, None) => None,
-        }
-    }
-}
-
 impl Teardown for Cleanup {
     async fn remove(mut self) -> Removed {
-        let runtime = self.runtime();
+        let runtime = self.runtime.take();
         let errors =
             finish(self.shared.clone(), self.worker.clone(), runtime, self.id.take(), self.bundle.take()).await;
         self.held = None;
@@ -205,7 +185,8 @@ impl Drop for Cleanup {
                 .and_then(|mut c| c.wait());
         }
         let shared = self.shared.clone();
-        let (worker, runtime, id, bundle) = (self.worker.clone(), self.runtime(), self.id.take(), self.bundle.take());
+        let (worker, runtime, id, bundle) =
+            (self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take());
         let held = self.held.take();
         let attempt = entry.id.clone();
         let removal = async move {

@@ -130,7 +130,7 @@ fn spawn(site: &OciSite, bundle: &Path, id: &str, cleanup: &mut Cleanup) -> Resu
         let _ = ended.send(Some(code.unwrap_or(-1)));
     });
     site.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(id.to_owned(), exit.clone());
-    cleanup.runtime = Some((pid, exit));
+    cleanup.runtime = Some((pid, super::cleanup::Runtime::Child(exit)));
     let (Some(stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
         return Err(LaunchError::Staging { what: "the runtime's pipes".into(), source: "missing".into() });
     };

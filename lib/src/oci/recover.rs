@@ -62,7 +62,7 @@ pub(crate) async fn reattach(
         cleanup.remove().await;
         return Err(RecoverError::Gone("its container ended while no host was there; the record went with it".into()));
     }
-    cleanup.adopted = Some((own.runtime_pid, own.start_ticks));
+    cleanup.runtime = Some((own.runtime_pid, super::cleanup::Runtime::Adopted(own.start_ticks)));
     Ok(cleanup)
 }
 
