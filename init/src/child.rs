@@ -247,7 +247,8 @@ pub(crate) mod raw {
                   start its session, set its rlimits, put its report socket on fd 3 and set its \
                   OOM score before it runs (the closure does not allocate and makes only \
                   async-signal-safe calls: sigaction, sigprocmask, setsid, setrlimit, dup2, \
-                  fcntl, close_range, prctl, open, write, close); borrowing an inherited fd by number"
+                  fcntl, close_range, prctl, open, write, close); borrowing an inherited fd by number; \
+                  seccomp(2) with a program the init decoded"
     )]
 
     use crate::wire::{REPORT_FD, Rlimit, RlimitResource};
@@ -289,6 +290,27 @@ pub(crate) mod raw {
         // inherited descriptor by number, so it outlives the borrow.
         let fd = unsafe { BorrowedFd::borrow_raw(n) };
         fcntl(fd, FcntlArg::F_GETFD).ok().map(|_| fd)
+    }
+
+    /// Installs one classic BPF program as a seccomp filter on this thread (the init is
+    /// single-threaded: the whole process), `no_new_privs` already set (`seccomp`).
+    pub(crate) fn install_filter(program: &[crate::seccomp::Insn]) -> io::Result<()> {
+        use nix::libc;
+        let mut filter: Vec<libc::sock_filter> =
+            program.iter().map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k }).collect();
+        let len = libc::c_ushort::try_from(filter.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let prog = libc::sock_fprog { len, filter: filter.as_mut_ptr() };
+        // SAFETY: `prog` points at `len` initialised instructions that outlive the call; the
+        // kernel copies the program and keeps no pointer into it.
+        let done = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0 as libc::c_uint,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if done == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 
     /// Marks every descriptor from `first` on close-on-exec, so nothing the init inherited

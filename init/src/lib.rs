@@ -43,6 +43,7 @@ pub mod report;
 mod reserve;
 mod run;
 mod sampler;
+pub mod seccomp;
 mod stage;
 mod stdin;
 pub mod tree;

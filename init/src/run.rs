@@ -41,7 +41,7 @@ const CHUNK: usize = wire::MAX_CHUNK;
 const AFTER_END_DRAIN: u64 = 16 << 20;
 
 /// How the rung started the init (its arguments).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Options {
     /// Give up when no Start frame came within this long (a Pod whose host died before it
     /// spoke: nothing else would ever end it). `None`: wait as long as it takes.
@@ -49,11 +49,14 @@ pub struct Options {
     /// Bytes to hold in the attempt's cgroup until every process of the attempt is gone
     /// (`reserve`): the rung added them to the cgroup's limit.
     pub reserve_bytes: u64,
+    /// A seccomp filter to install on itself before anything else (`seccomp`): the oci rung's,
+    /// compiled once by the host instead of by the runtime on every start.
+    pub seccomp: Option<std::path::PathBuf>,
 }
 
 impl Options {
-    /// Parses the init's arguments (`[--start-within-ms MS] [--reserve BYTES]`, each at most
-    /// once, in any order).
+    /// Parses the init's arguments (`[--start-within-ms MS] [--reserve BYTES] [--seccomp
+    /// PATH]`, each at most once, in any order).
     pub fn parse(args: &[String]) -> Result<Self, String> {
         let mut o = Self::default();
         let mut it = args.iter();
@@ -71,6 +74,10 @@ impl Options {
                     reserve = true;
                     o.reserve_bytes = number(&mut it, "bytes")?;
                 }
+                "--seccomp" if o.seccomp.is_none() => {
+                    let path = it.next().filter(|p| p.starts_with('/')).ok_or("--seccomp takes an absolute path")?;
+                    o.seccomp = Some(path.into());
+                }
                 other => return Err(format!("unexpected argument {other:?}")),
             }
         }
@@ -85,6 +92,14 @@ pub fn main() -> i32 {
 
 /// Runs the init as the rung's [`Options`] say; returns the process exit code.
 pub fn main_with(options: Options) -> i32 {
+    // Before anything else, the link's first frame included: from here on the init is under
+    // the same filter as the command it will start, as when the runtime installed it.
+    if let Some(path) = &options.seccomp
+        && let Err(why) = crate::seccomp::install_from(path)
+    {
+        let _ = writeln!(io::stderr(), "stevedore-init: {why}");
+        return EXIT_SETUP_FAILED;
+    }
     // Whatever the host inherited to this process (a worker's stray descriptors) goes no
     // further than the init: nothing from 3 on survives the command's exec.
     child::raw::cloexec_from(3);
@@ -1316,9 +1331,22 @@ mod tests {
     fn the_options_are_each_given_once_with_a_number() {
         let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         let o = Options::parse(&args(&["--reserve", "8388608", "--start-within-ms", "300"])).unwrap();
-        assert_eq!(o, Options { start_within: Some(Duration::from_millis(300)), reserve_bytes: 8 << 20 });
+        assert_eq!(
+            o,
+            Options { start_within: Some(Duration::from_millis(300)), reserve_bytes: 8 << 20, seccomp: None }
+        );
         assert_eq!(Options::parse(&[]).unwrap(), Options::default());
-        for bad in [&["--reserve"][..], &["--reserve", "8m"], &["--reserve", "1", "--reserve", "2"], &["--other"]] {
+        let o = Options::parse(&args(&["--seccomp", "/t/seccomp.bpf"])).unwrap();
+        assert_eq!(o.seccomp.as_deref(), Some(Path::new("/t/seccomp.bpf")));
+        for bad in [
+            &["--reserve"][..],
+            &["--reserve", "8m"],
+            &["--reserve", "1", "--reserve", "2"],
+            &["--other"],
+            &["--seccomp"],
+            &["--seccomp", "relative.bpf"],
+            &["--seccomp", "/a", "--seccomp", "/b"],
+        ] {
             assert!(Options::parse(&args(bad)).is_err(), "{bad:?}");
         }
     }

@@ -246,11 +246,30 @@ async fn oci_hardening_probes() {
     // CAP_SYS_ADMIN (the kernel alone would let an unprivileged process make one).
     assert!(lines.iter().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{out}");
     assert!(lines.contains(&"userns-refused") && lines.contains(&"netns-refused"), "{out}");
+    let seccomp = &o.evidence.enforcement["seccomp"];
     assert!(
-        o.evidence.enforcement["seccomp"].contains("Docker's default seccomp profile"),
-        "{:?}",
-        o.evidence.enforcement
+        seccomp.contains("Docker's default seccomp profile") && seccomp.contains("installed by the init"),
+        "{seccomp}"
     );
+    // The filter is the init's from its first step: its own status says so too.
+    let o = run(&rung, &sh(&image, &w, &t.path().join("o2"), "grep '^Seccomp:' /proc/1/status")).await;
+    assert_eq!(stdout_of(&o).trim(), "Seccomp:\t2", "{}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+
+    // The runtime's own compile, configured: the same refusals.
+    let t2 = tempfile::tempdir().unwrap();
+    let cfg = OciConfig::default()
+        .base_dir(t2.path().join("oci"))
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint())
+        .seccomp_by_runtime(true);
+    let rung = OciExecutor::new(cfg).await.expect("the oci rung sets up");
+    let o = run(&rung, &sh(&image, &w, &t.path().join("o3"), probe)).await;
+    let out = stdout_of(&o);
+    assert!(out.lines().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{out}");
+    assert!(out.contains("userns-refused") && out.contains("netns-refused"), "{out}");
+    assert!(o.evidence.enforcement["seccomp"].contains("compiled by the runtime"), "{:?}", o.evidence.enforcement);
     nothing_left(&rung, &w);
     rung.close().await;
 }

@@ -5,7 +5,7 @@
 
 use super::cache::Cache;
 use super::config::OciConfig;
-use super::site::OciSite;
+use super::site::{OciSite, Seccomp};
 use crate::attempt::SiteBase;
 use crate::attempt::front::Gate;
 use crate::engine::{Engine, EngineError};
@@ -110,9 +110,22 @@ impl OciExecutor {
         let seccomp = match config.seccomp {
             true => {
                 let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-                Some(super::seccomp::for_attempt(std::env::consts::ARCH, release.trim())?)
+                let profile = super::seccomp::for_attempt(std::env::consts::ARCH, release.trim())?;
+                match config.seccomp_by_runtime {
+                    true => Seccomp::ByRuntime { profile, why: "configured (seccomp_by_runtime)".into() },
+                    false => match super::seccomp::compile(&profile, std::env::consts::ARCH) {
+                        Ok((bpf, syscalls)) => {
+                            use sha2::Digest;
+                            let digest = crate::util::hex(&sha2::Sha256::digest(&bpf));
+                            let dir = base.subdir("tools")?;
+                            dir.readable_copy(&init_digest[..16], stevedore_init::seccomp::FILE_NAME, &bpf, &digest)?;
+                            Seccomp::ByInit { profile, syscalls }
+                        }
+                        Err(e) => Seccomp::ByRuntime { profile, why: e.to_string() },
+                    },
+                }
             }
-            false => None,
+            false => Seccomp::Off,
         };
         let engine =
             Engine::connect(&config.connection, std::time::Duration::from_secs(30)).await.map_err(OciError::Engine)?;
@@ -177,7 +190,7 @@ impl OciExecutor {
             "init",
             "inputs",
         ];
-        if s.seccomp.is_some() {
+        if s.seccomp.profile().is_some() {
             features.push("seccomp");
         }
         let mut cannot = std::collections::BTreeMap::new();
@@ -188,7 +201,7 @@ impl OciExecutor {
             }
         }
         cannot.insert("gpu", "no GPU passed through yet".into());
-        if s.seccomp.is_none() {
+        if s.seccomp.profile().is_none() {
             cannot.insert("seccomp", "relaxed by configuration".into());
         }
         OciCensus {

@@ -58,7 +58,7 @@ pub(crate) async fn provision(
         user: site.config.user,
         name: &name,
         reserve: site.config.link.delivery_reserve,
-        seccomp: site.seccomp.as_ref(),
+        seccomp: &site.seccomp,
         apparmor: &site.apparmor,
     };
     let spec = build(&input).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;

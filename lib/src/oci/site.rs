@@ -27,15 +27,37 @@ pub(crate) struct OciSite {
     pub tools: PathBuf,
     pub init_digest: String,
     pub images: Cache,
-    /// Docker's default seccomp profile resolved for this machine (`None`: relaxed by
-    /// configuration).
-    pub seccomp: Option<oci_spec::runtime::LinuxSeccomp>,
+    /// Docker's default seccomp profile resolved for this machine, and who installs it.
+    pub seccomp: Seccomp,
     /// The AppArmor profile of every command, or why there is none on this host.
     pub apparmor: Result<String, String>,
     pub gate: Gate,
     /// How each running attempt's `runtime run` ended, by container id, until its removal:
     /// the witness of an end without a record.
     pub exits: std::sync::Mutex<std::collections::HashMap<String, Exit>>,
+}
+
+/// How the commands' seccomp filter is applied.
+#[derive(Debug)]
+pub(crate) enum Seccomp {
+    /// Relaxed by configuration.
+    Off,
+    /// Compiled to BPF once, beside the init in the tools dir, which installs it on itself
+    /// before anything else (`init/src/seccomp.rs`); `syscalls` the calls it names.
+    ByInit { profile: oci_spec::runtime::LinuxSeccomp, syscalls: usize },
+    /// In `config.json`, compiled by the runtime on every start: configured so, or `why`
+    /// the compile could not be had here.
+    ByRuntime { profile: oci_spec::runtime::LinuxSeccomp, why: String },
+}
+
+impl Seccomp {
+    /// The profile, where one applies.
+    pub fn profile(&self) -> Option<&oci_spec::runtime::LinuxSeccomp> {
+        match self {
+            Self::Off => None,
+            Self::ByInit { profile, .. } | Self::ByRuntime { profile, .. } => Some(profile),
+        }
+    }
 }
 
 /// `runtime run`'s exit status once it ended (its code, or 128 + the signal that killed it:

@@ -7,6 +7,7 @@
 //! under stevedore's own parent. The limits resolved by the one rule (`sizes`).
 
 use super::config::{FALLBACK, OciConfig};
+use super::site::Seccomp;
 use crate::contract::limits::{self, RungLimits};
 use crate::contract::{NarrowedLimit, ResourceLimits};
 use oci_spec::OciSpecError;
@@ -76,8 +77,8 @@ pub(crate) struct SpecInput<'a> {
     pub name: &'a str,
     /// The init's delivery reserve, added to the cgroup's memory.
     pub reserve: u64,
-    /// The seccomp filter (`None`: relaxed by configuration).
-    pub seccomp: Option<&'a oci_spec::runtime::LinuxSeccomp>,
+    /// The seccomp filter, and who installs it.
+    pub seccomp: &'a Seccomp,
     /// The AppArmor profile the command runs under, or why there is none.
     pub apparmor: &'a Result<String, String>,
 }
@@ -97,11 +98,15 @@ pub(crate) fn host_apparmor(profile: &str) -> Result<String, String> {
     }
 }
 
-/// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`).
-fn init_args(reserve: u64) -> Vec<String> {
+/// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`), the seccomp
+/// filter it installs on itself (`init/src/seccomp.rs`).
+fn init_args(reserve: u64, seccomp: &Seccomp) -> Vec<String> {
     let mut argv = vec![format!("{TOOLS_DIR}/{INIT_NAME}")];
     if reserve > 0 {
         argv.extend(["--reserve".to_owned(), reserve.to_string()]);
+    }
+    if let Seccomp::ByInit { .. } = seccomp {
+        argv.extend(["--seccomp".to_owned(), format!("{TOOLS_DIR}/{}", stevedore_init::seccomp::FILE_NAME)]);
     }
     argv
 }
@@ -150,7 +155,7 @@ pub(crate) fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     let process = ProcessBuilder::default()
         .terminal(false)
         .user(user)
-        .args(init_args(input.reserve))
+        .args(init_args(input.reserve, input.seccomp))
         // The init's own environment: nothing (it gets the command's in the Start frame).
         .env(Vec::<String>::new())
         .cwd("/")
@@ -188,8 +193,8 @@ pub(crate) fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
         .cgroups_path(format!("/{CGROUP_PARENT}/{}", input.name))
         .masked_paths(get_default_maskedpaths())
         .readonly_paths(get_default_readonly_paths());
-    if let Some(s) = input.seccomp {
-        linux = linux.seccomp(s.clone());
+    if let Seccomp::ByRuntime { profile, .. } = input.seccomp {
+        linux = linux.seccomp(profile.clone());
     }
     let linux = linux.build()?;
     SpecBuilder::default()
@@ -233,16 +238,28 @@ pub(crate) fn enforcement(input: &SpecInput<'_>) -> (BTreeMap<String, String>, B
     if input.input.is_some() {
         put("inputs", "a private copy made and held by stevedore, root's without write bits, bound read-only".into());
     }
+    let rules = |s: &oci_spec::runtime::LinuxSeccomp| s.syscalls().as_ref().map_or(0, Vec::len);
     match input.seccomp {
-        Some(s) => put(
+        Seccomp::ByInit { profile, syscalls } => put(
             "seccomp",
             format!(
-                "{} for a command without capabilities: {} rules, default action errno",
+                "{} for a command without capabilities: {} rules naming {syscalls} system calls, default \
+                 action errno; compiled once to BPF for this machine's ABI (a 32-bit system call is \
+                 refused) and installed by the init on itself before anything of the image runs",
                 super::seccomp::ORIGIN,
-                s.syscalls().as_ref().map_or(0, Vec::len)
+                rules(profile)
             ),
         ),
-        None => {
+        Seccomp::ByRuntime { profile, why } => put(
+            "seccomp",
+            format!(
+                "{} for a command without capabilities: {} rules, default action errno; compiled \
+                 by the runtime on each start ({why})",
+                super::seccomp::ORIGIN,
+                rules(profile)
+            ),
+        ),
+        Seccomp::Off => {
             off.insert("seccomp".into(), "relaxed by configuration".into());
         }
     }
@@ -259,9 +276,13 @@ pub(crate) fn enforcement(input: &SpecInput<'_>) -> (BTreeMap<String, String>, B
 mod tests {
     use super::*;
 
-    fn spec_json(input_dir: Option<&Path>) -> serde_json::Value {
+    fn spec_json(input_dir: Option<&Path>, by_runtime: bool) -> serde_json::Value {
         let z = sizes(&ResourceLimits::new().with("memory", 64 << 20).with("cpu", 500), &OciConfig::default());
-        let seccomp = super::super::seccomp::for_attempt("x86_64", "6.1.0").unwrap();
+        let profile = super::super::seccomp::for_attempt("x86_64", "6.1.0").unwrap();
+        let seccomp = match by_runtime {
+            true => Seccomp::ByRuntime { profile, why: "configured".into() },
+            false => Seccomp::ByInit { profile, syscalls: 300 },
+        };
         let input = SpecInput {
             rootfs: Path::new("/cache/abc/rootfs"),
             tools: Path::new("/run/stevedore-oci/tools"),
@@ -270,7 +291,7 @@ mod tests {
             user: (65532, 65532),
             name: "w-0123-a1",
             reserve: 8 << 20,
-            seccomp: Some(&seccomp),
+            seccomp: &seccomp,
             apparmor: &Ok("docker-default".into()),
         };
         serde_json::to_value(build(&input).unwrap()).unwrap()
@@ -278,7 +299,7 @@ mod tests {
 
     #[test]
     fn the_spec_is_hardened_and_runs_the_init_as_pid_1() {
-        let s = spec_json(Some(Path::new("/b/in")));
+        let s = spec_json(Some(Path::new("/b/in")), true);
         assert_eq!(s["root"]["readonly"], true);
         assert_eq!(s["process"]["args"][0], "/.stevedore/tools/stevedore-init");
         assert_eq!(s["process"]["args"][2], (8u64 << 20).to_string());
@@ -305,6 +326,15 @@ mod tests {
         assert!(at(TOOLS_DIR)["options"].as_array().unwrap().contains(&"ro".into()));
         assert!(at("/tmp")["options"].as_array().unwrap().contains(&format!("size={}", 64 << 20).into()));
         assert!(at("/out")["options"].as_array().unwrap().contains(&"uid=65532".into()));
-        assert!(spec_json(None)["mounts"].as_array().unwrap().iter().all(|m| m["destination"] != "/in"));
+        assert!(spec_json(None, true)["mounts"].as_array().unwrap().iter().all(|m| m["destination"] != "/in"));
+    }
+
+    #[test]
+    fn a_filter_compiled_once_is_the_init_s_to_install_and_not_the_runtime_s() {
+        let s = spec_json(None, false);
+        assert!(s["linux"].get("seccomp").is_none(), "the runtime compiles nothing");
+        let args: Vec<&str> = s["process"]["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(args[3..], ["--seccomp", "/.stevedore/tools/seccomp.bpf"]);
+        assert_eq!(s["process"]["noNewPrivileges"], true, "the init may install a filter unprivileged");
     }
 }
