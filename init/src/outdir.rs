@@ -62,8 +62,14 @@ pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
 
 /// What `dir` holds, walked like the outputs (nothing followed, nothing read).
 pub fn measure(dir: &str) -> crate::wire::OutScan {
-    let spec =
-        OutputSpec { dir: dir.to_owned(), max_files: 0, max_bytes: 0, collect_min_ms: 0, collect_bytes_per_s: 0 };
+    let spec = OutputSpec {
+        dir: dir.to_owned(),
+        max_files: 0,
+        max_bytes: 0,
+        collect_min_ms: 0,
+        collect_bytes_per_s: 0,
+        host_walks: false,
+    };
     send(&spec, io::sink()).seen
 }
 
@@ -225,7 +231,14 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn spec(dir: &Path, max_files: u64, max_bytes: u64) -> OutputSpec {
-        OutputSpec { dir: dir.display().to_string(), max_files, max_bytes, collect_min_ms: 0, collect_bytes_per_s: 0 }
+        OutputSpec {
+            dir: dir.display().to_string(),
+            max_files,
+            max_bytes,
+            collect_min_ms: 0,
+            collect_bytes_per_s: 0,
+            host_walks: false,
+        }
     }
 
     fn entries(tar: &[u8]) -> Vec<(String, u64, u32)> {

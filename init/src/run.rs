@@ -1095,11 +1095,15 @@ impl Init {
         if self.link.out_dead {
             return;
         }
-        let mut end = {
-            let mut frames = OutputFrames { link: &mut self.link, buf: Vec::with_capacity(CHUNK) };
-            let end = outdir::send(&start.outputs, &mut frames);
-            let _ = frames.flush();
-            end
+        // Where the host walks the output dir in place, the end only says nothing was sent.
+        let mut end = match start.outputs.host_walks {
+            true => wire::OutputEnd::default(),
+            false => {
+                let mut frames = OutputFrames { link: &mut self.link, buf: Vec::with_capacity(CHUNK) };
+                let end = outdir::send(&start.outputs, &mut frames);
+                let _ = frames.flush();
+                end
+            }
         };
         let mut body = serde_json::to_vec(&end).expect("an output end always serialises");
         if body.len() > Kind::OutputEnd.max_body() {

@@ -723,6 +723,10 @@ pub struct OutputSpec {
     /// See [`OutputSpec::collect_min_ms`].
     #[serde(default)]
     pub collect_bytes_per_s: u64,
+    /// The host walks the output dir itself where it holds it (the oci rung's tmpfs, which
+    /// it mounted): the init sends no tar, and its [`OutputEnd`] only says it sent nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_walks: bool,
 }
 
 impl OutputSpec {
@@ -1406,6 +1410,7 @@ mod tests {
                 max_bytes: 100,
                 collect_min_ms: 0,
                 collect_bytes_per_s: 0,
+                host_walks: false,
             },
             scope: Scope { job_id: "j".into(), attempt: 1 },
             link_id: Some("0".repeat(32)),

@@ -55,6 +55,7 @@ fn start() -> wire::Start {
             max_bytes: 1 << 30,
             collect_min_ms: 30_000,
             collect_bytes_per_s: 32 << 20,
+            host_walks: false,
         },
         scope: wire::Scope { job_id: "job-1".into(), attempt: 1 },
         link_id: Some("0f".repeat(16)),

@@ -54,6 +54,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
             max_bytes: 1 << 20,
             collect_min_ms: 0,
             collect_bytes_per_s: 0,
+            host_walks: false,
         },
         scope: Scope { job_id: "job-1".into(), attempt: 1 },
         link_id: None,

@@ -154,6 +154,52 @@ async fn oci_inputs_are_read_only_and_outputs_hashed_and_the_caller_s() {
     rung.close().await;
 }
 
+/// `/out` is the host's tmpfs, walked by the host itself: what the command leaves there is
+/// untrusted and the walk is on the host's side of the mount, so a symlink to a host path
+/// (or to the host's root) must be named and never followed, a FIFO never opened, a setuid
+/// bit never reproduced, and a straggler still writing is gone before the walk.
+#[tokio::test]
+async fn oci_outputs_are_walked_in_place_and_nothing_the_command_made_is_followed() {
+    let Some((rung, image)) = setup().await else { return };
+    let w = support::worker("oci-walk");
+    let t = tempfile::tempdir().unwrap();
+    let host_secret = t.path().join("secret");
+    std::fs::write(&host_secret, b"host only").unwrap();
+    let script = format!(
+        "echo data > /out/a; ln -s {secret} /out/to-host; ln -s / /out/root; mkfifo /out/fifo; \
+         mkdir -p /out/d/e; echo deep > /out/d/e/f; ln /out/a /out/hard; \
+         echo s > /out/suid; chmod 4755 /out/suid; \
+         echo first > /out/grow; (while true; do echo x >> /out/grow; done) & \
+         if /out/suid 2>/dev/null; then echo EXECUTED; fi",
+        secret = host_secret.display()
+    );
+    let o = run(&rung, &sh(&image, &w, &t.path().join("o"), &script)).await;
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert!(o.evidence.enforcement["disk"].contains("walked in place"), "{:?}", o.evidence.enforcement);
+    let mut names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a", "d/e/f", "grow", "hard", "suid"]);
+    let refused: Vec<(&str, &str)> =
+        o.evidence.refused_outputs.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
+    assert_eq!(refused, [("fifo", "fifo"), ("root", "symlink"), ("to-host", "symlink")]);
+    // The straggler was killed before the walk: what was delivered is what was hashed.
+    let grow = o.outputs.iter().find(|f| f.name == "grow").unwrap();
+    let delivered = std::fs::read(t.path().join("o/grow")).unwrap();
+    use sha2::Digest;
+    assert_eq!(grow.hash, format!("sha256:{:x}", sha2::Sha256::digest(&delivered)));
+    assert_eq!(grow.size, delivered.len() as u64);
+    let out = t.path().join("o");
+    assert!(
+        std::fs::symlink_metadata(out.join("to-host")).is_err() && std::fs::symlink_metadata(out.join("root")).is_err()
+    );
+    let mode = std::fs::metadata(out.join("suid")).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "no setuid bit delivered");
+    assert_eq!(std::fs::read(&host_secret).unwrap(), b"host only");
+    assert!(!stdout_of(&o).contains("EXECUTED"), "/out is noexec");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
 #[tokio::test]
 async fn oci_a_memory_hog_is_oom_killed() {
     let Some((rung, image)) = setup().await else { return };

@@ -96,7 +96,9 @@ pub(crate) async fn begin<S: Site>(
     let started_tx = report_tx.clone();
     let count = Arc::new(Heard::default());
     let (rejoin, more) = rejoin(&cfg, key, &link_id);
-    let (guard, captures, setup) = reader_setup(site, req, &plan, key, report_tx, count.clone(), more)?;
+    let in_place = site.outputs_in_place(&own);
+    let (guard, captures, setup) =
+        reader_setup(site, req, &plan, key, report_tx, count.clone(), more, in_place.as_deref())?;
     let stop = setup.stop.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
     let reader = session::ReaderTask::spawn(&rung.base.tracker, session::read(inbound, setup, events_tx));
@@ -132,7 +134,8 @@ pub(crate) async fn begin<S: Site>(
     }
     // Watched before the size is read for the start: a resize in between is sent, not lost.
     let resizes = req.tty.as_ref().map(crate::contract::Terminal::watch);
-    let start = start_frame(req, &plan, layout, &key, &link_id, &cfg);
+    let mut start = start_frame(req, &plan, layout, &key, &link_id, &cfg);
+    start.outputs.host_walks = in_place.is_some();
     // The payload goes from the request itself: a large one is never copied into a frame.
     let head = wire::start_head(&start, req.payload.len());
     if let Err(e) = sender.raw_parts(&[&head, &req.payload]).await {
@@ -171,6 +174,7 @@ fn reader_setup<S: Site>(
     reports: Option<mpsc::Sender<reports::Delivery>>,
     count: Arc<Heard>,
     more: Option<mpsc::Receiver<session::InboundStream>>,
+    in_place: Option<&std::path::Path>,
 ) -> Result<(Captures, [String; 2], ReaderSetup), LaunchError> {
     let rung = site.rung();
     let cfg = rung.settings;
@@ -192,6 +196,7 @@ fn reader_setup<S: Site>(
         outputs: OutputsSink {
             dest: plan.output_dir.try_clone().map_err(|e| LaunchError::staging("the output dir", e))?,
             caps: cfg.link.output_caps,
+            in_place: in_place.map(|dir| cfg.link.collection.spec(dir.display().to_string(), cfg.link.output_caps)),
         },
         reports: ReportRoute::new(scope(req), reports),
         stop: Default::default(),

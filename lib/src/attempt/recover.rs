@@ -77,7 +77,13 @@ async fn take_over<S: Site>(
             stdout: CappedLog::append(&dir, out, cfg.link.log_cap_bytes).map_err(|e| e.to_string())?,
             stderr: CappedLog::append(&dir, err, cfg.link.log_cap_bytes).map_err(|e| e.to_string())?,
             live: LiveSink::new(None),
-            outputs: OutputsSink { dest: dest.try_clone().map_err(|e| e.to_string())?, caps },
+            outputs: OutputsSink {
+                dest: dest.try_clone().map_err(|e| e.to_string())?,
+                caps,
+                in_place: site
+                    .outputs_in_place(&ledger.own)
+                    .map(|dir| cfg.link.collection.spec(dir.display().to_string(), caps)),
+            },
             reports: ReportRoute::new(super::scope(&req), report_tx.clone()),
             stop: Default::default(),
             count: Default::default(),

@@ -284,6 +284,13 @@ pub(crate) trait Site: Sync {
     fn action(&self, own: &Self::Own, action: &mut crate::contract::Action);
     /// The worker binary a handler attempt ran, for the error when it never spoke.
     fn worker_named(&self, own: &Self::Own) -> String;
+    /// The host path of the attempt's output dir where the rung holds it (a filesystem it
+    /// mounted, derived from what it made, never from a checkpoint's words): the host walks it
+    /// in place at the init's end (`outputs::in_place`) and the init sends no tar. `None`: the
+    /// outputs come over the link.
+    fn outputs_in_place(&self, _own: &Self::Own) -> Option<std::path::PathBuf> {
+        None
+    }
     /// Whether a finished attempt with a verified record is removed after its outcome is
     /// returned, on the rung's tracked tasks.
     fn background_cleanup(&self) -> bool {

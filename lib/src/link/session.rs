@@ -213,6 +213,9 @@ pub(crate) struct OutputsSink {
     /// The caller's output dir, opened once (never by path again).
     pub dest: OwnedFd,
     pub caps: Caps,
+    /// The output dir as the host holds it, walked in place at the init's end instead of a
+    /// tar over the link (`outputs::in_place`); its `dir` a host path.
+    pub in_place: Option<wire::OutputSpec>,
 }
 
 /// What the reader starts with.
@@ -353,6 +356,24 @@ impl Extraction {
         got.end = end;
         got
     }
+}
+
+/// The outputs walked in place (every process of the attempt but the init is gone once its end
+/// came): the walk's own end record stands for the init's, which sent nothing.
+#[cfg(feature = "oci")]
+async fn collect_in_place(sink: OutputsSink) -> OutputsReceived {
+    let Some(spec) = sink.in_place else { return OutputsReceived::default() };
+    let collected =
+        tokio::task::spawn_blocking(move || crate::outputs::in_place::collect(&spec, &sink.dest, &sink.caps)).await;
+    match collected {
+        Ok(c) => OutputsReceived { report: c.report, end: Some(c.end), error: c.error },
+        Err(e) => OutputsReceived { error: Some(format!("the collection failed: {e}")), ..OutputsReceived::default() },
+    }
+}
+
+#[cfg(not(feature = "oci"))]
+async fn collect_in_place(_: OutputsSink) -> OutputsReceived {
+    OutputsReceived { error: Some("no rung of this build walks outputs in place".into()), ..OutputsReceived::default() }
 }
 
 /// Reads the init's frames until the transport ends (and no other follows); routes them as
@@ -603,8 +624,11 @@ impl Router {
             }
             Kind::OutputEnd if self.record_seen => {
                 let end = wire::parse_claim::<OutputEnd>(&frame.body, Kind::OutputEnd.max_body()).ok();
-                let x = self.extraction.take().or_else(|| self.outputs.take().map(Extraction::start));
-                if let Some(x) = x {
+                let in_place = self.outputs.as_ref().is_some_and(|s| s.in_place.is_some());
+                if in_place && self.extraction.is_none() {
+                    let sink = self.outputs.take().expect("checked");
+                    self.got.outputs = Some(collect_in_place(sink).await);
+                } else if let Some(x) = self.extraction.take().or_else(|| self.outputs.take().map(Extraction::start)) {
                     self.got.outputs = Some(x.finish(end, None).await);
                 }
                 if let Some(s) = &self.progress {
@@ -747,6 +771,7 @@ mod tests {
             stderr: CappedLog::create(&logs, "a.stderr", 1 << 20).unwrap(),
             live: LiveSink::new(None),
             outputs: OutputsSink {
+                in_place: None,
                 dest: std::fs::File::open(&out).unwrap().into(),
                 caps: Caps { max_files: 10, max_total_bytes: 1 << 20 },
             },

@@ -67,6 +67,7 @@ impl Collection {
             max_bytes: caps.max_total_bytes,
             collect_min_ms: u64::try_from(self.min.as_millis()).unwrap_or(u64::MAX).max(1),
             collect_bytes_per_s: self.bytes_per_s.max(1),
+            host_walks: false,
         }
     }
 }

@@ -152,6 +152,12 @@ impl Site for Arc<OciSite> {
         format!("of image {:?}", own.image_ref)
     }
 
+    /// The tmpfs this rung mounted in the bundle (`provision::OUT_MOUNT`), by the rung's own
+    /// bundles' dir and the attempt's name (a checkpoint's was checked by `reattach`).
+    fn outputs_in_place(&self, own: &Own) -> Option<std::path::PathBuf> {
+        Some(self.bundles.join(&own.id).join(super::provision::OUT_MOUNT))
+    }
+
     async fn reattach(&self, cp: &Checkpoint, ledger: &Ledger<Own>) -> Result<Cleanup, RecoverError> {
         super::recover::reattach(self, cp, ledger).await
     }

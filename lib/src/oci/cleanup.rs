@@ -3,7 +3,8 @@
 //! tracked tasks. In order: the runtime's process waited for (bounded; then the container
 //! SIGKILLed through the runtime), `runtime delete -f` (its state, its cgroup), any cgroup
 //! dir the runtime left, the bundle (with the inputs' copy), after its owner marker was
-//! checked. The runtime's mounts live in the container's mount namespace and go with it.
+//! checked, its outputs' tmpfs unmounted first. The runtime's mounts live in the container's
+//! mount namespace and go with it.
 
 use super::provision::OWNER_FILE;
 use super::site::OciSite;
@@ -87,6 +88,13 @@ pub(crate) async fn remove_bundle(bundle: PathBuf, worker: &str) -> Vec<String> 
     }
     if !owner.is_empty() && owner.lines().next() != Some(worker) {
         return vec![format!("bundle {} belongs to another worker: left", bundle.display())];
+    }
+    // The outputs' tmpfs first: its files go with it, and no removal descends into a mount.
+    let out = bundle.join(super::provision::OUT_MOUNT);
+    let flags = nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW;
+    match nix::mount::umount2(&out, flags) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+        Err(e) => return vec![format!("the outputs' tmpfs {}: {e}", out.display())],
     }
     match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&bundle).map_err(|e| (bundle, e))).await {
         Ok(Ok(())) => Vec::new(),

@@ -23,6 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The file in a bundle naming its owner (`<worker>\n<incarnation>\n`), checked before removal.
 pub(crate) const OWNER_FILE: &str = "owner";
+/// The attempt's `/out` in the bundle: a tmpfs of the disk limit the host mounts (0700, the
+/// sandbox user's; `nosuid,nodev,noexec`), bound into the container, walked in place by the
+/// host at the init's end (`outputs::in_place`), unmounted before the bundle goes.
+pub(crate) const OUT_MOUNT: &str = "out";
 /// The init's takeover socket in the bundle (0700, root's): bound here, handed to the init as
 /// fd 3 through the runtime; a restarted worker connects to it (`recover`).
 pub(crate) const TAKEOVER_SOCKET: &str = "ctl";
@@ -41,6 +45,7 @@ pub(crate) async fn provision(
     std::fs::DirBuilder::new().mode(0o700).create(&bundle).map_err(|e| LaunchError::staging("the bundle", e))?;
     write_new(&bundle.join(OWNER_FILE), format!("{}\n{}\n", req.worker_id, site.base.incarnation).as_bytes())
         .map_err(|e| LaunchError::staging("the bundle's owner marker", e))?;
+    let out = mount_out(&bundle, plan.sizes.disk, site.config.user)?;
     let (input_dir, inputs) = match plan.inputs.take() {
         Some((src, staged)) => {
             let at = bundle.join("in");
@@ -54,6 +59,7 @@ pub(crate) async fn provision(
         rootfs: &plan.rootfs,
         tools: &site.tools,
         input: input_dir.as_deref(),
+        out: &out,
         sizes: &plan.sizes,
         user: site.config.user,
         name: &name,
@@ -139,6 +145,19 @@ fn spawn(site: &OciSite, bundle: &Path, id: &str, cleanup: &mut Cleanup) -> Resu
         tokio_util::io::ReaderStream::new(stderr).map(|r| r.map(Inbound::InitStderr)),
     );
     Ok(((Box::pin(inbound), Sender::new(Box::pin(stdin))), pid, ticks))
+}
+
+/// Mounts the attempt's `/out` (`OUT_MOUNT`) in the bundle; `remove_bundle` unmounts it.
+fn mount_out(bundle: &Path, size: u64, (uid, gid): (u32, u32)) -> Result<PathBuf, LaunchError> {
+    use nix::mount::{MsFlags, mount};
+    let out = bundle.join(OUT_MOUNT);
+    std::fs::DirBuilder::new().mode(0o700).create(&out).map_err(|e| LaunchError::staging("the outputs' dir", e))?;
+    // tmpfs reads a size of 0 as no bound at all.
+    let data = format!("size={},mode=0700,uid={uid},gid={gid}", size.max(4096));
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("tmpfs"), &out, Some("tmpfs"), flags, Some(data.as_str()))
+        .map_err(|e| LaunchError::staging("the outputs' tmpfs", std::io::Error::from(e)))?;
+    Ok(out)
 }
 
 fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -71,6 +71,8 @@ pub(crate) struct SpecInput<'a> {
     pub tools: &'a Path,
     /// The private, sealed copy of the inputs.
     pub input: Option<&'a Path>,
+    /// The host's tmpfs for `/out`, in the bundle.
+    pub out: &'a Path,
     pub sizes: &'a Sizes,
     pub user: (u32, u32),
     /// The attempt's name: its cgroup and hostname.
@@ -122,13 +124,10 @@ fn mount(dest: &str, typ: &str, source: &Path, options: Vec<String>) -> Result<M
 /// The mounts: the runtime's defaults (`/proc`, `/dev` and its standard nodes, `/sys`
 /// read-only), then the init, `/out`, `/tmp` and `/in`.
 fn mounts(input: &SpecInput<'_>) -> Result<Vec<Mount>, OciSpecError> {
-    let (uid, gid) = input.user;
     let s = |v: &[&str]| v.iter().map(|o| (*o).to_owned()).collect::<Vec<_>>();
     let mut m = get_default_mounts();
     m.push(mount(TOOLS_DIR, "bind", input.tools, s(&["bind", "ro", "nosuid", "nodev"]))?);
-    let mut out = s(&["nosuid", "nodev", "mode=0700"]);
-    out.extend([format!("size={}", input.sizes.disk), format!("uid={uid}"), format!("gid={gid}")]);
-    m.push(mount(OUT_DIR, "tmpfs", Path::new("tmpfs"), out)?);
+    m.push(mount(OUT_DIR, "bind", input.out, s(&["bind", "rw", "nosuid", "nodev", "noexec"]))?);
     let mut tmp = s(&["nosuid", "nodev", "mode=1777"]);
     tmp.push(format!("size={}", input.sizes.tmp));
     m.push(mount(TMP_DIR, "tmpfs", Path::new("tmpfs"), tmp)?);
@@ -223,7 +222,13 @@ pub(crate) fn enforcement(input: &SpecInput<'_>) -> (BTreeMap<String, String>, B
             off.insert("cpu".into(), "no cpu limit requested or configured".into());
         }
     }
-    put("disk", format!("/out is a tmpfs of {} bytes (nosuid, nodev)", z.disk));
+    put(
+        "disk",
+        format!(
+            "/out is a tmpfs of {} bytes (nosuid, nodev, noexec) the host mounted, walked in place at the end",
+            z.disk
+        ),
+    );
     put("tmp", format!("/tmp is a tmpfs of {} bytes (nosuid, nodev), counted as memory", z.tmp));
     put("nofile", format!("{} open files per process", z.nofile));
     put("network", "none: a new network namespace with only lo".into());
@@ -287,6 +292,7 @@ mod tests {
             rootfs: Path::new("/cache/abc/rootfs"),
             tools: Path::new("/run/stevedore-oci/tools"),
             input: input_dir,
+            out: Path::new("/b/out"),
             sizes: &z,
             user: (65532, 65532),
             name: "w-0123-a1",
@@ -325,7 +331,8 @@ mod tests {
         assert!(at("/in")["options"].as_array().unwrap().contains(&"ro".into()));
         assert!(at(TOOLS_DIR)["options"].as_array().unwrap().contains(&"ro".into()));
         assert!(at("/tmp")["options"].as_array().unwrap().contains(&format!("size={}", 64 << 20).into()));
-        assert!(at("/out")["options"].as_array().unwrap().contains(&"uid=65532".into()));
+        assert_eq!(at("/out")["source"], "/b/out");
+        assert!(at("/out")["options"].as_array().unwrap().contains(&"noexec".into()));
         assert!(spec_json(None, true)["mounts"].as_array().unwrap().iter().all(|m| m["destination"] != "/in"));
     }
 

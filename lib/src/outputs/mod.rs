@@ -3,6 +3,8 @@
 //! reader. Shared by every rung.
 
 mod hash;
+#[cfg(feature = "oci")]
+pub(crate) mod in_place;
 mod walk;
 
 pub use hash::hash_reader;
