@@ -50,5 +50,6 @@ pub mod tree;
 pub mod wire;
 
 pub use outdir::send as send_outputs;
+pub use outdir::{Emit as EmitOutputs, walk as walk_outputs};
 pub use relay::main as relay_main;
 pub use run::{EXIT_SETUP_FAILED, Options, main, main_with};

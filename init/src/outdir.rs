@@ -23,9 +23,59 @@ pub use crate::tree::MAX_DEPTH;
 /// Entries looked at in all, so a tree of millions of empty files ends in bounded time.
 pub const MAX_VISITED: u64 = 2_000_000;
 
+/// Where the walk hands what it sends: a tar on the link (`send`), or the host's own copy of
+/// an output dir it holds (`lib/src/outputs/in_place.rs`).
+pub trait Emit {
+    /// A directory, its path relative to the output dir, `/`-separated, ending in `/`.
+    fn dir(&mut self, path: &str) -> io::Result<()>;
+    /// A regular file of exactly `size` bytes read through `file` (opened without following
+    /// anything), its mode normalised (0755 or 0644). `Ok(Some(why))`: not sent, and named
+    /// so; `Err`: nothing more can be sent.
+    fn file(&mut self, path: &str, file: std::fs::File, size: u64, mode: u32, mtime: u64)
+    -> io::Result<Option<String>>;
+}
+
+/// The tar on the link.
+struct TarEmit<W: Write>(tar::Builder<W>);
+
+impl<W: Write> Emit for TarEmit<W> {
+    fn dir(&mut self, path: &str) -> io::Result<()> {
+        let mut h = header(tar::EntryType::Directory, 0, 0o755, 0);
+        self.0.append_data(&mut h, path, io::empty())
+    }
+
+    fn file(
+        &mut self,
+        path: &str,
+        file: std::fs::File,
+        size: u64,
+        mode: u32,
+        mtime: u64,
+    ) -> io::Result<Option<String>> {
+        let mut h = header(tar::EntryType::Regular, size, mode, mtime);
+        // Exactly `size` bytes: the tar header promised them. Read from the file in the link's
+        // chunks; `tar` copies through a `dyn Read`, so the writes still come 8 KiB at a time
+        // and `OutputFrames` gathers them into whole frames.
+        let mut content =
+            io::BufReader::with_capacity(crate::wire::MAX_CHUNK, tree::Exactly::new(file.take(size), size));
+        self.0.append_data(&mut h, path, &mut content).map(|()| None)
+    }
+}
+
 /// Walks `spec.dir` and writes the tar of what fits the caps to `w`. Returns the end
 /// record: what was sent, what was refused, and the totals of everything seen.
 pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
+    let mut tar = TarEmit(tar::Builder::new(w));
+    let mut end = walk(spec, &mut tar);
+    if let Err(e) = tar.0.finish() {
+        end.error.get_or_insert_with(|| format!("writing the tar: {e}"));
+    }
+    end
+}
+
+/// Walks `spec.dir` and hands what fits the caps to `emit`, in name order. Returns the end
+/// record: what was sent, what was refused, and the totals of everything seen.
+pub fn walk(spec: &OutputSpec, emit: &mut impl Emit) -> OutputEnd {
     let started = Instant::now();
     // The record's `out_fs` figures (total, and what is not available), so the host works
     // the same deadline out.
@@ -48,13 +98,9 @@ pub fn send(spec: &OutputSpec, w: impl Write) -> OutputEnd {
         },
         visited: 0,
     };
-    let mut tar = tar::Builder::new(w);
     match tree::open_root(Path::new(&spec.dir), false) {
-        Ok(root) => s.dir(&mut tar, root, b"", 0),
+        Ok(root) => s.dir(emit, root, b"", 0),
         Err(e) => s.end.error = Some(format!("cannot open {}: {e}", spec.dir)),
-    }
-    if let Err(e) = tar.finish() {
-        s.end.error.get_or_insert_with(|| format!("writing the tar: {e}"));
     }
     s.end.refused.sort_by(|a, b| a.name.cmp(&b.name));
     s.end
@@ -116,7 +162,7 @@ impl Sender<'_> {
         })
     }
 
-    fn dir<W: Write>(&mut self, tar: &mut tar::Builder<W>, dir: OwnedFd, prefix: &[u8], depth: usize) {
+    fn dir<E: Emit>(&mut self, tar: &mut E, dir: OwnedFd, prefix: &[u8], depth: usize) {
         let (children, truncated) = match self.children(&dir) {
             Ok(c) => c,
             Err(e) => {
@@ -147,14 +193,7 @@ impl Sender<'_> {
         }
     }
 
-    fn subdir<W: Write>(
-        &mut self,
-        tar: &mut tar::Builder<W>,
-        parent: &OwnedFd,
-        name: &[u8],
-        mut path: Vec<u8>,
-        depth: usize,
-    ) {
+    fn subdir<E: Emit>(&mut self, tar: &mut E, parent: &OwnedFd, name: &[u8], mut path: Vec<u8>, depth: usize) {
         if depth + 1 >= MAX_DEPTH {
             self.end.seen.truncated = true;
             return self.refuse(&path, "too_deep");
@@ -164,16 +203,15 @@ impl Sender<'_> {
             Err(r) => return self.refuse(&path, r.why()),
         };
         path.push(b'/');
-        let mut h = header(tar::EntryType::Directory, 0, 0o755, 0);
         let name_str = std::str::from_utf8(&path).expect("checked component by component");
-        if let Err(e) = tar.append_data(&mut h, name_str, io::empty()) {
+        if let Err(e) = tar.dir(name_str) {
             self.end.error = Some(format!("writing the tar: {e}"));
             return;
         }
         self.dir(tar, sub, &path, depth + 1);
     }
 
-    fn file<W: Write>(&mut self, tar: &mut tar::Builder<W>, parent: &OwnedFd, name: &[u8], path: &[u8]) {
+    fn file<E: Emit>(&mut self, tar: &mut E, parent: &OwnedFd, name: &[u8], path: &[u8]) {
         let (file, st) = match tree::open_file(parent, name) {
             Ok(f) => f,
             Err(r) => return self.refuse(path, r.why()),
@@ -193,18 +231,13 @@ impl Sender<'_> {
         }
         let mode = if st.st_mode & 0o100 != 0 { 0o755 } else { 0o644 };
         let mtime = u64::try_from(st.st_mtime).unwrap_or(0);
-        let mut h = header(tar::EntryType::Regular, size, mode, mtime);
         let name_str = std::str::from_utf8(path).expect("checked component by component");
-        // Exactly `size` bytes: the tar header promised them. Read from the file in the link's
-        // chunks; `tar` copies through a `dyn Read`, so the writes still come 8 KiB at a time
-        // and `OutputFrames` gathers them into whole frames.
-        let mut content =
-            io::BufReader::with_capacity(crate::wire::MAX_CHUNK, tree::Exactly::new(file.take(size), size));
-        match tar.append_data(&mut h, name_str, &mut content) {
-            Ok(()) => {
+        match tar.file(name_str, file, size, mode, mtime) {
+            Ok(None) => {
                 self.end.files += 1;
                 self.end.bytes += size;
             }
+            Ok(Some(why)) => self.refuse(path, why),
             Err(e) => self.end.error = Some(format!("sending {}: {e}", escape_name(path))),
         }
     }

@@ -142,7 +142,7 @@ async fn oci_inputs_are_read_only_and_outputs_hashed_and_the_caller_s() {
     assert_eq!(stdout_of(&o), "", "the inputs were not writable");
     let mut names: Vec<&str> = o.outputs.iter().map(|f| f.name.as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["copy.txt", "d/y"]);
+    assert_eq!(names, ["copy.txt", "d/y"], "{}", o.to_json());
     let copy = o.outputs.iter().find(|f| f.name == "copy.txt").unwrap();
     use sha2::Digest;
     assert_eq!(copy.hash, format!("sha256:{:x}", sha2::Sha256::digest(b"forty-two\n")));
