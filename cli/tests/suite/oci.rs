@@ -533,6 +533,7 @@ async fn oci_the_census_names_the_runtime_its_cgroups_and_what_it_cannot_do() {
     assert!(["1", "2"].contains(&c["cgroup_version"].as_str().unwrap()), "{c}");
     let features: Vec<&str> = c["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
     assert!(features.contains(&"seccomp") && features.contains(&"network"), "{c}");
+    assert!(c["seccomp"].as_str().unwrap().starts_with("init: compiled once"), "{c}");
     // AppArmor is either applied or said why not, by what this host's kernel has.
     let host_has = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled").is_ok_and(|e| e.trim() == "Y");
     match (features.contains(&"apparmor"), c["cannot"]["apparmor"].as_str()) {

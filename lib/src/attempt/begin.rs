@@ -97,8 +97,9 @@ pub(crate) async fn begin<S: Site>(
     let count = Arc::new(Heard::default());
     let (rejoin, more) = rejoin(&cfg, key, &link_id);
     let in_place = site.outputs_in_place(&own);
-    let (guard, captures, setup) =
-        reader_setup(site, req, &plan, key, report_tx, count.clone(), more, in_place.as_deref())?;
+    let (guard, captures, mut setup) = reader_setup(site, req, &plan, key, report_tx, count.clone(), more)?;
+    setup.outputs.in_place =
+        in_place.as_deref().map(|dir| cfg.link.collection.spec(dir.display().to_string(), cfg.link.output_caps));
     let stop = setup.stop.clone();
     let (events_tx, events) = mpsc::unbounded_channel();
     let reader = session::ReaderTask::spawn(&rung.base.tracker, session::read(inbound, setup, events_tx));
@@ -174,7 +175,6 @@ fn reader_setup<S: Site>(
     reports: Option<mpsc::Sender<reports::Delivery>>,
     count: Arc<Heard>,
     more: Option<mpsc::Receiver<session::InboundStream>>,
-    in_place: Option<&std::path::Path>,
 ) -> Result<(Captures, [String; 2], ReaderSetup), LaunchError> {
     let rung = site.rung();
     let cfg = rung.settings;
@@ -196,7 +196,8 @@ fn reader_setup<S: Site>(
         outputs: OutputsSink {
             dest: plan.output_dir.try_clone().map_err(|e| LaunchError::staging("the output dir", e))?,
             caps: cfg.link.output_caps,
-            in_place: in_place.map(|dir| cfg.link.collection.spec(dir.display().to_string(), cfg.link.output_caps)),
+            // Set by the caller where the rung holds the output dir.
+            in_place: None,
         },
         reports: ReportRoute::new(scope(req), reports),
         stop: Default::default(),

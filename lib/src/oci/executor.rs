@@ -215,6 +215,13 @@ impl OciExecutor {
             cannot,
             incarnation: s.base.incarnation.clone(),
             state_dir: s.state.display().to_string(),
+            seccomp: match &s.seccomp {
+                Seccomp::Off => "off".into(),
+                Seccomp::ByInit { syscalls, .. } => {
+                    format!("init: compiled once to BPF for this machine's ABI, {syscalls} system calls named")
+                }
+                Seccomp::ByRuntime { why, .. } => format!("runtime: compiled by it on every start ({why})"),
+            },
         }
     }
 
@@ -259,6 +266,9 @@ pub struct OciCensus {
     pub incarnation: String,
     /// The runtime's `--root`.
     pub state_dir: String,
+    /// Who installs the seccomp filter: `init` (compiled once to BPF for this machine's ABI),
+    /// `runtime` (compiled by it on every start, and why), or `off`.
+    pub seccomp: String,
 }
 
 crate::attempt::front::executor!(OciExecutor, shared);

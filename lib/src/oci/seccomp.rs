@@ -306,7 +306,7 @@ mod tests {
                 4 => 0xc000_003e, // AUDIT_ARCH_X86_64
                 16..=63 => {
                     let a = args[((off - 16) / 8) as usize];
-                    if (off - 16) % 8 == 0 { a as u32 } else { (a >> 32) as u32 }
+                    if (off - 16).is_multiple_of(8) { a as u32 } else { (a >> 32) as u32 }
                 }
                 _ => panic!("load at {off}"),
             }
