@@ -198,6 +198,21 @@ fn all_but(spare: &[Pid]) -> Vec<Pid> {
         .collect()
 }
 
+/// The first line of this sandbox's `/proc/version`, bounded and printable: what kernel the
+/// attempt ran on (gVisor's own, a VM's, or the host's).
+fn kernel_line() -> Option<String> {
+    let mut line = std::fs::read_to_string("/proc/version").ok()?.lines().next()?.to_owned();
+    line.retain(|c| !c.is_control());
+    if line.len() > wire::MAX_KERNEL_LINE {
+        let mut at = wire::MAX_KERNEL_LINE;
+        while !line.is_char_boundary(at) {
+            at -= 1;
+        }
+        line.truncate(at);
+    }
+    Some(line)
+}
+
 fn wait_status(st: ExitStatus) -> WaitStatus {
     match (st.code(), st.signal()) {
         (Some(c), _) => WaitStatus::Code(c),
@@ -1053,6 +1068,7 @@ impl Init {
             timeline: self.sampler.take().map(crate::sampler::Sampler::finish),
             reserve_bytes,
             credentials: self.credentials.take(),
+            kernel: kernel_line(),
         }
     }
 

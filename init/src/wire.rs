@@ -1049,6 +1049,19 @@ pub struct InitRecord {
     /// after it dropped them, before the command's fork.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<CredentialsSeen>,
+    /// The kernel the sandbox saw: the first line of its `/proc/version` (at most
+    /// [`MAX_KERNEL_LINE`] bytes). The host compares it with its own to show a `vm` level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+}
+
+/// The most of `/proc/version`'s line the record carries.
+pub const MAX_KERNEL_LINE: usize = 256;
+
+/// The release in a `/proc/version` line (`Linux version 6.1.0-18-amd64 (…) …` →
+/// `6.1.0-18-amd64`), or the line itself when it is not in that form.
+pub fn kernel_release(line: &str) -> &str {
+    line.strip_prefix("Linux version ").and_then(|r| r.split_whitespace().next()).unwrap_or(line.trim())
 }
 
 /// What to sample while the command runs, and how often.

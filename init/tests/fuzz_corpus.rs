@@ -152,6 +152,7 @@ fn init_record() -> InitRecord {
         }),
         reserve_bytes: 8 << 20,
         credentials: None,
+        kernel: None,
     }
 }
 

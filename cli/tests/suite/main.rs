@@ -20,6 +20,7 @@ mod images;
 mod init;
 mod kube;
 mod leftovers;
+mod levels;
 mod link_inputs;
 mod oci;
 mod page;

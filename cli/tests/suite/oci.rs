@@ -292,6 +292,10 @@ async fn oci_hardening_probes() {
     // CAP_SYS_ADMIN (the kernel alone would let an unprivileged process make one).
     assert!(lines.iter().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{out}");
     assert!(lines.contains(&"userns-refused") && lines.contains(&"netns-refused"), "{out}");
+    // The level as shown: the kernel the init saw is this machine's.
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    assert_eq!(o.evidence.kernel.as_deref(), host.lines().next());
+    assert_eq!(o.evidence.level, Some(stevedore::contract::Level::Sandboxed));
     let seccomp = &o.evidence.enforcement["seccomp"];
     assert!(
         seccomp.contains("Docker's default seccomp profile") && seccomp.contains("installed by the init"),

@@ -83,6 +83,12 @@ pub(crate) async fn conclude<S: Site>(
     }
     let delivered = reports::finish(reports).await;
     let mut ev = evidence(site, req, &ledger, &removed, &how);
+    // The level as shown, not as named: the kernel the init saw against the host's.
+    let seen = ended.record.as_ref().and_then(|r| r.as_ref().ok()).and_then(|r| r.kernel.clone());
+    let (level, note) = crate::contract::level_shown(site.rung().level, seen.as_deref(), site.host_kernel().as_deref());
+    ev.level = Some(level);
+    ev.kernel = seen;
+    ev.notes.extend(note);
     let account = site.account(&ledger, &ended, &mut ev);
     if let How::Unrecovered(_) = how {
         witness.why_no_record = "the takeover failed";

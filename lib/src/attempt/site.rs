@@ -284,6 +284,12 @@ pub(crate) trait Site: Sync {
     fn action(&self, own: &Self::Own, action: &mut crate::contract::Action);
     /// The worker binary a handler attempt ran, for the error when it never spoke.
     fn worker_named(&self, own: &Self::Own) -> String;
+    /// The kernel the rung's sandboxes share unless a VM-grade runtime runs them (a
+    /// `/proc/version` line or a bare release), to show a `vm` level against what the init saw
+    /// (`contract::level_shown`); `None`: not known here.
+    fn host_kernel(&self) -> Option<String> {
+        None
+    }
     /// The host path of the attempt's output dir where the rung holds it (a filesystem it
     /// mounted, derived from what it made, never from a checkpoint's words): the host walks it
     /// in place at the init's end (`outputs::in_place`) and the init sends no tar. `None`: the

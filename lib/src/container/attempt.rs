@@ -199,7 +199,8 @@ fn redirected(site: &ContainerSite, req: &Request, plan: &Plan, r: &super::mount
         permanent: true,
         evidence: Evidence {
             executor: site.config.name.clone(),
-            level: Some(site.config.level()),
+            // Nothing ran, so nothing was shown (`contract::level_shown`).
+            level: Some(crate::contract::level_shown(site.config.level(), None, None).0),
             incarnation: site.base.incarnation.clone(),
             started_at_unix_ms: Some(plan.decided.started_ms),
             finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
@@ -282,6 +283,11 @@ impl Site for Arc<ContainerSite> {
         action.limits =
             crate::contract::limits::requested(&action.limits, &self.config.defaults, &self.config.ceilings);
         action.caches = own.caches.iter().map(|(name, _, path)| (name.clone(), path.clone())).collect();
+    }
+
+    /// The engine host's, as its info says (a remote engine's is not this machine's).
+    fn host_kernel(&self) -> Option<String> {
+        Some(self.engine.facts().kernel_version.clone()).filter(|k| !k.is_empty())
     }
 
     fn worker_named(&self, own: &Own) -> String {

@@ -42,6 +42,7 @@ fn record(wait: WaitStatus) -> InitRecord {
         timeline: None,
         reserve_bytes: 0,
         credentials: None,
+        kernel: None,
     }
 }
 

@@ -370,8 +370,12 @@ pub struct OutputsLost {
 pub struct Evidence {
     /// The rung that ran the attempt.
     pub executor: String,
-    /// The rung's isolation level.
+    /// The rung's isolation level, as the attempt showed it: `vm` only when the init saw a
+    /// kernel other than the host's (`kernel`), never by a runtime's name alone.
     pub level: Option<Level>,
+    /// The kernel the sandbox saw (the first line of its `/proc/version`, as its init read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
     /// The worker ID the attempt ran for.
     pub worker: String,
     /// The boot of the process that ran it.

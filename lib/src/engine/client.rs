@@ -48,6 +48,9 @@ pub struct EngineFacts {
     pub features: Vec<String>,
     /// The engine host's name, as it says (`info.Name`).
     pub host_name: String,
+    /// The engine host's kernel release (`info.KernelVersion`): what a container shares
+    /// unless a VM-grade runtime runs it (`contract::level_shown`).
+    pub kernel_version: String,
 }
 
 impl EngineFacts {
@@ -245,6 +248,7 @@ impl Engine {
             architecture: info.architecture.clone().unwrap_or_default(),
             features: features(&info),
             host_name: info.name.clone().unwrap_or_default(),
+            kernel_version: info.kernel_version.clone().unwrap_or_default(),
         };
         let api = Arc::new(BollardApi::new(docker, timeout, change.max(timeout)));
         Ok(Self { api, endpoint, facts, timeout, change: change.max(timeout), watcher: Arc::default(), dialed: true })

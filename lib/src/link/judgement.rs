@@ -332,6 +332,7 @@ mod tests {
             timeline: None,
             reserve_bytes: 0,
             credentials: None,
+            kernel: None,
         }
     }
 

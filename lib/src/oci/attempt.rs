@@ -148,6 +148,11 @@ impl Site for Arc<OciSite> {
         }
     }
 
+    /// This machine's: the runtime runs here.
+    fn host_kernel(&self) -> Option<String> {
+        std::fs::read_to_string("/proc/version").ok()
+    }
+
     fn worker_named(&self, own: &Own) -> String {
         format!("of image {:?}", own.image_ref)
     }

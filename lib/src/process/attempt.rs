@@ -141,6 +141,11 @@ impl Site for Arc<ProcessSite> {
         }
     }
 
+    /// This machine's: the command runs on it.
+    fn host_kernel(&self) -> Option<String> {
+        std::fs::read_to_string("/proc/version").ok()
+    }
+
     fn worker_named(&self, _: &Own) -> String {
         match &self.config.worker_exe {
             Some(p) => p.display().to_string(),

@@ -1,0 +1,184 @@
+//! The isolation level is shown, not named (issue 45): a rung claims `vm` only when the init
+//! saw a kernel other than the host's. A runtime registered with the local engine under a
+//! VM-grade name that is runc underneath proves it: the attempt is `sandboxed`, with the
+//! kernel the init saw and why in the evidence.
+//!
+//! The engine's `daemon.json` is changed here only by merging one uniquely named runtime in,
+//! reloaded with SIGHUP (the engine's `reload` event is the signal it was taken; never a
+//! restart: other tests share the engine), and restored, again with SIGHUP, on every way out
+//! of the test (a guard's `Drop`, run on a panic too).
+
+use crate::support;
+use futures_util::StreamExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use stevedore::contract::{Level, Status};
+use stevedore::{Executor, container::ContainerConfig};
+use tokio_util::sync::CancellationToken;
+
+const DAEMON_JSON: &str = "/etc/docker/daemon.json";
+
+/// The engine's configuration as it was: put back by [`Restore::restore`] at the test's end,
+/// by `Drop` (blocking, bounded) on a panic.
+struct Restore {
+    path: PathBuf,
+    before: Option<Vec<u8>>,
+    dockerd: nix::unistd::Pid,
+    name: String,
+    done: bool,
+}
+
+impl Restore {
+    /// The original configuration with its runtimes said explicitly: dockerd's reload keeps
+    /// the runtimes it has when the file names none, so the added one goes only by a reload
+    /// of a file that says which there are.
+    fn explicit(&self) -> Vec<u8> {
+        let mut conf: serde_json::Value =
+            self.before.as_deref().map_or(serde_json::json!({}), |b| serde_json::from_slice(b).unwrap());
+        let obj = conf.as_object_mut().unwrap();
+        if !obj.contains_key("runtimes") {
+            obj.insert("runtimes".into(), serde_json::json!({}));
+        }
+        serde_json::to_vec_pretty(&conf).unwrap()
+    }
+
+    fn put_back_bytes(&self) {
+        let _ = match &self.before {
+            Some(bytes) => write_atomically(&self.path, bytes),
+            None => std::fs::remove_file(&self.path),
+        };
+    }
+
+    /// The engine back to what it had (reload awaited), then the file's own bytes.
+    async fn restore(mut self, docker: &bollard::Docker) {
+        write_atomically(&self.path, &self.explicit()).expect("daemon.json written");
+        reload(docker, self.dockerd).await;
+        self.put_back_bytes();
+        self.done = true;
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let _ = write_atomically(&self.path, &self.explicit());
+        let _ = nix::sys::signal::kill(self.dockerd, nix::sys::signal::Signal::SIGHUP);
+        // A panic's way out: no event loop to wait on here, so the engine is asked (bounded)
+        // until the runtime is gone, then the file gets its own bytes back.
+        for _ in 0..100 {
+            let out = std::process::Command::new("docker").args(["info", "--format", "{{json .Runtimes}}"]).output();
+            if out.is_ok_and(|o| o.status.success() && !String::from_utf8_lossy(&o.stdout).contains(&self.name)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.put_back_bytes();
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("stevedore-test-{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The local dockerd's pid, where this test may change its configuration: the engine under
+/// test is the local one, and this process may write its `daemon.json`.
+fn local_dockerd() -> Result<nix::unistd::Pid, String> {
+    if std::env::var_os("DOCKER_HOST").is_some() {
+        return Err("the engine under test is not the local one (DOCKER_HOST)".into());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err("changing the engine's daemon.json needs root".into());
+    }
+    let pid = std::fs::read_dir("/proc")
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "dockerd"));
+    pid.map(nix::unistd::Pid::from_raw).ok_or_else(|| "no dockerd runs here".into())
+}
+
+/// SIGHUP to dockerd, and its `reload` event awaited (listened for before the signal).
+async fn reload(docker: &bollard::Docker, dockerd: nix::unistd::Pid) {
+    let opts = bollard::query_parameters::EventsOptionsBuilder::default()
+        .filters(&std::collections::HashMap::from([("type", vec!["daemon"])]))
+        .build();
+    let mut events = docker.events(Some(opts));
+    nix::sys::signal::kill(dockerd, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP to dockerd");
+    let reloaded = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(ev) = events.next().await {
+            if ev.is_ok_and(|e| e.action.as_deref() == Some("reload")) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(reloaded.is_ok(), "the engine did not reload its configuration within 60 s");
+}
+
+/// Merges `name` (runc under that name) into the engine's runtimes and waits for its reload.
+async fn register(docker: &bollard::Docker, name: &str, dockerd: nix::unistd::Pid) -> Restore {
+    let path = PathBuf::from(DAEMON_JSON);
+    let before = std::fs::read(&path).ok();
+    let mut conf: serde_json::Value = match &before {
+        Some(b) => serde_json::from_slice(b).expect("the engine's daemon.json is JSON"),
+        None => serde_json::json!({}),
+    };
+    let runc = ["/usr/sbin/runc", "/usr/bin/runc"].into_iter().find(|p| Path::new(p).exists()).expect("runc");
+    conf.as_object_mut()
+        .expect("an object")
+        .entry("runtimes")
+        .or_insert_with(|| serde_json::json!({}))
+        .as_object_mut()
+        .expect("runtimes is an object")
+        .insert(name.to_owned(), serde_json::json!({ "path": runc }));
+    let restore = Restore { path: path.clone(), before, dockerd, name: name.to_owned(), done: false };
+    write_atomically(&path, &serde_json::to_vec_pretty(&conf).unwrap()).expect("daemon.json written");
+    reload(docker, dockerd).await;
+    restore
+}
+
+#[tokio::test]
+async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_saw() {
+    let Some((docker, image)) = support::setup().await else { return };
+    let dockerd = match local_dockerd() {
+        Ok(p) => p,
+        Err(why) if support::in_ci() && std::env::var_os("DOCKER_HOST").is_none() => {
+            panic!("CI=true and the engine's configuration cannot be changed: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIP: {why}");
+            support::skip(why);
+            return;
+        }
+    };
+    let name = format!("stevedore-kata-lie-{:08x}", rand::random::<u32>());
+    let before = std::fs::read(DAEMON_JSON).ok();
+    let restore = register(&docker, &name, dockerd).await;
+    let cfg = ContainerConfig::default().runtime(name.clone());
+    assert_eq!(cfg.level(), Level::Vm, "the name claims it");
+    let rung = support::rung_with(cfg).await;
+    let w = support::worker("levels");
+    let t = tempfile::tempdir().unwrap();
+    let o = rung
+        .run(&support::sh(&image, &w, &t.path().join("o"), "true"), CancellationToken::new())
+        .await
+        .expect("the attempt runs");
+    assert_eq!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.evidence.level, Some(Level::Sandboxed), "{}", o.to_json());
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    assert_eq!(o.evidence.kernel.as_deref(), host.lines().next(), "the kernel the init saw is the host's");
+    assert!(
+        o.evidence.notes.iter().any(|n| n.contains("level vm not shown") && n.contains("host's own kernel")),
+        "{:?}",
+        o.evidence.notes
+    );
+    rung.close().await;
+    restore.restore(&docker).await;
+    let runtimes = docker.info().await.unwrap().runtimes.unwrap_or_default();
+    assert!(!runtimes.contains_key(&name), "the runtime is gone from the engine again");
+    assert_eq!(std::fs::read(DAEMON_JSON).ok(), before, "daemon.json has its own bytes again");
+}
