@@ -108,15 +108,7 @@ pub fn walk(spec: &OutputSpec, emit: &mut impl Emit) -> OutputEnd {
 
 /// What `dir` holds, walked like the outputs (nothing followed, nothing read).
 pub fn measure(dir: &str) -> crate::wire::OutScan {
-    let spec = OutputSpec {
-        dir: dir.to_owned(),
-        max_files: 0,
-        max_bytes: 0,
-        collect_min_ms: 0,
-        collect_bytes_per_s: 0,
-        host_walks: false,
-    };
-    send(&spec, io::sink()).seen
+    send(&OutputSpec::new(dir, 0, 0), io::sink()).seen
 }
 
 struct Sender<'a> {
@@ -264,14 +256,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn spec(dir: &Path, max_files: u64, max_bytes: u64) -> OutputSpec {
-        OutputSpec {
-            dir: dir.display().to_string(),
-            max_files,
-            max_bytes,
-            collect_min_ms: 0,
-            collect_bytes_per_s: 0,
-            host_walks: false,
-        }
+        OutputSpec::new(dir.display().to_string(), max_files, max_bytes)
     }
 
     fn entries(tar: &[u8]) -> Vec<(String, u64, u32)> {

@@ -730,6 +730,11 @@ pub struct OutputSpec {
 }
 
 impl OutputSpec {
+    /// The outputs of `dir` within these caps, with no deadline, sent by the init.
+    pub fn new(dir: impl Into<String>, max_files: u64, max_bytes: u64) -> Self {
+        Self { dir: dir.into(), max_files, max_bytes, collect_min_ms: 0, collect_bytes_per_s: 0, host_walks: false }
+    }
+
     /// How long sending `held` bytes may take (what the output dir's filesystem holds, at most
     /// the byte budget); `None`: no limit. The host works the same figure out from the
     /// record's `out_fs`, to know when to stop waiting.

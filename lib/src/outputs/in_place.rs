@@ -231,14 +231,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn spec(dir: &std::path::Path, max_files: u64, max_bytes: u64) -> OutputSpec {
-        OutputSpec {
-            dir: dir.display().to_string(),
-            max_files,
-            max_bytes,
-            collect_min_ms: 0,
-            collect_bytes_per_s: 0,
-            host_walks: false,
-        }
+        OutputSpec::new(dir.display().to_string(), max_files, max_bytes)
     }
 
     #[test]
