@@ -782,3 +782,58 @@ async fn oci_an_attempt_that_ended_while_the_worker_was_away_is_collected() {
     nothing_left(&rung, &w);
     rung.close().await;
 }
+
+/// gVisor's `runsc` as the oci rung's runtime (ptrace platform, no network; it takes no
+/// `--preserve-fds`, so no recovery), or `None` (skipped; failing under `CI=true`, where
+/// `.ci/run` installs it).
+async fn gvisor_rung(dir: &Path) -> Option<OciExecutor> {
+    setup().await?;
+    let cfg = OciConfig::default()
+        .base_dir(dir.join("oci"))
+        .log_dir(support::test_logs())
+        .incarnation(stevedore::contract::incarnation::mint())
+        .runtime("runsc")
+        .runtime_args(["--platform=ptrace", "--network=none"]);
+    match OciExecutor::new(cfg).await {
+        Ok(r) => Some(r),
+        Err(e) if support::in_ci() => panic!("CI=true and runsc cannot run: {}", stevedore::error_chain(&e)),
+        Err(e) => {
+            let why = format!("no runsc: {}", stevedore::error_chain(&e));
+            eprintln!("SKIP: {why}");
+            support::skip(why);
+            None
+        }
+    }
+}
+
+/// Under gVisor the level is shown (the init saw gVisor's kernel, not the host's), usage comes
+/// from the host's read of the sandbox's cgroup (gVisor shows the init none), inputs are
+/// read-only, outputs hashed, an exit code kept, and nothing is left.
+#[tokio::test]
+async fn oci_under_gvisor_the_level_is_shown_and_usage_is_the_host_s_read() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(rung) = gvisor_rung(t.path()).await else { return };
+    let (_, image) = support::setup().await.unwrap();
+    let w = support::worker("oci-gvisor");
+    let input = t.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("data.txt"), b"forty-two\n").unwrap();
+    let script = "cat /proc/version; cat /in/data.txt > /out/copy.txt; \
+                  if echo x > /in/data.txt 2>/dev/null; then echo WROTE; fi; \
+                  if unshare -U true 2>/dev/null; then echo USERNS; fi; exit 3";
+    let o = run(&rung, &sh(&image, &w, &t.path().join("o"), script).input_dir(&input)).await;
+    assert_eq!((o.status, o.exit_code), (Status::HandlerError, Some(3)), "{}", o.to_json());
+    let out = stdout_of(&o);
+    assert!(out.starts_with("Linux version 4.4.0"), "gVisor's kernel: {out}");
+    assert!(!out.contains("WROTE") && !out.contains("USERNS"), "{out}");
+    assert_eq!(o.evidence.level, Some(stevedore::contract::Level::Vm), "{}", o.to_json());
+    assert!(o.evidence.notes.iter().any(|n| n.starts_with("level vm shown")), "{:?}", o.evidence.notes);
+    let copy = o.outputs.iter().find(|f| f.name == "copy.txt").expect("the output");
+    use sha2::Digest;
+    assert_eq!(copy.hash, format!("sha256:{:x}", sha2::Sha256::digest(b"forty-two\n")));
+    assert!(o.usage.peak_memory_bytes.is_some_and(|b| b > 0), "{}", o.to_json());
+    assert!(o.evidence.notes.iter().any(|n| n.contains("read by the host from the sandbox's cgroup")));
+    assert!(rung.census().cannot.contains_key("recovery"), "runsc takes no --preserve-fds");
+    nothing_left(&rung, &w);
+    rung.close().await;
+}

@@ -8,9 +8,7 @@ use super::site::OciSite;
 use super::spec::Sizes;
 use crate::attempt::front::{Gate, Launch, Made, Prepared};
 use crate::attempt::{self, Ledger, Ports, Rung, Settings, Site};
-use crate::contract::{
-    Checkpoint, Evidence, LaunchError, Level, ReclaimError, ReclaimReport, RecoverError, Request, Target,
-};
+use crate::contract::{Checkpoint, Evidence, LaunchError, ReclaimError, ReclaimReport, RecoverError, Request, Target};
 use crate::link::claims::{self, Bounds};
 use crate::link::judgement::{Account, Witness};
 use crate::link::session::Transport;
@@ -18,6 +16,11 @@ use crate::link::supervise::Ended;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// Where usage comes from under a VM-grade runtime (`last_frame`).
+const SANDBOX_CGROUP: &str = "usage read by the host from the sandbox's cgroup at the init's end (the sandbox \
+                              shows its init no cgroup files): cpu and memory high-water mark of the whole \
+                              sandbox, its kernel (gVisor's Sentry) and file proxy included; oom_kill count";
 
 /// How long the host waits on anything of the attempt's link that has no time of its own.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -71,7 +74,7 @@ impl Site for Arc<OciSite> {
 
     fn rung(&self) -> Rung<'_> {
         let settings = Settings { link: self.config.link, call_timeout: CALL_TIMEOUT };
-        Rung { name: &self.config.name, level: Level::Sandboxed, base: &self.base, settings }
+        Rung { name: &self.config.name, level: self.config.level(), base: &self.base, settings }
     }
 
     /// `provision` ran the runtime already, and nothing is published.
@@ -87,6 +90,17 @@ impl Site for Arc<OciSite> {
     async fn hard_stop(&self, own: &Own) {
         if let Err(e) = self.runtime_call(&["kill", &own.id, "KILL"]).await {
             tracing::debug!(error = %e, "SIGKILL through the runtime not delivered");
+        }
+    }
+
+    /// Under a VM-grade runtime the init reads no cgroup (gVisor shows it none) and the
+    /// runtime removes the sandbox's with it: the host reads it now, once the command and its
+    /// stragglers are gone (`Removed::counters` then stand for the init's figures).
+    fn last_frame(&self, own: &Own) {
+        if self.config.level() == crate::contract::Level::Vm
+            && let Some(c) = super::cleanup::host_counters(&own.id)
+        {
+            self.host_counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(own.id.clone(), c);
         }
     }
 
@@ -140,7 +154,10 @@ impl Site for Arc<OciSite> {
                 memory: own.memory,
                 cpu_limit_millis: own.cpu_millis,
                 reserve: self.config.link.delivery_reserve,
-                cgroup_note: claims::CONTAINER_CGROUP,
+                cgroup_note: match self.config.level() {
+                    crate::contract::Level::Vm => SANDBOX_CGROUP,
+                    _ => claims::CONTAINER_CGROUP,
+                },
             },
             disk_limit: Some(own.disk),
             hard_stop: "the container was SIGKILLed through the runtime",

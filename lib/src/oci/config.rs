@@ -17,6 +17,9 @@ pub struct OciConfig {
     /// The OCI runtime: any program that speaks runc's command line (`runc`, `crun`); a bare
     /// name is looked up in `PATH` once, when the rung starts.
     pub runtime: PathBuf,
+    /// Global flags the runtime gets before every command (gVisor's `runsc` here:
+    /// `--platform=ptrace`, `--network=none`).
+    pub runtime_args: Vec<String>,
     /// Where the rung keeps its places (the runtime's `--root` state dir, bundles, the image
     /// cache, the init): default `/run/stevedore-oci` (the rung runs as root).
     pub base_dir: Option<PathBuf>,
@@ -67,6 +70,7 @@ impl Default for OciConfig {
         Self {
             name: "oci".into(),
             runtime: PathBuf::from("runc"),
+            runtime_args: Vec::new(),
             base_dir: None,
             image: None,
             worker_image: None,
@@ -106,6 +110,21 @@ impl OciConfig {
     pub fn runtime(mut self, runtime: impl Into<PathBuf>) -> Self {
         self.runtime = runtime.into();
         self
+    }
+    /// Sets the global flags the runtime gets before every command.
+    pub fn runtime_args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, args: I) -> Self {
+        self.runtime_args = args.into_iter().map(Into::into).collect();
+        self
+    }
+    /// The level the configuration claims: `vm` under a runtime named VM-grade (`runsc`,
+    /// `kata`, `gvisor`), else `sandboxed`; an attempt keeps `vm` only where its init saw a
+    /// kernel other than the host's (`contract::level_shown`).
+    pub fn level(&self) -> crate::contract::Level {
+        let name = self.runtime.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        match ["runsc", "kata", "gvisor"].iter().any(|v| name.contains(v)) {
+            true => crate::contract::Level::Vm,
+            false => crate::contract::Level::Sandboxed,
+        }
     }
     /// Sets the base dir.
     pub fn base_dir(mut self, dir: impl Into<PathBuf>) -> Self {

@@ -91,6 +91,13 @@ impl OciExecutor {
             return Err(runtime_err(format!("--version: {}", out.status)));
         }
         let runtime_version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_owned();
+        // Whether `run` takes `--preserve-fds` (runc, crun; not gVisor's runsc): the init's
+        // takeover socket goes through it.
+        let help = tokio::process::Command::new(&runtime).args(["run", "--help"]).env_clear().output().await;
+        let takeover = help.is_ok_and(|h| {
+            String::from_utf8_lossy(&h.stdout).contains("preserve-fds")
+                || String::from_utf8_lossy(&h.stderr).contains("preserve-fds")
+        });
         let base_path = config.base_dir.clone().unwrap_or_else(|| PathBuf::from("/run/stevedore-oci"));
         let base = PrivateDir::open(&base_path)?;
         let state = base.subdir("state")?.path().to_owned();
@@ -147,7 +154,9 @@ impl OciExecutor {
             ),
             seccomp,
             apparmor: super::spec::host_apparmor(&config.apparmor_profile),
+            takeover,
             exits: std::sync::Mutex::default(),
+            host_counters: std::sync::Mutex::default(),
             config,
         };
         Ok(Self { shared: Arc::new(site) })
@@ -201,6 +210,12 @@ impl OciExecutor {
             }
         }
         cannot.insert("gpu", "no GPU passed through yet".into());
+        if !s.takeover {
+            cannot.insert(
+                "recovery",
+                "the runtime's run takes no --preserve-fds: the init gets no takeover socket".into(),
+            );
+        }
         if s.seccomp.profile().is_none() {
             cannot.insert("seccomp", "relaxed by configuration".into());
         }
@@ -210,7 +225,7 @@ impl OciExecutor {
             cgroup_version,
             cgroup_driver: "cgroupfs",
             cgroup_parent: super::spec::CGROUP_PARENT,
-            level: crate::contract::Level::Sandboxed,
+            level: s.config.level(),
             features,
             cannot,
             incarnation: s.base.incarnation.clone(),

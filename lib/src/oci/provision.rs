@@ -85,8 +85,8 @@ pub(crate) async fn provision(
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),
-        takeover_uid: Some(nix::unistd::geteuid().as_raw()),
-        takeover_fd: Some(crate::link::inherit::TAKEOVER_FD),
+        takeover_uid: site.takeover.then(|| nix::unistd::geteuid().as_raw()),
+        takeover_fd: site.takeover.then_some(crate::link::inherit::TAKEOVER_FD),
         rlimits: Vec::new(),
         cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
         measure: Vec::new(),
@@ -112,13 +112,19 @@ pub(crate) async fn provision(
 
 /// `runtime run`, its stdin and stdout the link, its stderr the runtime's and the init's.
 fn spawn(site: &OciSite, bundle: &Path, id: &str, cleanup: &mut Cleanup) -> Result<(Transport, i32, u64), LaunchError> {
-    let ctl = bundle.join(TAKEOVER_SOCKET);
-    let listener = std::os::unix::net::UnixListener::bind(&ctl)
-        .map_err(|e| LaunchError::staging("the attempt's takeover socket", e))?;
-    let bundle = bundle.display().to_string();
-    // fd 3 goes through the runtime to the init, which takes it as its takeover socket.
-    let mut cmd = site.runtime_cmd(&["run", "--preserve-fds", "1", "--bundle", &bundle, id]);
-    crate::link::inherit::with_takeover_fd(&mut cmd, listener.into());
+    let mut cmd = match site.takeover {
+        true => {
+            let ctl = bundle.join(TAKEOVER_SOCKET);
+            let listener = std::os::unix::net::UnixListener::bind(&ctl)
+                .map_err(|e| LaunchError::staging("the attempt's takeover socket", e))?;
+            let bundle = bundle.display().to_string();
+            // fd 3 goes through the runtime to the init, which takes it as its takeover socket.
+            let mut cmd = site.runtime_cmd(&["run", "--preserve-fds", "1", "--bundle", &bundle, id]);
+            crate::link::inherit::with_takeover_fd(&mut cmd, listener.into());
+            cmd
+        }
+        false => site.runtime_cmd(&["run", "--bundle", &bundle.display().to_string(), id]),
+    };
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -53,6 +53,12 @@ pub(crate) async fn reattach(
     if let Some(why) = not_ours(site, cp, ledger) {
         return Err(RecoverError::Invalid(why.to_owned()));
     }
+    if !site.takeover {
+        return Err(RecoverError::Invalid(format!(
+            "{} hands the init no takeover socket (its run takes no --preserve-fds): its attempts cannot be recovered",
+            site.runtime.display()
+        )));
+    }
     let own = &ledger.own;
     let mut cleanup = Cleanup::new(site.clone(), ledger.attempt_id.clone(), &cp.worker);
     cleanup.bundle = Some(own.bundle.clone());

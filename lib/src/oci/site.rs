@@ -29,12 +29,19 @@ pub(crate) struct OciSite {
     pub images: Cache,
     /// Docker's default seccomp profile resolved for this machine, and who installs it.
     pub seccomp: Seccomp,
+    /// Whether the runtime hands the init its takeover socket (`run --preserve-fds`): without
+    /// it (gVisor's `runsc`) an attempt cannot be recovered after a worker restart.
+    pub takeover: bool,
     /// The AppArmor profile of every command, or why there is none on this host.
     pub apparmor: Result<String, String>,
     pub gate: Gate,
     /// How each running attempt's `runtime run` ended, by container id, until its removal:
     /// the witness of an end without a record.
     pub exits: std::sync::Mutex<std::collections::HashMap<String, Exit>>,
+    /// The sandbox's cgroup as the host read it at its init's last frame, by container id,
+    /// until its removal: under a VM-grade runtime (gVisor) the init sees no cgroup files,
+    /// and the runtime removes the cgroup with the sandbox.
+    pub host_counters: std::sync::Mutex<std::collections::HashMap<String, stevedore_init::wire::CgroupCounters>>,
 }
 
 /// How the commands' seccomp filter is applied.
@@ -77,6 +84,7 @@ impl OciSite {
             .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .arg("--root")
             .arg(&self.state)
+            .args(&self.config.runtime_args)
             .args(args)
             .stdin(std::process::Stdio::null());
         cmd
