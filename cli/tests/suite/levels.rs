@@ -101,13 +101,18 @@ fn local_dockerd() -> Result<nix::unistd::Pid, String> {
     pid.map(nix::unistd::Pid::from_raw).ok_or_else(|| "no dockerd runs here".into())
 }
 
-/// SIGHUP to dockerd, and its `reload` event awaited (listened for before the signal).
+/// SIGHUP to dockerd, and its `reload` event awaited: asked for from the moment before the
+/// signal (`since`, the engine's clock is this machine's), so a reload that comes before the
+/// stream is connected is still delivered, and an earlier one is not taken for it.
 async fn reload(docker: &bollard::Docker, dockerd: nix::unistd::Pid) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let since = format!("{}.{:09}", now.as_secs(), now.subsec_nanos());
+    nix::sys::signal::kill(dockerd, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP to dockerd");
     let opts = bollard::query_parameters::EventsOptionsBuilder::default()
+        .since(&since)
         .filters(&std::collections::HashMap::from([("type", vec!["daemon"])]))
         .build();
     let mut events = docker.events(Some(opts));
-    nix::sys::signal::kill(dockerd, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP to dockerd");
     let reloaded = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(ev) = events.next().await {
             if ev.is_ok_and(|e| e.action.as_deref() == Some("reload")) {
