@@ -18,6 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 const DAEMON_JSON: &str = "/etc/docker/daemon.json";
 
+/// One change to the engine's configuration at a time in this process: each test holds it
+/// from its merge to its restore.
+static ENGINE_CONFIG: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The engine's configuration as it was: put back by [`Restore::restore`] at the test's end,
 /// by `Drop` (blocking, bounded) on a panic.
 struct Restore {
@@ -124,22 +128,27 @@ async fn reload(docker: &bollard::Docker, dockerd: nix::unistd::Pid) {
     assert!(reloaded.is_ok(), "the engine did not reload its configuration within 60 s");
 }
 
-/// Merges `name` (runc under that name) into the engine's runtimes and waits for its reload.
-async fn register(docker: &bollard::Docker, name: &str, dockerd: nix::unistd::Pid) -> Restore {
+/// Merges `name` (`runtime`, the engine's runtime entry) into the engine's runtimes and waits
+/// for its reload.
+async fn register(
+    docker: &bollard::Docker,
+    name: &str,
+    runtime: serde_json::Value,
+    dockerd: nix::unistd::Pid,
+) -> Restore {
     let path = PathBuf::from(DAEMON_JSON);
     let before = std::fs::read(&path).ok();
     let mut conf: serde_json::Value = match &before {
         Some(b) => serde_json::from_slice(b).expect("the engine's daemon.json is JSON"),
         None => serde_json::json!({}),
     };
-    let runc = ["/usr/sbin/runc", "/usr/bin/runc"].into_iter().find(|p| Path::new(p).exists()).expect("runc");
     conf.as_object_mut()
         .expect("an object")
         .entry("runtimes")
         .or_insert_with(|| serde_json::json!({}))
         .as_object_mut()
         .expect("runtimes is an object")
-        .insert(name.to_owned(), serde_json::json!({ "path": runc }));
+        .insert(name.to_owned(), runtime);
     let restore = Restore { path: path.clone(), before, dockerd, name: name.to_owned(), done: false };
     write_atomically(&path, &serde_json::to_vec_pretty(&conf).unwrap()).expect("daemon.json written");
     reload(docker, dockerd).await;
@@ -160,9 +169,11 @@ async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_s
             return;
         }
     };
+    let _one = ENGINE_CONFIG.lock().await;
     let name = format!("stevedore-kata-lie-{:08x}", rand::random::<u32>());
     let before = std::fs::read(DAEMON_JSON).ok();
-    let restore = register(&docker, &name, dockerd).await;
+    let runc = ["/usr/sbin/runc", "/usr/bin/runc"].into_iter().find(|p| Path::new(p).exists()).expect("runc");
+    let restore = register(&docker, &name, serde_json::json!({ "path": runc }), dockerd).await;
     let cfg = ContainerConfig::default().runtime(name.clone());
     assert_eq!(cfg.level(), Level::Vm, "the name claims it");
     let rung = support::rung_with(cfg).await;
@@ -186,4 +197,50 @@ async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_s
     let runtimes = docker.info().await.unwrap().runtimes.unwrap_or_default();
     assert!(!runtimes.contains_key(&name), "the runtime is gone from the engine again");
     assert_eq!(std::fs::read(DAEMON_JSON).ok(), before, "daemon.json has its own bytes again");
+}
+
+/// gVisor registered with the local engine (`runsc`, ptrace platform, no network: without it
+/// every start fails in the host's network namespace): the container rung's attempt runs,
+/// shows level `vm` by the kernel its init saw, keeps its exit code and outputs.
+#[tokio::test]
+async fn gvisor_registered_with_the_engine_runs_the_container_rung_at_level_vm() {
+    let Some((docker, image)) = support::setup().await else { return };
+    let found = ["/usr/bin/runsc", "/usr/sbin/runsc"].into_iter().find(|p| Path::new(p).exists());
+    let (dockerd, runsc) = match (local_dockerd(), found) {
+        (Ok(p), Some(r)) => (p, r),
+        (d, r) => {
+            let why = d.err().unwrap_or_else(|| format!("no runsc installed ({r:?})"));
+            if support::in_ci() && std::env::var_os("DOCKER_HOST").is_none() {
+                panic!("CI=true and gVisor cannot be registered: {why}");
+            }
+            eprintln!("SKIP: {why}");
+            support::skip(why);
+            return;
+        }
+    };
+    let _one = ENGINE_CONFIG.lock().await;
+    let name = format!("stevedore-runsc-{:08x}", rand::random::<u32>());
+    let before = std::fs::read(DAEMON_JSON).ok();
+    let entry = serde_json::json!({ "path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"] });
+    let restore = register(&docker, &name, entry, dockerd).await;
+    let rung = support::rung_with(ContainerConfig::default().runtime(name.clone())).await;
+    let w = support::worker("levels-gvisor");
+    let t = tempfile::tempdir().unwrap();
+    let script = "cat /proc/version; echo out > /out/o.txt; exit 4";
+    let o = rung.run(&support::sh(&image, &w, &t.path().join("o"), script), CancellationToken::new()).await;
+    rung.close().await;
+    restore.restore(&docker).await;
+    assert_eq!(std::fs::read(DAEMON_JSON).ok(), before, "daemon.json has its own bytes again");
+    let o = o.expect("the attempt runs");
+    assert_eq!(o.exit_code, Some(4), "{}", o.to_json());
+    assert_eq!(o.evidence.level, Some(Level::Vm), "{}", o.to_json());
+    assert!(o.evidence.kernel.as_deref().is_some_and(|k| k.starts_with("Linux version 4.4.0")), "{}", o.to_json());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["o.txt"]);
+    // gVisor shows its init no cgroup: the local engine's container cgroup, read by the host.
+    assert!(o.usage.peak_memory_bytes.is_some_and(|b| b > 0), "{}", o.to_json());
+    assert!(
+        o.evidence.notes.iter().any(|n| n.contains("read by the host from the sandbox's cgroup")),
+        "{:?}",
+        o.evidence.notes
+    );
 }

@@ -53,6 +53,16 @@ pub(crate) async fn conclude<S: Site>(
     if last_frame {
         site.last_frame(&ledger.own);
     }
+    // A sandbox that showed its init no cgroup: the host's read of it, now, before the runtime
+    // removes it with the sandbox.
+    let mut host_read = false;
+    if let Some(Ok(rec)) = ended.record.as_mut().filter(|_| last_frame)
+        && rec.cgroup.version.is_none()
+        && let Some(c) = site.sandbox_counters(&ledger.own)
+    {
+        rec.cgroup = c;
+        host_read = true;
+    }
     let mut witness = site.witness(&ledger.own, last_frame || ended.collection_timed_out).await;
     let removed = match how {
         How::Fresh { background: true } if last_frame => {
@@ -89,7 +99,10 @@ pub(crate) async fn conclude<S: Site>(
     ev.level = Some(level);
     ev.kernel = seen;
     ev.notes.extend(note);
-    let account = site.account(&ledger, &ended, &mut ev);
+    let mut account = site.account(&ledger, &ended, &mut ev);
+    if host_read {
+        account.bounds.cgroup_note = crate::link::claims::SANDBOX_CGROUP;
+    }
     if let How::Unrecovered(_) = how {
         witness.why_no_record = "the takeover failed";
     }

@@ -11,6 +11,8 @@ pub(crate) mod action;
 mod begin;
 mod conclude;
 pub(crate) mod front;
+#[cfg(feature = "docker")]
+pub(crate) mod host_cgroup;
 mod recover;
 pub(crate) mod site;
 

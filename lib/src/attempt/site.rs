@@ -284,6 +284,12 @@ pub(crate) trait Site: Sync {
     fn action(&self, own: &Self::Own, action: &mut crate::contract::Action);
     /// The worker binary a handler attempt ran, for the error when it never spoke.
     fn worker_named(&self, own: &Self::Own) -> String;
+    /// The sandbox's cgroup as the host reads it (`attempt::host_cgroup`), asked at the init's
+    /// last frame when the init read none (gVisor shows it no cgroup files); `None`: the host
+    /// cannot (a remote engine, a cluster's node).
+    fn sandbox_counters(&self, _own: &Self::Own) -> Option<stevedore_init::wire::CgroupCounters> {
+        None
+    }
     /// The kernel the rung's sandboxes share unless a VM-grade runtime runs them (a
     /// `/proc/version` line or a bare release), to show a `vm` level against what the init saw
     /// (`contract::level_shown`); `None`: not known here.

@@ -285,6 +285,22 @@ impl Site for Arc<ContainerSite> {
         action.caches = own.caches.iter().map(|(name, _, path)| (name.clone(), path.clone())).collect();
     }
 
+    /// Where the local engine's cgroup driver puts the container (Docker's cgroupfs and
+    /// systemd layouts, Podman's); a remote engine's are not on this machine.
+    fn sandbox_counters(&self, own: &Own) -> Option<stevedore_init::wire::CgroupCounters> {
+        if !self.engine.endpoint().is_local() {
+            return None;
+        }
+        let id = &own.container_id;
+        let candidates = [
+            format!("docker/{id}"),
+            format!("system.slice/docker-{id}.scope"),
+            format!("machine.slice/libpod-{id}.scope"),
+            format!("libpod_parent/libpod-{id}"),
+        ];
+        crate::attempt::host_cgroup::read(&candidates.map(std::path::PathBuf::from))
+    }
+
     /// The engine host's, as its info says (a remote engine's is not this machine's).
     fn host_kernel(&self) -> Option<String> {
         Some(self.engine.facts().kernel_version.clone()).filter(|k| !k.is_empty())

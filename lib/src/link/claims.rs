@@ -24,6 +24,11 @@ pub(crate) struct Bounds {
     pub cgroup_note: &'static str,
 }
 
+/// Where usage comes from when the host read the sandbox's cgroup (`attempt::host_cgroup`).
+pub(crate) const SANDBOX_CGROUP: &str = "usage read by the host from the sandbox's cgroup at the init's end (the \
+                                         sandbox shows its init no cgroup files): cpu and memory high-water mark of \
+                                         the whole sandbox, its own kernel (gVisor's Sentry) and file proxy \
+                                         included; oom_kill count";
 /// The container rung's cgroup note.
 #[cfg(feature = "docker")]
 pub(crate) const CONTAINER_CGROUP: &str = "usage read by the init from the container's cgroup after the command and \

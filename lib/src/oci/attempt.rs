@@ -17,11 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Where usage comes from under a VM-grade runtime (`last_frame`).
-const SANDBOX_CGROUP: &str = "usage read by the host from the sandbox's cgroup at the init's end (the sandbox \
-                              shows its init no cgroup files): cpu and memory high-water mark of the whole \
-                              sandbox, its kernel (gVisor's Sentry) and file proxy included; oom_kill count";
-
 /// How long the host waits on anything of the attempt's link that has no time of its own.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -93,15 +88,9 @@ impl Site for Arc<OciSite> {
         }
     }
 
-    /// Under a VM-grade runtime the init reads no cgroup (gVisor shows it none) and the
-    /// runtime removes the sandbox's with it: the host reads it now, once the command and its
-    /// stragglers are gone (`Removed::counters` then stand for the init's figures).
-    fn last_frame(&self, own: &Own) {
-        if self.config.level() == crate::contract::Level::Vm
-            && let Some(c) = super::cleanup::host_counters(&own.id)
-        {
-            self.host_counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(own.id.clone(), c);
-        }
+    /// The cgroup the runtime made under the rung's parent (runsc removes it with the sandbox).
+    fn sandbox_counters(&self, own: &Own) -> Option<stevedore_init::wire::CgroupCounters> {
+        crate::attempt::host_cgroup::read(&[std::path::Path::new(super::spec::CGROUP_PARENT).join(&own.id)])
     }
 
     /// `runtime run` lives exactly as long as the container's PID 1.
@@ -154,10 +143,7 @@ impl Site for Arc<OciSite> {
                 memory: own.memory,
                 cpu_limit_millis: own.cpu_millis,
                 reserve: self.config.link.delivery_reserve,
-                cgroup_note: match self.config.level() {
-                    crate::contract::Level::Vm => SANDBOX_CGROUP,
-                    _ => claims::CONTAINER_CGROUP,
-                },
+                cgroup_note: claims::CONTAINER_CGROUP,
             },
             disk_limit: Some(own.disk),
             hard_stop: "the container was SIGKILLed through the runtime",

@@ -133,30 +133,14 @@ async fn ended(runtime: &mut Runtime, pid: i32, within: Duration) -> bool {
     }
 }
 
-/// The attempt's cgroup as the host sees it (every process of the sandbox in it: gVisor's
-/// Sentry and gofer too), while it exists.
-pub(crate) fn host_counters(id: &str) -> Option<stevedore_init::wire::CgroupCounters> {
-    use stevedore_init::cgroup;
-    let root = Path::new("/sys/fs/cgroup");
-    let at = |h: &str| root.join(h).join(super::spec::CGROUP_PARENT).join(id);
-    match cgroup::detect(root)? {
-        cgroup::Version::V2 => Some(at("")).filter(|d| d.is_dir()).map(|d| cgroup::read_counters(&d)),
-        cgroup::Version::V1 => {
-            let cpuacct = ["cpuacct", "cpu,cpuacct"].map(at).into_iter().find(|d| d.is_dir())?;
-            Some(at("memory")).filter(|d| d.is_dir()).map(|m| cgroup::read_v1_dirs(&m, &cpuacct))
-        }
-    }
-}
-
 async fn finish(
     shared: Arc<OciSite>,
     worker: String,
     runtime: Option<(i32, Runtime)>,
     id: Option<String>,
     bundle: Option<PathBuf>,
-) -> (Vec<String>, Option<stevedore_init::wire::CgroupCounters>) {
+) -> Vec<String> {
     let mut errors = Vec::new();
-    let mut counters = None;
     if let Some((pid, mut runtime)) = runtime {
         let margin = shared.config.link.kill_margin + Duration::from_secs(3);
         if !ended(&mut runtime, pid, margin).await {
@@ -173,23 +157,22 @@ async fn finish(
     }
     if let Some(id) = &id {
         shared.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
-        counters = shared.host_counters.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
         errors.extend(remove_container(&shared, id).await);
     }
     if let Some(b) = bundle {
         errors.extend(remove_bundle(b, &worker).await);
     }
-    (errors, counters)
+    errors
 }
 
 impl Teardown for Cleanup {
     async fn remove(mut self) -> Removed {
         let runtime = self.runtime.take();
-        let (errors, counters) =
+        let errors =
             finish(self.shared.clone(), self.worker.clone(), runtime, self.id.take(), self.bundle.take()).await;
         self.held = None;
         self.entry = None;
-        Removed { errors, by_others: Vec::new(), counters }
+        Removed { errors, by_others: Vec::new(), counters: None }
     }
 }
 
@@ -215,7 +198,7 @@ impl Drop for Cleanup {
         let held = self.held.take();
         let attempt = entry.id.clone();
         let removal = async move {
-            let (errors, _) = finish(shared, worker, runtime, id, bundle).await;
+            let errors = finish(shared, worker, runtime, id, bundle).await;
             drop(held);
             if !errors.is_empty() {
                 tracing::warn!(attempt_id = %entry.id, ?errors, "backstop cleanup left things behind");

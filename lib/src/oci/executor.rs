@@ -156,7 +156,6 @@ impl OciExecutor {
             apparmor: super::spec::host_apparmor(&config.apparmor_profile),
             takeover,
             exits: std::sync::Mutex::default(),
-            host_counters: std::sync::Mutex::default(),
             config,
         };
         Ok(Self { shared: Arc::new(site) })

@@ -38,10 +38,6 @@ pub(crate) struct OciSite {
     /// How each running attempt's `runtime run` ended, by container id, until its removal:
     /// the witness of an end without a record.
     pub exits: std::sync::Mutex<std::collections::HashMap<String, Exit>>,
-    /// The sandbox's cgroup as the host read it at its init's last frame, by container id,
-    /// until its removal: under a VM-grade runtime (gVisor) the init sees no cgroup files,
-    /// and the runtime removes the cgroup with the sandbox.
-    pub host_counters: std::sync::Mutex<std::collections::HashMap<String, stevedore_init::wire::CgroupCounters>>,
 }
 
 /// How the commands' seccomp filter is applied.
