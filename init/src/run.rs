@@ -325,6 +325,8 @@ struct Init {
     takeover: Option<Takeover>,
     takeovers: u32,
     command_pid: i32,
+    /// The first line of the sandbox's `/proc/version`, read once.
+    kernel: Option<String>,
     /// The process carrying the link since a takeover (`stevedore-init relay`, run by the
     /// engine's exec in the same pid namespace): spared when everything else is killed.
     relay: Option<Pid>,
@@ -420,6 +422,7 @@ impl Init {
             takeover: None,
             takeovers: 0,
             command_pid: 0,
+            kernel: None,
             relay: None,
             record_number: None,
             stdin: None,
@@ -786,12 +789,14 @@ impl Init {
     }
 
     fn push_started(&mut self) {
+        self.kernel = kernel_line();
         let started = Started {
             pid: self.command_pid,
             init_version: env!("CARGO_PKG_VERSION").to_owned(),
             resumed: false,
             ended: false,
             from: 0,
+            kernel: self.kernel.clone(),
         };
         self.link.push(Kind::Started, &serde_json::to_vec(&started).expect("serialises"));
     }
@@ -827,6 +832,7 @@ impl Init {
             resumed: true,
             ended,
             from,
+            kernel: self.kernel.clone(),
         };
         self.link.hello(Kind::Started, &serde_json::to_vec(&hello).expect("serialises"));
         self.takeovers += 1;
@@ -1068,7 +1074,7 @@ impl Init {
             timeline: self.sampler.take().map(crate::sampler::Sampler::finish),
             reserve_bytes,
             credentials: self.credentials.take(),
-            kernel: kernel_line(),
+            kernel: self.kernel.clone().or_else(kernel_line),
         }
     }
 

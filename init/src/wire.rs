@@ -1195,6 +1195,10 @@ pub struct Started {
     /// frames between were lost.
     #[serde(default)]
     pub from: u64,
+    /// The kernel the sandbox sees (as [`InitRecord::kernel`]), said as the command starts so
+    /// that an attempt whose record never comes still shows where it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
 }
 
 /// A `Stdin` frame's body: `data`, the command's stdin from byte `offset` on.

@@ -204,7 +204,14 @@ fn seeds() -> Vec<Seed> {
     link.extend(wire::encode(Kind::Ack, b""));
     let mut out = wire::encode(
         Kind::Started,
-        &json(&wire::Started { pid: 7, init_version: "0.1.0".into(), resumed: false, ended: false, from: 0 }),
+        &json(&wire::Started {
+            pid: 7,
+            init_version: "0.1.0".into(),
+            resumed: false,
+            ended: false,
+            from: 0,
+            kernel: None,
+        }),
     );
     out.extend(wire::encode(Kind::Stdout, b"hello\n"));
     out.extend(wire::encode(Kind::Stderr, b"warning: x\n"));
@@ -254,7 +261,14 @@ fn seeds() -> Vec<Seed> {
         (
             "record",
             "started",
-            json(&wire::Started { pid: 7, init_version: "0.1.0".into(), resumed: true, ended: true, from: 0 }),
+            json(&wire::Started {
+                pid: 7,
+                init_version: "0.1.0".into(),
+                resumed: true,
+                ended: true,
+                from: 0,
+                kernel: None,
+            }),
         ),
         (
             "record",

@@ -837,3 +837,40 @@ async fn oci_under_gvisor_the_level_is_shown_and_usage_is_the_host_s_read() {
     nothing_left(&rung, &w);
     rung.close().await;
 }
+
+/// Under gVisor a deadline (a command that ignores SIGTERM, then SIGKILL after the grace) and
+/// a cancellation stop the attempt as under runc; a sandbox OOM-killed whole still shows its
+/// level; nothing is left.
+#[tokio::test]
+async fn oci_under_gvisor_a_timeout_a_cancellation_and_an_oom_end_the_attempt() {
+    let t = tempfile::tempdir().unwrap();
+    let Some(rung) = gvisor_rung(t.path()).await else { return };
+    let (_, image) = support::setup().await.unwrap();
+    let w = support::worker("oci-gvisor-stop");
+    let mut req =
+        sh(&image, &w, &t.path().join("o1"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done");
+    req.policy = req.policy.clone().with_grace(Duration::from_secs(1));
+    let o = run(&rung, &req.timeout(Duration::from_secs(2))).await;
+    assert_eq!((o.status, o.signal), (Status::Timeout, Some(9)), "{}", o.to_json());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"]);
+    let mut req = sh(&image, &w, &t.path().join("o2"), "echo ready; sleep 60").grace(Duration::from_secs(5));
+    let mut watch = support::watch([&mut req]);
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        watch.until("ready").await;
+        cancel.cancel();
+    });
+    let o = rung.run(&req, token).await.unwrap();
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+    // Past the memory limit the host's OOM killer takes the whole sandbox, the init with it:
+    // no record, yet the level is shown by what the init said as the command started.
+    let req = sh(&image, &w, &t.path().join("o3"), "head -c 400m /dev/zero | tail > /dev/null")
+        .limits(stevedore::ResourceLimits::new().with("memory", 64 << 20));
+    let o = run(&rung, &req).await;
+    assert_ne!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!(o.evidence.level, Some(stevedore::contract::Level::Vm), "{}", o.to_json());
+    assert!(o.evidence.kernel.as_deref().is_some_and(|k| k.starts_with("Linux version 4.4.0")), "{}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}

@@ -94,7 +94,9 @@ pub(crate) async fn conclude<S: Site>(
     let delivered = reports::finish(reports).await;
     let mut ev = evidence(site, req, &ledger, &removed, &how);
     // The level as shown, not as named: the kernel the init saw against the host's.
-    let seen = ended.record.as_ref().and_then(|r| r.as_ref().ok()).and_then(|r| r.kernel.clone());
+    // The sealed record's word first; the Started frame's where no record came.
+    let seen =
+        ended.record.as_ref().and_then(|r| r.as_ref().ok()).and_then(|r| r.kernel.clone()).or(ended.kernel.clone());
     let (level, note) = crate::contract::level_shown(site.rung().level, seen.as_deref(), site.host_kernel().as_deref());
     ev.level = Some(level);
     ev.kernel = seen;

@@ -794,7 +794,7 @@ mod tests {
     }
 
     fn started(resumed: bool, from: u64) -> (Kind, Vec<u8>) {
-        let s = Started { pid: 2, init_version: "t".into(), resumed, ended: false, from };
+        let s = Started { pid: 2, init_version: "t".into(), resumed, ended: false, from, kernel: None };
         (Kind::Started, serde_json::to_vec(&s).unwrap())
     }
 

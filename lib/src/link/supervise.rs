@@ -96,6 +96,8 @@ pub(crate) struct Ended {
     pub resume_failed: Option<String>,
     /// When (unix ms) the init said the command runs, its record came, the outputs ended.
     pub command_started_at: Option<u64>,
+    /// The kernel the init said it saw as the command started (`wire::Started::kernel`).
+    pub kernel: Option<String>,
     pub record_at: Option<u64>,
     pub outputs_at: Option<u64>,
 }
@@ -346,6 +348,7 @@ fn heard(
         }
         Some(Event::Started(s)) => {
             ended.command_started_at = Some(crate::contract::unix_ms_now());
+            ended.kernel = ended.kernel.take().or(s.kernel.clone());
             tracing::debug!(pid = s.pid, init = %s.init_version, "command started");
             None
         }
