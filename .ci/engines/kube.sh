@@ -375,8 +375,10 @@ start() {
     echo "$pid" >"$PIDS/$name.pid"
     disown "$pid" 2>/dev/null || true
     # Until the fork has exec'd, its command line is this script's: wait for that, so that
-    # `alive` is meaningful from here on.
-    for _ in $(seq 1 250); do
+    # `alive` is meaningful from here on. Bounded generously: on a loaded machine (two cores
+    # busy with builds) the exec of the last daemons started took over 5 s, and a daemon not
+    # exec'd yet was taken for one that had exited.
+    for _ in $(seq 1 3000); do
         if ours "$pid" || [ ! -d "/proc/$pid" ]; then break; fi
         sleep 0.02
     done
