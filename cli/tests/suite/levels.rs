@@ -105,6 +105,23 @@ fn local_dockerd() -> Result<nix::unistd::Pid, String> {
     pid.map(nix::unistd::Pid::from_raw).ok_or_else(|| "no dockerd runs here".into())
 }
 
+/// The local dockerd and the runtime to register (the first of `runtime` that exists), or
+/// `None` after the skip is said; under `CI=true` with the local engine, a failure.
+fn engine_to_change(runtime: &[&'static str]) -> Option<(nix::unistd::Pid, &'static str)> {
+    let found = runtime.iter().copied().find(|p| Path::new(p).exists());
+    let why = match (local_dockerd(), found) {
+        (Ok(pid), Some(r)) => return Some((pid, r)),
+        (Err(why), _) => why,
+        (Ok(_), None) => format!("none of {runtime:?} is installed"),
+    };
+    if support::in_ci() && std::env::var_os("DOCKER_HOST").is_none() {
+        panic!("CI=true and the engine's runtimes cannot be changed: {why}");
+    }
+    eprintln!("SKIP: {why}");
+    support::skip(why);
+    None
+}
+
 /// SIGHUP to dockerd, and its `reload` event awaited: asked for from the moment before the
 /// signal (`since`, the engine's clock is this machine's), so a reload that comes before the
 /// stream is connected is still delivered, and an earlier one is not taken for it.
@@ -158,21 +175,10 @@ async fn register(
 #[tokio::test]
 async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_saw() {
     let Some((docker, image)) = support::setup().await else { return };
-    let dockerd = match local_dockerd() {
-        Ok(p) => p,
-        Err(why) if support::in_ci() && std::env::var_os("DOCKER_HOST").is_none() => {
-            panic!("CI=true and the engine's configuration cannot be changed: {why}")
-        }
-        Err(why) => {
-            eprintln!("SKIP: {why}");
-            support::skip(why);
-            return;
-        }
-    };
+    let Some((dockerd, runc)) = engine_to_change(&["/usr/sbin/runc", "/usr/bin/runc"]) else { return };
     let _one = ENGINE_CONFIG.lock().await;
     let name = format!("stevedore-kata-lie-{:08x}", rand::random::<u32>());
     let before = std::fs::read(DAEMON_JSON).ok();
-    let runc = ["/usr/sbin/runc", "/usr/bin/runc"].into_iter().find(|p| Path::new(p).exists()).expect("runc");
     let restore = register(&docker, &name, serde_json::json!({ "path": runc }), dockerd).await;
     let cfg = ContainerConfig::default().runtime(name.clone());
     assert_eq!(cfg.level(), Level::Vm, "the name claims it");
@@ -205,19 +211,7 @@ async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_s
 #[tokio::test]
 async fn gvisor_registered_with_the_engine_runs_the_container_rung_at_level_vm() {
     let Some((docker, image)) = support::setup().await else { return };
-    let found = ["/usr/bin/runsc", "/usr/sbin/runsc"].into_iter().find(|p| Path::new(p).exists());
-    let (dockerd, runsc) = match (local_dockerd(), found) {
-        (Ok(p), Some(r)) => (p, r),
-        (d, r) => {
-            let why = d.err().unwrap_or_else(|| format!("no runsc installed ({r:?})"));
-            if support::in_ci() && std::env::var_os("DOCKER_HOST").is_none() {
-                panic!("CI=true and gVisor cannot be registered: {why}");
-            }
-            eprintln!("SKIP: {why}");
-            support::skip(why);
-            return;
-        }
-    };
+    let Some((dockerd, runsc)) = engine_to_change(&["/usr/bin/runsc", "/usr/sbin/runsc"]) else { return };
     let _one = ENGINE_CONFIG.lock().await;
     let name = format!("stevedore-runsc-{:08x}", rand::random::<u32>());
     let before = std::fs::read(DAEMON_JSON).ok();

@@ -170,7 +170,7 @@ async fn oci_outputs_are_walked_in_place_and_nothing_the_command_made_is_followe
          mkdir -p /out/d/e; echo deep > /out/d/e/f; ln /out/a /out/hard; \
          echo s > /out/suid; chmod 4755 /out/suid; \
          echo first > /out/grow; (while true; do echo x >> /out/grow; done) & \
-         if /out/suid 2>/dev/null; then echo EXECUTED; fi",
+         cp /bin/busybox /out/busybox; if /out/busybox true 2>/dev/null; then echo EXECUTED; fi; rm /out/busybox",
         secret = host_secret.display()
     );
     let o = run(&rung, &sh(&image, &w, &t.path().join("o"), &script)).await;

@@ -97,7 +97,10 @@ pub(crate) async fn conclude<S: Site>(
     // The sealed record's word first; the Started frame's where no record came.
     let seen =
         ended.record.as_ref().and_then(|r| r.as_ref().ok()).and_then(|r| r.kernel.clone()).or(ended.kernel.clone());
-    let (level, note) = crate::contract::level_shown(site.rung().level, seen.as_deref(), site.host_kernel().as_deref());
+    let claimed = site.rung().level;
+    // Only a `vm` claim has anything to show: no host read on any other attempt.
+    let host = (claimed == crate::contract::Level::Vm).then(|| site.host_kernel()).flatten();
+    let (level, note) = crate::contract::level_shown(claimed, seen.as_deref(), host.as_deref());
     ev.level = Some(level);
     ev.kernel = seen;
     ev.notes.extend(note);

@@ -192,6 +192,12 @@ pub(crate) struct Layout {
     pub credentials: Option<stevedore_init::wire::Credentials>,
 }
 
+/// This machine's kernel (`/proc/version`): `Site::host_kernel` of the rungs that run here.
+#[cfg(any(feature = "process", feature = "oci"))]
+pub(crate) fn local_kernel() -> Option<String> {
+    std::fs::read_to_string("/proc/version").ok()
+}
+
 /// Milliseconds from `started_ms` (unix) to now: a phase's offset.
 pub(crate) fn since(started_ms: u64) -> Option<u64> {
     Some(crate::contract::unix_ms_now().saturating_sub(started_ms))

@@ -239,7 +239,7 @@ impl ContainerConfig {
     /// The isolation level this configuration provides.
     pub fn level(&self) -> crate::contract::Level {
         match self.runtime.as_deref() {
-            Some(r) if r.contains("runsc") || r.contains("kata") || r.contains("gvisor") => crate::contract::Level::Vm,
+            Some(r) if crate::contract::named_vm_grade(r) => crate::contract::Level::Vm,
             _ => crate::contract::Level::Sandboxed,
         }
     }

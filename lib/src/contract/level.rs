@@ -32,6 +32,12 @@ impl Level {
     }
 }
 
+/// Whether a runtime's (or runtime class's) name says it is VM-grade (`runsc`, `kata`,
+/// `gvisor`): what a rung may claim, for [`shown`] to check.
+pub fn named_vm_grade(name: &str) -> bool {
+    ["runsc", "kata", "gvisor"].iter().any(|v| name.contains(v))
+}
+
 /// The level an attempt showed: a rung named `vm` (by its runtime's name) keeps it only when
 /// the init saw a kernel other than the host's (`seen` and `host`: `/proc/version` lines or
 /// bare releases); otherwise it is `sandboxed`, and the note says why. Any other level stands.

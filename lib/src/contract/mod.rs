@@ -25,7 +25,7 @@ pub use hooks::{
     AttemptRef, HOOK_TIMEOUT, HookError, HookResult, HookSet, Hooks, Report, ReportKind, SandboxReport, StartedInfo,
 };
 pub(crate) use judge::{Judgement, judge};
-pub use level::{Level, shown as level_shown};
+pub use level::{Level, named_vm_grade, shown as level_shown};
 pub use limits::{Limits, ParseError, ResourceLimits, parse_cpus, parse_duration, parse_size};
 pub(crate) use live::Counting;
 pub(crate) use live::REPORT_EVERY;

@@ -153,7 +153,7 @@ impl Site for Arc<OciSite> {
 
     /// This machine's: the runtime runs here.
     fn host_kernel(&self) -> Option<String> {
-        std::fs::read_to_string("/proc/version").ok()
+        crate::attempt::site::local_kernel()
     }
 
     fn worker_named(&self, own: &Own) -> String {

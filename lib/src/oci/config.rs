@@ -121,7 +121,7 @@ impl OciConfig {
     /// kernel other than the host's (`contract::level_shown`).
     pub fn level(&self) -> crate::contract::Level {
         let name = self.runtime.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        match ["runsc", "kata", "gvisor"].iter().any(|v| name.contains(v)) {
+        match crate::contract::named_vm_grade(&name) {
             true => crate::contract::Level::Vm,
             false => crate::contract::Level::Sandboxed,
         }

@@ -93,10 +93,14 @@ impl OciExecutor {
         let runtime_version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_owned();
         // Whether `run` takes `--preserve-fds` (runc, crun; not gVisor's runsc): the init's
         // takeover socket goes through it.
-        let help = tokio::process::Command::new(&runtime).args(["run", "--help"]).env_clear().output().await;
+        let help =
+            tokio::process::Command::new(&runtime).args(["run", "--help"]).env_clear().kill_on_drop(true).output();
+        let help = tokio::time::timeout(std::time::Duration::from_secs(30), help).await;
         let takeover = help.is_ok_and(|h| {
-            String::from_utf8_lossy(&h.stdout).contains("preserve-fds")
-                || String::from_utf8_lossy(&h.stderr).contains("preserve-fds")
+            h.is_ok_and(|h| {
+                String::from_utf8_lossy(&h.stdout).contains("preserve-fds")
+                    || String::from_utf8_lossy(&h.stderr).contains("preserve-fds")
+            })
         });
         let base_path = config.base_dir.clone().unwrap_or_else(|| PathBuf::from("/run/stevedore-oci"));
         let base = PrivateDir::open(&base_path)?;
@@ -108,12 +112,8 @@ impl OciExecutor {
             use sha2::Digest;
             crate::util::hex(&sha2::Sha256::digest(init))
         };
-        let tools = base.subdir("tools")?.readable_copy(
-            &init_digest[..16],
-            stevedore_init::wire::INIT_NAME,
-            init,
-            &init_digest,
-        )?;
+        let tools_dir = base.subdir("tools")?;
+        let tools = tools_dir.readable_copy(&init_digest[..16], stevedore_init::wire::INIT_NAME, init, &init_digest)?;
         let seccomp = match config.seccomp {
             true => {
                 let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -124,8 +124,12 @@ impl OciExecutor {
                         Ok((bpf, syscalls)) => {
                             use sha2::Digest;
                             let digest = crate::util::hex(&sha2::Sha256::digest(&bpf));
-                            let dir = base.subdir("tools")?;
-                            dir.readable_copy(&init_digest[..16], stevedore_init::seccomp::FILE_NAME, &bpf, &digest)?;
+                            tools_dir.readable_copy(
+                                &init_digest[..16],
+                                stevedore_init::seccomp::FILE_NAME,
+                                &bpf,
+                                &digest,
+                            )?;
                             Seccomp::ByInit { profile, syscalls }
                         }
                         Err(e) => Seccomp::ByRuntime { profile, why: e.to_string() },

@@ -143,7 +143,7 @@ impl Site for Arc<ProcessSite> {
 
     /// This machine's: the command runs on it.
     fn host_kernel(&self) -> Option<String> {
-        std::fs::read_to_string("/proc/version").ok()
+        crate::attempt::site::local_kernel()
     }
 
     fn worker_named(&self, _: &Own) -> String {
