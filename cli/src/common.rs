@@ -49,6 +49,20 @@ pub struct Global {
     /// it): only then are the Pods said to have no network
     #[arg(long, global = true, help_heading = "Kubernetes (--rung kube)")]
     pub network_denied: bool,
+    /// The OCI runtime of the oci rung (default: runc; gVisor's runsc makes it the vm level,
+    /// shown by the kernel its attempts see)
+    #[arg(long, global = true, value_name = "PATH", help_heading = "OCI runtime (--rung oci)")]
+    pub oci_runtime: Option<String>,
+    /// A global flag the oci rung's runtime gets before every command, repeatable (runsc
+    /// here: --oci-runtime-arg=--platform=ptrace --oci-runtime-arg=--network=none)
+    #[arg(
+        long = "oci-runtime-arg",
+        global = true,
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        help_heading = "OCI runtime (--rung oci)"
+    )]
+    pub oci_runtime_args: Vec<String>,
 }
 
 /// The container configuration for these options.
@@ -258,6 +272,12 @@ pub async fn open(g: &Global, kind: RungKind, adjust: &dyn Adjust) -> Result<Run
         }
         RungKind::Oci => {
             let mut cfg = OciConfig::default();
+            if let Some(r) = &g.oci_runtime {
+                cfg = cfg.runtime(r);
+            }
+            if !g.oci_runtime_args.is_empty() {
+                cfg = cfg.runtime_args(g.oci_runtime_args.iter().cloned());
+            }
             adjust.oci(&mut cfg)?;
             OciExecutor::new(cfg).await.map(Rung::Oci).map_err(|e| unreachable(&e))
         }

@@ -238,6 +238,30 @@ fn oom_report(n: i32, pid: Pid, rx: OwnedFd) -> String {
     }
 }
 
+/// The descriptor numbers in a buffer of `linux_dirent64` records (`getdents64` of
+/// `/proc/self/fd`): entries whose name is not a number (`.`, `..`) are skipped, a record cut
+/// short ends the list. No allocation: it runs between fork and exec.
+pub(crate) fn dirent_fds(buf: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    // d_ino (8), d_off (8), d_reclen (2), d_type (1), then the NUL-terminated name.
+    const NAME: usize = 19;
+    let mut off = 0usize;
+    std::iter::from_fn(move || {
+        loop {
+            let head = buf.get(off..off + NAME)?;
+            let reclen = u16::from_ne_bytes([head[16], head[17]]) as usize;
+            let record = buf.get(off..off + reclen).filter(|_| reclen > NAME)?;
+            off += reclen;
+            let name = record[NAME..].split(|b| *b == 0).next().unwrap_or_default();
+            let fd = (!name.is_empty() && name.iter().all(u8::is_ascii_digit))
+                .then(|| name.iter().try_fold(0i32, |n, d| n.checked_mul(10)?.checked_add(i32::from(d - b'0'))))
+                .flatten();
+            if fd.is_some() {
+                return fd;
+            }
+        }
+    })
+}
+
 /// The crate's only unsafe code: signal dispositions and the fork-to-exec window, which the
 /// safe APIs do not reach.
 pub(crate) mod raw {
@@ -247,7 +271,7 @@ pub(crate) mod raw {
                   start its session, set its rlimits, put its report socket on fd 3 and set its \
                   OOM score before it runs (the closure does not allocate and makes only \
                   async-signal-safe calls: sigaction, sigprocmask, setsid, setrlimit, dup2, \
-                  fcntl, close_range, prctl, open, write, close); borrowing an inherited fd by number; \
+                  fcntl, close_range, getdents64, prctl, open, write, close); borrowing an inherited fd by number; \
                   seccomp(2) with a program the init decoded"
     )]
 
@@ -320,10 +344,10 @@ pub(crate) mod raw {
         let first = libc::c_uint::try_from(first).unwrap_or(0);
         // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
         let done = unsafe { libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) };
-        if done == 0 {
+        if done == 0 || cloexec_listed(first as libc::c_int) {
             return;
         }
-        // Kernels before 5.11: every descriptor up to the soft limit, one by one.
+        // Without /proc either: every descriptor up to the soft limit, one by one.
         let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit writes into the struct given.
         let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
@@ -335,6 +359,37 @@ pub(crate) mod raw {
             // SAFETY: F_SETFD on a closed descriptor only fails with EBADF.
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
+    }
+
+    /// Where `close_range` cannot set close-on-exec (kernels before 5.11; gVisor, whose
+    /// every system call is dear under ptrace: 4,096 `fcntl`s there took ~0.4 s), the open
+    /// descriptors as `/proc/self/fd` lists them, one `fcntl` each. Raw system calls on a stack
+    /// buffer: async-signal-safe. `false` when the list cannot be read.
+    pub(crate) fn cloexec_listed(first: nix::libc::c_int) -> bool {
+        use nix::libc;
+        // SAFETY: a NUL-terminated path; the descriptor is closed below.
+        let dir =
+            unsafe { libc::open(c"/proc/self/fd".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        if dir < 0 {
+            return false;
+        }
+        let mut buf = [0u8; 2048];
+        let listed = loop {
+            // SAFETY: getdents64 writes at most `buf.len()` bytes into `buf`.
+            let n = unsafe { libc::syscall(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len()) };
+            if n <= 0 {
+                break n == 0;
+            }
+            for fd in super::dirent_fds(&buf[..n as usize]) {
+                if fd >= first && fd != dir {
+                    // SAFETY: F_SETFD on a descriptor only sets its flag (EBADF if it went).
+                    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+                }
+            }
+        };
+        // SAFETY: the descriptor opened above.
+        unsafe { libc::close(dir) };
+        listed
     }
 
     /// The listening unix socket the host passed as descriptor `fd` (the process rung's
@@ -447,7 +502,50 @@ pub(crate) mod raw {
 
 #[cfg(test)]
 mod tests {
-    use super::{child_oom_adj, working_dir};
+    use super::{child_oom_adj, dirent_fds, working_dir};
+
+    fn record(name: &str, pad: usize) -> Vec<u8> {
+        let reclen = (19 + name.len() + 1 + pad) as u16;
+        let mut r = vec![0u8; 16];
+        r.extend(reclen.to_ne_bytes());
+        r.push(4);
+        r.extend(name.as_bytes());
+        r.extend(std::iter::repeat_n(0u8, 1 + pad));
+        r
+    }
+
+    /// The records' numbers, nothing else: dots and other names skipped, a record cut short
+    /// or of an impossible length ends the list, a number past `i32` is no descriptor.
+    #[test]
+    fn descriptors_are_read_from_dirent_records() {
+        let mut buf = Vec::new();
+        for (name, pad) in [(".", 4), ("..", 3), ("0", 4), ("17", 3), ("x1", 3), ("99999999999", 4), ("1024", 1)] {
+            buf.extend(record(name, pad));
+        }
+        assert_eq!(dirent_fds(&buf).collect::<Vec<_>>(), [0, 17, 1024]);
+        assert_eq!(dirent_fds(&buf[..buf.len() - 3]).collect::<Vec<_>>(), [0, 17], "the last record cut short");
+        let mut zero = record("5", 4);
+        zero[16..18].copy_from_slice(&0u16.to_ne_bytes());
+        assert_eq!(dirent_fds(&zero).count(), 0, "a zero length never loops");
+    }
+
+    /// Against the real `/proc/self/fd`: a descriptor opened without close-on-exec gets it,
+    /// one below `first` keeps what it had.
+    #[test]
+    fn the_listed_descriptors_are_marked_close_on_exec() {
+        use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl, open};
+        let open_plain = || open("/proc/self/status", OFlag::O_RDONLY, nix::sys::stat::Mode::empty()).unwrap();
+        let (a, b) = (open_plain(), open_plain());
+        // Other tests' threads open and close descriptors too: the lower number is `low`.
+        let raw = std::os::fd::AsRawFd::as_raw_fd;
+        let (low, high) = if raw(&a) < raw(&b) { (a, b) } else { (b, a) };
+        let flags = |fd: &std::os::fd::OwnedFd| FdFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFD).unwrap());
+        assert!(!flags(&low).contains(FdFlag::FD_CLOEXEC) && !flags(&high).contains(FdFlag::FD_CLOEXEC));
+        let first = raw(&high);
+        assert!(super::raw::cloexec_listed(first), "/proc/self/fd is read");
+        assert!(flags(&high).contains(FdFlag::FD_CLOEXEC));
+        assert!(!flags(&low).contains(FdFlag::FD_CLOEXEC), "below first: untouched");
+    }
 
     /// A working directory the image lacks is made; one that cannot be is named, never taken
     /// for a missing program.

@@ -16,8 +16,14 @@
 //! - **(g)** collection of 1 GiB in 1 file and in 1,000 files, hashing included: bytes over
 //!   the Outcome's `evidence.collection.elapsed_ms` (the command's record to the outputs
 //!   extracted and hashed).
+//! - **(v)** where gVisor's `runsc` is installed: a cold attempt of `true` on the rung under
+//!   `runsc` (ptrace, no network) against **(bv)** `docker run --rm --runtime R` of the same
+//!   image, `R` the same `runsc` registered with the engine for the bench only
+//!   (`common/gvisor.rs`); alternating pairs, medians.
 
 mod common;
+#[path = "common/gvisor.rs"]
+mod gvisor;
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig};
@@ -36,10 +42,12 @@ struct Mode {
     rounds: usize,
     batch: usize,
     collect: &'static [(usize, u64)],
+    /// Pairs of (v) and (bv).
+    gvisor_pairs: usize,
 }
 
-const FULL: Mode = Mode { rounds: 20, batch: 40, collect: &[(1, 1 << 30), (1000, 1 << 30)] };
-const SHORT: Mode = Mode { rounds: 4, batch: 8, collect: &[(1, 64 << 20), (100, 64 << 20)] };
+const FULL: Mode = Mode { rounds: 20, batch: 40, collect: &[(1, 1 << 30), (1000, 1 << 30)], gvisor_pairs: 10 };
+const SHORT: Mode = Mode { rounds: 4, batch: 8, collect: &[(1, 64 << 20), (100, 64 << 20)], gvisor_pairs: 2 };
 
 /// Samples in seconds (or MB/s).
 #[derive(Default)]
@@ -95,6 +103,10 @@ async fn run(mode: &Mode) -> Res<()> {
     let result = measure(&b, mode).await;
     b.rung.close().await;
     result?;
+    match gvisor::find_runsc() {
+        Some(runsc) => under_gvisor(&b, &runsc, mode).await?,
+        None => println!("(v) gVisor: no runsc installed; not measured"),
+    }
     // The images' exports are the only engine objects the rung makes: none may be left.
     match common::leftovers(&b.docker, &b.worker).await? {
         left if left.is_empty() => Ok(()),
@@ -159,6 +171,47 @@ async fn measure(b: &Bench, mode: &Mode) -> Res<()> {
     }
 }
 
+/// (v) against (bv): the rung under `runsc` and `docker run --runtime` of the same runsc.
+async fn under_gvisor(b: &Bench, runsc: &Path, mode: &Mode) -> Res<()> {
+    let cfg = OciConfig::default()
+        .log_dir(b.dir.join("logs"))
+        .runtime(runsc)
+        .runtime_args(["--platform=ptrace", "--network=none"]);
+    let rung =
+        OciExecutor::new(cfg).await.map_err(|e| format!("the oci rung under runsc: {}", stevedore::error_chain(&e)))?;
+    let registered = tokio::task::block_in_place(|| gvisor::Registered::runsc(runsc))?;
+    let docker_run = || {
+        let mut cmd = tokio::process::Command::new("docker");
+        cmd.args(["run", "--rm", "--network", "none", "--runtime", &registered.name, b.image, "true"]);
+        cmd
+    };
+    let measured = async {
+        // Warm-up of each (the image cache filled; not counted).
+        Bench::timed("(bv) docker run --runtime", &mut docker_run()).await?;
+        b.attempt_on(&rung).await?;
+        let (mut dv, mut v) = (Samples::default(), Samples::default());
+        for i in 0..mode.gvisor_pairs {
+            if i % 2 == 0 {
+                dv.0.push(Bench::timed("(bv) docker run --runtime", &mut docker_run()).await?);
+                v.0.push(b.attempt_on(&rung).await?);
+            } else {
+                v.0.push(b.attempt_on(&rung).await?);
+                dv.0.push(Bench::timed("(bv) docker run --runtime", &mut docker_run()).await?);
+            }
+        }
+        Ok::<_, String>((dv, v))
+    }
+    .await;
+    rung.close().await;
+    tokio::task::block_in_place(|| drop(registered));
+    let (dv, v) = measured?;
+    println!("(bv) docker run --rm --runtime runsc: {}", dv.ms());
+    println!("(v) cold attempt of true under runsc: {}", v.ms());
+    let (dm, vm) = (dv.at(0.5), v.at(0.5));
+    target("(v) p50 / (bv)", format!("{:.2} ×", vm / dm), "≤ 1.0 ×", vm <= dm);
+    Ok(())
+}
+
 /// `n` runs of `one`, 4 at a time: runs per second.
 async fn batch<F, Fut>(n: usize, one: F) -> Res<f64>
 where
@@ -180,9 +233,14 @@ impl Bench {
 
     /// One cold attempt of `true`, timed from the call to its Outcome.
     async fn attempt(&self) -> Res<f64> {
+        self.attempt_on(&self.rung).await
+    }
+
+    /// One cold attempt of `true` on `rung`.
+    async fn attempt_on(&self, rung: &OciExecutor) -> Res<f64> {
         let req = Request::command("bench", ["true"], self.out()).worker(&self.worker).image(self.image);
         let start = Instant::now();
-        let o = self.rung.run(&req, CancellationToken::new()).await.map_err(|e| stevedore::error_chain(&e))?;
+        let o = rung.run(&req, CancellationToken::new()).await.map_err(|e| stevedore::error_chain(&e))?;
         let took = start.elapsed().as_secs_f64();
         match o.status {
             Status::Ok => Ok(took),

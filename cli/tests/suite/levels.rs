@@ -183,6 +183,7 @@ async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_s
     let cfg = ContainerConfig::default().runtime(name.clone());
     assert_eq!(cfg.level(), Level::Vm, "the name claims it");
     let rung = support::rung_with(cfg).await;
+    assert_eq!(rung.level(), Level::Sandboxed, "a claim counts only once shown");
     let w = support::worker("levels");
     let t = tempfile::tempdir().unwrap();
     let o = rung
@@ -198,6 +199,11 @@ async fn a_runtime_named_vm_grade_that_is_runc_is_sandboxed_with_the_kernel_it_s
         "{:?}",
         o.evidence.notes
     );
+    // The registry selects by the level shown: a policy that needs `vm` gets nothing here.
+    assert_eq!(rung.probe_level(&image).await.unwrap(), Level::Sandboxed);
+    let mut registry = stevedore::Registry::new();
+    registry.register(std::sync::Arc::new(rung.clone())).unwrap();
+    assert!(registry.select(&stevedore::Policy::at_least(Level::Vm)).is_err(), "a name alone selects nothing");
     rung.close().await;
     restore.restore(&docker).await;
     let runtimes = docker.info().await.unwrap().runtimes.unwrap_or_default();
@@ -217,7 +223,14 @@ async fn gvisor_registered_with_the_engine_runs_the_container_rung_at_level_vm()
     let before = std::fs::read(DAEMON_JSON).ok();
     let entry = serde_json::json!({ "path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"] });
     let restore = register(&docker, &name, entry, dockerd).await;
-    let rung = support::rung_with(ContainerConfig::default().runtime(name.clone())).await;
+    let rung = support::rung_with(ContainerConfig::default().runtime(name.clone()).name("docker-gvisor")).await;
+    // Shown by a probe before any attempt: the registry then selects it for `vm`.
+    assert_eq!(rung.level(), Level::Sandboxed, "a claim counts only once shown");
+    let probed = rung.probe_level(&image).await;
+    let mut registry = stevedore::Registry::new();
+    registry.register(std::sync::Arc::new(support::rung().await)).unwrap();
+    registry.register(std::sync::Arc::new(rung.clone())).unwrap();
+    let selected = registry.select(&stevedore::Policy::at_least(Level::Vm)).map(|r| r.name().to_owned());
     let w = support::worker("levels-gvisor");
     let t = tempfile::tempdir().unwrap();
     let script = "cat /proc/version; echo out > /out/o.txt; exit 4";
@@ -225,6 +238,8 @@ async fn gvisor_registered_with_the_engine_runs_the_container_rung_at_level_vm()
     rung.close().await;
     restore.restore(&docker).await;
     assert_eq!(std::fs::read(DAEMON_JSON).ok(), before, "daemon.json has its own bytes again");
+    assert_eq!(probed.expect("the probe runs"), Level::Vm);
+    assert_eq!(selected.as_deref(), Ok(rung.name()), "the shown vm rung is selected");
     let o = o.expect("the attempt runs");
     assert_eq!(o.exit_code, Some(4), "{}", o.to_json());
     assert_eq!(o.evidence.level, Some(Level::Vm), "{}", o.to_json());
@@ -237,4 +252,78 @@ async fn gvisor_registered_with_the_engine_runs_the_container_rung_at_level_vm()
         "{:?}",
         o.evidence.notes
     );
+}
+
+/// gVisor on the container rung, as the acceptance cases it allows: inputs read-only; a
+/// deadline (a command that ignores SIGTERM, SIGKILLed after the grace) and a cancellation
+/// stop it; an OOM that takes the whole sandbox is told by the engine's `State.OOMKilled`,
+/// named as the witness; a reclaim by another life of the worker removes an attempt that
+/// runs; nothing labelled is left.
+#[tokio::test]
+async fn gvisor_on_the_container_rung_stops_tells_an_oom_and_is_reclaimed() {
+    let Some((docker, image)) = support::setup().await else { return };
+    let Some((dockerd, runsc)) = engine_to_change(&["/usr/bin/runsc", "/usr/sbin/runsc"]) else { return };
+    let _one = ENGINE_CONFIG.lock().await;
+    let name = format!("stevedore-runsc-{:08x}", rand::random::<u32>());
+    let entry = serde_json::json!({ "path": runsc, "runtimeArgs": ["--platform=ptrace", "--network=none"] });
+    let restore = register(&docker, &name, entry, dockerd).await;
+    let cfg = || ContainerConfig::default().runtime(name.clone());
+    let rung = support::rung_with(cfg()).await;
+    let w = support::worker("levels-gvisor-stop");
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(input.join("data.txt"), b"forty-two\n").unwrap();
+    let script = "cat /in/data.txt; if echo x > /in/data.txt 2>/dev/null; then echo WROTE; fi";
+    let o = support::run(&rung, &support::sh(&image, &w, &t.path().join("o1"), script).input_dir(&input)).await;
+    assert_eq!((o.status, support::stdout_of(&o).as_str()), (Status::Ok, "forty-two\n"), "{}", o.to_json());
+    assert_eq!(std::fs::read(input.join("data.txt")).unwrap(), b"forty-two\n");
+
+    let req =
+        support::sh(&image, &w, &t.path().join("o2"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done")
+            .grace(Duration::from_secs(1))
+            .timeout(Duration::from_secs(3));
+    let o = support::run(&rung, &req).await;
+    assert_eq!((o.status, o.signal), (Status::Timeout, Some(9)), "{}", o.to_json());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"]);
+
+    let mut req = support::sh(&image, &w, &t.path().join("o3"), "echo ready; sleep 60").grace(Duration::from_secs(5));
+    let mut watch = support::watch([&mut req]);
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        watch.until("ready").await;
+        cancel.cancel();
+    });
+    let o = rung.run(&req, token).await.unwrap();
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+
+    // The host's OOM killer takes the Sentry, the init with it: no record; the engine's flag
+    // is the witness, and the Outcome names it.
+    let req = support::sh(&image, &w, &t.path().join("o4"), "head -c 400m /dev/zero | tail > /dev/null")
+        .limits(stevedore::ResourceLimits::new().with("memory", 64 << 20));
+    let o = support::run(&rung, &req).await;
+    assert_eq!(o.status, Status::OomKilled, "{}", o.to_json());
+    assert_eq!(o.usage.sources.oom_kills, Some(stevedore::contract::Source::Engine), "{}", o.to_json());
+    assert_eq!(o.evidence.level, Some(Level::Vm), "{}", o.to_json());
+
+    // Another life of the same worker (a rung that never started this attempt) reclaims it
+    // while its command runs.
+    let mut req = support::sh(&image, &w, &t.path().join("o5"), "echo ready; sleep 300");
+    let mut watch = support::watch([&mut req]);
+    let running = {
+        let rung = rung.clone();
+        tokio::spawn(async move { rung.run(&req, CancellationToken::new()).await })
+    };
+    watch.until("ready").await;
+    let later = support::rung_with(cfg()).await;
+    let report = later.reclaim(&w).await.expect("reclaim runs");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(!report.containers_removed.is_empty(), "{report:?}");
+    let o = running.await.unwrap().expect("the attempt had started");
+    assert_eq!(o.status, Status::Killed, "{}", o.to_json());
+    later.close().await;
+    rung.close().await;
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing of the worker is left");
+    restore.restore(&docker).await;
 }

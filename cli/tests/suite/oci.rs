@@ -6,9 +6,9 @@
 use crate::support;
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use stevedore::contract::Status;
+use stevedore::contract::{Level, Status};
 use stevedore::oci::{OciConfig, OciExecutor};
 use stevedore::{Executor, Request, ResourceLimits};
 use tokio_util::sync::CancellationToken;
@@ -538,6 +538,10 @@ async fn oci_the_census_names_the_runtime_its_cgroups_and_what_it_cannot_do() {
     let features: Vec<&str> = c["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
     assert!(features.contains(&"seccomp") && features.contains(&"network"), "{c}");
     assert!(c["seccomp"].as_str().unwrap().starts_with("init: compiled once"), "{c}");
+    assert_eq!(c["level_claimed"], "sandboxed", "{c}");
+    // crun is tried as a runtime: not installed, usable, or why not on this host.
+    let crun = c["crun"].as_str().unwrap();
+    assert!(crun == "not installed" || crun.contains("can be the runtime") || crun.contains("refuses"), "{c}");
     // AppArmor is either applied or said why not, by what this host's kernel has.
     let host_has = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled").is_ok_and(|e| e.trim() == "Y");
     match (features.contains(&"apparmor"), c["cannot"]["apparmor"].as_str()) {
@@ -787,9 +791,17 @@ async fn oci_an_attempt_that_ended_while_the_worker_was_away_is_collected() {
 /// `--preserve-fds`, so no recovery), or `None` (skipped; failing under `CI=true`, where
 /// `.ci/run` installs it).
 async fn gvisor_rung(dir: &Path) -> Option<OciExecutor> {
+    gvisor_rung_at(Some(dir.join("oci"))).await
+}
+
+/// As [`gvisor_rung`], in `base` (`None`: the rung's default, the command's).
+async fn gvisor_rung_at(base: Option<PathBuf>) -> Option<OciExecutor> {
     setup().await?;
-    let cfg = OciConfig::default()
-        .base_dir(dir.join("oci"))
+    let mut cfg = OciConfig::default();
+    if let Some(base) = base {
+        cfg = cfg.base_dir(base);
+    }
+    let cfg = cfg
         .log_dir(support::test_logs())
         .incarnation(stevedore::contract::incarnation::mint())
         .runtime("runsc")
@@ -814,6 +826,7 @@ async fn oci_under_gvisor_the_level_is_shown_and_usage_is_the_host_s_read() {
     let t = tempfile::tempdir().unwrap();
     let Some(rung) = gvisor_rung(t.path()).await else { return };
     let (_, image) = support::setup().await.unwrap();
+    assert_eq!((rung.level(), rung.census().level_claimed), (Level::Sandboxed, Level::Vm), "not shown yet");
     let w = support::worker("oci-gvisor");
     let input = t.path().join("in");
     std::fs::create_dir_all(&input).unwrap();
@@ -828,11 +841,13 @@ async fn oci_under_gvisor_the_level_is_shown_and_usage_is_the_host_s_read() {
     assert!(!out.contains("WROTE") && !out.contains("USERNS"), "{out}");
     assert_eq!(o.evidence.level, Some(stevedore::contract::Level::Vm), "{}", o.to_json());
     assert!(o.evidence.notes.iter().any(|n| n.starts_with("level vm shown")), "{:?}", o.evidence.notes);
+    assert_eq!((rung.level(), rung.census().level), (Level::Vm, Level::Vm), "shown by the attempt");
     let copy = o.outputs.iter().find(|f| f.name == "copy.txt").expect("the output");
     use sha2::Digest;
     assert_eq!(copy.hash, format!("sha256:{:x}", sha2::Sha256::digest(b"forty-two\n")));
     assert!(o.usage.peak_memory_bytes.is_some_and(|b| b > 0), "{}", o.to_json());
     assert!(o.evidence.notes.iter().any(|n| n.contains("read by the host from the sandbox's cgroup")));
+    assert_eq!(o.evidence.oom_kills, Some(0), "no OOM: {}", o.to_json());
     assert!(rung.census().cannot.contains_key("recovery"), "runsc takes no --preserve-fds");
     nothing_left(&rung, &w);
     rung.close().await;
@@ -864,13 +879,69 @@ async fn oci_under_gvisor_a_timeout_a_cancellation_and_an_oom_end_the_attempt() 
     let o = rung.run(&req, token).await.unwrap();
     assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
     // Past the memory limit the host's OOM killer takes the whole sandbox, the init with it:
-    // no record, yet the level is shown by what the init said as the command started.
+    // no record, and runsc removes its cgroup with the sandbox. The rung's held cgroup above
+    // it (`oci/held.rs`) saw the OOM and kept the peak; the level is shown by what the init
+    // said as the command started.
     let req = sh(&image, &w, &t.path().join("o3"), "head -c 400m /dev/zero | tail > /dev/null")
         .limits(stevedore::ResourceLimits::new().with("memory", 64 << 20));
     let o = run(&rung, &req).await;
-    assert_ne!(o.status, Status::Ok, "{}", o.to_json());
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::OomKilled, Some("oom")), "{}", o.to_json());
+    assert_eq!(o.usage.sources.oom_kills, Some(stevedore::contract::Source::Cgroup), "{}", o.to_json());
+    assert!(o.evidence.notes.iter().any(|n| n.contains("oom_kills from the host's read")), "{:?}", o.evidence.notes);
+    let peak = o.usage.peak_memory_bytes.expect("the held cgroup's peak");
+    assert!(peak >= 64 << 20, "the peak reached the limit: {peak}");
     assert_eq!(o.evidence.level, Some(stevedore::contract::Level::Vm), "{}", o.to_json());
     assert!(o.evidence.kernel.as_deref().is_some_and(|k| k.starts_with("Linux version 4.4.0")), "{}", o.to_json());
+    nothing_left(&rung, &w);
+    rung.close().await;
+}
+
+/// A worker killed while its attempt runs under gVisor: the sandbox runs on, unsupervised,
+/// until `reclaim`. A reclaim by runc leaves it (removing its bundle under it would leave it
+/// running) and says which runtime to reclaim it with; the reclaim by runsc removes the
+/// sandbox, its held cgroup, the bundle and the outputs' tmpfs.
+#[tokio::test]
+async fn oci_under_gvisor_a_worker_killed_mid_attempt_leaves_nothing_after_reclaim() {
+    let Some(rung) = gvisor_rung_at(None).await else { return };
+    let (_, image) = support::setup().await.unwrap();
+    let w = support::worker("oci-gvisor-crash");
+    let t = tempfile::tempdir().unwrap();
+    let runsc = ["--oci-runtime", "runsc", "--oci-runtime-arg=--platform=ptrace", "--oci-runtime-arg=--network=none"];
+    // The census shows the level its name claims before it says it.
+    let out = std::process::Command::new(support::BIN).args(["census", "--rung", "oci"]).args(runsc).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((c["level"].as_str(), c["level_claimed"].as_str()), (Some("vm"), Some("vm")), "{c}");
+    assert!(c["state_dir"].as_str().unwrap().ends_with("/state-runsc"), "{c}");
+    let mut child = std::process::Command::new(support::BIN)
+        .args(["run", "--rung", "oci", "--worker", &w, "--image", &image, "--logs"])
+        .arg(support::test_logs())
+        .args(runsc)
+        .arg("--output")
+        .arg(t.path().join("o"))
+        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::stderr_until(&mut child, "ready");
+    support::kill9(child);
+    assert_eq!(bundles_of(&rung, &w).len(), 1, "the crash left its bundle");
+    let reclaim = |extra: &[&str]| {
+        let o = std::process::Command::new(support::BIN)
+            .args(["reclaim", "--rung", "oci", "--worker", &w])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("one JSON line")
+    };
+    let report = reclaim(&[]);
+    assert!(report["failed"].to_string().contains("reclaim it with --oci-runtime"), "{report}");
+    assert_eq!(bundles_of(&rung, &w).len(), 1, "runc's reclaim left runsc's bundle");
+    let report = reclaim(&runsc);
+    assert_eq!(report["failed"], serde_json::json!([]), "{report}");
+    assert_eq!(report["containers_removed"], 1, "{report}");
     nothing_left(&rung, &w);
     rung.close().await;
 }

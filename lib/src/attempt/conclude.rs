@@ -90,6 +90,8 @@ pub(crate) async fn conclude<S: Site>(
             witness.oom_by = OomWitness::Cgroup;
         }
         rec.cgroup = c;
+    } else if ended.record.is_none() {
+        witness.counters = removed.counters.clone();
     }
     let delivered = reports::finish(reports).await;
     let mut ev = evidence(site, req, &ledger, &removed, &how);
@@ -101,6 +103,9 @@ pub(crate) async fn conclude<S: Site>(
     // Only a `vm` claim has anything to show: no host read on any other attempt.
     let host = (claimed == crate::contract::Level::Vm).then(|| site.host_kernel()).flatten();
     let (level, note) = crate::contract::level_shown(claimed, seen.as_deref(), host.as_deref());
+    if claimed == crate::contract::Level::Vm && seen.is_some() {
+        site.rung().base.show(level);
+    }
     ev.level = Some(level);
     ev.kernel = seen;
     ev.notes.extend(note);

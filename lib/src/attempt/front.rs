@@ -166,9 +166,45 @@ pub(crate) trait Launch: Site + Send + Sync + Sized + 'static {
     }
 }
 
-/// `Executor::level` of a rung.
+/// `Executor::level` of a rung: its claim, but a `vm` claim only as an attempt showed it
+/// (`contract::level_shown`: the kernel the init saw was not the host's); `sandboxed` until
+/// one did ([`probe_level`] shows it at once).
 pub(crate) fn level<S: Launch>(site: &S) -> Level {
-    site.rung().level
+    let rung = site.rung();
+    match rung.level {
+        Level::Vm => rung.base.shown().unwrap_or(Level::Sandboxed),
+        claimed => claimed,
+    }
+}
+
+/// `Executor::probe_level` of a rung: for a `vm` claim, one attempt in `image` whose command
+/// is stevedore's init itself (the init reports the kernel it saw as it starts), whose shown
+/// level is then the rung's.
+pub(crate) async fn probe_level<S: Launch>(site: &S, image: &str) -> Result<Level, LaunchError> {
+    if site.rung().level != Level::Vm {
+        return Ok(level(site));
+    }
+    let scratch = std::env::temp_dir().join(format!("stevedore-probe-{:016x}", rand::random::<u64>()));
+    // The init as every rung binds it in: any image will do.
+    let init = format!("{}/{}", stevedore_init::wire::TOOLS_DIR, stevedore_init::wire::INIT_NAME);
+    let argv = [init.as_str(), "report", "note", "level probe"];
+    let mut req = Request::command(format!("probe-{:08x}", rand::random::<u32>()), argv, scratch.join("out"))
+        .worker(format!("stevedore-probe-{:08x}", rand::random::<u32>()))
+        .timeout(std::time::Duration::from_secs(120));
+    req.policy.image = image.to_owned();
+    let result = run(site, &req, CancellationToken::new()).await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    // A probe leaves nothing: its captures go with it (their dir is the probe worker's own).
+    let logs = result?.evidence.logs;
+    for cap in [logs.stdout, logs.stderr] {
+        if let Some(p) = cap.path {
+            let _ = std::fs::remove_file(&p);
+            if let Some(dir) = std::path::Path::new(&p).parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
+    }
+    Ok(level(site))
 }
 
 /// `Executor::run` of a rung: admission, then the attempt.
@@ -259,6 +295,13 @@ macro_rules! executor {
 
             fn level(&self) -> $crate::contract::Level {
                 $crate::attempt::front::level(&self.$site)
+            }
+
+            fn probe_level<'a>(
+                &'a self,
+                image: &'a str,
+            ) -> $crate::util::BoxFuture<'a, Result<$crate::contract::Level, $crate::contract::LaunchError>> {
+                Box::pin($crate::attempt::front::probe_level(&self.$site, image))
             }
 
             fn denies_network(&self) -> bool {

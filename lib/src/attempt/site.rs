@@ -37,6 +37,9 @@ pub(crate) struct SiteBase {
     /// Where the attempts' captures go.
     pub captures: Captures,
     in_flight: Arc<Mutex<HashSet<String>>>,
+    /// The level the rung's last attempt showed of a `vm` claim (`contract::level_shown`):
+    /// what `Executor::level` says, and so what the registry selects by.
+    shown: Mutex<Option<Level>>,
 }
 
 /// An attempt's mark in its rung's in-flight set (this process's `reclaim` spares what it
@@ -55,7 +58,17 @@ impl Drop for InFlight {
 
 impl SiteBase {
     pub fn new(incarnation: String, captures: Captures) -> Self {
-        Self { incarnation, tracker: TaskTracker::new(), captures, in_flight: Arc::default() }
+        Self { incarnation, tracker: TaskTracker::new(), captures, in_flight: Arc::default(), shown: Mutex::default() }
+    }
+
+    /// Records the level an attempt showed of the rung's `vm` claim.
+    pub fn show(&self, level: Level) {
+        *self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(level);
+    }
+
+    /// The level the last attempt showed of a `vm` claim, if one did.
+    pub fn shown(&self) -> Option<Level> {
+        *self.shown.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks `id` in flight until the mark is dropped.

@@ -80,8 +80,19 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
     /// Identifies the rung in configuration, logs and metrics.
     fn name(&self) -> &str;
 
-    /// The isolation this rung actually provides.
+    /// The isolation this rung actually provides: a `vm` claim (a VM-grade runtime's name)
+    /// counts only once an attempt showed it (the kernel its init saw was not the host's),
+    /// `sandboxed` until then. The registry selects by it.
     fn level(&self) -> Level;
+
+    /// Shows the rung's level now, when it claims `vm`: one attempt in `image` (any image the
+    /// rung can run; the command is stevedore's init, bound in as in every attempt); then
+    /// [`Executor::level`]. Call it before registering a VM-grade rung (`stevedore census`
+    /// does). Default: [`Executor::level`], nothing run.
+    fn probe_level<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Level, LaunchError>> {
+        let _ = image;
+        Box::pin(async move { Ok(self.level()) })
+    }
 
     /// Whether the rung's attempts have no network (a policy with `no_network` selects only
     /// such rungs). Default `false`: a rung claims it only when it enforces it.

@@ -88,7 +88,7 @@ pub(crate) async fn witness(site: &KubeSite, own: &Own, link_verdict: bool) -> W
         oom_killed: end.as_ref().map(|e| e.oom_killed && exit_code == Some(137)),
         oom_by: OomWitness::Kubelet,
         why_no_record: "no record from the init",
-        listed: None,
+        ..Witness::default()
     }
 }
 

@@ -26,6 +26,9 @@ pub(crate) struct Witness {
     /// What `/out` held when the outputs did not all arrive, listed by the host (`None`: it
     /// cannot list it, as `/out` went with the init).
     pub listed: Option<Vec<String>>,
+    /// The host's read of the sandbox's cgroup once everything in it ended, where no record
+    /// came (a cgroup the rung holds outlives the sandbox: `oci/held.rs`).
+    pub counters: Option<stevedore_init::wire::CgroupCounters>,
 }
 
 /// Who has the kernel's word on an OOM kill when the init could not say it.
@@ -216,6 +219,31 @@ fn without_record(
     j.usage.sources.wall_time_ms = Some(Source::HostClock);
     j.usage.sources.cpu_time_ms = Some(Source::unavailable(witness.why_no_record));
     j.usage.sources.peak_memory_bytes = Some(Source::unavailable(witness.why_no_record));
+    if let Some(c) = &witness.counters {
+        from_host_read(c, witness.why_no_record, j, ev);
+    }
+}
+
+/// The host's final read of the sandbox's cgroup, for an end without a record: the figures
+/// the kernel kept, each by its own source; an OOM kill it counted is the kernel's word.
+fn from_host_read(c: &stevedore_init::wire::CgroupCounters, why_no_record: &str, j: &mut Judgement, ev: &mut Evidence) {
+    if let Some(ns) = c.cpu_usage_ns {
+        j.usage.cpu_time_ms = Some(ns / 1_000_000);
+        j.usage.sources.cpu_time_ms = Some(Source::Cgroup);
+    }
+    if let Some(b) = c.memory_peak_bytes {
+        j.usage.peak_memory_bytes = Some(b);
+        j.usage.sources.peak_memory_bytes = Some(Source::Cgroup);
+    }
+    if let Some(n) = c.oom_kills.filter(|n| *n > 0) {
+        ev.oom_kills = Some(n);
+        j.facts.oom_kills = n;
+        j.usage.sources.oom_kills = Some(Source::Cgroup);
+        ev.notes.push(format!(
+            "oom_kills from {}: {why_no_record}, and the kernel counted {n} OOM kill(s) in it",
+            OomWitness::Cgroup.words()
+        ));
+    }
 }
 
 /// The outputs did not all arrive: why, as the rung's witness says (the kernel's OOM killer,
@@ -418,6 +446,32 @@ mod tests {
         assert!(!ev.outputs_lost.unwrap().unknown);
         let named: Vec<(&str, &str)> = ev.refused_outputs.iter().map(|r| (r.name.as_str(), r.why.as_str())).collect();
         assert_eq!(named, [("a.txt", "not_delivered"), ("d/b.txt", "not_delivered")]);
+    }
+
+    /// No record, a sandbox SIGKILLed, and the host's final read of a cgroup it holds: the
+    /// kernel's OOM count makes it `oom_killed`, and its peak and CPU are the usage; without
+    /// a count it stays a kill, the figures still there.
+    #[test]
+    fn without_a_record_the_host_s_final_cgroup_read_is_the_word() {
+        let counters = |oom| CgroupCounters {
+            version: Some(1),
+            memory_peak_bytes: Some(64 << 20),
+            cpu_usage_ns: Some(3_000_000_000),
+            oom_kills: Some(oom),
+            ..CgroupCounters::default()
+        };
+        let none = Ended::default();
+        let w = Witness { exit: Exit::Signal(9), counters: Some(counters(1)), ..Witness::default() };
+        let (status, reason, ev, usage) = judged(&none, w);
+        assert_eq!((status, reason, ev.oom_kills), (Status::OomKilled, Some(Reason::Oom), Some(1)));
+        assert_eq!((usage.peak_memory_bytes, usage.cpu_time_ms), (Some(64 << 20), Some(3000)));
+        assert_eq!(usage.sources.oom_kills, Some(Source::Cgroup));
+        assert_eq!(usage.sources.peak_memory_bytes, Some(Source::Cgroup));
+        assert!(ev.notes.iter().any(|n| n.contains("counted 1 OOM kill")), "{:?}", ev.notes);
+        let w = Witness { exit: Exit::Signal(9), counters: Some(counters(0)), ..Witness::default() };
+        let (status, reason, _, usage) = judged(&none, w);
+        assert_eq!((status, reason), (Status::Killed, Some(Reason::Signalled)));
+        assert_eq!(usage.peak_memory_bytes, Some(64 << 20));
     }
 
     #[test]

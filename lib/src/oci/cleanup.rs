@@ -28,13 +28,24 @@ pub(crate) struct Cleanup {
     pub runtime: Option<(i32, Runtime)>,
     /// The image's root filesystem, held against the cache's prune until the container is gone.
     pub held: Option<super::cache::Held>,
+    /// The cgroup the rung holds above the runtime's (`held`), read once the sandbox ended.
+    pub cgroup: Option<super::held::Held>,
 }
 
 impl Cleanup {
     /// Marks `attempt_id` in flight (so this process's `reclaim` spares it) until removed.
     pub fn new(shared: Arc<OciSite>, attempt_id: String, worker: &str) -> Self {
         let entry = Some(shared.base.enter(attempt_id));
-        Self { shared, entry, worker: worker.to_owned(), bundle: None, id: None, runtime: None, held: None }
+        Self {
+            shared,
+            entry,
+            worker: worker.to_owned(),
+            bundle: None,
+            id: None,
+            runtime: None,
+            held: None,
+            cgroup: None,
+        }
     }
 }
 
@@ -49,29 +60,40 @@ pub(crate) fn start_ticks(pid: i32) -> Option<u64> {
 }
 
 /// The cgroup dirs an attempt named `id` may have under the rung's parent (v1: one per
-/// hierarchy; v2: one).
+/// hierarchy; v2: one), the runtime's own below a held one (`held::LEAF`) first.
 pub(crate) fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
     let root = Path::new("/sys/fs/cgroup");
-    let mut dirs = vec![root.join(super::spec::CGROUP_PARENT).join(id)];
+    let mut hierarchies = vec![root.to_owned()];
     if let Ok(rd) = std::fs::read_dir(root) {
-        for h in rd.flatten() {
-            dirs.push(h.path().join(super::spec::CGROUP_PARENT).join(id));
-        }
+        hierarchies.extend(rd.flatten().map(|h| h.path()));
     }
+    let at = |h: &PathBuf| h.join(super::spec::CGROUP_PARENT).join(id);
+    let mut dirs: Vec<PathBuf> = hierarchies.iter().map(|h| at(h).join(super::held::LEAF)).collect();
+    dirs.extend(hierarchies.iter().map(at));
     dirs.retain(|d| d.is_dir());
     dirs
 }
 
 /// Removes the runtime's container `id` and anything of it the runtime left; the errors.
 pub(crate) async fn remove_container(site: &OciSite, id: &str) -> Vec<String> {
-    let mut errors = Vec::new();
-    if site.state.join(id).exists()
-        && let Err(e) = site.runtime_call(&["delete", "-f", id]).await
-    {
-        errors.push(e);
+    let mut errors = remove_runtime_container(site, id).await;
+    errors.extend(remove_cgroups(id));
+    errors
+}
+
+/// `runtime delete -f`, when the runtime still knows the container.
+async fn remove_runtime_container(site: &OciSite, id: &str) -> Vec<String> {
+    match site.state.join(id).exists() {
+        true => site.runtime_call(&["delete", "-f", id]).await.err().into_iter().collect(),
+        false => Vec::new(),
     }
+}
+
+/// Every cgroup dir of `id` left: the runtime's (it deletes its own, normally), then the
+/// rung's held one.
+fn remove_cgroups(id: &str) -> Vec<String> {
+    let mut errors = Vec::new();
     for d in cgroup_dirs(id) {
-        // Empty once the container is gone (the runtime deletes it itself, normally).
         if let Err(e) = std::fs::remove_dir(&d) {
             errors.push(format!("cgroup {}: {e}", d.display()));
         }
@@ -139,7 +161,8 @@ async fn finish(
     runtime: Option<(i32, Runtime)>,
     id: Option<String>,
     bundle: Option<PathBuf>,
-) -> Vec<String> {
+    cgroup: Option<super::held::Held>,
+) -> (Vec<String>, Option<stevedore_init::wire::CgroupCounters>) {
     let mut errors = Vec::new();
     if let Some((pid, mut runtime)) = runtime {
         let margin = shared.config.link.kill_margin + Duration::from_secs(3);
@@ -155,24 +178,36 @@ async fn finish(
             }
         }
     }
+    let mut counters = None;
     if let Some(id) = &id {
         shared.exits.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(id);
-        errors.extend(remove_container(&shared, id).await);
+        // Final once the runtime deleted its own cgroup below it: everything in it ended.
+        let delete = remove_runtime_container(&shared, id).await;
+        counters = cgroup.as_ref().filter(|_| delete.is_empty()).map(super::held::Held::counters);
+        errors.extend(delete);
+        errors.extend(remove_cgroups(id));
     }
     if let Some(b) = bundle {
         errors.extend(remove_bundle(b, &worker).await);
     }
-    errors
+    (errors, counters)
 }
 
 impl Teardown for Cleanup {
     async fn remove(mut self) -> Removed {
         let runtime = self.runtime.take();
-        let errors =
-            finish(self.shared.clone(), self.worker.clone(), runtime, self.id.take(), self.bundle.take()).await;
+        let (errors, counters) = finish(
+            self.shared.clone(),
+            self.worker.clone(),
+            runtime,
+            self.id.take(),
+            self.bundle.take(),
+            self.cgroup.take(),
+        )
+        .await;
         self.held = None;
         self.entry = None;
-        Removed { errors, by_others: Vec::new(), counters: None }
+        Removed { errors, by_others: Vec::new(), counters }
     }
 }
 
@@ -195,10 +230,10 @@ impl Drop for Cleanup {
         let shared = self.shared.clone();
         let (worker, runtime, id, bundle) =
             (self.worker.clone(), self.runtime.take(), self.id.take(), self.bundle.take());
-        let held = self.held.take();
+        let (held, cgroup) = (self.held.take(), self.cgroup.take());
         let attempt = entry.id.clone();
         let removal = async move {
-            let errors = finish(shared, worker, runtime, id, bundle).await;
+            let (errors, _) = finish(shared, worker, runtime, id, bundle, cgroup).await;
             drop(held);
             if !errors.is_empty() {
                 tracing::warn!(attempt_id = %entry.id, ?errors, "backstop cleanup left things behind");

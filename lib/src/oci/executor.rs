@@ -66,6 +66,36 @@ fn find_runtime(name: &Path) -> Option<PathBuf> {
     })
 }
 
+/// This host's cgroup hierarchies as a runtime sees them: v1 controllers mounted, and the
+/// controllers of a unified hierarchy mounted beside them (`None`: no such hierarchy).
+#[derive(Debug, Default)]
+struct HostCgroups {
+    v1: bool,
+    unified_controllers: Option<String>,
+}
+
+fn host_cgroups() -> HostCgroups {
+    let root = Path::new("/sys/fs/cgroup");
+    HostCgroups {
+        v1: root.join("memory/memory.limit_in_bytes").exists(),
+        unified_controllers: std::fs::read_to_string(root.join("unified/cgroup.controllers")).ok(),
+    }
+}
+
+/// Why a runtime cannot apply cgroup limits on this host, if it is one that refuses it:
+/// crun (1.8, Debian's) refuses a hybrid host, v1 controllers beside a unified hierarchy that
+/// carries any ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2"),
+/// while runc applies the limits there.
+fn limits_refused(runtime_version: &str, host: &HostCgroups) -> Option<String> {
+    if !runtime_version.starts_with("crun") || !host.v1 {
+        return None;
+    }
+    let unified = host.unified_controllers.as_deref().map(str::trim).filter(|c| !c.is_empty())?;
+    Some(format!(
+        "crun refuses cgroup limits on a hybrid host (v1 controllers, and the unified hierarchy carries {unified});          runc applies them"
+    ))
+}
+
 impl OciExecutor {
     /// Sets the rung up: root, the runtime (asked its version), the seccomp profile for this
     /// machine, the rung's private dirs
@@ -91,6 +121,9 @@ impl OciExecutor {
             return Err(runtime_err(format!("--version: {}", out.status)));
         }
         let runtime_version = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_owned();
+        if let Some(why) = limits_refused(&runtime_version, &host_cgroups()) {
+            return Err(runtime_err(why));
+        }
         // Whether `run` takes `--preserve-fds` (runc, crun; not gVisor's runsc): the init's
         // takeover socket goes through it.
         let help =
@@ -104,7 +137,13 @@ impl OciExecutor {
         });
         let base_path = config.base_dir.clone().unwrap_or_else(|| PathBuf::from("/run/stevedore-oci"));
         let base = PrivateDir::open(&base_path)?;
-        let state = base.subdir("state")?.path().to_owned();
+        // One state dir per runtime: runc's and runsc's state do not mix.
+        let state = match runtime.file_name().and_then(|n| n.to_str()) {
+            Some("runc") | None => base.subdir("state")?,
+            Some(other) => base.subdir(&format!("state-{other}"))?,
+        }
+        .path()
+        .to_owned();
         let bundles = base.subdir("bundles")?.path().to_owned();
         let images = base.subdir("images")?.path().to_owned();
         let init = crate::sandbox::init_binary::bytes().ok_or(OciError::NoInit)?;
@@ -147,7 +186,7 @@ impl OciExecutor {
             gate: Gate::new(config.max_in_flight, true, None),
             engine,
             runtime,
-            runtime_version,
+            runtime_version: runtime_version.clone(),
             state,
             bundles,
             tools,
@@ -159,6 +198,7 @@ impl OciExecutor {
             seccomp,
             apparmor: super::spec::host_apparmor(&config.apparmor_profile),
             takeover,
+            holds_cgroup: runtime_version.starts_with("runsc"),
             exits: std::sync::Mutex::default(),
             config,
         };
@@ -222,15 +262,25 @@ impl OciExecutor {
         if s.seccomp.profile().is_none() {
             cannot.insert("seccomp", "relaxed by configuration".into());
         }
+        // crun as the runtime, tried here: by configuration (`OciConfig::runtime("crun")`).
+        let crun = match find_runtime(Path::new("crun")) {
+            None => "not installed".to_owned(),
+            Some(path) => match limits_refused("crun", &host_cgroups()) {
+                Some(why) => format!("{}: cannot be the runtime here: {why}", path.display()),
+                None => format!("{}: can be the runtime (OciConfig::runtime)", path.display()),
+            },
+        };
         OciCensus {
             runtime: s.runtime.display().to_string(),
             runtime_version: s.runtime_version.clone(),
             cgroup_version,
             cgroup_driver: "cgroupfs",
             cgroup_parent: super::spec::CGROUP_PARENT,
-            level: s.config.level(),
+            level: crate::attempt::front::level(s),
+            level_claimed: s.config.level(),
             features,
             cannot,
+            crun,
             incarnation: s.base.incarnation.clone(),
             state_dir: s.state.display().to_string(),
             seccomp: match &s.seccomp {
@@ -274,12 +324,16 @@ pub struct OciCensus {
     pub cgroup_driver: &'static str,
     /// The parent of every attempt's cgroup.
     pub cgroup_parent: &'static str,
-    /// The rung's isolation level.
+    /// The rung's isolation level, as its attempts showed it (`Executor::level`).
     pub level: crate::contract::Level,
+    /// The level its runtime's name claims (`vm` only counts once shown: `Executor::probe_level`).
+    pub level_claimed: crate::contract::Level,
     /// What every attempt gets enforced (the evidence's `enforcement` keys).
     pub features: Vec<&'static str>,
     /// What it cannot do, and why.
     pub cannot: std::collections::BTreeMap<&'static str, String>,
+    /// Whether crun could be this rung's runtime on this host, and why not.
+    pub crun: String,
     /// This process's incarnation.
     pub incarnation: String,
     /// The runtime's `--root`.
@@ -290,3 +344,23 @@ pub struct OciCensus {
 }
 
 crate::attempt::front::executor!(OciExecutor, shared);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crun_is_refused_on_a_hybrid_host_and_nothing_else_is() {
+        let hybrid = HostCgroups { v1: true, unified_controllers: Some("hugetlb\n".into()) };
+        let why = limits_refused("crun version 1.8.1", &hybrid).expect("refused");
+        assert!(why.contains("hybrid") && why.contains("hugetlb"), "{why}");
+        assert_eq!(limits_refused("runc version 1.1.5", &hybrid), None);
+        assert_eq!(limits_refused("runsc version 0.0~20221219.0", &hybrid), None);
+        let empty = HostCgroups { v1: true, unified_controllers: Some("\n".into()) };
+        assert_eq!(limits_refused("crun version 1.8.1", &empty), None, "a unified hierarchy with no controller");
+        let v1 = HostCgroups { v1: true, unified_controllers: None };
+        assert_eq!(limits_refused("crun version 1.8.1", &v1), None);
+        let v2 = HostCgroups { v1: false, unified_controllers: None };
+        assert_eq!(limits_refused("crun version 1.8.1", &v2), None);
+    }
+}

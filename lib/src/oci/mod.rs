@@ -27,6 +27,7 @@ mod cache;
 mod cleanup;
 pub mod config;
 mod executor;
+mod held;
 pub mod image;
 mod ledger;
 mod prepare;

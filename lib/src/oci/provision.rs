@@ -21,7 +21,8 @@ use std::process::Stdio;
 use stevedore_init::wire::{IN_DIR, OUT_DIR, TMP_DIR, TOOLS_DIR};
 use tokio_util::sync::CancellationToken;
 
-/// The file in a bundle naming its owner (`<worker>\n<incarnation>\n`), checked before removal.
+/// The file in a bundle naming its owner (`<worker>\n<incarnation>\n<runtime>\n`), checked
+/// before removal; `reclaim` leaves a bundle another runtime runs.
 pub(crate) const OWNER_FILE: &str = "owner";
 /// The attempt's `/out` in the bundle: a tmpfs of the disk limit the host mounts (0700, the
 /// sandbox user's; `nosuid,nodev,noexec`), bound into the container, walked in place by the
@@ -43,7 +44,8 @@ pub(crate) async fn provision(
     cleanup.bundle = Some(bundle.clone());
     cleanup.held = plan.held.take();
     std::fs::DirBuilder::new().mode(0o700).create(&bundle).map_err(|e| LaunchError::staging("the bundle", e))?;
-    write_new(&bundle.join(OWNER_FILE), format!("{}\n{}\n", req.worker_id, site.base.incarnation).as_bytes())
+    let owner = format!("{}\n{}\n{}\n", req.worker_id, site.base.incarnation, site.runtime.display());
+    write_new(&bundle.join(OWNER_FILE), owner.as_bytes())
         .map_err(|e| LaunchError::staging("the bundle's owner marker", e))?;
     let out = mount_out(&bundle, plan.sizes.disk, site.config.user)?;
     let (input_dir, inputs) = match plan.inputs.take() {
@@ -66,6 +68,7 @@ pub(crate) async fn provision(
         reserve: site.config.link.delivery_reserve,
         seccomp: &site.seccomp,
         apparmor: &site.apparmor,
+        held: site.holds_cgroup,
     };
     let spec = build(&input).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;
     let json = serde_json::to_vec(&spec).map_err(|e| LaunchError::staging("the bundle's config.json", e))?;
@@ -77,6 +80,13 @@ pub(crate) async fn provision(
     // Recorded before the run: a runtime that got as far as making its container leaves it
     // to `runtime delete`.
     cleanup.id = Some(name.clone());
+    if site.holds_cgroup {
+        let memory = plan.sizes.memory.saturating_add(site.config.link.delivery_reserve);
+        let held = super::held::Held::make(&name, memory).map_err(|why| {
+            LaunchError::staging("the memory cgroup held above the runtime's", std::io::Error::other(why))
+        })?;
+        cleanup.cgroup = Some(held);
+    }
     let (transport, runtime_pid, start_ticks) = spawn(site, &bundle, &name, cleanup)?;
     let mut mounts = vec![TOOLS_DIR.to_owned(), OUT_DIR.to_owned(), TMP_DIR.to_owned()];
     if input_dir.is_some() {

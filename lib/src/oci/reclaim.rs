@@ -46,6 +46,17 @@ pub(crate) async fn reclaim(site: &OciSite, worker: &str) -> Result<ReclaimRepor
             report.kept_in_flight.push(name);
             continue;
         }
+        // Another runtime's container (its state is in that runtime's own dir): removing its
+        // bundle under it would leave it running unsupervised.
+        if let Some(other) = other_runtime(site, &entry.path()) {
+            let why = format!("made by the runtime {other}: reclaim it with --oci-runtime {other}");
+            report.failed.push(ReclaimFailure {
+                kind: ObjectKind::Path,
+                id: entry.path().display().to_string(),
+                error: why,
+            });
+            continue;
+        }
         // SIGKILL first: `delete -f` of a running container does the same, and this reaches
         // one whose state says it is still being made.
         let _ = site.runtime_call(&["kill", &name, "KILL"]).await;
@@ -63,6 +74,22 @@ pub(crate) async fn reclaim(site: &OciSite, worker: &str) -> Result<ReclaimRepor
         }
     }
     Ok(report)
+}
+
+/// The runtime a bundle's owner marker names when it is not this rung's (markers of
+/// stevedore before the runtime was recorded name none: this rung's).
+fn other_runtime(site: &OciSite, bundle: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut owner = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(bundle.join(super::provision::OWNER_FILE))
+        .and_then(|f| f.take(4096).read_to_string(&mut owner))
+        .ok()?;
+    let runtime = owner.lines().nth(2).filter(|r| !r.is_empty())?;
+    (std::path::Path::new(runtime) != site.runtime).then(|| runtime.to_owned())
 }
 
 #[cfg(test)]

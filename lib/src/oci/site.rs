@@ -32,6 +32,9 @@ pub(crate) struct OciSite {
     /// Whether the runtime hands the init its takeover socket (`run --preserve-fds`): without
     /// it (gVisor's `runsc`) an attempt cannot be recovered after a worker restart.
     pub takeover: bool,
+    /// Whether the rung holds the memory cgroup above the runtime's (`held`): the runtime
+    /// removes its own with the sandbox (gVisor's `runsc`, by what `--version` says).
+    pub holds_cgroup: bool,
     /// The AppArmor profile of every command, or why there is none on this host.
     pub apparmor: Result<String, String>,
     pub gate: Gate,

@@ -83,6 +83,9 @@ pub(crate) struct SpecInput<'a> {
     pub seccomp: &'a Seccomp,
     /// The AppArmor profile the command runs under, or why there is none.
     pub apparmor: &'a Result<String, String>,
+    /// The rung holds the memory cgroup above the runtime's (`held`): the runtime's gets no
+    /// memory limit, and sits at `<name>/held::LEAF`.
+    pub held: bool,
 }
 
 /// The AppArmor profile attempts run under on this host: `profile` when the kernel has
@@ -171,8 +174,10 @@ pub(crate) fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     let mut resources = LinuxResourcesBuilder::default()
         // Everything denied; the runtime allows its standard nodes after this rule.
         .devices(vec![LinuxDeviceCgroupBuilder::default().allow(false).access("rwm").build()?])
-        .memory(LinuxMemoryBuilder::default().limit(memory).swap(memory).build()?)
         .pids(LinuxPidsBuilder::default().limit(clamp(z.pids)).build()?);
+    if !input.held {
+        resources = resources.memory(LinuxMemoryBuilder::default().limit(memory).swap(memory).build()?);
+    }
     if let Some(m) = z.cpu_millis {
         resources = resources.cpu(LinuxCpuBuilder::default().quota(clamp(m * 100)).period(100_000u64).build()?);
     }
@@ -189,7 +194,10 @@ pub(crate) fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces)
         .resources(resources.build()?)
-        .cgroups_path(format!("/{CGROUP_PARENT}/{}", input.name))
+        .cgroups_path(match input.held {
+            true => format!("/{CGROUP_PARENT}/{}/{}", input.name, super::held::LEAF),
+            false => format!("/{CGROUP_PARENT}/{}", input.name),
+        })
         .masked_paths(get_default_maskedpaths())
         .readonly_paths(get_default_readonly_paths());
     if let Seccomp::ByRuntime { profile, .. } = input.seccomp {
@@ -299,6 +307,7 @@ mod tests {
             reserve: 8 << 20,
             seccomp: &seccomp,
             apparmor: &Ok("docker-default".into()),
+            held: false,
         };
         serde_json::to_value(build(&input).unwrap()).unwrap()
     }
