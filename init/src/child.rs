@@ -535,10 +535,14 @@ mod tests {
     fn the_listed_descriptors_are_marked_close_on_exec() {
         use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl, open};
         let open_plain = || open("/proc/self/status", OFlag::O_RDONLY, nix::sys::stat::Mode::empty()).unwrap();
-        let (a, b) = (open_plain(), open_plain());
-        // Other tests' threads open and close descriptors too: the lower number is `low`.
+        let low = open_plain();
+        // At the top of the descriptor range: the descriptors of the other tests' threads
+        // (below it) are not marked.
+        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        let at = i32::try_from(soft.saturating_sub(4)).unwrap_or(i32::MAX - 4);
+        let high = rustix::io::fcntl_dupfd_cloexec(open_plain(), at).unwrap();
+        rustix::io::fcntl_setfd(&high, rustix::io::FdFlags::empty()).unwrap();
         let raw = std::os::fd::AsRawFd::as_raw_fd;
-        let (low, high) = if raw(&a) < raw(&b) { (a, b) } else { (b, a) };
         let flags = |fd: &std::os::fd::OwnedFd| FdFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFD).unwrap());
         assert!(!flags(&low).contains(FdFlag::FD_CLOEXEC) && !flags(&high).contains(FdFlag::FD_CLOEXEC));
         let first = raw(&high);

@@ -110,6 +110,16 @@ pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL (default 30s)
     #[arg(long, value_name = "DUR", help_heading = "Limits (narrowed to the profile's ceilings)")]
     pub(super) grace: Option<String>,
+    /// What must be enforced, comma-separated (memory, cpu, pids, disk, network, seccomp,
+    /// apparmor, non_root, read_only_rootfs, capabilities, no_new_privileges): an attempt
+    /// whose rung did not apply one ends launch_failed/not_enforced before its command runs
+    #[arg(
+        long,
+        value_name = "WHAT",
+        value_delimiter = ',',
+        help_heading = "Limits (narrowed to the profile's ceilings)"
+    )]
+    pub(super) require_enforced: Vec<String>,
     /// Write the Outcome JSON to FILE (- for stdout); written whenever the attempt ran
     #[arg(long, value_name = "FILE", help_heading = "Output")]
     pub(super) outcome: Option<PathBuf>,
@@ -339,6 +349,7 @@ pub(super) fn request(a: &RunArgs) -> Result<Request, String> {
     if let Some(img) = a.image.as_ref().or(word_image.as_ref()) {
         policy.image = img.clone();
     }
+    policy.require_enforced = a.require_enforced.clone();
     req.policy = policy;
     if let Some(t) = &a.timeout {
         req = req.timeout(parse_duration(t).map_err(|e| format!("--timeout: {e}"))?);

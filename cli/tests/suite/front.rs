@@ -1,6 +1,7 @@
 //! The front of every rung that runs the init is one piece of code (`lib/src/attempt/front.rs`):
 //! its rules are checked here on each rung (the kube rung's in `kube::`), through the rung's
-//! public `Executor` only. Each refusal comes before anything is made.
+//! public `Executor` only. Each refusal comes before anything is made (or, for what the
+//! policy requires enforced, with everything made for it removed).
 
 use crate::support;
 
@@ -38,13 +39,42 @@ pub(crate) async fn one_rule_for_every_rung(
         other => assert!(rung.denies_network(), "{}: ran without denying the network: {other:?}", rung.name()),
     }
 
+    // What the policy requires enforced: a name no rung uses is an invalid request; what the
+    // rung's census names runs; what it lacks is `launch_failed`/`not_enforced`, nothing run.
+    let mut unknown = request(&out("unknown"));
+    unknown.policy = unknown.policy.requiring(["quota"]);
+    let err = run(unknown, CancellationToken::new()).await.unwrap_err();
+    assert!(err.to_string().contains("\"quota\""), "{}: {err}", rung.name());
+    let has = rung.enforces();
+    let both: Vec<&str> = ["memory", "pids"].into_iter().filter(|k| has.contains(k)).collect();
+    if !both.is_empty() {
+        let mut req = request(&out("enforced"));
+        req.policy = req.policy.requiring(both.clone());
+        let o = run(req, CancellationToken::new()).await.expect("it runs");
+        assert_eq!(o.status, stevedore::Status::Ok, "{}: requiring {both:?}: {}", rung.name(), o.to_json());
+    }
+    if let Some(lacking) = stevedore::contract::ENFORCEABLE.iter().find(|k| !has.contains(k)) {
+        let mut req = request(&out("not-enforced"));
+        req.policy = req.policy.requiring([*lacking]);
+        let o = run(req, CancellationToken::new()).await.expect("an Outcome");
+        assert_eq!(
+            (o.status, o.reason),
+            (stevedore::Status::LaunchFailed, Some(stevedore::Reason::NotEnforced)),
+            "{}: requiring {lacking}: {}",
+            rung.name(),
+            o.to_json()
+        );
+        assert!(o.handler_error.contains(lacking), "{}", o.handler_error);
+    }
+
     let cancel = CancellationToken::new();
     cancel.cancel();
     let err = run(request(&out("cancelled")), cancel).await.unwrap_err();
     assert!(matches!(err, LaunchError::CancelledBeforeStart), "{}: {err:?}", rung.name());
 
-    assert_eq!(made().await, 0, "{}: nothing is left of the refused attempts", rung.name());
+    // `close` waits for the removals still running (of the attempts that ran).
     rung.close().await;
+    assert_eq!(made().await, 0, "{}: nothing is left of the attempts", rung.name());
     let err = run(request(&out("after-close")), CancellationToken::new()).await.unwrap_err();
     assert!(matches!(err, LaunchError::Closed(_)), "{}: {err:?}", rung.name());
 }
@@ -101,4 +131,28 @@ async fn a_process_rung_refuses_inputs_above_its_limit_before_it_makes_anything(
     assert!(matches!(err, LaunchError::InputTooLarge { bytes: 4096, limit: 1024 }), "{err:?}");
     assert_eq!(process_dirs(&rung, &w), 0, "no attempt dir was made");
     rung.close().await;
+}
+
+/// `stevedore run --require-enforced`: what the rung did not apply ends the run before the
+/// command runs, with docker's 126 and the reason said; an unknown name is a usage error.
+#[test]
+fn the_command_refuses_to_run_what_the_rung_would_not_enforce() {
+    let t = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(support::BIN)
+            .args(["run", "--rung", "process", "--output"])
+            .arg(t.path().join("o"))
+            .args(extra)
+            .args(["--", "sh", "-c", "echo RAN"])
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--require-enforced", "network"]);
+    assert_eq!(o.status.code(), Some(126), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("RAN"), "the command never ran");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not_enforced") && err.contains("network"), "{err}");
+    let o = run(&["--require-enforced", "quota"]);
+    assert_eq!(o.status.code(), Some(125), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"quota\""));
 }

@@ -128,6 +128,9 @@ pub(crate) trait Launch: Site + Send + Sync + Sized + 'static {
     fn gate(&self) -> &Gate;
     /// Whether the rung's attempts have no network (`Executor::denies_network`).
     fn denies_network(&self) -> bool;
+    /// What the rung applies to every attempt, by `Policy::require_enforced`'s names
+    /// (`Executor::enforces`): its census, checked again per attempt against what it applied.
+    fn enforces(&self) -> Vec<&'static str>;
     /// The request's limits, and the MiB of the rung's memory budget they take (ignored
     /// without a budget).
     fn sizes(&self, req: &Request) -> (Self::Sizes, u32);
@@ -207,6 +210,45 @@ pub(crate) async fn probe_level<S: Launch>(site: &S, image: &str) -> Result<Leve
     Ok(level(site))
 }
 
+/// The Outcome of an attempt whose rung did not apply what the policy requires
+/// (`Policy::require_enforced`): it never ran (`launch_failed`, `not_enforced`, permanent on
+/// this rung), and the evidence has what was applied and why the rest was not.
+fn not_enforced<S: Launch>(
+    site: &S,
+    req: &Request,
+    started_ms: u64,
+    enforcement: std::collections::BTreeMap<String, String>,
+    skipped: std::collections::BTreeMap<String, String>,
+    missing: &[(String, String)],
+) -> Outcome {
+    use crate::contract::{Evidence, Facts, Judgement, LaunchFailure, Source};
+    let rung = site.rung();
+    let said = missing.iter().map(|(k, why)| format!("{k} ({why})")).collect::<Vec<_>>().join("; ");
+    let mut j = Judgement {
+        facts: Facts { launch_failed: Some(LaunchFailure::NotEnforced), ..Facts::default() },
+        error_text: format!("the policy requires what rung {} did not apply to this attempt: {said}", rung.name),
+        permanent: true,
+        evidence: Evidence {
+            executor: rung.name.to_owned(),
+            // Nothing ran, so nothing was shown (`contract::level_shown`).
+            level: Some(crate::contract::level_shown(rung.level, None, None).0),
+            incarnation: rung.base.incarnation.clone(),
+            started_at_unix_ms: Some(started_ms),
+            finished_at_unix_ms: Some(crate::contract::unix_ms_now()),
+            enforcement,
+            skipped,
+            ..Evidence::default()
+        },
+        ..Judgement::default()
+    };
+    for figure in [&mut j.usage.sources.wall_time_ms, &mut j.usage.sources.cpu_time_ms] {
+        *figure = Some(Source::unavailable("nothing ran"));
+    }
+    j.usage.sources.peak_memory_bytes = Some(Source::unavailable("nothing ran"));
+    tracing::info!(missing = %said, "refused: the policy requires what the rung did not apply");
+    crate::contract::judge(req, j)
+}
+
 /// `Executor::run` of a rung: admission, then the attempt.
 ///
 /// # Cancellation safety
@@ -252,6 +294,17 @@ async fn attempt<S: Launch>(
         Ok(m) => m,
         Err(e) => return Err(super::abandon(teardown, e).await),
     };
+    // What the policy requires, against what the rung read back it applied: nothing has run.
+    let missing = req.policy.not_enforced(&prov.enforcement, &prov.skipped);
+    if !missing.is_empty() {
+        let (enforcement, skipped) = (prov.enforcement.clone(), prov.skipped.clone());
+        drop(prov);
+        let removed = super::Teardown::remove(teardown).await;
+        if !removed.errors.is_empty() {
+            tracing::warn!(errors = ?removed.errors, "removing an attempt refused for what it lacked left some behind");
+        }
+        return Ok(not_enforced(site, req, started_ms, enforcement, skipped, &missing));
+    }
     let phases = Phases {
         prepared_ms,
         inputs_staged_ms: staged_at.map(|t| t.saturating_sub(started_ms)),
@@ -306,6 +359,10 @@ macro_rules! executor {
 
             fn denies_network(&self) -> bool {
                 $crate::attempt::front::Launch::denies_network(&self.$site)
+            }
+
+            fn enforces(&self) -> Vec<&'static str> {
+                $crate::attempt::front::Launch::enforces(&self.$site)
             }
 
             fn run<'a>(

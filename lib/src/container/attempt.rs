@@ -33,6 +33,28 @@ impl Launch for Arc<ContainerSite> {
         self.config.network == "none"
     }
 
+    /// The limits the engine says it applies (`engine::Facts::features`), `/out`'s and
+    /// `/tmp`'s sizes, and the hardening the configuration keeps.
+    fn enforces(&self) -> Vec<&'static str> {
+        let features = &self.engine.facts().features;
+        let mut v: Vec<&'static str> =
+            ["memory", "cpu", "pids", "seccomp"].into_iter().filter(|k| features.iter().any(|f| f == k)).collect();
+        v.push("disk");
+        let h = &self.config.hardening;
+        for (on, k) in [
+            (self.denies_network(), "network"),
+            (h.read_only_rootfs, "read_only_rootfs"),
+            (h.drop_all_capabilities, "capabilities"),
+            (h.no_new_privileges, "no_new_privileges"),
+            (!self.config.allow_root, "non_root"),
+        ] {
+            if on {
+                v.push(k);
+            }
+        }
+        v
+    }
+
     fn sizes(&self, req: &Request) -> (Sizes, u32) {
         let applied = super::sizes::of(&req.limits, &self.config);
         // The cgroup's whole limit: the delivery reserve is the host's memory too.

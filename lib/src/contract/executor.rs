@@ -100,6 +100,14 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// What the rung applies to every attempt, by the names of
+    /// [`crate::contract::ENFORCEABLE`] (its census): a policy's `require_enforced`
+    /// selects only rungs that name all it requires, and each attempt is checked again against
+    /// what its rung read back it applied. Default: nothing.
+    fn enforces(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
     /// Runs one attempt. `Err` only when the attempt never ran; a handler that ran and
     /// failed is an `Ok(Outcome)` with a non-`ok` status.
     ///

@@ -57,6 +57,7 @@ pub fn judge(req: &Request, j: Judgement) -> Outcome {
                     | LaunchFailure::NotExecutable
                     | LaunchFailure::BadRequest
                     | LaunchFailure::MountRedirected
+                    | LaunchFailure::NotEnforced
             )
         );
     o.usage = j.usage;

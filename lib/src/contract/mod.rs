@@ -36,7 +36,7 @@ pub use outcome::{
     Outcome, OutputFile, OutputsLost, Phases, RefusedEntry, ReportsSeen, Source, Sources, SparseInput,
     TIMELINE_FIRST_PERIOD_MS, TIMELINE_MAX_SAMPLES, Timeline, TimelinePeak, Usage,
 };
-pub use policy::{DEFAULT_GRACE, Policy};
+pub use policy::{DEFAULT_GRACE, ENFORCEABLE, Policy};
 pub use registry::{Registry, SelectError};
 pub use request::{
     MAX_PAYLOAD_BYTES, PriorOutput, Request, RequestError, Task, parse_user, valid_job_id, valid_worker_id,

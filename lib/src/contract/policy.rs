@@ -26,7 +26,30 @@ pub struct Policy {
     /// namespace denies it). Default `false`: a rung's own network setting stands.
     #[serde(default)]
     pub no_network: bool,
+    /// What must be enforced, by the names of the evidence's `enforcement` ([`ENFORCEABLE`]):
+    /// only rungs whose census says they apply them all are selected
+    /// ([`crate::Executor::enforces`]), and an attempt whose rung, reading back what it
+    /// applied, did not apply one ends `launch_failed`/`not_enforced` before its command runs.
+    /// Empty by default: each rung applies what it can and names the rest in `skipped`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub require_enforced: Vec<String>,
 }
+
+/// The names `Policy::require_enforced` takes: the evidence's `enforcement` keys that say a
+/// limit or a hardening was applied.
+pub const ENFORCEABLE: &[&str] = &[
+    "memory",
+    "cpu",
+    "pids",
+    "disk",
+    "network",
+    "seccomp",
+    "apparmor",
+    "non_root",
+    "read_only_rootfs",
+    "capabilities",
+    "no_new_privileges",
+];
 
 impl Policy {
     /// A policy that needs at least `level`.
@@ -50,6 +73,32 @@ impl Policy {
         Ok(())
     }
 
+    /// Of `require_enforced`, what `enforcement` (the attempt's, as its rung read back what it
+    /// applied) lacks or `skipped` names, each with why (the skip's words, or that it is not
+    /// among what was applied).
+    pub(crate) fn not_enforced(
+        &self,
+        enforcement: &std::collections::BTreeMap<String, String>,
+        skipped: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<(String, String)> {
+        self.require_enforced
+            .iter()
+            .filter_map(|k| match (enforcement.contains_key(k), skipped.get(k)) {
+                (_, Some(why)) => Some((k.clone(), why.clone())),
+                (false, None) => {
+                    Some((k.clone(), "not among what the rung applied (for a limit: none was asked)".into()))
+                }
+                (true, None) => None,
+            })
+            .collect()
+    }
+
+    /// Requires `what` enforced (builder style).
+    pub fn requiring<I: IntoIterator<Item = S>, S: Into<String>>(mut self, what: I) -> Self {
+        self.require_enforced.extend(what.into_iter().map(Into::into));
+        self
+    }
+
     /// Sets the grace period (builder style).
     pub fn with_grace(mut self, grace: Duration) -> Self {
         self.grace_period_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
@@ -60,6 +109,22 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Required and applied: fine; required and skipped: the skip's words; required and not
+    /// applied at all: said so; not required: never looked at.
+    #[test]
+    fn what_is_required_is_checked_against_what_was_applied() {
+        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let applied = map(&[("memory", "64 MiB"), ("pids", "512"), ("cpu", "500m")]);
+        let skipped = map(&[("cpu", "no cgroup"), ("disk", "no mount")]);
+        let p = Policy::default().requiring(["memory", "cpu", "network"]);
+        let missing = p.not_enforced(&applied, &skipped);
+        assert_eq!(missing[0], ("cpu".to_owned(), "no cgroup".to_owned()), "skipped wins over applied");
+        assert_eq!(missing[1].0, "network");
+        assert!(missing[1].1.contains("not among"), "{missing:?}");
+        assert_eq!(missing.len(), 2);
+        assert!(Policy::default().not_enforced(&applied, &skipped).is_empty());
+    }
 
     #[test]
     fn grace_defaults() {

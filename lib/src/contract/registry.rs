@@ -26,6 +26,16 @@ pub enum SelectError {
         /// Every rung as `name(level, network)`, comma-separated.
         registered: String,
     },
+    /// no rung that reaches the policy's level applies everything the policy requires enforced
+    #[error("no executor provides isolation level {wanted} enforcing {required} (registered: {registered})")]
+    NotEnforced {
+        /// The level asked for.
+        wanted: Level,
+        /// What the policy requires enforced, comma-separated.
+        required: String,
+        /// Every rung as `name(level: what it enforces)`, comma-separated.
+        registered: String,
+    },
     /// a rung with this name is already registered
     #[error("an executor named {0:?} is already registered")]
     Duplicate(String),
@@ -89,21 +99,40 @@ impl Registry {
     /// an error listing every rung as `name(level)`.
     pub fn select(&self, policy: &Policy) -> Result<Arc<dyn Executor>, SelectError> {
         let default = self.default_rung().ok_or(SelectError::Empty)?;
-        // A policy that requires no network never gets a rung that cannot deny it.
-        let network_ok = |r: &Arc<dyn Executor>| !policy.no_network || r.denies_network();
-        if policy.level == Level::None && network_ok(default) {
+        // A policy that requires no network never gets a rung that cannot deny it, nor one
+        // that does not apply everything it requires enforced.
+        let meets = |r: &Arc<dyn Executor>| {
+            (!policy.no_network || r.denies_network()) && {
+                let has = r.enforces();
+                policy.require_enforced.iter().all(|k| has.contains(&k.as_str()))
+            }
+        };
+        if policy.level == Level::None && meets(default) {
             return Ok(default.clone());
         }
         let best = self
             .rungs
             .iter()
-            .filter(|r| r.level() >= policy.level && network_ok(r))
+            .filter(|r| r.level() >= policy.level && meets(r))
             .min_by(|a, b| a.level().cmp(&b.level()).then_with(|| a.name().cmp(b.name())));
         if let Some(r) = best {
             return Ok(r.clone());
         }
-        if policy.allow_downgrade && network_ok(default) {
+        if policy.allow_downgrade && meets(default) {
             return Ok(default.clone());
+        }
+        if !policy.require_enforced.is_empty() {
+            let registered = self
+                .rungs
+                .iter()
+                .map(|r| format!("{}({}: {})", r.name(), r.level(), r.enforces().join(" ")))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(SelectError::NotEnforced {
+                wanted: policy.level,
+                required: policy.require_enforced.join(", "),
+                registered,
+            });
         }
         if policy.no_network {
             let registered = self
@@ -169,6 +198,12 @@ mod tests {
         }
         fn denies_network(&self) -> bool {
             !self.0.starts_with("net")
+        }
+        fn enforces(&self) -> Vec<&'static str> {
+            match self.0.contains("limits") {
+                true => vec!["memory", "pids"],
+                false => vec!["pids"],
+            }
         }
         fn run<'a>(&'a self, _: &'a Request, _: CancellationToken) -> BoxFuture<'a, Result<Outcome, LaunchError>> {
             Box::pin(async { Err(LaunchError::Closed(self.0.into())) })
@@ -236,6 +271,21 @@ mod tests {
         assert_eq!(
             r.select(&p).unwrap_err().to_string(),
             "no executor provides isolation level sandboxed without a network (registered: net-kube(sandboxed, network))"
+        );
+    }
+
+    #[test]
+    fn a_policy_that_requires_enforcement_gets_only_a_rung_that_applies_it() {
+        let r = reg(&[("weak", Level::Sandboxed), ("limits-vm", Level::Vm), ("net-inproc", Level::None)]);
+        let p = Policy::at_least(Level::Sandboxed).requiring(["memory"]);
+        assert_eq!(r.select(&p).unwrap().name(), "limits-vm", "the stronger rung that enforces it");
+        let none = Policy::at_least(Level::None).requiring(["pids"]);
+        assert_eq!(r.select(&none).unwrap().name(), "weak", "the default, which enforces it");
+        let p = Policy { allow_downgrade: true, ..Policy::at_least(Level::Sandboxed).requiring(["disk"]) };
+        assert_eq!(
+            r.select(&p).unwrap_err().to_string(),
+            "no executor provides isolation level sandboxed enforcing disk (registered: weak(sandboxed: pids), \
+             limits-vm(vm: memory pids), net-inproc(none: pids))"
         );
     }
 

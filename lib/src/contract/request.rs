@@ -113,6 +113,9 @@ pub enum RequestError {
     /// the attempt number is 0
     #[error("attempt numbers start at 1")]
     AttemptZero,
+    /// the policy requires enforcing something no rung names
+    #[error("the policy requires {0:?} enforced: not one of {known}", known = super::policy::ENFORCEABLE.join(", "))]
+    UnknownEnforcement(String),
     /// a handler was given a stdin
     #[error("a handler takes its payload, not a stdin: stdin is for a command")]
     StdinForHandler,
@@ -466,6 +469,10 @@ impl Request {
         }
         if self.attempt == 0 {
             return Err(RequestError::AttemptZero);
+        }
+        if let Some(k) = self.policy.require_enforced.iter().find(|k| !super::policy::ENFORCEABLE.contains(&k.as_str()))
+        {
+            return Err(RequestError::UnknownEnforcement(k.clone()));
         }
         if self.payload.len() > MAX_PAYLOAD_BYTES {
             return Err(RequestError::PayloadTooLarge { size: self.payload.len(), max: MAX_PAYLOAD_BYTES });

@@ -96,6 +96,10 @@ pub enum Reason {
     /// OOM killer: `oom_killed`), so `outputs` is not all that `/out` held
     /// (`evidence.outputs_lost` says what is known of the rest).
     OutputsLost,
+    /// The policy requires a limit or a hardening (`Policy::require_enforced`) that the rung
+    /// did not apply to this attempt, as it read back what it applied: nothing ran
+    /// (`evidence.skipped` says why each was not applied).
+    NotEnforced,
 }
 
 impl Reason {
@@ -121,6 +125,7 @@ impl Reason {
             Reason::MountRedirected => "mount_redirected",
             Reason::EngineLost => "engine_lost",
             Reason::OutputsLost => "outputs_lost",
+            Reason::NotEnforced => "not_enforced",
         }
     }
 
@@ -145,6 +150,7 @@ impl Reason {
         Reason::MountRedirected,
         Reason::EngineLost,
         Reason::OutputsLost,
+        Reason::NotEnforced,
     ];
 }
 
@@ -181,6 +187,8 @@ pub enum LaunchFailure {
     BadRequest,
     /// A mount destination is a symlink in the image (see [`Reason::MountRedirected`]).
     MountRedirected,
+    /// What the policy requires was not applied (see [`Reason::NotEnforced`]).
+    NotEnforced,
     /// Anything else.
     Other,
 }
@@ -194,6 +202,7 @@ impl LaunchFailure {
             LaunchFailure::NotExecutable => Some(Reason::CommandNotExecutable),
             LaunchFailure::BadRequest => Some(Reason::BadRequest),
             LaunchFailure::MountRedirected => Some(Reason::MountRedirected),
+            LaunchFailure::NotEnforced => Some(Reason::NotEnforced),
             LaunchFailure::Other => None,
         }
     }

@@ -99,6 +99,16 @@ impl InProcessExecutor {
             in_process: true,
             ..Judgement::default()
         };
+        // Nothing is enforced in the worker's own process: what the policy requires is not.
+        if !request.policy.require_enforced.is_empty() {
+            j.facts.launch_failed = Some(crate::contract::LaunchFailure::NotEnforced);
+            j.error_text = format!(
+                "the policy requires {} enforced, and the in-process rung enforces nothing",
+                request.policy.require_enforced.join(", ")
+            );
+            j.permanent = true;
+            return Ok(finish(request, j, start));
+        }
         let handler = match crate::handlers::check(&self.handlers, &self.fingerprint, name, None) {
             Ok(h) => h,
             Err((why, text)) => {

@@ -30,6 +30,17 @@ impl Launch for Arc<KubeSite> {
         self.config.network_denied
     }
 
+    /// Memory and CPU as the Pod's limits, no capabilities, the network where the namespace
+    /// denies it; never pids (Kubernetes limits them per node), and disk only where the
+    /// cluster sizes memory-backed volumes (read back per attempt, so not claimed here).
+    fn enforces(&self) -> Vec<&'static str> {
+        let mut v = vec!["memory", "cpu", "capabilities"];
+        if self.config.network_denied {
+            v.push("network");
+        }
+        v
+    }
+
     fn sizes(&self, req: &Request) -> (Sizes, u32) {
         (super::sizes::of(&req.limits, &self.config), 0)
     }

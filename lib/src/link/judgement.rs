@@ -220,13 +220,15 @@ fn without_record(
     j.usage.sources.cpu_time_ms = Some(Source::unavailable(witness.why_no_record));
     j.usage.sources.peak_memory_bytes = Some(Source::unavailable(witness.why_no_record));
     if let Some(c) = &witness.counters {
-        from_host_read(c, witness.why_no_record, j, ev);
+        from_host_read(c, witness, j, ev);
     }
 }
 
 /// The host's final read of the sandbox's cgroup, for an end without a record: the figures
-/// the kernel kept, each by its own source; an OOM kill it counted is the kernel's word.
-fn from_host_read(c: &stevedore_init::wire::CgroupCounters, why_no_record: &str, j: &mut Judgement, ev: &mut Evidence) {
+/// the kernel kept, each by its own source; an OOM it counted is the kernel's word on an end
+/// by SIGKILL (or one nobody saw), not on an end by anything else.
+fn from_host_read(c: &stevedore_init::wire::CgroupCounters, witness: &Witness, j: &mut Judgement, ev: &mut Evidence) {
+    let why_no_record = witness.why_no_record;
     if let Some(ns) = c.cpu_usage_ns {
         j.usage.cpu_time_ms = Some(ns / 1_000_000);
         j.usage.sources.cpu_time_ms = Some(Source::Cgroup);
@@ -235,7 +237,8 @@ fn from_host_read(c: &stevedore_init::wire::CgroupCounters, why_no_record: &str,
         j.usage.peak_memory_bytes = Some(b);
         j.usage.sources.peak_memory_bytes = Some(Source::Cgroup);
     }
-    if let Some(n) = c.oom_kills.filter(|n| *n > 0) {
+    let killed = matches!(witness.exit, Exit::Signal(9) | Exit::Unknown);
+    if let Some(n) = c.oom_kills.filter(|n| *n > 0 && killed) {
         ev.oom_kills = Some(n);
         j.facts.oom_kills = n;
         j.usage.sources.oom_kills = Some(Source::Cgroup);
@@ -472,6 +475,9 @@ mod tests {
         let (status, reason, _, usage) = judged(&none, w);
         assert_eq!((status, reason), (Status::Killed, Some(Reason::Signalled)));
         assert_eq!(usage.peak_memory_bytes, Some(64 << 20));
+        // An OOM counted, but the sandbox ended by something other than a SIGKILL: not its end.
+        let w = Witness { exit: Exit::Signal(15), counters: Some(counters(1)), ..Witness::default() };
+        assert_eq!(judged(&none, w).0, Status::Killed);
     }
 
     #[test]

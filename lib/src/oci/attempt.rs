@@ -33,6 +33,12 @@ impl Launch for Arc<OciSite> {
         true
     }
 
+    /// Its census's features, by the policy's names.
+    fn enforces(&self) -> Vec<&'static str> {
+        let census = super::OciExecutor::census_of(self);
+        census.features.into_iter().filter(|f| crate::contract::ENFORCEABLE.contains(f)).collect()
+    }
+
     fn sizes(&self, req: &Request) -> (Sizes, u32) {
         (super::spec::sizes(&req.limits, &self.config), 0)
     }

@@ -70,7 +70,10 @@ pub(crate) fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
     let at = |h: &PathBuf| h.join(super::spec::CGROUP_PARENT).join(id);
     let mut dirs: Vec<PathBuf> = hierarchies.iter().map(|h| at(h).join(super::held::LEAF)).collect();
     dirs.extend(hierarchies.iter().map(at));
-    dirs.retain(|d| d.is_dir());
+    // Co-mounted hierarchies are one dir under several names (`cpu` and `cpuacct` links to
+    // `cpu,cpuacct` on many hosts): each once.
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| d.is_dir() && std::fs::canonicalize(d).is_ok_and(|c| seen.insert(c)));
     dirs
 }
 
@@ -94,8 +97,10 @@ async fn remove_runtime_container(site: &OciSite, id: &str) -> Vec<String> {
 fn remove_cgroups(id: &str) -> Vec<String> {
     let mut errors = Vec::new();
     for d in cgroup_dirs(id) {
-        if let Err(e) = std::fs::remove_dir(&d) {
-            errors.push(format!("cgroup {}: {e}", d.display()));
+        match std::fs::remove_dir(&d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cgroup {}: {e}", d.display())),
         }
     }
     errors

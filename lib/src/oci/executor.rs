@@ -218,7 +218,11 @@ impl OciExecutor {
     /// What the rung is on this machine: the runtime, its version, the cgroups it drives and
     /// how, what it enforces and what it cannot (`stevedore census --rung oci`).
     pub fn census(&self) -> OciCensus {
-        let s = &self.shared;
+        Self::census_of(&self.shared)
+    }
+
+    /// The census of a rung's site.
+    pub(crate) fn census_of(s: &Arc<OciSite>) -> OciCensus {
         let cgroup_version = match stevedore_init::cgroup::detect(Path::new("/sys/fs/cgroup")) {
             Some(stevedore_init::cgroup::Version::V1) => "1",
             Some(stevedore_init::cgroup::Version::V2) => "2",

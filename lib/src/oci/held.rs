@@ -58,6 +58,12 @@ impl Held {
                     Ok(dir)
                 };
                 let memory_dir = dir("memory")?;
+                // Without hierarchy (kernels before 5.11 could have it off) the limit here
+                // would not hold the runtime's cgroup below: on, while it has no child yet.
+                let hierarchy = std::fs::read_to_string(memory_dir.join("memory.use_hierarchy")).unwrap_or_default();
+                if hierarchy.trim() == "0" {
+                    write(&memory_dir, "memory.use_hierarchy", "1")?;
+                }
                 write(&memory_dir, "memory.limit_in_bytes", &memory.to_string())?;
                 if memory_dir.join("memory.memsw.limit_in_bytes").exists() {
                     write(&memory_dir, "memory.memsw.limit_in_bytes", &memory.to_string())?;

@@ -76,8 +76,9 @@ pub(crate) async fn reclaim(site: &OciSite, worker: &str) -> Result<ReclaimRepor
     Ok(report)
 }
 
-/// The runtime a bundle's owner marker names when it is not this rung's (markers of
-/// stevedore before the runtime was recorded name none: this rung's).
+/// The runtime a bundle's owner marker names when it is not this rung's. Markers made before
+/// the runtime was recorded name none: their state is in `state`, so they are this rung's
+/// only when its runtime keeps its state there (runc).
 fn other_runtime(site: &OciSite, bundle: &std::path::Path) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -88,8 +89,10 @@ fn other_runtime(site: &OciSite, bundle: &std::path::Path) -> Option<String> {
         .open(bundle.join(super::provision::OWNER_FILE))
         .and_then(|f| f.take(4096).read_to_string(&mut owner))
         .ok()?;
-    let runtime = owner.lines().nth(2).filter(|r| !r.is_empty())?;
-    (std::path::Path::new(runtime) != site.runtime).then(|| runtime.to_owned())
+    match owner.lines().nth(2).filter(|r| !r.is_empty()) {
+        Some(runtime) => (std::path::Path::new(runtime) != site.runtime).then(|| runtime.to_owned()),
+        None => (site.state.file_name() != Some(std::ffi::OsStr::new("state"))).then(|| "runc".to_owned()),
+    }
 }
 
 #[cfg(test)]

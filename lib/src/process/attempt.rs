@@ -39,6 +39,14 @@ impl Launch for Arc<ProcessSite> {
         false
     }
 
+    /// Memory, CPU and pids, with a cgroup of its own per attempt; never disk or network.
+    fn enforces(&self) -> Vec<&'static str> {
+        match self.config.cgroup {
+            super::config::Delegation::None => Vec::new(),
+            _ => vec!["memory", "cpu", "pids"],
+        }
+    }
+
     async fn prepare(&self, req: &Request, (): ()) -> Result<Prepared<Plan>, LaunchError> {
         super::prepare::prepare(req, &self.config, || self.worker_exe()).map(Prepared::Ready)
     }
