@@ -30,6 +30,7 @@ mod reclaim;
 mod recover;
 mod registry;
 mod replay;
+mod rootless;
 mod run_cli;
 mod skips;
 mod usage;

@@ -166,8 +166,19 @@ impl Launch for Arc<ContainerSite> {
 /// sandbox's layout.
 fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Ready) -> Provisioned<Own> {
     let Ready {
-        container_id, transport, running, enforcement, skipped, tools, inputs, caches, warm, credentials, ..
+        container_id,
+        transport,
+        running,
+        mut enforcement,
+        mut skipped,
+        tools,
+        inputs,
+        caches,
+        warm,
+        credentials,
+        ..
     } = ready;
+    super::spec::engine_limits(&site.engine.facts().features, &mut enforcement, &mut skipped);
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),

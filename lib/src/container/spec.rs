@@ -242,6 +242,25 @@ pub(crate) fn cgroup_limits_evidence(
     }
 }
 
+/// The cgroup limits the engine does not apply (`engine::EngineFacts::features`: a rootless
+/// engine on cgroup v1, or an info's `MemoryLimit`, `CpuCfsQuota`, `PidsLimit` false) move
+/// from `enforcement` to `skipped`: the engine takes them and ignores them.
+pub(crate) fn engine_limits(
+    features: &[String],
+    enforcement: &mut BTreeMap<String, String>,
+    skipped: &mut BTreeMap<String, String>,
+) {
+    for (key, info) in [("memory", "MemoryLimit"), ("cpu", "CpuCfsQuota"), ("pids", "PidsLimit")] {
+        if !features.iter().any(|f| f == key) && enforcement.remove(key).is_some() {
+            let why = format!(
+                "asked, but the engine does not apply it (a rootless engine on cgroup v1, which has no cgroup of \
+                 its own to give a container; or its info says {info} false: no such controller)"
+            );
+            put(skipped, key, why);
+        }
+    }
+}
+
 /// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`).
 pub(crate) fn init_args(reserve: u64) -> Vec<String> {
     match reserve {
@@ -534,6 +553,22 @@ pub fn port_taken(cfg: &ContainerConfig, err: EngineError) -> LaunchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rootless engine on cgroup v1 takes limits and ignores them: what its info says it
+    /// does not apply is skipped, with why; what it applies stays; nothing asked stays unasked.
+    #[test]
+    fn limits_the_engine_does_not_apply_are_skipped() {
+        let mut on: BTreeMap<String, String> =
+            [("memory", "64 MiB"), ("pids", "512"), ("nofile", "1024")].map(|(k, v)| (k.into(), v.into())).into();
+        let mut off = BTreeMap::from([("cpu".to_owned(), "no cpu limit requested or configured".to_owned())]);
+        engine_limits(&["pids".into(), "seccomp".into()], &mut on, &mut off);
+        assert_eq!(on.keys().collect::<Vec<_>>(), ["nofile", "pids"]);
+        assert!(off["memory"].contains("MemoryLimit false") && off["memory"].contains("rootless"), "{off:?}");
+        assert_eq!(off["cpu"], "no cpu limit requested or configured", "not asked: said as before");
+        let mut on2 = on.clone();
+        engine_limits(&["memory".into(), "cpu".into(), "pids".into()], &mut on2, &mut off);
+        assert_eq!(on2, on, "an engine that applies them all changes nothing");
+    }
 
     /// Issue 41, 4: `VOLUME /.stevedore/tools/sub` ended in an engine 500 at the start; a volume
     /// inside any of stevedore's mounts is found before anything is made, and only those.

@@ -71,7 +71,20 @@ impl EngineFacts {
     }
 }
 
-fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
+/// Whether a local engine's socket belongs to a user other than root: a rootless engine
+/// (Podman's Docker API says `Rootless` in a field the Docker API lacks, and says
+/// `MemoryLimit` true where it cannot apply one; rootless Docker says `name=rootless`).
+fn rootless_socket(endpoint: &super::endpoint::Endpoint) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (endpoint.transport, endpoint.url.strip_prefix("unix://")) {
+        (super::endpoint::Transport::Unix, Some(path)) => std::fs::metadata(path).is_ok_and(|m| m.uid() != 0),
+        _ => false,
+    }
+}
+
+/// What the engine can apply. A rootless engine on cgroup v1 has no cgroup of its own to
+/// limit a container with, whatever its info says: no memory, CPU or pids limits.
+fn features(info: &bollard::models::SystemInfo, rootless_socket: bool) -> Vec<String> {
     let flags = [
         (info.memory_limit, "memory"),
         (info.swap_limit, "memory_swap"),
@@ -103,6 +116,12 @@ fn features(info: &bollard::models::SystemInfo) -> Vec<String> {
         "ulimits",
         "log_driver_none",
     ]);
+    if rootless_socket && !f.contains(&"rootless") {
+        f.push("rootless");
+    }
+    if f.contains(&"rootless") && info.cgroup_version.as_ref().map(ToString::to_string).as_deref() == Some("1") {
+        f.retain(|k| !["memory", "memory_swap", "cpu", "cpu_shares", "pids", "oom_kill_disable"].contains(k));
+    }
     f.into_iter().map(str::to_owned).collect()
 }
 
@@ -246,7 +265,7 @@ impl Engine {
             storage_driver: info.driver.clone().unwrap_or_default(),
             os_type: info.os_type.clone().unwrap_or_default(),
             architecture: info.architecture.clone().unwrap_or_default(),
-            features: features(&info),
+            features: features(&info, rootless_socket(&endpoint)),
             host_name: info.name.clone().unwrap_or_default(),
             kernel_version: info.kernel_version.clone().unwrap_or_default(),
         };
