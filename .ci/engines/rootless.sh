@@ -31,9 +31,13 @@ die() {
 
 case "$RUN_DIR" in
 *[[:space:]]*) die "STEVEDORE_ROOTLESS_RUN must not contain whitespace" ;;
-/?*) ;;
-*) die "STEVEDORE_ROOTLESS_RUN must be an absolute path below / (got '$RUN_DIR')" ;;
+/?*/*stevedore* | /?*/*rootless*) ;;
+*) die "STEVEDORE_ROOTLESS_RUN must be an absolute path whose name says stevedore or rootless (got '$RUN_DIR')" ;;
 esac
+# Outside the run dir: `down` removes the run dir while holding it.
+LOCK=$RUN_DIR.lock
+# What this script made: `down` removes a user or a run dir only with its mark.
+MARK=$RUN_DIR/.made-by-rootless.sh
 [[ "$USER_NAME" =~ ^[a-z][a-z0-9-]{0,30}$ ]] || die "STEVEDORE_ROOTLESS_USER must be a plain user name"
 
 HOME_DIR=$RUN_DIR/home
@@ -70,9 +74,13 @@ free_start() {
 }
 
 make_user() {
+    install -d -m 0755 "$RUN_DIR"
     if ! user_exists; then
         useradd --home-dir "$HOME_DIR" --no-create-home --shell /usr/sbin/nologin --user-group "$USER_NAME"
+        echo "$USER_NAME" >"$MARK"
         log "made user $USER_NAME (uid $(id -u "$USER_NAME"))"
+    elif [ "$(cat "$MARK" 2>/dev/null)" != "$USER_NAME" ]; then
+        die "a user $USER_NAME exists that this script did not make: choose another STEVEDORE_ROOTLESS_USER"
     fi
     if ! grep -q "^$USER_NAME:" /etc/subuid 2>/dev/null || ! grep -q "^$USER_NAME:" /etc/subgid 2>/dev/null; then
         local start
@@ -80,7 +88,6 @@ make_user() {
         usermod --add-subuids "$start-$((start + RANGE - 1))" --add-subgids "$start-$((start + RANGE - 1))" "$USER_NAME"
         log "gave $USER_NAME the subordinate ids $start-$((start + RANGE - 1))"
     fi
-    install -d -m 0755 "$RUN_DIR"
     install -d -m 0700 -o "$USER_NAME" -g "$USER_NAME" "$HOME_DIR" "$XDG"
     install -d -m 0700 -o "$USER_NAME" -g "$USER_NAME" "$HOME_DIR/.config" "$HOME_DIR/.config/containers"
     cat >"$HOME_DIR/.config/containers/containers.conf" <<EOF
@@ -151,9 +158,9 @@ EOF
 cmd_up() {
     [ "$(id -u)" = 0 ] || die "up needs root (it makes a user)"
     ensure_tools
-    install -d -m 0755 "$RUN_DIR"
-    exec 9>"$RUN_DIR/.lock"
-    flock -w "$LOCK_TIMEOUT" 9 || die "another rootless.sh holds $RUN_DIR/.lock"
+    install -d -m 0755 "$(dirname "$RUN_DIR")"
+    exec 9>"$LOCK"
+    flock -w "$LOCK_TIMEOUT" 9 || die "another rootless.sh holds $LOCK"
     if user_exists && service_alive && ping; then
         log "already up (pid $(service_pid))"
         write_env
@@ -169,35 +176,60 @@ cmd_up() {
 }
 
 cmd_down() {
-    if [ -d "$RUN_DIR" ]; then
-        exec 9>"$RUN_DIR/.lock"
-        flock -w "$LOCK_TIMEOUT" 9 || die "another rootless.sh holds $RUN_DIR/.lock"
-    fi
-    if user_exists; then
-        # Everything the user runs: its service, conmon, containers, the pause process that
-        # holds its namespaces, catatonit, slirp4netns.
+    [ -e "$LOCK" ] || [ -d "$RUN_DIR" ] || {
+        log "down (nothing to stop)"
+        return 0
+    }
+    exec 9>"$LOCK"
+    flock -w "$LOCK_TIMEOUT" 9 || die "another rootless.sh holds $LOCK"
+    local made
+    made=$(cat "$MARK" 2>/dev/null || true)
+    if [ "$made" = "$USER_NAME" ] && user_exists; then
+        local uid first count pid
+        uid=$(id -u "$USER_NAME")
+        IFS=: read -r _ first count < <(grep "^$USER_NAME:" /etc/subuid | head -n 1) || true
+        # The containers first: their processes run as subordinate ids, which a kill by the
+        # user's uid misses.
+        if [ -S "$SOCK" ]; then
+            timeout 60 runuser -u "$USER_NAME" -- env -i HOME="$HOME_DIR" XDG_RUNTIME_DIR="$XDG" \
+                XDG_CONFIG_HOME="$HOME_DIR/.config" PATH=/usr/local/bin:/usr/bin:/bin \
+                podman rm --all --force --time 0 >/dev/null 2>&1 || log "warning: podman rm --all failed"
+        fi
+        # Then everything the user runs (its service, conmon, the pause process that holds
+        # its namespaces, catatonit, slirp4netns) and anything left of its subordinate ids.
         pkill -KILL -u "$USER_NAME" 2>/dev/null || true
+        if [ -n "${first:-}" ] && [ -n "${count:-}" ]; then
+            ps -eo pid=,uid= | while read -r pid u; do
+                if [ "$u" -ge "$first" ] && [ "$u" -lt "$((first + count))" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
+            done
+        fi
         for _ in $(seq 1 50); do
-            pgrep -u "$USER_NAME" >/dev/null 2>&1 || break
+            pgrep -u "$uid" >/dev/null 2>&1 || break
             sleep 0.1
         done
-        pgrep -u "$USER_NAME" >/dev/null 2>&1 && log "warning: processes of $USER_NAME left: $(pgrep -u "$USER_NAME" | tr '\n' ' ')"
+        pgrep -u "$uid" >/dev/null 2>&1 && log "warning: processes of $USER_NAME left: $(pgrep -u "$uid" | tr '\n' ' ')"
     fi
     local mnt
     if [ -d "$RUN_DIR" ]; then
         findmnt -rn -o TARGET | awk -v d="$RUN_DIR/" 'index($0, d) == 1' | sort -r |
             while read -r mnt; do umount -l "$mnt" || true; done
     fi
-    if user_exists; then
-        local uid
-        uid=$(id -u "$USER_NAME")
-        # Its subordinate ids go with it (userdel leaves them on some versions).
-        sed -i "/^$USER_NAME:/d;/^$uid:/d" /etc/subuid /etc/subgid 2>/dev/null || true
+    if [ "$made" = "$USER_NAME" ] && user_exists; then
         userdel "$USER_NAME" 2>/dev/null || userdel -f "$USER_NAME" || log "warning: userdel $USER_NAME failed"
+        # userdel takes its subordinate ids with it; older shadow leaves them.
+        if grep -q "^$USER_NAME:" /etc/subuid /etc/subgid 2>/dev/null; then
+            log "warning: the subordinate ids of $USER_NAME are still in /etc/subuid or /etc/subgid"
+        fi
         log "removed user $USER_NAME"
+    elif user_exists; then
+        log "left user $USER_NAME: this script did not make it"
     fi
-    # Files of the subordinate ids (the containers' layers) are removed as root.
-    [ -d "$RUN_DIR" ] && rm -rf --one-file-system "${RUN_DIR:?}"
+    # Files of the subordinate ids (the containers' layers) are removed as root; only a run
+    # dir this script made.
+    if [ -n "$made" ] && [ -d "$RUN_DIR" ]; then
+        rm -rf --one-file-system "${RUN_DIR:?}"
+    fi
+    rm -f "$LOCK"
     log "down"
 }
 

@@ -50,6 +50,8 @@ pub(crate) async fn one_rule_for_every_rung(
     if !both.is_empty() {
         let mut req = request(&out("enforced"));
         req.policy = req.policy.requiring(both.clone());
+        // A limit is enforced when one is asked (a rung may have no default of its own).
+        req.limits = stevedore::ResourceLimits::new().with("memory", 256 << 20).with("pids", 256);
         let o = run(req, CancellationToken::new()).await.expect("it runs");
         assert_eq!(o.status, stevedore::Status::Ok, "{}: requiring {both:?}: {}", rung.name(), o.to_json());
     }
@@ -97,6 +99,23 @@ fn process_dirs(rung: &ProcessExecutor, worker: &str) -> usize {
 async fn the_front_is_one_rule_on_the_process_rung() {
     let w = support::worker("front-process");
     let rung = process_rung(ProcessConfig::default());
+    let request = |out: &Path| Request::command("job", ["true"], out).worker(&w);
+    let made = async || process_dirs(&rung, &w);
+    one_rule_for_every_rung(&rung, request, made).await;
+}
+
+/// As root the process rung makes a cgroup per attempt: its census names memory, CPU and
+/// pids, and an attempt that requires them runs.
+#[tokio::test]
+async fn the_front_is_one_rule_on_the_process_rung_with_cgroups() {
+    if !nix::unistd::geteuid().is_root() {
+        support::skip("the process rung makes cgroups only as root".to_owned());
+        return;
+    }
+    let w = support::worker("front-process-cg");
+    let cfg = ProcessConfig::default().worker_exe(support::BIN).log_dir(support::test_logs());
+    let rung = ProcessExecutor::new(cfg.cgroup(Delegation::Auto)).expect("the process rung sets up");
+    assert!(rung.enforces().contains(&"memory"), "{:?}", rung.enforces());
     let request = |out: &Path| Request::command("job", ["true"], out).worker(&w);
     let made = async || process_dirs(&rung, &w);
     one_rule_for_every_rung(&rung, request, made).await;

@@ -104,10 +104,16 @@ impl Rootless {
         self.command(support::BIN).args(args).output().unwrap()
     }
 
-    /// The engine as the test reads it (root may use the user's socket).
-    async fn docker(&self) -> bollard::Docker {
-        let path = self.host.strip_prefix("unix://").unwrap();
-        bollard::Docker::connect_with_unix(path, 60, bollard::API_DEFAULT_VERSION).unwrap()
+    /// The containers and volumes labelled with `worker` in the user's engine, as its own
+    /// podman lists them (bollard's model has no word for Podman's `stopped` state).
+    fn labelled(&self, worker: &str) -> (Vec<String>, Vec<String>) {
+        let label = format!("label={}={worker}", stevedore::labels::WORKER);
+        let list = |args: &[&str]| {
+            let o = self.command("podman").args(args).args(["--filter", &label]).output().unwrap();
+            assert!(o.status.success(), "podman {args:?}: {}", text(&o.stderr));
+            text(&o.stdout).lines().map(str::to_owned).collect::<Vec<_>>()
+        };
+        (list(&["ps", "--all", "--quiet"]), list(&["volume", "ls", "--quiet"]))
     }
 }
 
@@ -163,7 +169,7 @@ async fn as_an_ordinary_user_the_container_rung_runs_on_rootless_podman() {
     assert_eq!(o["outputs"][0]["hash"].as_str(), Some(hash.as_str()), "{o}");
     assert!(o["evidence"]["enforcement"]["non_root"].is_string(), "{o}");
     assert_eq!(std::fs::read(input.join("data.txt")).unwrap(), b"forty-two\n");
-    assert_eq!(support::labelled(&r.docker().await, &w).await, (vec![], vec![]), "nothing of the worker is left");
+    assert_eq!(r.labelled(&w), (vec![], vec![]), "nothing of the worker is left");
     let _ = std::fs::remove_dir_all(&t);
 }
 
@@ -210,7 +216,7 @@ async fn limits_a_rootless_engine_cannot_apply_are_named_and_a_policy_that_deman
         assert!(json["evidence"]["enforcement"]["memory"].is_string(), "{json}");
         assert_eq!(demanded.0.status.code(), Some(0), "{}", text(&demanded.0.stderr));
     }
-    assert_eq!(support::labelled(&r.docker().await, &w).await, (vec![], vec![]), "nothing of the worker is left");
+    assert_eq!(r.labelled(&w), (vec![], vec![]), "nothing of the worker is left");
     let _ = std::fs::remove_dir_all(&t);
 }
 
@@ -252,12 +258,11 @@ async fn as_an_ordinary_user_a_deadline_stops_and_reclaim_removes_what_a_crash_l
         .unwrap();
     support::stderr_until(&mut child, "ready");
     support::kill9(child);
-    let docker = r.docker().await;
-    assert_eq!(support::labelled(&docker, &w).await.0.len(), 1, "the crash left its container");
+    assert_eq!(r.labelled(&w).0.len(), 1, "the crash left its container");
     let o = r.stevedore(&["reclaim", "--worker", &w]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["failed"], serde_json::json!([]), "{report}");
-    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing of the worker is left");
+    assert_eq!(r.labelled(&w), (vec![], vec![]), "nothing of the worker is left");
     let _ = std::fs::remove_dir_all(&t);
 }

@@ -46,7 +46,7 @@ impl Launch for Arc<ContainerSite> {
             (h.read_only_rootfs, "read_only_rootfs"),
             (h.drop_all_capabilities, "capabilities"),
             (h.no_new_privileges, "no_new_privileges"),
-            (!self.config.allow_root, "non_root"),
+            (self.config.uid_gid().0 != 0 && !self.config.user.starts_with("root"), "non_root"),
         ] {
             if on {
                 v.push(k);
@@ -178,7 +178,12 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         credentials,
         ..
     } = ready;
-    super::spec::engine_limits(&site.engine.facts().features, &mut enforcement, &mut skipped);
+    let features = &site.engine.facts().features;
+    super::spec::engine_limits(features, &mut enforcement, &mut skipped);
+    // A rootless engine on cgroup v1 gives the container no cgroup of its own: what the init
+    // would read there is its user's session's, so it reads none.
+    let has = |k: &str| features.iter().any(|f| f == k);
+    let own_cgroup = !has("rootless") || has("memory");
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),
@@ -186,7 +191,7 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         takeover_uid: (site.config.uid_gid().0 != 0).then_some(0),
         takeover_fd: None,
         rlimits: Vec::new(),
-        cgroup_dir: Some(stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
+        cgroup_dir: own_cgroup.then(|| stevedore_init::cgroup::CGROUP_ROOT.to_owned()),
         measure: caches.iter().map(|(_, _, path)| path.clone()).collect(),
         mounts: plan.mounts.clone(),
         image_env: None,

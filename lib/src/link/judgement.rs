@@ -178,6 +178,7 @@ fn from_record(
     j: &mut Judgement,
     ev: &mut Evidence,
 ) -> bool {
+    memory_read_back(rec, &account.bounds, ev);
     let c = claims::apply(rec, account.bounds, account.expects_handler, ended.deadline_fired, ended.cancelled, ev);
     j.facts = c.facts;
     j.usage = c.usage;
@@ -193,6 +194,30 @@ fn from_record(
         j.facts.disk_full = true;
     }
     account.expects_handler && c.handler_silent
+}
+
+/// The memory limit the init read in its own cgroup, against the one the rung applied: a
+/// limit the kernel does not hold is not enforced, whatever the engine took (a rootless
+/// engine without a delegated cgroup takes it and ignores it). Only where the init found and
+/// read a cgroup: a sandbox that shows none (gVisor) says nothing here.
+fn memory_read_back(rec: &InitRecord, b: &Bounds, ev: &mut Evidence) {
+    let c = &rec.cgroup;
+    let no_limit =
+        c.missing.get(stevedore_init::cgroup::KEY_MEMORY_LIMIT).is_some_and(|w| w.ends_with("says no limit"));
+    let held = match (c.version, c.memory_limit_bytes) {
+        (None, _) => return,
+        (Some(_), Some(held)) => format!("a limit of {held} bytes"),
+        (Some(_), None) if no_limit => "no limit".to_owned(),
+        (Some(_), None) => return,
+    };
+    let applied = b.memory.saturating_add(b.reserve);
+    // The kernel rounds a limit down to a page.
+    if c.memory_limit_bytes.is_some_and(|h| h <= applied) || !ev.enforcement.contains_key("memory") {
+        return;
+    }
+    ev.enforcement.remove("memory");
+    ev.skipped
+        .insert("memory".into(), format!("read back: the sandbox's cgroup holds {held}, not the {applied} applied"));
 }
 
 /// The facts from what the rung saw when no record came (`None`) or one was refused
@@ -341,6 +366,7 @@ mod tests {
     use crate::contract::{Reason, Status, judge};
     use crate::link::session::OutputsReceived;
     use crate::outputs::ExtractReport;
+    use stevedore_init::cgroup::KEY_MEMORY_LIMIT;
     use stevedore_init::wire::{CgroupCounters, ChildrenRusage, OutputEnd, ReportCounts, WaitStatus};
 
     fn record() -> InitRecord {
@@ -478,6 +504,42 @@ mod tests {
         // An OOM counted, but the sandbox ended by something other than a SIGKILL: not its end.
         let w = Witness { exit: Exit::Signal(15), counters: Some(counters(1)), ..Witness::default() };
         assert_eq!(judged(&none, w).0, Status::Killed);
+    }
+
+    /// The limit the init read back: held (at or below what was applied) stays enforced; a
+    /// larger one (no limit at all) moves to `skipped`, saying both figures; a sandbox that
+    /// showed no cgroup says nothing.
+    #[test]
+    fn a_memory_limit_the_kernel_does_not_hold_is_not_enforced() {
+        let b = account().bounds;
+        let applied = b.memory + b.reserve;
+        let judged_with = |version: Option<u8>, limit: Option<u64>| {
+            let mut rec = record();
+            rec.cgroup.version = version;
+            rec.cgroup.memory_limit_bytes = limit;
+            let mut ev = Evidence::default();
+            ev.enforcement.insert("memory".into(), "asked".into());
+            memory_read_back(&rec, &b, &mut ev);
+            ev
+        };
+        let ev = judged_with(Some(1), Some(applied - 4096));
+        assert!(ev.enforcement.contains_key("memory") && !ev.skipped.contains_key("memory"));
+        let ev = judged_with(Some(1), Some(applied + (64 << 20)));
+        assert!(!ev.enforcement.contains_key("memory"));
+        let why = &ev.skipped["memory"];
+        assert!(why.contains(&(applied + (64 << 20)).to_string()) && why.contains(&applied.to_string()), "{why}");
+        // What the init's parser gives for v1's huge value and v2's `max`: no figure, and why.
+        let mut rec = record();
+        (rec.cgroup.version, rec.cgroup.memory_limit_bytes) = (Some(1), None);
+        let said = stevedore_init::cgroup::parse_v1_limit("9223372036854771712\n").unwrap();
+        assert_eq!(said, None);
+        rec.cgroup.missing.insert(KEY_MEMORY_LIMIT.into(), "memory/memory.limit_in_bytes says no limit".into());
+        let mut ev = Evidence::default();
+        ev.enforcement.insert("memory".into(), "asked".into());
+        memory_read_back(&rec, &b, &mut ev);
+        assert!(ev.skipped["memory"].contains("holds no limit"), "{:?}", ev.skipped);
+        let ev = judged_with(None, Some(applied + (64 << 20)));
+        assert!(ev.enforcement.contains_key("memory"), "no cgroup read: nothing said");
     }
 
     #[test]

@@ -39,11 +39,12 @@ impl Launch for Arc<ProcessSite> {
         false
     }
 
-    /// Memory, CPU and pids, with a cgroup of its own per attempt; never disk or network.
+    /// Memory, CPU and pids, where a cgroup of its own per attempt could be made when the
+    /// rung was set up; never disk or network.
     fn enforces(&self) -> Vec<&'static str> {
-        match self.config.cgroup {
-            super::config::Delegation::None => Vec::new(),
-            _ => vec!["memory", "cpu", "pids"],
+        match self.cgroups {
+            true => vec!["memory", "cpu", "pids"],
+            false => Vec::new(),
         }
     }
 

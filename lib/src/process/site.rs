@@ -26,6 +26,9 @@ pub(crate) struct ProcessSite {
     pub uids: Option<Arc<super::uids::Uids>>,
     /// Admission: no bound of its own (the uid leases refuse when none is free).
     pub gate: Gate,
+    /// Whether a cgroup with memory, CPU and pids limits could be made here, tried once as
+    /// the rung was set up (`Executor::enforces`): a delegation that cannot deliver is no claim.
+    pub cgroups: bool,
 }
 
 /// Where the rung lives on the host, as `ProcessExecutor::new` set it up.
@@ -35,6 +38,19 @@ pub(crate) struct Places {
     pub attempts: PathBuf,
     pub bin: PathBuf,
     pub init: PathBuf,
+}
+
+/// One cgroup made as `how` says, with a memory, a CPU and a pids limit, then removed.
+fn cgroups_work(how: &super::config::Delegation) -> bool {
+    let limits = crate::contract::Limits::NONE.memory(64 << 20).cpu(500).pids(64);
+    let name = format!("census-{}-{:08x}", std::process::id(), rand::random::<u32>());
+    match super::cgroup::create(how, &name, limits) {
+        Ok(Some(cg)) => {
+            let _ = cg.remove();
+            true
+        }
+        Ok(None) | Err(_) => false,
+    }
 }
 
 impl ProcessSite {
@@ -47,7 +63,8 @@ impl ProcessSite {
         let Places { euid, attempts, bin, init } = places;
         let base = SiteBase::new(incarnation, Captures::new(config.log_dir.clone()));
         let gate = Gate::unbounded();
-        Self { config, base, euid, attempts, bin, init, workers: Mutex::default(), uids, gate }
+        let cgroups = cgroups_work(&config.cgroup);
+        Self { config, base, euid, attempts, bin, init, workers: Mutex::default(), uids, gate, cgroups }
     }
 
     /// The worker binary, copied into the rung's dir (by digest) so that the command's
