@@ -279,24 +279,7 @@ async fn gvisor_on_the_container_rung_stops_tells_an_oom_and_is_reclaimed() {
     assert_eq!((o.status, support::stdout_of(&o).as_str()), (Status::Ok, "forty-two\n"), "{}", o.to_json());
     assert_eq!(std::fs::read(input.join("data.txt")).unwrap(), b"forty-two\n");
 
-    let req =
-        support::sh(&image, &w, &t.path().join("o2"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done")
-            .grace(Duration::from_secs(1))
-            .timeout(Duration::from_secs(3));
-    let o = support::run(&rung, &req).await;
-    assert_eq!((o.status, o.signal), (Status::Timeout, Some(9)), "{}", o.to_json());
-    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"]);
-
-    let mut req = support::sh(&image, &w, &t.path().join("o3"), "echo ready; sleep 60").grace(Duration::from_secs(5));
-    let mut watch = support::watch([&mut req]);
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        watch.until("ready").await;
-        cancel.cancel();
-    });
-    let o = rung.run(&req, token).await.unwrap();
-    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+    support::a_deadline_and_a_cancellation_stop(&rung, &image, &w, t.path()).await;
 
     // The host's OOM killer takes the Sentry, the init with it: no record; the engine's flag
     // is the witness, and the Outcome names it.

@@ -392,10 +392,16 @@ async fn oci_the_command_runs_on_the_oci_rung_with_the_exit_table() {
 
 /// `stevedore run --rung oci` of a command that says `ready` and sleeps, for `w`.
 fn oci_sleeper(image: &str, w: &str, out: &Path) -> std::process::Child {
+    oci_sleeper_with(image, w, out, &[])
+}
+
+/// As [`oci_sleeper`], with more of the command's options (`extra`).
+fn oci_sleeper_with(image: &str, w: &str, out: &Path, extra: &[&str]) -> std::process::Child {
     let mut child = std::process::Command::new(support::BIN)
         .args(["run", "--rung", "oci", "--worker", w, "--image", image, "--grace", "2s", "--logs"])
         // Where the test's rung keeps its captures: its reclaim finds these.
         .arg(support::test_logs())
+        .args(extra)
         .arg("--output")
         .arg(out)
         .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
@@ -862,22 +868,7 @@ async fn oci_under_gvisor_a_timeout_a_cancellation_and_an_oom_end_the_attempt() 
     let Some(rung) = gvisor_rung(t.path()).await else { return };
     let (_, image) = support::setup().await.unwrap();
     let w = support::worker("oci-gvisor-stop");
-    let mut req =
-        sh(&image, &w, &t.path().join("o1"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done");
-    req.policy = req.policy.clone().with_grace(Duration::from_secs(1));
-    let o = run(&rung, &req.timeout(Duration::from_secs(2))).await;
-    assert_eq!((o.status, o.signal), (Status::Timeout, Some(9)), "{}", o.to_json());
-    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"]);
-    let mut req = sh(&image, &w, &t.path().join("o2"), "echo ready; sleep 60").grace(Duration::from_secs(5));
-    let mut watch = support::watch([&mut req]);
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        watch.until("ready").await;
-        cancel.cancel();
-    });
-    let o = rung.run(&req, token).await.unwrap();
-    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+    support::a_deadline_and_a_cancellation_stop(&rung, &image, &w, t.path()).await;
     // Past the memory limit the host's OOM killer takes the whole sandbox, the init with it:
     // no record, and runsc removes its cgroup with the sandbox. The rung's held cgroup above
     // it (`oci/held.rs`) saw the OOM and kept the peak; the level is shown by what the init
@@ -913,18 +904,7 @@ async fn oci_under_gvisor_a_worker_killed_mid_attempt_leaves_nothing_after_recla
     let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((c["level"].as_str(), c["level_claimed"].as_str()), (Some("vm"), Some("vm")), "{c}");
     assert!(c["state_dir"].as_str().unwrap().ends_with("/state-runsc"), "{c}");
-    let mut child = std::process::Command::new(support::BIN)
-        .args(["run", "--rung", "oci", "--worker", &w, "--image", &image, "--logs"])
-        .arg(support::test_logs())
-        .args(runsc)
-        .arg("--output")
-        .arg(t.path().join("o"))
-        .args(["--", "sh", "-c", "echo ready >&2; sleep 300"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    support::stderr_until(&mut child, "ready");
+    let child = oci_sleeper_with(&image, &w, &t.path().join("o"), &runsc);
     support::kill9(child);
     assert_eq!(bundles_of(&rung, &w).len(), 1, "the crash left its bundle");
     let reclaim = |extra: &[&str]| {

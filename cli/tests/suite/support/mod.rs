@@ -341,6 +341,30 @@ pub async fn run(rung: &stevedore::container::ContainerExecutor, req: &stevedore
     rung.run(req, tokio_util::sync::CancellationToken::new()).await.expect("the attempt runs")
 }
 
+/// On `rung`: a command that ignores SIGTERM past its deadline is SIGKILLed after the grace
+/// (`timeout`, signal 9, what it wrote to `/out` kept), and a cancellation once it said
+/// `ready` stops it (`killed`, `cancelled`). Dirs for the outputs under `dir`.
+pub async fn a_deadline_and_a_cancellation_stop(rung: &dyn stevedore::Executor, image: &str, w: &str, dir: &Path) {
+    use std::time::Duration;
+    use stevedore::Status;
+    let req = sh(image, w, &dir.join("deadline"), "trap '' TERM; echo partial > /out/p; while :; do sleep 1; done")
+        .grace(Duration::from_secs(1))
+        .timeout(Duration::from_secs(3));
+    let o = rung.run(&req, tokio_util::sync::CancellationToken::new()).await.expect("the attempt runs");
+    assert_eq!((o.status, o.signal), (Status::Timeout, Some(9)), "{}: {}", rung.name(), o.to_json());
+    assert_eq!(o.outputs.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["p"]);
+    let mut req = sh(image, w, &dir.join("cancel"), "echo ready; sleep 60").grace(Duration::from_secs(5));
+    let mut watch = watch([&mut req]);
+    let token = tokio_util::sync::CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        watch.until("ready").await;
+        cancel.cancel();
+    });
+    let o = rung.run(&req, token).await.expect("the attempt runs");
+    assert_eq!((o.status, o.reason.map(|r| r.as_str())), (Status::Killed, Some("cancelled")), "{}", o.to_json());
+}
+
 /// What the attempt's command wrote to stdout (the capture file).
 pub fn stdout_of(o: &stevedore::Outcome) -> String {
     std::fs::read_to_string(o.evidence.logs.stdout.path.as_ref().expect("stdout captured")).unwrap()
