@@ -167,7 +167,16 @@ async fn as_an_ordinary_user_the_container_rung_runs_on_rootless_podman() {
     use sha2::Digest;
     let hash = format!("sha256:{:x}", sha2::Sha256::digest(b"forty-two\n"));
     assert_eq!(o["outputs"][0]["hash"].as_str(), Some(hash.as_str()), "{o}");
-    assert!(o["evidence"]["enforcement"]["non_root"].is_string(), "{o}");
+    // Which uid the sandbox user is: 65532 inside, outside its subordinate id as Podman maps
+    // them (inside 1.. to the range's start..).
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap();
+    let start: u64 = subuid
+        .lines()
+        .find_map(|l| l.strip_prefix("stevedore-rootless:").or_else(|| l.strip_prefix(&format!("{}:", r.uid))))
+        .and_then(|rest| rest.split(':').next()?.parse().ok())
+        .expect("the user's subordinate ids");
+    let said = o["evidence"]["enforcement"]["non_root"].as_str().unwrap_or_default();
+    assert!(said.contains(&format!("the subordinate id {} of uid {}", start + 65531, r.uid)), "{said}");
     assert_eq!(std::fs::read(input.join("data.txt")).unwrap(), b"forty-two\n");
     assert_eq!(r.labelled(&w), (vec![], vec![]), "nothing of the worker is left");
     let _ = std::fs::remove_dir_all(&t);

@@ -184,6 +184,14 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
     // would read there is its user's session's, so it reads none.
     let has = |k: &str| features.iter().any(|f| f == k);
     let own_cgroup = !has("rootless") || has("memory");
+    if let (Some(owner), Some(said)) = (site.engine.facts().rootless_uid, enforcement.get_mut("non_root")) {
+        let sandbox = site.config.uid_gid().0;
+        let outside = match super::spec::subordinate(owner, sandbox, std::path::Path::new("/etc/subuid")) {
+            Some(id) => format!("the subordinate id {id} of uid {owner}"),
+            None => format!("a subordinate id of uid {owner}"),
+        };
+        said.push_str(&format!(" (a rootless engine's user namespace: outside, {outside})"));
+    }
     let layout = Layout {
         in_dir: IN_DIR.to_owned(),
         out_dir: OUT_DIR.to_owned(),

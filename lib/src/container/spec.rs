@@ -261,6 +261,22 @@ pub(crate) fn engine_limits(
     }
 }
 
+/// The id outside that a rootless engine run by `owner` gives the container's `inside` (not
+/// 0, which is the owner itself): the owner's first range in `subuid` (`name:start:count` or
+/// `uid:start:count`), `inside` counted from its start, as Podman and rootless Docker map them.
+pub(crate) fn subordinate(owner: u32, inside: u32, subuid: &std::path::Path) -> Option<u64> {
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner)).ok().flatten().map(|u| u.name);
+    let text = std::fs::read_to_string(subuid).ok()?;
+    let (start, count) = text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let who = f.next()?;
+        let mine = who == owner.to_string() || name.as_deref() == Some(who);
+        let (start, count) = (f.next()?.parse::<u64>().ok()?, f.next()?.parse::<u64>().ok()?);
+        mine.then_some((start, count))
+    })?;
+    (inside >= 1 && u64::from(inside) <= count).then(|| start + u64::from(inside) - 1)
+}
+
 /// The init's arguments: the delivery reserve it holds (`init/src/reserve.rs`).
 pub(crate) fn init_args(reserve: u64) -> Vec<String> {
     match reserve {
@@ -553,6 +569,20 @@ pub fn port_taken(cfg: &ContainerConfig, err: EngineError) -> LaunchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rootless engine's subordinate ids: the container's uid counted from the owner's
+    /// first range, by uid or by name; none for uid 0, past the range, or another user.
+    #[test]
+    fn the_sandbox_user_outside_a_rootless_engine_is_a_subordinate_id() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("subuid");
+        std::fs::write(&f, "someone:100000:65536\n4000123:165536:65536\n").unwrap();
+        assert_eq!(subordinate(4000123, 65532, &f), Some(165536 + 65531));
+        assert_eq!(subordinate(4000123, 1, &f), Some(165536));
+        assert_eq!(subordinate(4000123, 0, &f), None, "inside root is the owner itself");
+        assert_eq!(subordinate(4000123, 70000, &f), None, "past the range");
+        assert_eq!(subordinate(4242, 65532, &f), None, "another user");
+    }
 
     /// A rootless engine on cgroup v1 takes limits and ignores them: what its info says it
     /// does not apply is skipped, with why; what it applies stays; nothing asked stays unasked.

@@ -51,6 +51,9 @@ pub struct EngineFacts {
     /// The engine host's kernel release (`info.KernelVersion`): what a container shares
     /// unless a VM-grade runtime runs it (`contract::level_shown`).
     pub kernel_version: String,
+    /// The user a rootless local engine runs as (its socket's owner): a container's ids are
+    /// that user's subordinate ids outside.
+    pub rootless_uid: Option<u32>,
 }
 
 impl EngineFacts {
@@ -74,11 +77,13 @@ impl EngineFacts {
 /// Whether a local engine's socket belongs to a user other than root: a rootless engine
 /// (Podman's Docker API says `Rootless` in a field the Docker API lacks, and says
 /// `MemoryLimit` true where it cannot apply one; rootless Docker says `name=rootless`).
-fn rootless_socket(endpoint: &super::endpoint::Endpoint) -> bool {
+fn rootless_socket(endpoint: &super::endpoint::Endpoint) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     match (endpoint.transport, endpoint.url.strip_prefix("unix://")) {
-        (super::endpoint::Transport::Unix, Some(path)) => std::fs::metadata(path).is_ok_and(|m| m.uid() != 0),
-        _ => false,
+        (super::endpoint::Transport::Unix, Some(path)) => {
+            std::fs::metadata(path).ok().map(|m| m.uid()).filter(|u| *u != 0)
+        }
+        _ => None,
     }
 }
 
@@ -265,7 +270,8 @@ impl Engine {
             storage_driver: info.driver.clone().unwrap_or_default(),
             os_type: info.os_type.clone().unwrap_or_default(),
             architecture: info.architecture.clone().unwrap_or_default(),
-            features: features(&info, rootless_socket(&endpoint)),
+            features: features(&info, rootless_socket(&endpoint).is_some()),
+            rootless_uid: rootless_socket(&endpoint),
             host_name: info.name.clone().unwrap_or_default(),
             kernel_version: info.kernel_version.clone().unwrap_or_default(),
         };
