@@ -246,6 +246,7 @@ impl Engine {
             .or_else(|| version.platform.as_ref().map(|p| p.name.clone()).filter(|n| n.contains("Docker")))
             .unwrap_or_else(|| "Docker Engine".into());
         let podman = product.to_ascii_lowercase().contains("podman");
+        let rootless_uid = rootless_socket(&endpoint);
         let facts = EngineFacts {
             product,
             engine_version: version.version.clone().unwrap_or_default(),
@@ -270,8 +271,8 @@ impl Engine {
             storage_driver: info.driver.clone().unwrap_or_default(),
             os_type: info.os_type.clone().unwrap_or_default(),
             architecture: info.architecture.clone().unwrap_or_default(),
-            features: features(&info, rootless_socket(&endpoint).is_some()),
-            rootless_uid: rootless_socket(&endpoint),
+            features: features(&info, rootless_uid.is_some()),
+            rootless_uid,
             host_name: info.name.clone().unwrap_or_default(),
             kernel_version: info.kernel_version.clone().unwrap_or_default(),
         };

@@ -33,10 +33,10 @@ impl Launch for Arc<OciSite> {
         true
     }
 
-    /// Its census's features, by the policy's names.
+    /// Its census's features, by the policy's names (no census made: it looks for crun).
     fn enforces(&self) -> Vec<&'static str> {
-        let census = super::OciExecutor::census_of(self);
-        census.features.into_iter().filter(|f| crate::contract::ENFORCEABLE.contains(f)).collect()
+        let features = super::OciExecutor::features_of(self);
+        features.into_iter().filter(|f| crate::contract::ENFORCEABLE.contains(f)).collect()
     }
 
     fn sizes(&self, req: &Request) -> (Sizes, u32) {

@@ -221,13 +221,9 @@ impl OciExecutor {
         Self::census_of(&self.shared)
     }
 
-    /// The census of a rung's site.
-    pub(crate) fn census_of(s: &Arc<OciSite>) -> OciCensus {
-        let cgroup_version = match stevedore_init::cgroup::detect(Path::new("/sys/fs/cgroup")) {
-            Some(stevedore_init::cgroup::Version::V1) => "1",
-            Some(stevedore_init::cgroup::Version::V2) => "2",
-            None => "none",
-        };
+    /// What every attempt of a rung's site gets enforced (the census's `features`, and
+    /// `Executor::enforces`: read from the site, nothing probed).
+    pub(crate) fn features_of(s: &OciSite) -> Vec<&'static str> {
         let mut features = vec![
             "memory",
             "cpu",
@@ -249,12 +245,23 @@ impl OciExecutor {
         if s.seccomp.profile().is_some() {
             features.push("seccomp");
         }
+        if s.apparmor.is_ok() {
+            features.push("apparmor");
+        }
+        features
+    }
+
+    /// The census of a rung's site.
+    pub(crate) fn census_of(s: &Arc<OciSite>) -> OciCensus {
+        let cgroup_version = match stevedore_init::cgroup::detect(Path::new("/sys/fs/cgroup")) {
+            Some(stevedore_init::cgroup::Version::V1) => "1",
+            Some(stevedore_init::cgroup::Version::V2) => "2",
+            None => "none",
+        };
+        let features = Self::features_of(s);
         let mut cannot = std::collections::BTreeMap::new();
-        match &s.apparmor {
-            Ok(_) => features.push("apparmor"),
-            Err(why) => {
-                cannot.insert("apparmor", why.clone());
-            }
+        if let Err(why) = &s.apparmor {
+            cannot.insert("apparmor", why.clone());
         }
         cannot.insert("gpu", "no GPU passed through yet".into());
         if !s.takeover {
