@@ -52,6 +52,9 @@ done
 # ---------------------------------------------------------------------------------------------
 RECIPE_SUITE=bookworm
 RECIPE_INCLUDE=linux-image-amd64,systemd-sysv,docker.io,iproute2,udev,kmod,e2fsprogs,ca-certificates,openssh-server,dbus,socat
+# Rootless Podman for an ordinary user (issue 50): podman's Recommends, which --include skips,
+# and a provider of its virtual container-network-stack, which debootstrap cannot resolve.
+RECIPE_INCLUDE+=,podman,uidmap,slirp4netns,fuse-overlayfs,dbus-user-session,catatonit,containernetworking-plugins
 RECIPE_DISK_SIZE=8G
 
 # Certificates (docker CLI layout for the client: ca.pem cert.pem key.pem) and ssh keys.
@@ -157,6 +160,47 @@ WantedBy=multi-user.target
 EOF
     chroot "$r" systemctl enable -q docker.service containerd.service docker-plain-tcp.service
     # cgroup v2 is bookworm's default (systemd 252, unified hierarchy); `up` checks it.
+    recipe_rootless "$r"
+}
+
+# Rootless Podman as the ordinary user `rootless` (uid 1000, subordinate ids 100000-165535):
+# a lingering systemd user manager (started at boot, no login) whose cgroup has cpu, memory
+# and pids delegated (the user@.service drop-in), running that user's Podman API service and
+# a plain tcp 2377 front on it (the user's own socat, like 2375's). The service itself is
+# delegated cpu, memory and pids: Podman reads the controllers it may use from its own cgroup.
+recipe_rootless() {
+    local r=$1 units=/home/rootless/.config/systemd/user
+    chroot "$r" useradd -m -u 1000 -U -s /bin/sh rootless
+    echo 'rootless:100000:65536' >"$r/etc/subuid"
+    echo 'rootless:100000:65536' >"$r/etc/subgid"
+    install -d "$r/var/lib/systemd/linger"
+    : >"$r/var/lib/systemd/linger/rootless"
+    install -d "$r/etc/systemd/system/user@.service.d"
+    # OOM scores at 0: systemd 252 runs the user manager at 100 and its units at 200, and the
+    # Docker API's default OomScoreAdj is 0, which runc may not lower to without privilege
+    # ("nsexec: failed to update /proc/self/oom_score_adj": every container of the API fails).
+    printf '[Service]\nDelegate=cpu cpuset io memory pids\nOOMScoreAdjust=0\n' \
+        >"$r/etc/systemd/system/user@.service.d/delegate.conf"
+    install -d "$r/etc/systemd/user.conf.d"
+    printf '[Manager]\nDefaultOOMScoreAdjust=0\n' >"$r/etc/systemd/user.conf.d/stevedore-ci.conf"
+    install -d "$r$units/default.target.wants" "$r/home/rootless/.config/containers"
+    printf '%s\n' '[Unit]' "Description=The user's Podman API (stevedore CI)" '' '[Service]' \
+        'ExecStartPre=/bin/mkdir -p %t/podman' \
+        'ExecStart=/usr/bin/podman system service --time=0 unix://%t/podman/podman.sock' 'Restart=always' \
+        'Delegate=cpu memory pids' \
+        '' '[Install]' 'WantedBy=default.target' >"$r$units/podman-api.service"
+    printf '%s\n' '[Unit]' "Description=Plain tcp 2377 front for the user's Podman socket (stevedore CI)" \
+        'After=podman-api.service' 'Wants=podman-api.service' '' '[Service]' \
+        'ExecStart=/usr/bin/socat -t 3600 TCP-LISTEN:2377,fork,reuseaddr UNIX-CONNECT:%t/podman/podman.sock' \
+        'Restart=always' '' '[Install]' 'WantedBy=default.target' >"$r$units/podman-tcp.service"
+    ln -s ../podman-api.service "$r$units/default.target.wants/podman-api.service"
+    ln -s ../podman-tcp.service "$r$units/default.target.wants/podman-tcp.service"
+    # runc, as every other engine here runs; the systemd cgroup manager (the delegated slice).
+    printf '%s\n' '[engine]' 'runtime = "runc"' 'cgroup_manager = "systemd"' \
+        >"$r/home/rootless/.config/containers/containers.conf"
+    # The kernel's own overlay (rootless since 5.13), not the vfs copy Podman would pick.
+    printf '%s\n' '[storage]' 'driver = "overlay"' >"$r/home/rootless/.config/containers/storage.conf"
+    chroot "$r" chown -R rootless:rootless /home/rootless
 }
 
 recipe_mkfs() {
@@ -173,7 +217,7 @@ recipe_key() {
     {
         printf '%s\n' recipe-v1 "$RECIPE_SUITE" "$RECIPE_INCLUDE" "$RECIPE_DISK_SIZE" "$VM_APPEND" \
             "$SSH_ALIAS"
-        declare -f recipe_material recipe_debootstrap recipe_configure recipe_mkfs
+        declare -f recipe_material recipe_debootstrap recipe_configure recipe_rootless recipe_mkfs
     } | sha256sum | cut -c1-16
 }
 
@@ -264,7 +308,7 @@ build_cache() (
     recipe_mkfs "$tmp/rootfs" "$tmp/disk.img"
     log "timing: configure + mkfs.ext4 $(since "$t") s"
     remove_tree "$tmp/rootfs"
-    declare -f recipe_material recipe_debootstrap recipe_configure recipe_mkfs >"$tmp/recipe.txt"
+    declare -f recipe_material recipe_debootstrap recipe_configure recipe_rootless recipe_mkfs >"$tmp/recipe.txt"
     touch "$tmp/complete"
     rm -rf "$dest" # an incomplete leftover (no "complete" marker)
     mv -T "$tmp" "$dest"
@@ -294,7 +338,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 pick_ports() {
     local picked=() p
-    while [ ${#picked[@]} -lt 3 ]; do
+    while [ ${#picked[@]} -lt 4 ]; do
         p=$((20000 + RANDOM % 40000))
         case " ${picked[*]} " in *" $p "*) continue ;; esac
         port_free "$p" && picked+=("$p")
@@ -341,24 +385,24 @@ EOF
 }
 
 start_qemu() {
-    local cache=$1 attempt ports p1 p2 p3
+    local cache=$1 attempt ports p1 p2 p3 p4
     qemu-img create -q -f qcow2 -b "$cache/disk.img" -F raw "$RUN_DIR/overlay.qcow2"
     for attempt in 1 2 3; do
         ports=$(pick_ports)
-        read -r p1 p2 p3 <<<"$ports"
+        read -r p1 p2 p3 p4 <<<"$ports"
         rm -f "$RUN_DIR/qemu.pid"
         : >"$RUN_DIR/console.log"
         if qemu-system-x86_64 -name stevedore-ci-vm -machine q35 \
             -accel tcg,thread=multi -cpu max -smp "$VM_SMP" -m "$VM_MEM" \
             -kernel "$cache/vmlinuz" -initrd "$cache/initrd.img" -append "$VM_APPEND" \
             -drive "file=$RUN_DIR/overlay.qcow2,format=qcow2,if=virtio,cache=unsafe,discard=unmap" \
-            -netdev "user,id=n0,restrict=$VM_RESTRICT,hostfwd=tcp:127.0.0.1:$p1-:2375,hostfwd=tcp:127.0.0.1:$p2-:2376,hostfwd=tcp:127.0.0.1:$p3-:22" \
+            -netdev "user,id=n0,restrict=$VM_RESTRICT,hostfwd=tcp:127.0.0.1:$p1-:2375,hostfwd=tcp:127.0.0.1:$p2-:2376,hostfwd=tcp:127.0.0.1:$p3-:22,hostfwd=tcp:127.0.0.1:$p4-:2377" \
             -device virtio-net-pci,netdev=n0,romfile= \
             -object rng-random,id=rng0,filename=/dev/urandom -device virtio-rng-pci,rng=rng0 \
             -display none -vga none -monitor none -parallel none \
             -serial "file:$RUN_DIR/console.log" \
             -daemonize -pidfile "$RUN_DIR/qemu.pid" 2>"$RUN_DIR/qemu.err" 8>&- 9>&-; then
-            echo "$p1 $p2 $p3" >"$RUN_DIR/ports"
+            echo "$p1 $p2 $p3 $p4" >"$RUN_DIR/ports"
             return 0
         fi
         log "qemu failed to start (attempt $attempt): $(tr '\n' ' ' <"$RUN_DIR/qemu.err")"
@@ -378,7 +422,7 @@ ping_ssh() {
 }
 
 wait_ready() {
-    local t0=$1 p1=$2 p2=$3 p3=$4 deadline plain="" tls="" ssh=""
+    local t0=$1 p1=$2 p2=$3 p3=$4 p4=$5 deadline plain="" tls="" ssh="" rootless=""
     deadline=$(($(date +%s) + BOOT_TIMEOUT))
     while :; do
         qemu_alive || {
@@ -388,10 +432,11 @@ wait_ready() {
         [ -n "$plain" ] || ! ping_plain "$p1" || { plain=$(since "$t0") && log "plain tcp answers after $plain s"; }
         [ -n "$tls" ] || ! ping_tls "$p2" || { tls=$(since "$t0") && log "TLS answers after $tls s"; }
         [ -n "$ssh" ] || ! ping_ssh "$p3" || { ssh=$(since "$t0") && log "ssh answers after $ssh s"; }
-        [ -n "$plain" ] && [ -n "$tls" ] && [ -n "$ssh" ] && return 0
+        [ -n "$rootless" ] || ! ping_plain "$p4" || { rootless=$(since "$t0") && log "rootless Podman answers after $rootless s"; }
+        [ -n "$plain" ] && [ -n "$tls" ] && [ -n "$ssh" ] && [ -n "$rootless" ] && return 0
         if [ "$(date +%s)" -ge "$deadline" ]; then
             tail -n 30 "$RUN_DIR/console.log" >&2 || true
-            die "engine not ready after ${BOOT_TIMEOUT}s (plain:${plain:-no} tls:${tls:-no} ssh:${ssh:-no}); console: $RUN_DIR/console.log"
+            die "engine not ready after ${BOOT_TIMEOUT}s (plain:${plain:-no} tls:${tls:-no} ssh:${ssh:-no} rootless:${rootless:-no}); console: $RUN_DIR/console.log"
         fi
         sleep 1
     done
@@ -400,19 +445,24 @@ wait_ready() {
 json_field() { grep -o "\"$1\":\"[^\"]*\"" | head -n 1 | cut -d'"' -f4; }
 
 write_env() {
-    local p1 p2 p3 version info cgroup server api
-    read -r p1 p2 p3 <"$RUN_DIR/ports"
+    local p1 p2 p3 p4 version info cgroup server api
+    read -r p1 p2 p3 p4 <"$RUN_DIR/ports"
     version=$(curl -fsS --max-time 10 "http://127.0.0.1:$p1/version")
     info=$(curl -fsS --max-time 10 "http://127.0.0.1:$p1/info")
     server=$(json_field Version <<<"$version")
     api=$(json_field ApiVersion <<<"$version")
     cgroup=$(json_field CgroupVersion <<<"$info")
     [ "$cgroup" = 2 ] || die "the VM engine reports cgroup version '$cgroup', expected 2"
+    # The user's Podman: rootless, on the same cgroup v2 (its delegated slice).
+    info=$(curl -fsS --max-time 30 "http://127.0.0.1:$p4/info")
+    grep -q '"Rootless":true' <<<"$info" || die "the VM's Podman on 2377 does not say it is rootless"
+    [ "$(json_field CgroupVersion <<<"$info")" = 2 ] || die "the VM's rootless Podman is not on cgroup v2"
     cat >"$RUN_DIR/env.tmp" <<EOF
 VM_DOCKER_HOST=tcp://127.0.0.1:$p1
 VM_TLS_HOST=tcp://127.0.0.1:$p2
 VM_CERT_PATH=$RUN_DIR/client
 VM_SSH_HOST=ssh://root@127.0.0.1:$p3
+VM_ROOTLESS_HOST=tcp://127.0.0.1:$p4
 VM_SSH_KEY=$RUN_DIR/ssh/id_ed25519
 VM_SSH_CONFIG=$RUN_DIR/ssh/config
 VM_SSH_KNOWN_HOSTS=$RUN_DIR/ssh/known_hosts
@@ -451,9 +501,9 @@ cmd_up() {
     exec 9>"$RUN_DIR/.lock"
     flock -w "$LOCK_TIMEOUT" 9 || die "another vm.sh holds $RUN_DIR/.lock"
     if qemu_alive && [ -f "$RUN_DIR/ports" ]; then
-        local p1 p2 p3
-        read -r p1 p2 p3 <"$RUN_DIR/ports"
-        if ping_plain "$p1" && ping_tls "$p2" && ping_ssh "$p3"; then
+        local p1 p2 p3 p4
+        read -r p1 p2 p3 p4 <"$RUN_DIR/ports"
+        if ping_plain "$p1" && ping_tls "$p2" && ping_ssh "$p3" && ping_plain "$p4"; then
             log "already up (qemu pid $(qemu_pid))"
             write_env
             echo "$RUN_DIR/env"
@@ -477,11 +527,11 @@ cmd_up() {
     echo "$key" >"$RUN_DIR/cache_key"
     t=$(now)
     start_qemu "$CACHE_ROOT/$key"
-    local p1 p2 p3
-    read -r p1 p2 p3 <"$RUN_DIR/ports"
+    local p1 p2 p3 p4
+    read -r p1 p2 p3 p4 <"$RUN_DIR/ports"
     write_client_files "$CACHE_ROOT/$key" "$p3"
-    log "qemu pid $(qemu_pid), ports plain $p1, tls $p2, ssh $p3; console: $RUN_DIR/console.log"
-    wait_ready "$t" "$p1" "$p2" "$p3"
+    log "qemu pid $(qemu_pid), ports plain $p1, tls $p2, ssh $p3, rootless Podman $p4; console: $RUN_DIR/console.log"
+    wait_ready "$t" "$p1" "$p2" "$p3" "$p4"
     log "timing: boot to engine ready $(since "$t") s"
     write_env
     echo "$RUN_DIR/env"

@@ -88,6 +88,9 @@ pub(crate) fn spawn(start: &Start) -> Result<Spawned, SpawnFailure> {
             ),
         });
     }
+    // Before anything of the command exists: a limit demanded and not held means it never runs.
+    crate::cgroup::check_held(start.cgroup_dir.as_deref().map(std::path::Path::new), &start.held)
+        .map_err(|message| SpawnFailure { kind: SpawnFailureKind::NotEnforced, message })?;
     let Some((prog, rest)) = start.argv.split_first() else {
         return Err(other("cannot execute an empty argv".into()));
     };

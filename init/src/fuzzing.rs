@@ -348,6 +348,17 @@ pub fn cgroup(data: &[u8]) {
         }
         Err(_) => assert!(single.is_err()),
     }
+    // A CPU quota read back is never under what the quota allows, nor taken from a "max".
+    match cgroup::parse_v2_cpu_max(s) {
+        Ok(None) => assert_eq!(s.split_whitespace().next(), Some("max")),
+        Ok(Some(millis)) => {
+            let mut w = s.split_whitespace();
+            let quota: u64 = w.next().and_then(|q| q.parse().ok()).expect("a quota was parsed");
+            let period: u64 = w.next().map_or(Some(100_000), |p| p.parse().ok()).expect("a period was parsed");
+            assert!(u128::from(millis) * u128::from(period) >= u128::from(quota) * 1000 || millis == u64::MAX);
+        }
+        Err(_) => {}
+    }
     for key in ["oom_kill", "usage_usec"] {
         let got = cgroup::parse_keyed(s, key);
         // The first line whose first word is the key says the value.

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 11;
+pub const PROTOCOL: u32 = 12;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -486,6 +486,45 @@ pub struct Start {
     /// (the engine set the user, or a profile allows root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<Credentials>,
+    /// Limits the policy demands be enforced (`Policy::require_enforced`), as the rung applied
+    /// them: the init reads each back from [`Start::cgroup_dir`] before it starts anything,
+    /// and one the cgroup does not hold (or no cgroup to read) means the command is not
+    /// started (`SpawnFailureKind::NotEnforced`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<Held>,
+}
+
+/// A cgroup limit the init must find held before the command starts ([`Start::held`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Held {
+    /// Which limit.
+    pub limit: HeldLimit,
+    /// The most the cgroup may allow: bytes of memory, processes, or thousandths of a CPU.
+    pub at_most: u64,
+}
+
+/// The cgroup limits the init can read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeldLimit {
+    /// `memory.max` (v1 `memory.limit_in_bytes`), bytes.
+    Memory,
+    /// `pids.max`, processes.
+    Pids,
+    /// `cpu.max` (v1 `cpu.cfs_quota_us` over `cpu.cfs_period_us`), thousandths of a CPU.
+    Cpu,
+}
+
+impl HeldLimit {
+    /// The name `Policy::require_enforced` and the evidence use.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeldLimit::Memory => "memory",
+            HeldLimit::Pids => "pids",
+            HeldLimit::Cpu => "cpu",
+        }
+    }
 }
 
 /// Who the command runs as, for a root init to become (`privileges`).
@@ -921,6 +960,8 @@ pub enum SpawnFailureKind {
     /// A mount destination has a symlink in one of its components: the engine followed it
     /// and put a mount elsewhere than where stevedore asked.
     MountRedirected,
+    /// A limit the policy demands is not what the sandbox's cgroup holds ([`Start::held`]).
+    NotEnforced,
     /// Anything else.
     Other,
 }
@@ -950,6 +991,10 @@ pub struct CgroupCounters {
     pub memory_peak_bytes: Option<u64>,
     /// The memory limit the cgroup enforces.
     pub memory_limit_bytes: Option<u64>,
+    /// The process limit the cgroup enforces (`pids.max`).
+    pub pids_limit: Option<u64>,
+    /// The CPU limit the cgroup enforces, thousandths of a CPU (its CFS quota over period).
+    pub cpu_limit_millis: Option<u64>,
     /// Processes the kernel OOM-killed in the cgroup.
     pub oom_kills: Option<u64>,
     /// User + system CPU of the cgroup, in nanoseconds.
@@ -1443,6 +1488,7 @@ mod tests {
             tty: None,
             image_env: None,
             credentials: None,
+            held: Vec::new(),
             rlimits: vec![Rlimit { resource: RlimitResource::Nofile, soft: 64, hard: 64 }],
             cgroup_dir: None,
             measure: Vec::new(),

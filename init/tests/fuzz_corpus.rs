@@ -76,6 +76,10 @@ fn start() -> wire::Start {
         tty: Some(wire::TermSize { rows: 24, cols: 80 }),
         image_env: None,
         credentials: None,
+        held: vec![
+            wire::Held { limit: wire::HeldLimit::Memory, at_most: 72 << 20 },
+            wire::Held { limit: wire::HeldLimit::Pids, at_most: 512 },
+        ],
     }
 }
 
@@ -118,6 +122,8 @@ fn init_record() -> InitRecord {
             memory_limit_bytes: None,
             oom_kills: Some(0),
             cpu_usage_ns: Some(123_456_000),
+            pids_limit: Some(512),
+            cpu_limit_millis: Some(500),
             missing: BTreeMap::from([("memory_limit_bytes".into(), "memory.max says no limit".into())]),
         },
         rusage: wire::ChildrenRusage { user_us: 1000, system_us: 200, max_rss_kib: 4096 },

@@ -69,6 +69,7 @@ fn spec(argv: &[&str], out: &Path) -> Start {
         tty: None,
         image_env: None,
         credentials: None,
+        held: Vec::new(),
     }
 }
 
@@ -613,6 +614,45 @@ fn a_mount_destination_through_a_symlink_is_refused_before_the_command_starts() 
         other => panic!("the command ran: {other:?}"),
     }
     assert!(!marker.exists(), "nothing of the command ran");
+}
+
+/// A limit the policy demands is read back from the sandbox's cgroup before anything of the
+/// command exists: a cgroup that holds a larger one, or none, and the command never starts
+/// (`not_enforced`, naming what was read); one that holds it and the command runs. The
+/// cgroup here is a directory of the kernel's files as an engine that took a limit and
+/// ignored it would leave them.
+#[test]
+fn a_demanded_limit_the_cgroup_does_not_hold_is_refused_before_the_command_starts() {
+    use stevedore_init::wire::{Held, HeldLimit};
+    let dir = tempfile::tempdir().unwrap();
+    let cgroup = dir.path().join("cgroup");
+    std::fs::create_dir(&cgroup).unwrap();
+    for (file, content) in [("cgroup.controllers", "cpu memory pids\n"), ("memory.max", "max\n"), ("pids.max", "64\n")]
+    {
+        std::fs::write(cgroup.join(file), content).unwrap();
+    }
+    let marker = dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let held = vec![Held { limit: HeldLimit::Memory, at_most: 64 << 20 }, Held { limit: HeldLimit::Pids, at_most: 64 }];
+    let cgroup_dir = Some(cgroup.display().to_string());
+    let with = |held: Vec<Held>| {
+        let cgroup_dir = cgroup_dir.clone();
+        launch(|o| Start { held, cgroup_dir, ..spec(&["/bin/sh", "-c", &script], o) }, b"").finish()
+    };
+    let f = with(held.clone());
+    match &f.record.wait {
+        WaitStatus::SpawnFailed(s) => {
+            assert_eq!(s.kind, SpawnFailureKind::NotEnforced);
+            assert_eq!(s.message, "not held by the sandbox's cgroup: memory: memory.max says no limit");
+        }
+        other => panic!("the command ran: {other:?}"),
+    }
+    assert!(!marker.exists(), "nothing of the command ran");
+    assert_eq!(f.record.cgroup.pids_limit, Some(64), "the record carries what was read: {:?}", f.record.cgroup);
+    std::fs::write(cgroup.join("memory.max"), "67108864\n").unwrap();
+    let f = with(held);
+    assert_eq!(f.record.wait, WaitStatus::Code(0), "held: the command runs");
+    assert!(marker.exists());
 }
 
 #[test]

@@ -275,3 +275,81 @@ async fn as_an_ordinary_user_a_deadline_stops_and_reclaim_removes_what_a_crash_l
     assert_eq!(r.labelled(&w), (vec![], vec![]), "nothing of the worker is left");
     let _ = std::fs::remove_dir_all(&t);
 }
+
+/// A rootless engine on a delegated cgroup v2: the VM's rootless Podman (`.ci/engines/vm.sh`,
+/// the user `rootless` whose systemd slice has cpu, memory and pids delegated), which
+/// `DOCKER_HOST` names when `STEVEDORE_TEST_ROOTLESS_V2=1`. There the limits hold: the census
+/// names memory and pids, a policy that demands them runs (the init read each back from its
+/// cgroup before the command), the command sees them in its own cgroup, and a memory hog is
+/// OOM-killed by the kernel's count. Podman 4.3 says `CpuCfsQuota` false on cgroup v2 and
+/// applies the quota all the same: the CPU limit is claimed from what the init read back.
+#[tokio::test]
+async fn on_a_delegated_cgroup_v2_a_rootless_engines_limits_hold_and_are_read_back() {
+    if std::env::var("STEVEDORE_TEST_ROOTLESS_V2").as_deref() != Ok("1") {
+        let why = "no rootless engine on a delegated cgroup v2 (STEVEDORE_TEST_ROOTLESS_V2=1 says DOCKER_HOST is one: \
+                   the VM's, VM_ROOTLESS_HOST of .ci/engines/vm.sh up)";
+        eprintln!("SKIP: {why}");
+        support::skip(why.to_owned());
+        return;
+    }
+    let Some(docker) = support::engine().await else { return };
+    let image = support::busybox_image(&docker).await;
+    let w = support::worker("rootless-v2");
+    let t = tempfile::tempdir().unwrap();
+    let stevedore = |args: &[&str]| Command::new(support::BIN).args(args).stdin(Stdio::null()).output().unwrap();
+    let census = stevedore(&["census"]);
+    assert_eq!(census.status.code(), Some(0), "{}", text(&census.stderr));
+    let census: serde_json::Value = serde_json::from_slice(&census.stdout).unwrap();
+    let features: Vec<&str> = census["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
+    for f in ["memory", "pids"] {
+        assert!(features.contains(&f), "{f}: {census}");
+    }
+    let run = |name: &str, script: &str| {
+        let outcome = t.path().join(format!("{name}.json"));
+        let (out, json) = (t.path().join(name), outcome.to_str().unwrap().to_owned());
+        let o = stevedore(&[
+            "run",
+            "--worker",
+            &w,
+            "--image",
+            &image,
+            "--memory",
+            "64m",
+            "--pids",
+            "64",
+            "--cpus",
+            "0.5",
+            "--require-enforced",
+            "memory,pids",
+            "--output",
+            out.to_str().unwrap(),
+            "--outcome",
+            &json,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&outcome).unwrap()).unwrap();
+        (o, json)
+    };
+    let (o, json) = run("held", "cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max /sys/fs/cgroup/cpu.max");
+    assert_eq!(o.status.code(), Some(0), "{}\n{json}", text(&o.stderr));
+    let lines: Vec<String> = text(&o.stdout).lines().map(str::to_owned).collect();
+    let memory: u64 = lines[0].parse().unwrap_or_else(|_| panic!("memory.max: {lines:?}"));
+    assert!((64 << 20..128 << 20).contains(&memory), "the attempt's 64 MiB and the init's reserve: {lines:?}");
+    assert_eq!((lines[1].as_str(), lines[2].as_str()), ("64", "50000 100000"), "{lines:?}");
+    for k in ["memory", "pids", "cpu"] {
+        assert!(json["evidence"]["enforcement"][k].is_string(), "{k}: {json}");
+        assert!(json["evidence"]["skipped"][k].is_null(), "{k}: {json}");
+    }
+    if !features.contains(&"cpu") {
+        let said = json["evidence"]["enforcement"]["cpu"].as_str().unwrap();
+        assert!(said.starts_with("read back: the sandbox's cgroup holds a limit of 500"), "{said}");
+    }
+    let (o, json) = run("hog", "dd if=/dev/zero of=/dev/null bs=256M count=1 2>/dev/null");
+    assert_eq!(o.status.code(), Some(137), "{}\n{json}", text(&o.stderr));
+    assert_eq!((json["status"].as_str(), json["reason"].as_str()), (Some("oom_killed"), Some("oom")), "{json}");
+    assert_eq!(json["usage"]["sources"]["oom_kills"].as_str(), Some("cgroup"), "the kernel's own count: {json}");
+    assert_eq!(support::labelled(&docker, &w).await, (vec![], vec![]), "nothing of the worker is left");
+}

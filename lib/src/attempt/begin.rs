@@ -357,6 +357,13 @@ fn start_frame(
         timeline,
         image_env: layout.image_env,
         credentials: layout.credentials,
+        // Only what the policy demands: a limit merely asked for and not held is said at the
+        // end (`judgement::limits_read_back`), and the command runs.
+        held: layout
+            .held
+            .into_iter()
+            .filter(|h| req.policy.require_enforced.iter().any(|k| k == h.limit.name()))
+            .collect(),
         stdin: req.stdin.is_some(),
         tty: req.tty.as_ref().map(|t| {
             let (rows, cols) = t.size();

@@ -203,6 +203,10 @@ pub(crate) struct Layout {
     pub sampled_cgroup: Option<stevedore_init::wire::SampledCgroup>,
     /// The init runs as root and drops to these before the command (`wire::Start::credentials`).
     pub credentials: Option<stevedore_init::wire::Credentials>,
+    /// The cgroup limits an engine the rung does not control applied (the container and kube
+    /// rungs'), for the init to read back before the command where the policy demands them
+    /// (`wire::Start::held`).
+    pub held: Vec<stevedore_init::wire::Held>,
 }
 
 /// This machine's kernel (`/proc/version`): `Site::host_kernel` of the rungs that run here.

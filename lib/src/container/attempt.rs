@@ -206,6 +206,12 @@ fn provisioned(site: &ContainerSite, plan: &Plan, cleanup: &Cleanup, ready: Read
         tmp_dir: Some(TMP_DIR.to_owned()),
         sampled_cgroup: None,
         credentials,
+        held: crate::link::held(
+            plan.applied.memory.saturating_add(site.config.link.delivery_reserve),
+            Some(plan.applied.pids),
+            plan.applied.cpu_millis,
+            &enforcement,
+        ),
     };
     let own = Own {
         container_id,

@@ -28,6 +28,8 @@ fn record(wait: WaitStatus) -> InitRecord {
             oom_kills: Some(0),
             cpu_usage_ns: Some(1_000_000),
             missing: Default::default(),
+            pids_limit: None,
+            cpu_limit_millis: None,
         },
         rusage: ChildrenRusage::default(),
         out_fs: Some(FsSpace { total_bytes: 512 << 20, free_bytes: 500 << 20 }),

@@ -35,6 +35,9 @@ impl Launch for Arc<KubeSite> {
     /// cluster sizes memory-backed volumes (read back per attempt, so not claimed here).
     fn enforces(&self) -> Vec<&'static str> {
         let mut v = vec!["memory", "cpu", "capabilities"];
+        if self.config.user.0 != 0 {
+            v.push("non_root");
+        }
         if self.config.network_denied {
             v.push("network");
         }
@@ -96,6 +99,12 @@ fn provisioned(site: &KubeSite, plan: &Plan, ready: super::launch::Ready) -> Pro
         tmp_dir: Some("/tmp".to_owned()),
         sampled_cgroup: None,
         credentials: ready.credentials,
+        held: crate::link::held(
+            plan.sizes.memory.saturating_add(site.config.link.delivery_reserve),
+            None,
+            plan.sizes.cpu_millis,
+            &ready.enforcement,
+        ),
     };
     let own = Own {
         namespace: site.namespace.clone(),

@@ -293,6 +293,16 @@ fn root_init_evidence(cfg: &KubeConfig, enforcement: &mut BTreeMap<String, Strin
             cfg.user.0, cfg.user.1, cfg.groups
         ),
     );
+    if cfg.user.0 != 0 {
+        put(
+            enforcement,
+            "non_root",
+            format!(
+                "uid {} for the command: the init drops from 0 to it before the command (init_privileges)",
+                cfg.user.0
+            ),
+        );
+    }
     put(
         enforcement,
         "capabilities",
@@ -318,6 +328,17 @@ pub(crate) fn read_back(created: &Pod, enforcement: &mut BTreeMap<String, String
     );
     let user = enforcement.remove("user").unwrap_or_default();
     put(enforcement, "user", if user.is_empty() { seen } else { format!("{user} ({seen})") });
+    // Claimed only as the API made the Pod: the kubelet refuses to start a runAsNonRoot
+    // container as uid 0. A root init's Pod says it as the init's drop (`root_init_evidence`).
+    match (sc.run_as_non_root, sc.run_as_user) {
+        (Some(true), Some(uid)) if uid != 0 => {
+            put(enforcement, "non_root", format!("uid {uid}, runAsNonRoot (read back from the created Pod)"))
+        }
+        (Some(false) | None, Some(0)) if enforcement.contains_key("non_root") => {}
+        _ => {
+            enforcement.remove("non_root");
+        }
+    }
     let caps = sc.capabilities.as_ref();
     let list =
         |l: Option<&Vec<String>>| l.filter(|l| !l.is_empty()).map_or_else(|| "none".to_owned(), |l| l.join(", "));
@@ -518,6 +539,10 @@ mod tests {
         let spec = pod(&PodInput { root_init: true, ..input(&cfg, &s, Some(1000)) });
         assert!(spec.enforcement["user"].contains("runAsUser 0") && spec.enforcement["user"].contains("[5000]"));
         assert!(spec.enforcement["capabilities"].contains("SETUID, SETGID and SETPCAP"));
+        assert!(spec.enforcement["non_root"].contains("drops from 0 to it"), "{:?}", spec.enforcement);
+        let mut read = spec.enforcement.clone();
+        read_back(&spec.pod, &mut read);
+        assert_eq!(read["non_root"], spec.enforcement["non_root"], "a root init's Pod keeps the drop's words");
         let p = spec.pod.spec.unwrap();
         let init = &p.init_containers.as_ref().unwrap()[0];
         assert_eq!((init.stdin, init.stdin_once), (Some(false), Some(false)), "nothing goes through its stdin");
@@ -552,6 +577,23 @@ mod tests {
         let r = spec.pod.spec.unwrap().containers[0].resources.clone().unwrap();
         assert_eq!(r.limits.as_ref().unwrap()["nvidia.com/gpu"].0, "2");
         assert_eq!(r.limits, r.requests);
+    }
+
+    /// `non_root` is claimed from the created Pod, not from what was asked: runAsNonRoot with a
+    /// uid other than 0 is; an admission plugin that made it root is not.
+    #[test]
+    fn non_root_is_read_back_from_the_created_pod() {
+        let (cfg, s) = (KubeConfig::default(), sizes());
+        let spec = pod(&input(&cfg, &s, None));
+        let mut read = spec.enforcement.clone();
+        read_back(&spec.pod, &mut read);
+        assert_eq!(read["non_root"], "uid 65532, runAsNonRoot (read back from the created Pod)");
+        let mut rooted = spec.pod.clone();
+        let sc = rooted.spec.as_mut().unwrap().containers[0].security_context.as_mut().unwrap();
+        (sc.run_as_user, sc.run_as_non_root) = (Some(0), Some(false));
+        let mut read = spec.enforcement.clone();
+        read_back(&rooted, &mut read);
+        assert!(!read.contains_key("non_root"), "{read:?}");
     }
 
     #[test]

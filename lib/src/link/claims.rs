@@ -69,6 +69,7 @@ pub(crate) fn apply(
                 SpawnFailureKind::NotFound => LaunchFailure::NotFound,
                 SpawnFailureKind::NotExecutable => LaunchFailure::NotExecutable,
                 SpawnFailureKind::MountRedirected => LaunchFailure::MountRedirected,
+                SpawnFailureKind::NotEnforced => LaunchFailure::NotEnforced,
                 SpawnFailureKind::Other => LaunchFailure::Other,
             });
             c.error_text = stevedore_init::wire::cap_text(&f.message, stevedore_init::wire::MAX_ERROR_TEXT);
@@ -344,6 +345,8 @@ mod tests {
                 oom_kills: Some(0),
                 cpu_usage_ns: Some(500_000_000),
                 missing: Default::default(),
+                pids_limit: None,
+                cpu_limit_millis: None,
             },
             rusage: ChildrenRusage { user_us: 100_000, system_us: 50_000, max_rss_kib: 1000 },
             out_fs: None,

@@ -178,7 +178,7 @@ fn from_record(
     j: &mut Judgement,
     ev: &mut Evidence,
 ) -> bool {
-    memory_read_back(rec, &account.bounds, ev);
+    limits_read_back(rec, &account.bounds, ev);
     let c = claims::apply(rec, account.bounds, account.expects_handler, ended.deadline_fired, ended.cancelled, ev);
     j.facts = c.facts;
     j.usage = c.usage;
@@ -196,28 +196,49 @@ fn from_record(
     account.expects_handler && c.handler_silent
 }
 
-/// The memory limit the init read in its own cgroup, against the one the rung applied: a
+/// The cgroup limits the init read in its own cgroup, against the ones the rung applied: a
 /// limit the kernel does not hold is not enforced, whatever the engine took (a rootless
 /// engine without a delegated cgroup takes it and ignores it). Only where the init found and
-/// read a cgroup: a sandbox that shows none (gVisor) says nothing here.
-fn memory_read_back(rec: &InitRecord, b: &Bounds, ev: &mut Evidence) {
+/// read a cgroup: a sandbox that shows none (gVisor) says nothing here. Memory and CPU are
+/// compared with what was applied; pids (whose applied figure the bounds do not carry) only
+/// for a cgroup that holds no limit at all.
+fn limits_read_back(rec: &InitRecord, b: &Bounds, ev: &mut Evidence) {
+    use stevedore_init::cgroup::{KEY_CPU_LIMIT, KEY_MEMORY_LIMIT, KEY_PIDS_LIMIT};
     let c = &rec.cgroup;
-    let no_limit =
-        c.missing.get(stevedore_init::cgroup::KEY_MEMORY_LIMIT).is_some_and(|w| w.ends_with("says no limit"));
-    let held = match (c.version, c.memory_limit_bytes) {
-        (None, _) => return,
-        (Some(_), Some(held)) => format!("a limit of {held} bytes"),
-        (Some(_), None) if no_limit => "no limit".to_owned(),
-        (Some(_), None) => return,
-    };
-    let applied = b.memory.saturating_add(b.reserve);
-    // The kernel rounds a limit down to a page.
-    if c.memory_limit_bytes.is_some_and(|h| h <= applied) || !ev.enforcement.contains_key("memory") {
+    if c.version.is_none() {
         return;
     }
-    ev.enforcement.remove("memory");
-    ev.skipped
-        .insert("memory".into(), format!("read back: the sandbox's cgroup holds {held}, not the {applied} applied"));
+    let applied_memory = b.memory.saturating_add(b.reserve);
+    for (name, read, key, applied, unit) in [
+        ("memory", c.memory_limit_bytes, KEY_MEMORY_LIMIT, Some(applied_memory), " bytes"),
+        ("pids", c.pids_limit, KEY_PIDS_LIMIT, None, " processes"),
+        ("cpu", c.cpu_limit_millis, KEY_CPU_LIMIT, b.cpu_limit_millis, " thousandths of a CPU"),
+    ] {
+        let no_limit = c.missing.get(key).is_some_and(|w| w.ends_with("says no limit"));
+        let held = match read {
+            // The kernel rounds a memory limit down to a page, a CPU quota to its unit.
+            Some(n) if applied.is_none_or(|a| n <= a) => {
+                // Applied and held, though the rung did not claim it (Podman 4.3 says no CFS
+                // quota on cgroup v2, and applies one): the kernel's word is the evidence.
+                if let (Some(a), false) = (applied, ev.enforcement.contains_key(name))
+                    && let Some(why) = ev.skipped.remove(name)
+                {
+                    let said =
+                        format!("read back: the sandbox's cgroup holds a limit of {n}{unit} for the {a} applied");
+                    ev.enforcement.insert(name.into(), format!("{said} (the rung had said: {why})"));
+                }
+                continue;
+            }
+            Some(n) => format!("a limit of {n}{unit}"),
+            None if no_limit => "no limit".to_owned(),
+            None => continue,
+        };
+        if ev.enforcement.remove(name).is_none() {
+            continue;
+        }
+        let against = applied.map_or_else(String::new, |a| format!(", not the {a}{unit} applied"));
+        ev.skipped.insert(name.into(), format!("read back: the sandbox's cgroup holds {held}{against}"));
+    }
 }
 
 /// The facts from what the rung saw when no record came (`None`) or one was refused
@@ -519,7 +540,7 @@ mod tests {
             rec.cgroup.memory_limit_bytes = limit;
             let mut ev = Evidence::default();
             ev.enforcement.insert("memory".into(), "asked".into());
-            memory_read_back(&rec, &b, &mut ev);
+            limits_read_back(&rec, &b, &mut ev);
             ev
         };
         let ev = judged_with(Some(1), Some(applied - 4096));
@@ -536,10 +557,46 @@ mod tests {
         rec.cgroup.missing.insert(KEY_MEMORY_LIMIT.into(), "memory/memory.limit_in_bytes says no limit".into());
         let mut ev = Evidence::default();
         ev.enforcement.insert("memory".into(), "asked".into());
-        memory_read_back(&rec, &b, &mut ev);
+        limits_read_back(&rec, &b, &mut ev);
         assert!(ev.skipped["memory"].contains("holds no limit"), "{:?}", ev.skipped);
         let ev = judged_with(None, Some(applied + (64 << 20)));
         assert!(ev.enforcement.contains_key("memory"), "no cgroup read: nothing said");
+    }
+
+    /// Pids and CPU read back too: a cgroup that holds no process limit, or a CPU quota above
+    /// the one applied, moves the claim to `skipped`; one that holds them keeps it.
+    #[test]
+    fn pids_and_cpu_limits_the_kernel_does_not_hold_are_not_enforced() {
+        use stevedore_init::cgroup::KEY_PIDS_LIMIT;
+        let mut b = account().bounds;
+        b.cpu_limit_millis = Some(500);
+        let judged_with = |pids: Option<u64>, cpu: Option<u64>| {
+            let mut rec = record();
+            rec.cgroup.version = Some(2);
+            (rec.cgroup.pids_limit, rec.cgroup.cpu_limit_millis) = (pids, cpu);
+            if pids.is_none() {
+                rec.cgroup.missing.insert(KEY_PIDS_LIMIT.into(), "pids.max says no limit".into());
+            }
+            let mut ev = Evidence::default();
+            ev.enforcement.insert("pids".into(), "asked".into());
+            ev.enforcement.insert("cpu".into(), "asked".into());
+            limits_read_back(&rec, &b, &mut ev);
+            ev
+        };
+        let ev = judged_with(Some(64), Some(500));
+        assert!(ev.enforcement.contains_key("pids") && ev.enforcement.contains_key("cpu"), "{ev:?}");
+        let ev = judged_with(None, Some(2000));
+        assert_eq!(ev.skipped["pids"], "read back: the sandbox's cgroup holds no limit");
+        assert!(ev.skipped["cpu"].contains("2000") && ev.skipped["cpu"].contains("500"), "{:?}", ev.skipped);
+        assert!(ev.enforcement.is_empty(), "{ev:?}");
+        // Held where the rung had not claimed it (the engine's info said it applies none).
+        let mut rec = record();
+        (rec.cgroup.version, rec.cgroup.cpu_limit_millis) = (Some(2), Some(500));
+        let mut ev = Evidence::default();
+        ev.skipped.insert("cpu".into(), "the engine does not apply it".into());
+        limits_read_back(&rec, &b, &mut ev);
+        assert!(!ev.skipped.contains_key("cpu"), "{ev:?}");
+        assert!(ev.enforcement["cpu"].starts_with("read back: the sandbox's cgroup holds a limit of 500"), "{ev:?}");
     }
 
     #[test]

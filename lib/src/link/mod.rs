@@ -46,6 +46,24 @@ pub(crate) fn memory_limit_text(memory: u64, reserve: u64, how: &str) -> String 
     }
 }
 
+/// The cgroup limits a rung applied through an engine it does not control (the container's,
+/// the kubelet's), for the init to read back before the command (`wire::Start::held`): only
+/// those the evidence claims enforced (one already skipped is refused before the launch).
+#[cfg(any(feature = "docker", feature = "kube"))]
+pub(crate) fn held(
+    memory: u64,
+    pids: Option<u64>,
+    cpu_millis: Option<u64>,
+    enforcement: &std::collections::BTreeMap<String, String>,
+) -> Vec<stevedore_init::wire::Held> {
+    use stevedore_init::wire::{Held, HeldLimit};
+    [(HeldLimit::Memory, Some(memory)), (HeldLimit::Pids, pids), (HeldLimit::Cpu, cpu_millis)]
+        .into_iter()
+        .filter_map(|(limit, at_most)| Some(Held { limit, at_most: at_most? }))
+        .filter(|h| enforcement.contains_key(h.limit.name()))
+        .collect()
+}
+
 /// How every rung that runs the init keeps its link: the captures, the outputs, the times.
 /// The same on every rung (`ContainerConfig::link`, `ProcessConfig::link`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

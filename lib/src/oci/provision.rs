@@ -105,6 +105,8 @@ pub(crate) async fn provision(
         tmp_dir: Some(TMP_DIR.to_owned()),
         sampled_cgroup: None,
         credentials: None,
+        // stevedore writes this cgroup itself, and reads it from the host.
+        held: Vec::new(),
     };
     let own = Own {
         id: name,

@@ -70,6 +70,8 @@ pub(crate) async fn provision(
         tmp_dir: None,
         sampled_cgroup: cleanup.cgroup.as_ref().map(cgroup::Cgroup::sampled),
         credentials: None,
+        // stevedore writes this cgroup itself, and reads it from the host.
+        held: Vec::new(),
     };
     let own = Own {
         dir,
