@@ -166,9 +166,7 @@ fn read_v2(root: &Path, c: &mut CgroupCounters) {
     c.oom_kills = figure(c, KEY_OOM_KILLS, root, "memory.events", None, |s| parse_keyed(s, "oom_kill"));
     c.cpu_usage_ns =
         figure(c, KEY_CPU, root, "cpu.stat", None, |s| parse_keyed(s, "usage_usec").map(|us| us.saturating_mul(1000)));
-    c.memory_limit_bytes = limit(c, KEY_MEMORY_LIMIT, root, "memory.max", parse_v2_limit);
-    c.pids_limit = limit(c, KEY_PIDS_LIMIT, root, "pids.max", parse_v2_limit);
-    c.cpu_limit_millis = limit(c, KEY_CPU_LIMIT, root, "cpu.max", parse_v2_cpu_max);
+    read_limits(root, Version::V2, c);
 }
 
 fn read_v1(root: &Path, c: &mut CgroupCounters) {
@@ -181,14 +179,29 @@ fn read_v1(root: &Path, c: &mut CgroupCounters) {
     let cpu =
         if root.join("cpuacct/cpuacct.usage").exists() { "cpuacct/cpuacct.usage" } else { "cpu,cpuacct/cpuacct.usage" };
     c.cpu_usage_ns = figure(c, KEY_CPU, root, cpu, None, parse_single);
-    c.memory_limit_bytes = limit(c, KEY_MEMORY_LIMIT, root, "memory/memory.limit_in_bytes", parse_v1_limit);
-    // v1's pids.max reads "max" for no limit, as v2's does.
-    c.pids_limit = limit(c, KEY_PIDS_LIMIT, root, "pids/pids.max", parse_v2_limit);
-    let dir = if root.join("cpu/cpu.cfs_quota_us").exists() { "cpu" } else { "cpu,cpuacct" };
-    let period = read(root, &format!("{dir}/cpu.cfs_period_us"), None);
-    c.cpu_limit_millis = limit(c, KEY_CPU_LIMIT, root, &format!("{dir}/cpu.cfs_quota_us"), |quota| {
-        parse_v1_cpu(quota, period.as_deref().map_err(Clone::clone)?)
-    });
+    read_limits(root, Version::V1, c);
+}
+
+/// The memory, pids and CPU limits of the cgroup at `root`: all a check before the command
+/// needs ([`check_held`]), the rest of the counters being the end's.
+fn read_limits(root: &Path, version: Version, c: &mut CgroupCounters) {
+    match version {
+        Version::V2 => {
+            c.memory_limit_bytes = limit(c, KEY_MEMORY_LIMIT, root, "memory.max", parse_v2_limit);
+            c.pids_limit = limit(c, KEY_PIDS_LIMIT, root, "pids.max", parse_v2_limit);
+            c.cpu_limit_millis = limit(c, KEY_CPU_LIMIT, root, "cpu.max", parse_v2_cpu_max);
+        }
+        Version::V1 => {
+            c.memory_limit_bytes = limit(c, KEY_MEMORY_LIMIT, root, "memory/memory.limit_in_bytes", parse_v1_limit);
+            // v1's pids.max reads "max" for no limit, as v2's does.
+            c.pids_limit = limit(c, KEY_PIDS_LIMIT, root, "pids/pids.max", parse_v2_limit);
+            let dir = if root.join("cpu/cpu.cfs_quota_us").exists() { "cpu" } else { "cpu,cpuacct" };
+            let period = read(root, &format!("{dir}/cpu.cfs_period_us"), None);
+            c.cpu_limit_millis = limit(c, KEY_CPU_LIMIT, root, &format!("{dir}/cpu.cfs_quota_us"), |quota| {
+                parse_v1_cpu(quota, period.as_deref().map_err(Clone::clone)?)
+            });
+        }
+    }
 }
 
 /// Checks, before the command starts, that the cgroup at `root` holds each limit of `held`
@@ -202,7 +215,17 @@ pub fn check_held(root: Option<&Path>, held: &[Held]) -> Result<(), String> {
         let names: Vec<&str> = held.iter().map(|h| h.limit.name()).collect();
         return Err(format!("{}: the sandbox has no cgroup of its own to read the limits back from", names.join(", ")));
     };
-    let c = read_counters(root);
+    // The limits alone: the command's start waits on this.
+    let mut c = CgroupCounters::default();
+    match detect(root) {
+        Some(version) => read_limits(root, version, &mut c),
+        None => {
+            let why = format!("no cgroup filesystem at {}", root.display());
+            for key in [KEY_MEMORY_LIMIT, KEY_PIDS_LIMIT, KEY_CPU_LIMIT] {
+                c.missing.insert(key.into(), why.clone());
+            }
+        }
+    }
     let mut wrong = Vec::new();
     for h in held {
         let (read, key, unit) = match h.limit {
