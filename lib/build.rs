@@ -15,6 +15,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
+    let dest = place();
+    // Hashed once here, not by every process that puts the init somewhere (2 MB: ~1.5 ms).
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(&dest).expect("the init was just placed");
+    println!("cargo:rustc-env=STEVEDORE_INIT_SHA256={:x}", Sha256::digest(&bytes));
+}
+
+/// Builds (or takes, or stubs) the init into `OUT_DIR`; returns where it is.
+fn place() -> PathBuf {
     println!("cargo:rerun-if-changed=../init/src");
     println!("cargo:rerun-if-changed=../init/Cargo.toml");
     println!("cargo:rerun-if-changed=../Cargo.lock");
@@ -25,12 +34,12 @@ fn main() {
     println!("cargo:rustc-env=STEVEDORE_INIT_TARGET={target}");
     if let Some(given) = std::env::var_os("STEVEDORE_INIT_BIN") {
         copy(Path::new(&given), &dest);
-        return;
+        return dest;
     }
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
         // An empty file: `sandbox::init_binary` reports that no init is embedded.
         std::fs::write(&dest, b"").expect("OUT_DIR is writable");
-        return;
+        return dest;
     }
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     // OUT_DIR is <target dir>[/<triple>]/<profile>/build/<pkg>-<hash>/out.
@@ -66,6 +75,7 @@ fn main() {
         "building the static init failed ({status}); set STEVEDORE_INIT_BIN to use a prebuilt one"
     );
     copy(&target_dir.join(&target).join("init").join("stevedore-init"), &dest);
+    dest
 }
 
 fn copy(from: &Path, to: &Path) {

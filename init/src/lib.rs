@@ -24,6 +24,7 @@
 //! - `stage`: a root PID 1 writing the inputs it is sent over the link (the container rung),
 //!   `privileges`: giving up root before the command.
 //! - `stdin`: the command's stdin from the host, within a window.
+//! - [`warm`]: a parked init warming the image's caches with the pool's last programs.
 //! - `child`: starting the command (the only unsafe code: the fork-to-exec window).
 //! - `outdir`: sending the output dir back as a tar, within the caps.
 //! - `fuzzing` (hidden): the invariants the fuzz targets in `fuzz/` check on the init's
@@ -47,6 +48,7 @@ pub mod seccomp;
 mod stage;
 mod stdin;
 pub mod tree;
+pub mod warm;
 pub mod wire;
 
 pub use outdir::send as send_outputs;

@@ -27,6 +27,8 @@ fn main() {
         Some("report") => stevedore_init::report::cli_main(&args[1..]),
         // A Pod's init container (the kube rung): the init where the attempt runs it, the inputs.
         Some("prepare") => stevedore_init::prepare::main(&args[1..]),
+        // A parked init's warming, as the sandbox's user (`init/src/warm.rs`).
+        Some("warm") => stevedore_init::warm::main(&args[1..]),
         // Run by the host, as root, in a throwaway container: hands a new cache volume's
         // root to the sandbox user (the engine makes it root's, and the archive API cannot
         // change the root of what it extracts into).

@@ -52,11 +52,14 @@ pub struct Options {
     /// A seccomp filter to install on itself before anything else (`seccomp`): the oci rung's,
     /// compiled once by the host instead of by the runtime on every start.
     pub seccomp: Option<std::path::PathBuf>,
+    /// What a parked init warms before it waits (`warm`): the pool's last programs.
+    pub warm: crate::warm::Warm,
 }
 
 impl Options {
     /// Parses the init's arguments (`[--start-within-ms MS] [--reserve BYTES] [--seccomp
-    /// PATH]`, each at most once, in any order).
+    /// PATH]`, each at most once, and the warm hints, `[--warm-name NAME]... [--warm-file
+    /// PATH]... [--warm-as UID:GID]`, in any order).
     pub fn parse(args: &[String]) -> Result<Self, String> {
         let mut o = Self::default();
         let mut it = args.iter();
@@ -77,6 +80,11 @@ impl Options {
                 "--seccomp" if o.seccomp.is_none() => {
                     let path = it.next().filter(|p| p.starts_with('/')).ok_or("--seccomp takes an absolute path")?;
                     o.seccomp = Some(path.into());
+                }
+                other if other.starts_with("--warm-") => {
+                    if !o.warm.take(other, it.next())? {
+                        return Err(format!("unexpected argument {other:?}"));
+                    }
                 }
                 other => return Err(format!("unexpected argument {other:?}")),
             }
@@ -117,6 +125,8 @@ pub fn main_with(options: Options) -> i32 {
             // Before the Start frame, so a parked init holds it while it waits and a cold
             // one while the host sends the frame: never on the command's path.
             init.reserve = crate::reserve::Reserve::hold(options.reserve_bytes);
+            // Likewise off the command's path: done before the first frame is read.
+            init.read_ahead = crate::warm::before_park(&options.warm);
             init.run()
         }
         Err(why) => {
@@ -310,6 +320,8 @@ impl Pipe {
 
 #[derive(Debug)]
 struct Init {
+    /// What the init read ahead while parked (`warm`), for the record.
+    read_ahead: Option<crate::warm::ReadAhead>,
     signals: SignalFd,
     pid1: bool,
     link: Link,
@@ -431,6 +443,7 @@ impl Init {
             sampler: None,
             reserve: crate::reserve::Reserve::default(),
             credentials: None,
+            read_ahead: None,
         }
     }
 
@@ -1075,6 +1088,12 @@ impl Init {
             reserve_bytes,
             credentials: self.credentials.take(),
             kernel: self.kernel.clone().or_else(kernel_line),
+            program: start.argv.first().and_then(|p| {
+                let path = start.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
+                crate::warm::resolve(p, path, &start.cwd)
+            }),
+            program_name: start.argv.first().filter(|p| crate::warm::valid_name(p)).cloned(),
+            read_ahead: self.read_ahead.take(),
         }
     }
 
@@ -1359,7 +1378,12 @@ mod tests {
         let o = Options::parse(&args(&["--reserve", "8388608", "--start-within-ms", "300"])).unwrap();
         assert_eq!(
             o,
-            Options { start_within: Some(Duration::from_millis(300)), reserve_bytes: 8 << 20, seccomp: None }
+            Options {
+                start_within: Some(Duration::from_millis(300)),
+                reserve_bytes: 8 << 20,
+                seccomp: None,
+                warm: Default::default()
+            }
         );
         assert_eq!(Options::parse(&[]).unwrap(), Options::default());
         let o = Options::parse(&args(&["--seccomp", "/t/seccomp.bpf"])).unwrap();

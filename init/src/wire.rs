@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The link's version; a [`Start`] of another version is refused.
-pub const PROTOCOL: u32 = 12;
+pub const PROTOCOL: u32 = 13;
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
 /// The largest payload a request may carry.
@@ -1103,6 +1103,18 @@ pub struct InitRecord {
     /// [`MAX_KERNEL_LINE`] bytes). The host compares it with its own to show a `vm` level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
+    /// The file the command's program resolved to in the sandbox (along its `PATH`, links
+    /// followed; at most [`crate::warm::MAX_HINT_LEN`] bytes), read after the command ended:
+    /// what a warm pool reads ahead for the next attempts on the image (`crate::warm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// The program's name as the command gave it, where it has no slash (looked up along
+    /// `PATH`), at most [`crate::warm::MAX_HINT_LEN`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program_name: Option<String>,
+    /// What the init read ahead while it was parked (`crate::warm`), where it was asked to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ahead: Option<crate::warm::ReadAhead>,
 }
 
 /// The most of `/proc/version`'s line the record carries.

@@ -159,6 +159,16 @@ fn init_record() -> InitRecord {
         reserve_bytes: 8 << 20,
         credentials: None,
         kernel: None,
+        program: Some("/bin/busybox".into()),
+        program_name: Some("true".into()),
+        read_ahead: Some(stevedore_init::warm::ReadAhead {
+            uid: 65532,
+            names: 1,
+            files: 1,
+            bytes: 2_157_288,
+            ms: 3,
+            ..Default::default()
+        }),
     }
 }
 

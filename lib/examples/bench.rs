@@ -14,8 +14,10 @@
 //! ```
 //!
 //! `STEVEDORE_LOG=stevedore=debug` shows the time of every engine call stevedore makes.
-//! `STEVEDORE_BENCH_ONLY=g` (or `h`, `k`, `gh`, ...) runs only those letters (the outputs, the timeline), in the
-//! chosen mode, with their summary.
+//! `STEVEDORE_BENCH_ONLY=g` (or `e`, `h`, `k`, `gh`, ...) runs only those letters (the warm
+//! pool against (b), the outputs, the timeline), in the chosen mode, with their summary.
+//! `STEVEDORE_BENCH_READ_AHEAD=off` parks containers whose init reads nothing ahead
+//! (`PoolConfig::read_ahead`), to compare.
 //!
 //! # What each letter measures
 //! Every container runs `stevedore-test/busybox:latest`, built here from Debian's static
@@ -430,7 +432,13 @@ const WARM_POOL: usize = 4;
 async fn warm_rung(b: &Bench) -> Res<&'static ContainerExecutor> {
     WARM.get_or_try_init(|| async {
         let mut cfg = ContainerConfig::default();
-        cfg.pool = Some(stevedore::container::PoolConfig::new(WARM_POOL, b.new_worker("warm")).image(BUSYBOX_IMAGE));
+        // `STEVEDORE_BENCH_READ_AHEAD=off`: the parked inits read nothing ahead (the A of an A/B).
+        let read_ahead = std::env::var("STEVEDORE_BENCH_READ_AHEAD").map_or(true, |v| v != "off");
+        cfg.pool = Some(
+            stevedore::container::PoolConfig::new(WARM_POOL, b.new_worker("warm"))
+                .image(BUSYBOX_IMAGE)
+                .read_ahead(read_ahead),
+        );
         // Every attempt of the bench asks for the same limits: /tmp of the default size class.
         // A warm attempt's container is removed after its outcome is returned (close waits).
         cfg.background_cleanup = true;
@@ -977,11 +985,15 @@ async fn single_attempts(b: &Bench) -> Res<Single> {
         Kind::Warm,
         Kind::WarmInputs,
     ];
+    single_attempts_of(b, &kinds).await
+}
+
+async fn single_attempts_of(b: &Bench, kinds: &[Kind]) -> Res<Single> {
     // Warm-up, not counted: the first attempt of a process finds (or publishes) stevedore's
     // init volume, the first handler loads the worker image, the CLI warms its caches.
     let mut warmup = Vec::new();
     let mut available = Vec::new();
-    for k in kinds {
+    for &k in kinds {
         if let Some(d) = k.once(b).await? {
             warmup.push((k, d));
             available.push(k);
@@ -1323,6 +1335,13 @@ fn check_outputs(o: &Outcome, files: usize, bytes: u64) -> Res<()> {
 /// `STEVEDORE_BENCH_ONLY`: (g), (h) and/or (k) alone, for iterating on one of them.
 async fn only_outputs(b: &Bench, only: &str) -> Res<Vec<Row>> {
     let mut rows = Vec::new();
+    if only.contains('e') {
+        let single = single_attempts_of(b, &[Kind::Cli, Kind::Warm, Kind::WarmInputs]).await?;
+        single.print();
+        single.rows(&mut rows);
+        rows.retain(|r| r.figure.starts_with("(e)") || r.figure.starts_with("(b)"));
+        warm_profile(b);
+    }
     if only.contains('g') {
         outputs(b, &mut rows).await?;
     }
@@ -1333,7 +1352,7 @@ async fn only_outputs(b: &Bench, only: &str) -> Res<Vec<Row>> {
         sampling(b, &mut rows).await?;
     }
     if rows.is_empty() {
-        return Err(format!("STEVEDORE_BENCH_ONLY={only:?}: expected g, h, k or a mix"));
+        return Err(format!("STEVEDORE_BENCH_ONLY={only:?}: expected e, g, h, k or a mix"));
     }
     Ok(rows)
 }

@@ -264,10 +264,10 @@ impl PrivateDir {
     /// when missing) and returns that subdirectory's path: a directory a local engine
     /// bind-mounts read-only into containers, so its modes let any uid read. No other user
     /// reaches it (this directory is 0700); a file already there is kept only when it is
-    /// this user's, a regular file, and holds exactly `bytes` (its sha256 is `digest`).
+    /// this user's, a regular file, and holds exactly `bytes` (compared byte for byte: a
+    /// digest of it would cost a second hash of the same bytes).
     #[cfg(feature = "docker")]
-    pub fn readable_copy(&self, name: &str, file: &str, bytes: &[u8], digest: &str) -> Result<PathBuf, HostDirError> {
-        use sha2::{Digest, Sha256};
+    pub fn readable_copy(&self, name: &str, file: &str, bytes: &[u8]) -> Result<PathBuf, HostDirError> {
         use std::io::{Read, Write};
         if !safe_name(name) || !safe_name(file) {
             return Err(HostDirError::BadName(format!("{name}/{file}")));
@@ -302,10 +302,7 @@ impl PrivateDir {
                     && u64::try_from(st.st_size).ok() == Some(bytes.len() as u64)
             });
             let mut held = Vec::with_capacity(bytes.len());
-            if kept
-                && File::from(fd).take(bytes.len() as u64 + 1).read_to_end(&mut held).is_ok()
-                && format!("{:x}", Sha256::digest(&held)) == digest
-            {
+            if kept && File::from(fd).take(bytes.len() as u64 + 1).read_to_end(&mut held).is_ok() && held == bytes {
                 return Ok(path);
             }
         }
@@ -513,37 +510,35 @@ mod tests {
     #[cfg(feature = "docker")]
     #[test]
     fn the_inits_readable_copy_is_replaced_unless_it_is_exactly_the_init() {
-        use sha2::{Digest, Sha256};
         let t = tempfile::tempdir().unwrap();
         let base = PrivateDir::open(&t.path().join("base")).unwrap();
         let bytes = b"\x7fELF the init";
-        let digest = format!("{:x}", Sha256::digest(bytes));
-        let dir = base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        let dir = base.readable_copy("d1", "init", bytes).unwrap();
         let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o7777;
         assert_eq!((mode(&dir), mode(&dir.join("init"))), (0o755, 0o755));
         assert_eq!(mode(base.path()), 0o700, "no other user reaches it");
         let inode = std::fs::metadata(dir.join("init")).unwrap().ino();
-        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        base.readable_copy("d1", "init", bytes).unwrap();
         assert_eq!(std::fs::metadata(dir.join("init")).unwrap().ino(), inode, "an exact copy is kept");
 
         std::fs::write(dir.join("init"), b"\x7fELF planted!!").unwrap();
-        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        base.readable_copy("d1", "init", bytes).unwrap();
         assert_eq!(std::fs::read(dir.join("init")).unwrap(), bytes, "a changed copy is replaced");
 
         let elsewhere = t.path().join("elsewhere");
         std::fs::write(&elsewhere, bytes).unwrap();
         std::fs::remove_file(dir.join("init")).unwrap();
         symlink(&elsewhere, dir.join("init")).unwrap();
-        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        base.readable_copy("d1", "init", bytes).unwrap();
         assert!(std::fs::symlink_metadata(dir.join("init")).unwrap().file_type().is_file(), "the symlink is replaced");
         assert_eq!(std::fs::read(&elsewhere).unwrap(), bytes, "and never written through");
 
         std::fs::set_permissions(dir.join("init"), std::fs::Permissions::from_mode(0o777)).unwrap();
-        base.readable_copy("d1", "init", bytes, &digest).unwrap();
+        base.readable_copy("d1", "init", bytes).unwrap();
         assert_eq!(mode(&dir.join("init")), 0o755, "a copy others could write is replaced");
 
         // Another version's copy: kept while young, removed once stale; never this one.
-        let old = base.readable_copy("d0", "init", bytes, &digest).unwrap();
+        let old = base.readable_copy("d0", "init", bytes).unwrap();
         let now = i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs());
         assert_eq!(base.prune_readable_copies("d1", "init", now.unwrap() - 3600), 0);
         assert_eq!(base.prune_readable_copies("d1", "init", now.unwrap() + 10), 1);
@@ -551,7 +546,7 @@ mod tests {
 
         std::fs::create_dir(t.path().join("other")).unwrap();
         symlink(t.path().join("other"), base.path().join("d2")).unwrap();
-        let err = base.readable_copy("d2", "init", bytes, &digest).unwrap_err();
+        let err = base.readable_copy("d2", "init", bytes).unwrap_err();
         assert!(matches!(err, HostDirError::Untrusted { .. }), "{err}");
         assert!(std::fs::read_dir(t.path().join("other")).unwrap().next().is_none(), "nothing written through it");
     }

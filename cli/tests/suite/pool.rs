@@ -267,3 +267,61 @@ fn a_rung_dropped_by_a_panic_leaves_no_tools_volume_and_no_parked_container() {
         assert_eq!(left, (vec![], vec![]), "pool {pool}: left behind by incarnation {incarnation}");
     }
 }
+
+/// The parked init's arguments (its container's command), of the pool's one running
+/// container (an attempt's, removed in the background, has ended).
+async fn parked_args(docker: &bollard::Docker, w: &str) -> Vec<String> {
+    let mut running = Vec::new();
+    for id in labelled(docker, w).await.0 {
+        let Ok(c) = docker.inspect_container(&id, None).await else { continue };
+        if c.state.and_then(|s| s.running) == Some(true) {
+            running.push(c.config.and_then(|c| c.cmd).unwrap_or_default());
+        }
+    }
+    assert_eq!(running.len(), 1, "one parked container: {running:?}");
+    running.remove(0)
+}
+
+fn has(args: &[String], pair: [&str; 2]) -> bool {
+    args.windows(2).any(|w| w[0] == pair[0] && w[1] == pair[1])
+}
+
+/// What the pool's last attempts ran is read ahead by the next fills' inits
+/// (`init/src/warm.rs`) as the sandbox's user, never as root; the record says what was read;
+/// the claim still finds the init alone (the reader is gone).
+#[tokio::test]
+async fn a_fill_reads_ahead_what_the_last_attempts_ran_as_the_sandbox_user() {
+    let Some((docker, image)) = setup().await else { return };
+    let w = worker("pool-read-ahead");
+    let rung = pooled(&w, &image, 1).await;
+    let first = parked_args(&docker, &w).await;
+    assert!(!first.iter().any(|a| a.starts_with("--warm")), "nothing was run yet: {first:?}");
+    let t = tempfile::tempdir().unwrap();
+    let req = |dir: &str, argv: &[&str]| {
+        stevedore::Request::command("job", argv.iter().copied(), t.path().join(dir)).worker(&w).image(&image)
+    };
+    let ok =
+        |o: &stevedore::Outcome| assert_eq!((o.status, o.evidence.warm), (Status::Ok, Some(true)), "{}", o.to_json());
+    let o = run(&rung, &req("a", &["true"])).await;
+    ok(&o);
+    assert!(!o.evidence.notes.iter().any(|n| n.starts_with("read ahead")), "{:?}", o.evidence.notes);
+    // Each claim's refill is made while its attempt runs: the one B's claim makes knows A's.
+    assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool refills");
+    ok(&run(&rung, &req("b", &["sh", "-c", "true"])).await);
+    assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool refills");
+    let args = parked_args(&docker, &w).await;
+    // busybox's `true` is a link to /bin/busybox: the file, not the link, is read.
+    for pair in [["--warm-name", "true"], ["--warm-file", "/bin/busybox"], ["--warm-as", "65532:65532"]] {
+        assert!(has(&args, pair), "{pair:?} in {args:?}");
+    }
+    let o = run(&rung, &req("c", &["true"])).await;
+    ok(&o);
+    let note = o.evidence.notes.iter().find(|n| n.starts_with("read ahead")).expect("a read-ahead note");
+    assert!(note.contains("as uid 65532") && note.contains("read 1 file(s)"), "{note}");
+    assert!(rung.warm_up(Duration::from_secs(60)).await, "the pool refills");
+    let args = parked_args(&docker, &w).await;
+    assert!(has(&args, ["--warm-name", "sh"]) && has(&args, ["--warm-name", "true"]), "{args:?}");
+    assert_eq!(args.iter().filter(|a| *a == "--warm-file").count(), 1, "one file for both names: {args:?}");
+    rung.close().await;
+    assert_eq!(labelled(&docker, &w).await, (vec![], vec![]), "close drains the pool and leaves nothing");
+}

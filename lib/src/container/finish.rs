@@ -59,6 +59,23 @@ pub(crate) async fn witness(site: &ContainerSite, own: &Own, link_verdict: bool)
 }
 
 /// The rung's evidence, and the bounds the record's claims are checked against.
+/// What the parked init said it read ahead, in words.
+fn read_ahead_note(ra: &stevedore_init::warm::ReadAhead) -> String {
+    if ra.failed {
+        return "read ahead: the parked init's reader could not run; nothing was read ahead".into();
+    }
+    format!(
+        "read ahead: the parked init looked up {} program name(s) and read {} file(s), {} bytes, as uid {} in {} ms \
+         before the claim (the programs the pool's last attempts ran){}",
+        ra.names,
+        ra.files,
+        ra.bytes,
+        ra.uid,
+        ra.ms,
+        if ra.cut { "; cut short by its bound" } else { "" }
+    )
+}
+
 pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
     let cfg = &site.config;
     let engine = site.engine.facts();
@@ -78,7 +95,14 @@ pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended,
                 .into(),
         );
     }
-    let measured = ended.record.as_ref().and_then(|r| r.as_ref().ok()).map(|r| r.measured.clone()).unwrap_or_default();
+    let record = ended.record.as_ref().and_then(|r| r.as_ref().ok());
+    if let Some(r) = record {
+        super::pool::learn(site, &own.image_ref, r.program_name.as_deref(), r.program.as_deref());
+        if let Some(ra) = r.read_ahead.as_ref().filter(|_| own.warm == Some(true)) {
+            ev.notes.push(read_ahead_note(ra));
+        }
+    }
+    let measured = record.map(|r| r.measured.clone()).unwrap_or_default();
     for (name, volume, path) in &own.caches {
         let bytes = measured.iter().find(|m| &m.path == path).map(|m| m.seen.written_bytes);
         ev.caches.insert(name.clone(), CacheUse { volume: volume.clone(), path: path.clone(), bytes });

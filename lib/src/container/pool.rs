@@ -63,17 +63,27 @@ pub struct PoolConfig {
     /// Fills under way at most at once (default 2): the engine makes them beside the
     /// attempts, and more at once only slows both.
     pub max_filling: usize,
+    /// Whether a parked container's init reads ahead the programs the pool's last attempts
+    /// ran (default on, `init/src/warm.rs`): on an engine whose image root is served by a
+    /// FUSE daemon (fuse-overlayfs) it takes their lookups and first reads off the claim.
+    pub read_ahead: bool,
 }
 
 impl PoolConfig {
     /// A pool of `size` containers for `worker`.
     pub fn new(size: usize, worker: impl Into<String>) -> Self {
-        Self { size, worker: worker.into(), image: None, max_filling: 2 }
+        Self { size, worker: worker.into(), image: None, max_filling: 2, read_ahead: true }
     }
 
     /// Parks containers of `image` instead of the worker image.
     pub fn image(mut self, image: impl Into<String>) -> Self {
         self.image = Some(image.into());
+        self
+    }
+
+    /// Whether parked inits read ahead what the last attempts ran (see [`PoolConfig::read_ahead`]).
+    pub fn read_ahead(mut self, on: bool) -> Self {
+        self.read_ahead = on;
         self
     }
 
@@ -489,6 +499,7 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
             podman: facts.is_podman(),
             publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
             caches: &[],
+            warm: &warm_args(shared, pool, stage),
         });
         left.container(name.clone());
         let container_id = api.create_container(&name, body).await?;
@@ -518,6 +529,78 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
         pool.pending().remove(&attempt_id);
     }
     made
+}
+
+/// The most recent distinct programs of each kind a parked init warms (`Hints`).
+const HINTS_KEPT: usize = 4;
+
+/// What the pool's last attempts ran, for the next fills to warm (`init/src/warm.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct Hints {
+    names: VecDeque<String>,
+    files: VecDeque<String>,
+}
+
+/// Where an attempt's own mounts are: nothing there is the image's.
+const NOT_THE_IMAGE: [&str; 7] = ["/in", "/out", "/tmp", "/dev", "/proc", "/sys", "/.stevedore"];
+
+/// Keeps what an attempt of the pool's image ran (its init's record: the program's name as
+/// given and the file it resolved to) for the next fills. A file under one of the attempt's
+/// mounts is not the image's, so it is left out.
+pub(crate) fn learn(shared: &ContainerSite, image_ref: &str, name: Option<&str>, file: Option<&str>) {
+    let Some(pool) = &shared.pool else { return };
+    if image_of(shared).as_deref() != Some(image_ref) {
+        return;
+    }
+    let mut h = pool.hints.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let keep = |list: &mut VecDeque<String>, v: &str| {
+        list.retain(|x| x != v);
+        list.push_front(v.to_owned());
+        list.truncate(HINTS_KEPT);
+    };
+    if let Some(n) = name.filter(|n| stevedore_init::warm::valid_name(n)) {
+        keep(&mut h.names, n);
+    }
+    if let Some(f) = file.filter(|f| of_the_image(f)) {
+        keep(&mut h.files, f);
+    }
+}
+
+/// Whether `f` can be a file of the image: absolute, and under none of an attempt's mounts.
+fn of_the_image(f: &str) -> bool {
+    stevedore_init::warm::valid_file(f)
+        && !NOT_THE_IMAGE.iter().any(|m| f.strip_prefix(m).is_some_and(|r| r.is_empty() || r.starts_with('/')))
+}
+
+/// The init's warm arguments for a fill: the hints, and for a root init the user it warms as
+/// (the sandbox's, numeric where the inputs travel over the link: `stage::not_over_link`).
+fn warm_args(shared: &ContainerSite, pool: &Pool, stage: bool) -> Vec<String> {
+    if !config(shared).is_some_and(|c| c.read_ahead) {
+        return Vec::new();
+    }
+    let h = pool.hints.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let w = stevedore_init::warm::Warm {
+        names: h.names.iter().cloned().collect(),
+        files: h.files.iter().cloned().collect(),
+        as_user: None,
+    };
+    if w.is_empty() {
+        return Vec::new();
+    }
+    let mut args = w.args();
+    if stage {
+        let ids = shared
+            .config
+            .user
+            .split_once(':')
+            .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+        match ids {
+            Some((u, g)) if u != 0 && g != 0 => args.extend(["--warm-as".to_owned(), format!("{u}:{g}")]),
+            // A root init reads nothing of the image for itself.
+            _ => return Vec::new(),
+        }
+    }
+    args
 }
 
 async fn remove(shared: &ContainerSite, containers: &[String], volumes: &[String]) {
@@ -585,4 +668,30 @@ pub(crate) async fn wait_full(shared: &Arc<ContainerSite>, within: Duration) -> 
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_files_of_the_image_are_read_ahead() {
+        for f in ["/bin/busybox", "/usr/bin/python3", "/tmpfoo/x", "/output/bin", "/inbox"] {
+            assert!(of_the_image(f), "{f}");
+        }
+        for f in [
+            "/tmp/x",
+            "/out/bin/tool",
+            "/in/run.sh",
+            "/proc/self/exe",
+            "/dev/zero",
+            "/sys/x",
+            "/.stevedore/tools/stevedore-init",
+            "/in",
+            "bin/x",
+            "/a/../tmp/x",
+        ] {
+            assert!(!of_the_image(f), "{f}");
+        }
+    }
 }

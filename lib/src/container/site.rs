@@ -139,6 +139,8 @@ pub(crate) struct Pool {
     /// What fills under way (or parked containers being discarded) made, by their id: a
     /// fill cut short by a runtime going away leaves them to the rung's `Drop` backstop.
     pub(super) pending: std::sync::Mutex<HashMap<String, Objects>>,
+    /// What the last attempts on the pool's image ran: the next fills warm it.
+    pub(super) hints: std::sync::Mutex<super::pool::Hints>,
 }
 
 /// What the warm pool did since the rung was made.

@@ -44,6 +44,8 @@ pub struct SpecInput<'a> {
     pub publish_ip: &'a str,
     /// Named caches: (name, volume, path), mounted read-write.
     pub caches: &'a [(String, String, String)],
+    /// The init's warm hints (a parked container's, `init/src/warm.rs`): extra arguments.
+    pub warm: &'a [String],
 }
 
 /// The spec, and what enforcement it applies or skips (item → how / why).
@@ -198,7 +200,7 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     let body = ContainerCreateBody {
         image: Some(input.image.to_owned()),
         entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
-        cmd: Some(init_args(reserve)),
+        cmd: Some(init_args(reserve).into_iter().chain(input.warm.iter().cloned()).collect()),
         env: Some(env),
         user: Some(user),
         attach_stdin: Some(true),
@@ -646,6 +648,7 @@ mod tests {
             podman: false,
             publish_ip: "127.0.0.1",
             caches: &[],
+            warm: &[],
         }
     }
 

@@ -45,6 +45,9 @@ fn record(wait: WaitStatus) -> InitRecord {
         reserve_bytes: 0,
         credentials: None,
         kernel: None,
+        program: None,
+        program_name: None,
+        read_ahead: None,
     }
 }
 

@@ -136,7 +136,7 @@ pub fn host_copy(engine: &Engine) -> Result<ToolsVolume, Option<String>> {
     let copied = crate::hostdir::open_default_base()
         .and_then(|base| base.subdir("tools"))
         .and_then(|tools| {
-            let dir = tools.readable_copy(short(digest), INIT_NAME, bytes, digest)?;
+            let dir = tools.readable_copy(short(digest), INIT_NAME, bytes)?;
             // Other versions' copies written longer ago than a tools volume is kept.
             let stale = crate::contract::unix_ms_now() / 1000 - STALE_AFTER.as_secs();
             tools.prune_readable_copies(short(digest), INIT_NAME, i64::try_from(stale).unwrap_or(0));

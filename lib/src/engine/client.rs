@@ -183,6 +183,12 @@ fn dial(endpoint: &Endpoint, secs: u64, version: &bollard::ClientVersion) -> Res
     .map_err(connect_err)
 }
 
+/// The version both speak: the engine's newest, where it is older than this build's.
+fn negotiated(engine_api: Option<&str>) -> Option<bollard::ClientVersion> {
+    let engine = parse_version(engine_api?)?;
+    Some(if engine < *bollard::API_DEFAULT_VERSION { engine } else { *bollard::API_DEFAULT_VERSION })
+}
+
 /// `1.41` as bollard's version.
 fn parse_version(v: &str) -> Option<bollard::ClientVersion> {
     let (major, minor) = v.split_once('.')?;
@@ -229,13 +235,25 @@ impl Engine {
         // connection (a burst of new connections can lose one on the way, e.g. through
         // qemu's user network: it then waits for ever).
         let first = connect_timeout(timeout, change);
-        let docker = first_call("negotiate version", timeout, first, || docker.clone().negotiate_version()).await?;
-        // Side by side: each is a few ms of the engine's, paid by every process before its first attempt.
+        // One round trip, paid by every process before its first attempt: `/version` and
+        // `/info` side by side, the negotiation done from that `/version` (bollard's own
+        // `negotiate_version` asks it once more first). Both paths answer whatever version the
+        // client speaks: bollard joins each path onto the base URL as an absolute path, so its
+        // requests carry no version prefix and the engine answers at its own (an engine that
+        // refuses a version refuses `/v1.xx/…`, never `/info`).
         let (version, info) = tokio::join!(
             first_call("version", timeout, first, || docker.version()),
             first_call("info", timeout, first, || docker.info())
         );
         let (version, info) = (version?, info?);
+        let docker = match negotiated(version.api_version.as_deref()) {
+            Some(v) if v < *bollard::API_DEFAULT_VERSION => dial(&endpoint, secs, &v)?,
+            Some(_) => docker,
+            None => {
+                let source = bollard::errors::Error::APIVersionParseError {};
+                return Err(EngineError::Api { op: "negotiate version", source: Box::new(source) });
+            }
+        };
         // Podman names itself in its components (its platform name is the OS); Docker in its
         // platform name, which a distribution's build may leave empty.
         let components: Vec<String> = version.components.iter().flatten().map(|c| c.name.clone()).collect();
@@ -372,5 +390,21 @@ impl Engine {
                 lost
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_spoken_is_the_older_of_the_two() {
+        let v = |s: &str| negotiated(Some(s)).map(|v| v.to_string());
+        assert_eq!(v("1.41").as_deref(), Some("1.41"));
+        assert_eq!(v("1.44").as_deref(), Some("1.44"));
+        assert_eq!(v("9.99"), Some(bollard::API_DEFAULT_VERSION.to_string()));
+        assert_eq!(v("one.41"), None);
+        assert_eq!(v("1.41.2"), None);
+        assert_eq!(negotiated(None).map(|v| v.to_string()), None);
     }
 }

@@ -411,6 +411,9 @@ mod tests {
             reserve_bytes: 0,
             credentials: None,
             kernel: None,
+            program: None,
+            program_name: None,
+            read_ahead: None,
         }
     }
 

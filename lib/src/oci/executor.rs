@@ -152,7 +152,7 @@ impl OciExecutor {
             crate::util::hex(&sha2::Sha256::digest(init))
         };
         let tools_dir = base.subdir("tools")?;
-        let tools = tools_dir.readable_copy(&init_digest[..16], stevedore_init::wire::INIT_NAME, init, &init_digest)?;
+        let tools = tools_dir.readable_copy(&init_digest[..16], stevedore_init::wire::INIT_NAME, init)?;
         let seccomp = match config.seccomp {
             true => {
                 let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -161,14 +161,7 @@ impl OciExecutor {
                     true => Seccomp::ByRuntime { profile, why: "configured (seccomp_by_runtime)".into() },
                     false => match super::seccomp::compile(&profile, std::env::consts::ARCH) {
                         Ok((bpf, syscalls)) => {
-                            use sha2::Digest;
-                            let digest = crate::util::hex(&sha2::Sha256::digest(&bpf));
-                            tools_dir.readable_copy(
-                                &init_digest[..16],
-                                stevedore_init::seccomp::FILE_NAME,
-                                &bpf,
-                                &digest,
-                            )?;
+                            tools_dir.readable_copy(&init_digest[..16], stevedore_init::seccomp::FILE_NAME, &bpf)?;
                             Seccomp::ByInit { profile, syscalls }
                         }
                         Err(e) => Seccomp::ByRuntime { profile, why: e.to_string() },
