@@ -66,6 +66,8 @@ pub struct PoolConfig {
     /// Whether a parked container's init reads ahead the programs the pool's last attempts
     /// ran (default on, `init/src/warm.rs`): on an engine whose image root is served by a
     /// FUSE daemon (fuse-overlayfs) it takes their lookups and first reads off the claim.
+    /// A later attempt can tell by timing which of the image's programs recent ones ran: off
+    /// where attempts of one pool must not learn even that of each other.
     pub read_ahead: bool,
 }
 
