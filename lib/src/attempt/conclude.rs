@@ -53,12 +53,13 @@ pub(crate) async fn conclude<S: Site>(
     if last_frame {
         site.last_frame(&ledger.own);
     }
-    // A sandbox that showed its init no cgroup: the host's read of it, now, before the runtime
-    // removes it with the sandbox.
+    // A sandbox that showed its init no cgroup: the host's read of it, made before the init's
+    // ack (`link::supervise`), else now, before the runtime removes it with the sandbox.
     let mut host_read = false;
+    let before_ack = ended.host_counters.take();
     if let Some(Ok(rec)) = ended.record.as_mut().filter(|_| last_frame)
         && rec.cgroup.version.is_none()
-        && let Some(c) = site.sandbox_counters(&ledger.own)
+        && let Some(c) = before_ack.or_else(|| site.sandbox_counters(&ledger.own))
     {
         rec.cgroup = c;
         host_read = true;

@@ -120,6 +120,10 @@ impl<S: Site> Reach for SiteReach<'_, S> {
         Box::pin(self.site.init_runs(&self.ledger.own))
     }
 
+    fn sandbox_counters(&self) -> Option<stevedore_init::wire::CgroupCounters> {
+        self.site.sandbox_counters(&self.ledger.own)
+    }
+
     fn reopen<'a>(
         &'a self,
         link_id: &'a str,

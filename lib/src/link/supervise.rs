@@ -81,6 +81,8 @@ pub(crate) struct Ended {
     pub hard_killed: bool,
     /// The record, verified and parsed, or why it was refused; `None`: none arrived.
     pub record: Option<Result<Box<InitRecord>, String>>,
+    /// The sandbox's cgroup as the host read it before the ack, where the record read none.
+    pub host_counters: Option<stevedore_init::wire::CgroupCounters>,
     /// The outputs tar did not end within its time.
     pub collection_timed_out: bool,
     /// The collection's deadline as the host worked it out, and how long it took.
@@ -152,6 +154,8 @@ pub(crate) trait Reach: Sync {
     fn reopen<'a>(&'a self, link_id: &'a str, within: Duration) -> BoxFuture<'a, Result<Transport, String>>;
     /// Whether the init still runs (`None`: cannot tell now).
     fn init_runs(&self) -> BoxFuture<'_, Option<bool>>;
+    /// The sandbox's cgroup as the host reads it, where it can (`attempt::host_cgroup`).
+    fn sandbox_counters(&self) -> Option<stevedore_init::wire::CgroupCounters>;
 }
 
 /// The rung's timing rules for supervision.
@@ -264,7 +268,7 @@ pub(crate) async fn supervise(
     if let Some((since, deadline)) = t.collecting {
         ended.collection = Some((deadline, since.elapsed()));
     }
-    finish(r, ended, closed, rules.call_timeout).await
+    finish(r, ended, closed, rules.call_timeout, stop).await
 }
 
 /// The deadline until the init says the command started: the request's absolute one, and a
@@ -390,9 +394,15 @@ fn ask_the_hook<'a>(
 
 /// Once the loop ended: the heartbeat stops, the init gets its ack (it may exit now), and
 /// the reader's end is awaited within the rung's call timeout.
-async fn finish(r: &mut Linked, mut ended: Ended, closed: bool, call_timeout: Duration) -> Ended {
+async fn finish(r: &mut Linked, mut ended: Ended, closed: bool, call_timeout: Duration, stop: &dyn Reach) -> Ended {
     for h in [r.heartbeat.take(), r.stdin.take()].into_iter().flatten() {
         h.abort();
+    }
+    // A record that read no cgroup (gVisor shows the init none): the host reads the sandbox's
+    // own now, while the init waits for its ack, since the runtime removes that cgroup with
+    // the sandbox once the init exits.
+    if matches!(&ended.record, Some(Ok(rec)) if rec.cgroup.version.is_none()) {
+        ended.host_counters = stop.sandbox_counters();
     }
     // The init may exit now; if the link is gone this changes nothing.
     if !closed {
