@@ -58,7 +58,6 @@ pub(crate) async fn witness(site: &ContainerSite, own: &Own, link_verdict: bool)
     }
 }
 
-/// The rung's evidence, and the bounds the record's claims are checked against.
 /// What the parked init said it read ahead, in words.
 fn read_ahead_note(ra: &stevedore_init::warm::ReadAhead) -> String {
     if ra.failed {
@@ -76,6 +75,7 @@ fn read_ahead_note(ra: &stevedore_init::warm::ReadAhead) -> String {
     )
 }
 
+/// The rung's evidence, and the bounds the record's claims are checked against.
 pub(crate) fn account(site: &ContainerSite, ledger: &Ledger<Own>, ended: &Ended, ev: &mut Evidence) -> Account {
     let cfg = &site.config;
     let engine = site.engine.facts();
