@@ -52,14 +52,11 @@ pub struct Options {
     /// A seccomp filter to install on itself before anything else (`seccomp`): the oci rung's,
     /// compiled once by the host instead of by the runtime on every start.
     pub seccomp: Option<std::path::PathBuf>,
-    /// What a parked init warms before it waits (`warm`): the pool's last programs.
-    pub warm: crate::warm::Warm,
 }
 
 impl Options {
     /// Parses the init's arguments (`[--start-within-ms MS] [--reserve BYTES] [--seccomp
-    /// PATH]`, each at most once, and the warm hints, `[--warm-name NAME]... [--warm-file
-    /// PATH]... [--warm-as UID:GID]`, in any order).
+    /// PATH]`, each at most once, in any order).
     pub fn parse(args: &[String]) -> Result<Self, String> {
         let mut o = Self::default();
         let mut it = args.iter();
@@ -80,11 +77,6 @@ impl Options {
                 "--seccomp" if o.seccomp.is_none() => {
                     let path = it.next().filter(|p| p.starts_with('/')).ok_or("--seccomp takes an absolute path")?;
                     o.seccomp = Some(path.into());
-                }
-                other if other.starts_with("--warm-") => {
-                    if !o.warm.take(other, it.next())? {
-                        return Err(format!("unexpected argument {other:?}"));
-                    }
                 }
                 other => return Err(format!("unexpected argument {other:?}")),
             }
@@ -125,8 +117,18 @@ pub fn main_with(options: Options) -> i32 {
             // Before the Start frame, so a parked init holds it while it waits and a cold
             // one while the host sends the frame: never on the command's path.
             init.reserve = crate::reserve::Reserve::hold(options.reserve_bytes);
-            // Likewise off the command's path: done before the first frame is read.
-            init.read_ahead = crate::warm::before_park(&options.warm);
+            // Likewise off the command's path: done before the first frame is read, and
+            // ended by the host's first bytes (the claim never waits for it). Hints that do
+            // not parse warm nothing; the attempt is not the hints'.
+            if let Ok(Some(w)) = crate::warm::Warm::from_env() {
+                let link = init.link.input();
+                let claimed = |wait: Duration| {
+                    let mut fds = [PollFd::new(link, PollFlags::POLLIN)];
+                    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+                    matches!(poll(&mut fds, PollTimeout::from(ms)), Ok(n) if n > 0)
+                };
+                init.read_ahead = crate::warm::before_park(&w, &claimed);
+            }
             init.run()
         }
         Err(why) => {
@@ -1378,12 +1380,7 @@ mod tests {
         let o = Options::parse(&args(&["--reserve", "8388608", "--start-within-ms", "300"])).unwrap();
         assert_eq!(
             o,
-            Options {
-                start_within: Some(Duration::from_millis(300)),
-                reserve_bytes: 8 << 20,
-                seccomp: None,
-                warm: Default::default()
-            }
+            Options { start_within: Some(Duration::from_millis(300)), reserve_bytes: 8 << 20, seccomp: None }
         );
         assert_eq!(Options::parse(&[]).unwrap(), Options::default());
         let o = Options::parse(&args(&["--seccomp", "/t/seccomp.bpf"])).unwrap();

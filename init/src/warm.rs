@@ -1,17 +1,21 @@
-//! A parked init warming its image before the claim (`--warm-name`, `--warm-file`): the
-//! programs the pool's last attempts ran, looked up along `PATH` and read once through the
-//! container's root, so that the claim's `execve` and the command's first page faults find
-//! them in the kernel's caches. On a root served by a FUSE daemon (the engine's
-//! fuse-overlayfs) every first lookup, every lookup that misses and every first read of a
-//! fresh container is a round trip to that daemon: the command's start in a parked
-//! container measured 6 ms cold and 1 ms warmed (`docs/pool.md`).
+//! A parked init warming its image before the claim (the hints in its environment,
+//! [`crate::wire::env::WARM`], never in its arguments, which `/proc/1/cmdline` shows to
+//! whatever runs in the sandbox later): the programs the pool's last attempts ran, looked up
+//! along `PATH` and read once through the container's root, so that the claim's `execve` and
+//! the command's first page faults find them in the kernel's caches. On a root served by a
+//! FUSE daemon (the engine's fuse-overlayfs) every first lookup, every lookup that misses and
+//! every first read of a fresh container is a round trip to that daemon: the first `execve`
+//! in a fresh container measured 6 ms, 1 ms warmed (`docs/link.md`, "A parked init reads
+//! ahead").
 //!
 //! Nothing of it runs as root: a root init (the one that writes the inputs, `stage`) warms
-//! through a child it starts as the sandbox's user (`--warm-as UID:GID`, supplementary groups
-//! dropped), and none at all without that; the child is reaped before the init reads the
-//! host's first frame, so the claim's check that the init is alone still holds. A file is
-//! opened without blocking and read only when it is a regular file, within [`MAX_BYTES`] and
-//! [`MAX_TIME`] in all: the hints are the host's, the files are the image's.
+//! through a child it starts as the sandbox's user (`as_user`, supplementary groups dropped;
+//! the child refuses to read as root or with any group), and none at all without that. A claim
+//! that arrives meanwhile ends the warming: the child is killed and reaped before the init
+//! reads the host's first frame, so the claim's check that the init is alone still holds and
+//! the claim never waits for it. A file is opened without blocking and read only when it is a
+//! regular file, within [`MAX_BYTES`] and [`MAX_TIME`] in all: the hints are the host's, the
+//! files are the image's.
 
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
@@ -31,7 +35,8 @@ const DEFAULT_PATH: &str = "/bin:/usr/bin";
 
 /// What to warm: names as a command gives them (looked up along `PATH`), files by their path
 /// in the image (read, with the ELF interpreter each names).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Warm {
     /// Program names without a slash.
     pub names: Vec<String>,
@@ -47,44 +52,36 @@ impl Warm {
         self.names.is_empty() && self.files.is_empty()
     }
 
-    /// Takes one of the init's warm flags and its value; `Ok(false)` for another flag.
-    pub(crate) fn take(&mut self, flag: &str, value: Option<&String>) -> Result<bool, String> {
-        let list = match flag {
-            "--warm-name" => &mut self.names,
-            "--warm-file" => &mut self.files,
-            "--warm-as" => {
-                let v = value.ok_or("--warm-as takes UID:GID")?;
-                let ids = v.split_once(':').and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
-                match ids {
-                    Some((u, g)) if u != 0 && g != 0 && self.as_user.is_none() => self.as_user = Some((u, g)),
-                    _ => return Err(format!("--warm-as takes one UID:GID, neither 0, not {v:?}")),
-                }
-                return Ok(true);
-            }
-            _ => return Ok(false),
-        };
-        let v = value.ok_or_else(|| format!("{flag} takes a value"))?;
-        let ok = match flag {
-            "--warm-name" => valid_name(v),
-            _ => valid_file(v),
-        };
-        if !ok || list.len() >= MAX_HINTS {
-            return Err(format!("{flag} {v:?}: at most {MAX_HINTS}, each a name without '/' or an absolute path"));
+    /// The hints as the environment carries them ([`crate::wire::env::WARM`], JSON), checked:
+    /// at most [`MAX_HINTS`] of each kind, each a name without '/' or an absolute path, the
+    /// user never root.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let w: Warm = serde_json::from_str(json).map_err(|e| format!("{}: {e}", crate::wire::env::WARM))?;
+        let bad = w.names.len() > MAX_HINTS
+            || w.files.len() > MAX_HINTS
+            || !w.names.iter().all(|n| valid_name(n))
+            || !w.files.iter().all(|f| valid_file(f))
+            || w.as_user.is_some_and(|(u, g)| u == 0 || g == 0);
+        if bad {
+            return Err(format!(
+                "{}: at most {MAX_HINTS} of each, each a name without '/' or an absolute path, the user not root",
+                crate::wire::env::WARM
+            ));
         }
-        list.push(v.clone());
-        Ok(true)
+        Ok(w)
     }
 
-    /// The arguments that give these hints to `stevedore-init warm` (or to a parked init).
-    pub fn args(&self) -> Vec<String> {
-        let mut a = Vec::new();
-        for n in &self.names {
-            a.extend(["--warm-name".to_owned(), n.clone()]);
+    /// The hints as the environment carries them.
+    pub fn to_env(&self) -> String {
+        serde_json::to_string(self).expect("always serialises")
+    }
+
+    /// The hints the init was started with, if any.
+    pub(crate) fn from_env() -> Result<Option<Self>, String> {
+        match std::env::var(crate::wire::env::WARM) {
+            Ok(v) if !v.is_empty() => Self::parse(&v).map(Some),
+            _ => Ok(None),
         }
-        for f in &self.files {
-            a.extend(["--warm-file".to_owned(), f.clone()]);
-        }
-        a
     }
 }
 
@@ -98,58 +95,104 @@ pub fn valid_file(f: &str) -> bool {
     f.starts_with('/') && f.len() <= MAX_HINT_LEN && !f.contains('\0') && !f.split('/').any(|c| c == "..")
 }
 
-/// Warms as `w` says, before the init reads its first frame; returns when done, with what
-/// was read (`None`: nothing asked, or a root init told no user to warm as).
-pub(crate) fn before_park(w: &Warm) -> Option<ReadAhead> {
+/// Warms as `w` says, before the init reads its first frame; returns when done, or as soon as
+/// `claimed` says the host has written (the claim never waits for it), with what was read
+/// (`None`: nothing asked, or a root init told no user to warm as).
+pub(crate) fn before_park(w: &Warm, claimed: &dyn Fn(Duration) -> bool) -> Option<ReadAhead> {
     if w.is_empty() {
         return None;
     }
     let began = Instant::now();
+    let until = began + MAX_TIME;
     let mut seen = if nix::unistd::geteuid().is_root() {
         let (uid, gid) = w.as_user?;
-        use std::os::unix::process::CommandExt;
-        // std drops the supplementary groups when it sets the uid as root; leaving uid 0
-        // clears the permitted and effective capability sets. stdio is the link: the child
-        // gets a pipe of its own for its one line, and nothing else.
-        let out = std::process::Command::new("/proc/self/exe")
-            .arg("warm")
-            .args(w.args())
-            .uid(uid)
-            .gid(gid)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output();
-        // A warming that could not run only leaves the caches cold; the record says so.
-        match out {
-            Ok(o) if o.status.success() => serde_json::from_slice::<ReadAhead>(&o.stdout).unwrap_or_default(),
-            _ => ReadAhead { failed: true, ..ReadAhead::default() },
-        }
+        in_child(uid, gid, until, claimed)
     } else {
-        warm(w, Instant::now() + MAX_TIME)
+        warm(w, until, &|| claimed(Duration::ZERO))
     };
     seen.ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
     Some(seen)
 }
 
-/// `stevedore-init warm [--warm-name N]... [--warm-file P]...`: the warming itself, as the
-/// user it runs as; prints what it read as one JSON line ([`ReadAhead`]).
-pub fn main(args: &[String]) -> i32 {
-    let mut w = Warm::default();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        match w.take(flag, it.next()) {
-            Ok(true) => {}
-            Ok(false) => {
-                eprintln!("stevedore-init warm: unexpected argument {flag:?}");
-                return 2;
-            }
-            Err(why) => {
-                eprintln!("stevedore-init warm: {why}");
-                return 2;
+/// A root init's warming: `stevedore-init warm` as `uid`:`gid` (std drops the supplementary
+/// groups when it sets the uid as root; leaving uid 0 clears the permitted and effective
+/// capability sets), its one line read from a pipe of its own (stdio is the link), killed and
+/// reaped at the claim or at `until`.
+fn in_child(uid: u32, gid: u32, until: Instant, claimed: &dyn Fn(Duration) -> bool) -> ReadAhead {
+    use std::os::unix::process::CommandExt;
+    let failed = ReadAhead { failed: true, ..ReadAhead::default() };
+    let child = std::process::Command::new("/proc/self/exe")
+        .arg("warm")
+        .uid(uid)
+        .gid(gid)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else { return failed };
+    let mut out = child.stdout.take().expect("piped");
+    let mut line = Vec::new();
+    let mut cut = false;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || claimed(Duration::ZERO) {
+            cut = true;
+            break;
+        }
+        // Whichever comes first: the child's line (or its end), the host's first frame.
+        let mut fds = [nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(&out), nix::poll::PollFlags::POLLIN)];
+        let wait = u16::try_from(left.as_millis().clamp(1, 10)).unwrap_or(10);
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(wait)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(_) => {
+                cut = true;
+                break;
             }
         }
+        let mut buf = [0u8; 512];
+        match out.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) if line.len() < 4096 => line.extend_from_slice(&buf[..n]),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
     }
-    let seen = warm(&w, Instant::now() + MAX_TIME);
+    if cut {
+        let _ = child.kill();
+    }
+    let status = child.wait();
+    match (cut, status) {
+        (false, Ok(st)) if st.success() => {
+            serde_json::from_slice::<ReadAhead>(&line).ok().filter(|r| r.uid != 0).unwrap_or(failed)
+        }
+        (true, _) => ReadAhead { cut: true, uid, ..ReadAhead::default() },
+        _ => failed,
+    }
+}
+
+/// `stevedore-init warm`: the warming itself, as the user it runs as, the hints from its
+/// environment; prints what it read as one JSON line ([`ReadAhead`]). It refuses to read as
+/// root or with any supplementary group.
+pub fn main(args: &[String]) -> i32 {
+    if !args.is_empty() {
+        eprintln!("stevedore-init warm: takes no arguments (the hints are in {})", crate::wire::env::WARM);
+        return 2;
+    }
+    let w = match Warm::from_env() {
+        Ok(w) => w.unwrap_or_default(),
+        Err(why) => {
+            eprintln!("stevedore-init warm: {why}");
+            return 2;
+        }
+    };
+    let groups = nix::unistd::getgroups().unwrap_or_default();
+    if nix::unistd::geteuid().is_root() || nix::unistd::getegid().as_raw() == 0 || !groups.is_empty() {
+        eprintln!("stevedore-init warm: reads nothing as root or with a supplementary group");
+        return 3;
+    }
+    let seen = warm(&w, Instant::now() + MAX_TIME, &|| false);
     println!("{}", serde_json::to_string(&seen).expect("always serialises"));
     0
 }
@@ -175,32 +218,45 @@ pub struct ReadAhead {
 }
 
 /// Looks each name up along `PATH` (misses included: a lookup that missed is cached too) and
-/// reads each file and its ELF interpreter, within the bounds.
-fn warm(w: &Warm, until: Instant) -> ReadAhead {
+/// reads each file and the ELF interpreter it names (and then the loader's cache) once,
+/// within the bounds, until `stop` says the claim came.
+fn warm(w: &Warm, until: Instant, stop: &dyn Fn() -> bool) -> ReadAhead {
     let mut seen = ReadAhead { uid: nix::unistd::getuid().as_raw(), ..ReadAhead::default() };
     let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_owned());
+    let over = |seen: &mut ReadAhead| {
+        let over = Instant::now() >= until || stop();
+        seen.cut |= over;
+        over
+    };
     for name in &w.names {
         seen.names += 1;
         for dir in path.split(':') {
-            let dir = if dir.is_empty() { "." } else { dir };
-            if Instant::now() >= until {
-                seen.cut = true;
+            if over(&mut seen) {
                 return seen;
             }
+            let dir = if dir.is_empty() { "." } else { dir };
             if std::fs::metadata(Path::new(dir).join(name)).is_ok() {
                 break;
             }
         }
     }
     let mut budget = MAX_BYTES;
-    for file in &w.files {
-        if let Some(interp) = read(Path::new(file), &mut budget, until, &mut seen) {
-            read(Path::new(&interp), &mut budget, until, &mut seen);
-            // What a dynamic program's loader opens first.
-            read(Path::new("/etc/ld.so.cache"), &mut budget, until, &mut seen);
+    let mut done: Vec<String> = Vec::new();
+    let mut queue: std::collections::VecDeque<String> = w.files.iter().cloned().collect();
+    while let Some(file) = queue.pop_front() {
+        if done.contains(&file) {
+            continue;
         }
+        if over(&mut seen) {
+            return seen;
+        }
+        if let Some(interp) = read(Path::new(&file), &mut budget, until, &mut seen) {
+            queue.push_front("/etc/ld.so.cache".to_owned());
+            queue.push_front(interp);
+        }
+        done.push(file);
     }
-    seen.cut |= budget == 0 || Instant::now() >= until;
+    seen.cut |= budget == 0;
     seen
 }
 
@@ -291,34 +347,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_flags_take_bounded_names_and_absolute_paths() {
-        let mut w = Warm::default();
-        let s = |v: &str| v.to_owned();
-        assert_eq!(w.take("--warm-name", Some(&s("true"))), Ok(true));
-        assert_eq!(w.take("--warm-file", Some(&s("/bin/busybox"))), Ok(true));
-        assert_eq!(w.take("--warm-as", Some(&s("65532:65532"))), Ok(true));
-        assert_eq!(w.take("--reserve", Some(&s("1"))), Ok(false));
-        for (flag, bad) in [
-            ("--warm-name", "a/b"),
-            ("--warm-name", ".."),
-            ("--warm-name", ""),
-            ("--warm-file", "bin/x"),
-            ("--warm-file", "/a/../etc/shadow"),
-            ("--warm-file", "/a\0b"),
-            ("--warm-as", "0:1"),
-            ("--warm-as", "1:0"),
-            ("--warm-as", "12"),
-            // A second user.
-            ("--warm-as", "1:1"),
+    fn the_hints_are_bounded_names_and_absolute_paths_and_never_root() {
+        let w = Warm::parse(r#"{"names":["true"],"files":["/bin/busybox"],"as_user":[65532,65532]}"#).unwrap();
+        assert_eq!(w.names, ["true"]);
+        assert_eq!(w.as_user, Some((65532, 65532)));
+        assert_eq!(Warm::parse(&w.to_env()).unwrap(), w);
+        for bad in [
+            r#"{"names":["a/b"]}"#,
+            r#"{"names":[".."]}"#,
+            r#"{"names":[""]}"#,
+            r#"{"files":["bin/x"]}"#,
+            r#"{"files":["/a/../etc/shadow"]}"#,
+            r#"{"files":["/a\u0000b"]}"#,
+            r#"{"as_user":[0,1]}"#,
+            r#"{"as_user":[1,0]}"#,
+            r#"{"other":1}"#,
+            r#"{"names":["1","2","3","4","5","6","7","8","9"]}"#,
+            "not json",
         ] {
-            assert!(w.take(flag, Some(&s(bad))).is_err(), "{flag} {bad:?}");
+            assert!(Warm::parse(bad).is_err(), "{bad}");
         }
-        assert!(w.take("--warm-name", None).is_err());
-        for i in 1..MAX_HINTS {
-            assert_eq!(w.take("--warm-name", Some(&format!("p{i}"))), Ok(true));
-        }
-        assert!(w.take("--warm-name", Some(&s("one-too-many"))).is_err());
-        assert_eq!(w.args()[..4], ["--warm-name", "true", "--warm-name", "p1"]);
     }
 
     #[test]
@@ -375,7 +423,9 @@ mod tests {
         assert_eq!(budget, MAX_BYTES);
         // The whole warming reports the cut.
         let w = Warm { files: vec![big.to_str().unwrap().to_owned()], ..Warm::default() };
-        let all = warm(&w, far);
+        // A claim stops it before anything is read.
+        assert_eq!(warm(&w, far, &|| true).bytes, 0);
+        let all = warm(&w, far, &|| false);
         assert_eq!((all.files, all.bytes, all.cut), (1, MAX_BYTES, true));
     }
 

@@ -99,8 +99,11 @@ pub mod env {
     /// The path of stevedore's init binary inside the sandbox, whose `report` verb sends
     /// reports: `"$STEVEDORE_INIT" report progress 40`.
     pub const INIT: &str = "STEVEDORE_INIT";
+    /// A parked init's read-ahead hints (`crate::warm`), in its own environment only: an
+    /// argument would show them in `/proc/1/cmdline` to whatever runs in the sandbox later.
+    pub const WARM: &str = "STEVEDORE_WARM";
     /// All of them.
-    pub const ALL: &[&str] = &[JOB_ID, ATTEMPT, IN, OUT, HANDLER_FD, REPORT_FD, INIT];
+    pub const ALL: &[&str] = &[JOB_ID, ATTEMPT, IN, OUT, HANDLER_FD, REPORT_FD, INIT, WARM];
     /// Variables the dynamic loader or glibc read at start-up. The container's process
     /// environment sets each to empty for PID 1 (an image's `ENV` cannot be removed, only
     /// overridden); the command gets the image's values back through [`super::Start::env`].

@@ -65,13 +65,14 @@ fn read_ahead_note(ra: &stevedore_init::warm::ReadAhead) -> String {
     }
     format!(
         "read ahead: the parked init looked up {} program name(s) and read {} file(s), {} bytes, as uid {} in {} ms \
-         before the claim (the programs the pool's last attempts ran){}",
+         before the claim (the programs the pool's last attempts ran; the pages read are in this sandbox's memory \
+         counters){}",
         ra.names,
         ra.files,
         ra.bytes,
         ra.uid,
         ra.ms,
-        if ra.cut { "; cut short by its bound" } else { "" }
+        if ra.cut { "; cut short by its bound or the claim" } else { "" }
     )
 }
 

@@ -189,7 +189,7 @@ fn spec_of(
         podman: facts.is_podman(),
         publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
         caches,
-        warm: &[],
+        warm: None,
     });
     // As docker: the engine makes the working directory at create, beneath the root, even a
     // read-only one (the init makes or names it in a container made before the request).

@@ -501,7 +501,7 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
             podman: facts.is_podman(),
             publish_ip: if shared.engine.endpoint().is_local() { "127.0.0.1" } else { "0.0.0.0" },
             caches: &[],
-            warm: &warm_args(shared, pool, stage),
+            warm: warm_env(shared, pool, stage).as_deref(),
         });
         left.container(name.clone());
         let container_id = api.create_container(&name, body).await?;
@@ -543,7 +543,8 @@ pub(crate) struct Hints {
     files: VecDeque<String>,
 }
 
-/// Where an attempt's own mounts are: nothing there is the image's.
+/// Where an attempt's own mounts are: nothing there is a file a fresh container's image holds
+/// (a cache's or a masked volume's path only misses in the next container, harmlessly).
 const NOT_THE_IMAGE: [&str; 7] = ["/in", "/out", "/tmp", "/dev", "/proc", "/sys", "/.stevedore"];
 
 /// Keeps what an attempt of the pool's image ran (its init's record: the program's name as
@@ -574,35 +575,33 @@ fn of_the_image(f: &str) -> bool {
         && !NOT_THE_IMAGE.iter().any(|m| f.strip_prefix(m).is_some_and(|r| r.is_empty() || r.starts_with('/')))
 }
 
-/// The init's warm arguments for a fill: the hints, and for a root init the user it warms as
-/// (the sandbox's, numeric where the inputs travel over the link: `stage::not_over_link`).
-fn warm_args(shared: &ContainerSite, pool: &Pool, stage: bool) -> Vec<String> {
+/// The init's read-ahead hints for a fill, as its environment carries them
+/// ([`stevedore_init::wire::env::WARM`]: an argument would show them to later attempts in
+/// `/proc/1/cmdline`), and for a root init the user it reads as (the sandbox's, numeric where
+/// the inputs travel over the link: `stage::not_over_link`).
+fn warm_env(shared: &ContainerSite, pool: &Pool, stage: bool) -> Option<String> {
     if !config(shared).is_some_and(|c| c.read_ahead) {
-        return Vec::new();
+        return None;
     }
     let h = pool.hints.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let w = stevedore_init::warm::Warm {
+    let mut w = stevedore_init::warm::Warm {
         names: h.names.iter().cloned().collect(),
         files: h.files.iter().cloned().collect(),
         as_user: None,
     };
     if w.is_empty() {
-        return Vec::new();
+        return None;
     }
-    let mut args = w.args();
     if stage {
         let ids = shared
             .config
             .user
             .split_once(':')
             .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
-        match ids {
-            Some((u, g)) if u != 0 && g != 0 => args.extend(["--warm-as".to_owned(), format!("{u}:{g}")]),
-            // A root init reads nothing of the image for itself.
-            _ => return Vec::new(),
-        }
+        // A root init reads nothing of the image for itself.
+        w.as_user = Some(ids.filter(|&(u, g)| u != 0 && g != 0)?);
     }
-    args
+    Some(w.to_env())
 }
 
 async fn remove(shared: &ContainerSite, containers: &[String], volumes: &[String]) {

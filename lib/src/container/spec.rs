@@ -44,8 +44,9 @@ pub struct SpecInput<'a> {
     pub publish_ip: &'a str,
     /// Named caches: (name, volume, path), mounted read-write.
     pub caches: &'a [(String, String, String)],
-    /// The init's warm hints (a parked container's, `init/src/warm.rs`): extra arguments.
-    pub warm: &'a [String],
+    /// The init's read-ahead hints (a parked container's, `init/src/warm.rs`), as its
+    /// environment carries them.
+    pub warm: Option<&'a str>,
 }
 
 /// The spec, and what enforcement it applies or skips (item → how / why).
@@ -196,11 +197,13 @@ pub fn build(input: &SpecInput<'_>) -> Spec {
     // so every variable a loader or libc reads is set to empty. The init is static and never
     // reads them; this keeps even its libc start-up clean. The command gets the image's
     // values back in the Start frame.
-    let env: Vec<String> = wire_env::LOADER.iter().map(|k| format!("{k}=")).collect();
+    let mut env: Vec<String> = wire_env::LOADER.iter().map(|k| format!("{k}=")).collect();
+    // Set always, empty where the pool gives none: an image's own never reaches the init.
+    env.push(format!("{}={}", wire_env::WARM, input.warm.unwrap_or_default()));
     let body = ContainerCreateBody {
         image: Some(input.image.to_owned()),
         entrypoint: Some(vec![format!("{TOOLS_DIR}/{INIT_NAME}")]),
-        cmd: Some(init_args(reserve).into_iter().chain(input.warm.iter().cloned()).collect()),
+        cmd: Some(init_args(reserve)),
         env: Some(env),
         user: Some(user),
         attach_stdin: Some(true),
@@ -648,7 +651,7 @@ mod tests {
             podman: false,
             publish_ip: "127.0.0.1",
             caches: &[],
-            warm: &[],
+            warm: None,
         }
     }
 
@@ -758,9 +761,13 @@ mod tests {
         assert_eq!(s.body.stdin_once, Some(true));
         assert_eq!(s.body.entrypoint, Some(vec!["/.stevedore/tools/stevedore-init".to_owned()]));
         let env = s.body.env.as_ref().unwrap();
-        for k in ["LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GLIBC_TUNABLES"] {
+        for k in ["LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "STEVEDORE_WARM"] {
             assert!(env.contains(&format!("{k}=")), "PID 1's {k} overridden: {env:?}");
         }
+        let warmed = build(&SpecInput { warm: Some(r#"{"names":["true"]}"#), ..input(&cfg, Some("vin"), &applied) });
+        let env = warmed.body.env.unwrap();
+        assert!(env.contains(&r#"STEVEDORE_WARM={"names":["true"]}"#.to_owned()), "{env:?}");
+        assert!(!warmed.body.cmd.unwrap().iter().any(|a| a.contains("true")), "never in PID 1's arguments");
         for k in [
             "memory",
             "pids",

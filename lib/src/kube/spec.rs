@@ -260,8 +260,10 @@ fn main_container(input: &PodInput<'_>, mounts: Vec<VolumeMount>) -> Container {
     // PID 1's own environment: the runtime merges the image's ENV in, and the API shows it to
     // nobody, so only what the static init's libc reads is set to empty for it; the command
     // gets everything else of the image's back (`Start::image_env`).
+    // And the read-ahead hints (`init/src/warm.rs`), which no image may give the init.
     let env = wire_env::INIT_READS
         .iter()
+        .chain([&wire_env::WARM])
         .map(|k| EnvVar { name: (*k).to_owned(), value: Some(String::new()), value_from: None })
         .collect();
     Container {

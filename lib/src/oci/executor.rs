@@ -147,10 +147,7 @@ impl OciExecutor {
         let bundles = base.subdir("bundles")?.path().to_owned();
         let images = base.subdir("images")?.path().to_owned();
         let init = crate::sandbox::init_binary::bytes().ok_or(OciError::NoInit)?;
-        let init_digest = {
-            use sha2::Digest;
-            crate::util::hex(&sha2::Sha256::digest(init))
-        };
+        let init_digest = crate::sandbox::init_binary::sha256().to_owned();
         let tools_dir = base.subdir("tools")?;
         let tools = tools_dir.readable_copy(&init_digest[..16], stevedore_init::wire::INIT_NAME, init)?;
         let seccomp = match config.seccomp {
