@@ -536,13 +536,6 @@ async fn fill_one(shared: &Arc<ContainerSite>, sizes: Sizes) -> Result<Parked, L
 /// The most recent distinct programs of each kind a parked init warms (`Hints`).
 const HINTS_KEPT: usize = 4;
 
-/// What the pool's last attempts ran, for the next fills to warm (`init/src/warm.rs`).
-#[derive(Debug, Default)]
-pub(crate) struct Hints {
-    names: VecDeque<String>,
-    files: VecDeque<String>,
-}
-
 /// Where an attempt's own mounts are: nothing there is a file a fresh container's image holds
 /// (a cache's or a masked volume's path only misses in the next container, harmlessly).
 const NOT_THE_IMAGE: [&str; 7] = ["/in", "/out", "/tmp", "/dev", "/proc", "/sys", "/.stevedore"];

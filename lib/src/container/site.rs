@@ -140,7 +140,15 @@ pub(crate) struct Pool {
     /// fill cut short by a runtime going away leaves them to the rung's `Drop` backstop.
     pub(super) pending: std::sync::Mutex<HashMap<String, Objects>>,
     /// What the last attempts on the pool's image ran: the next fills warm it.
-    pub(super) hints: std::sync::Mutex<super::pool::Hints>,
+    pub(super) hints: std::sync::Mutex<Hints>,
+}
+
+/// What the pool's last attempts ran, for the next fills to read ahead (`pool::learn`,
+/// `init/src/warm.rs`), the most recent first.
+#[derive(Debug, Default)]
+pub(crate) struct Hints {
+    pub(super) names: VecDeque<String>,
+    pub(super) files: VecDeque<String>,
 }
 
 /// What the warm pool did since the rung was made.
