@@ -324,6 +324,8 @@ impl Pipe {
 struct Init {
     /// What the init read ahead while parked (`warm`), for the record.
     read_ahead: Option<crate::warm::ReadAhead>,
+    /// The file the command's program resolved to (`warm::resolve`), for the record.
+    program: Option<String>,
     signals: SignalFd,
     pid1: bool,
     link: Link,
@@ -446,6 +448,7 @@ impl Init {
             reserve: crate::reserve::Reserve::default(),
             credentials: None,
             read_ahead: None,
+            program: None,
         }
     }
 
@@ -615,6 +618,13 @@ impl Init {
     fn supervise(&mut self, start: &Start, s: Spawned) -> Ended {
         let (mut sup, mut ch, oom_guard) = self.channels(start, s);
         self.push_started();
+        // Resolved now, just after the exec found the same path (its lookups are cached), and
+        // never at the end: a command that filled its memory leaves the init nothing to spare
+        // for lookups before its record (the delivery reserve is for the delivery).
+        self.program = start.argv.first().and_then(|p| {
+            let path = start.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
+            crate::warm::resolve(p, path, &start.cwd)
+        });
         if let Some(sampler) = &mut self.sampler {
             sampler.begin(sup.started);
         }
@@ -1090,10 +1100,7 @@ impl Init {
             reserve_bytes,
             credentials: self.credentials.take(),
             kernel: self.kernel.clone().or_else(kernel_line),
-            program: start.argv.first().and_then(|p| {
-                let path = start.env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str());
-                crate::warm::resolve(p, path, &start.cwd)
-            }),
+            program: self.program.take(),
             program_name: start.argv.first().filter(|p| crate::warm::valid_name(p)).cloned(),
             read_ahead: self.read_ahead.take(),
         }

@@ -1107,7 +1107,7 @@ pub struct InitRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
     /// The file the command's program resolved to in the sandbox (along its `PATH`, links
-    /// followed; at most [`crate::warm::MAX_HINT_LEN`] bytes), read after the command ended:
+    /// followed; at most [`crate::warm::MAX_HINT_LEN`] bytes), read as the command started:
     /// what a warm pool reads ahead for the next attempts on the image (`crate::warm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<String>,
