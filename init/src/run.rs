@@ -122,10 +122,9 @@ pub fn main_with(options: Options) -> i32 {
             // not parse warm nothing; the attempt is not the hints'.
             if let Ok(Some(w)) = crate::warm::Warm::from_env() {
                 let link = init.link.input();
-                let claimed = |wait: Duration| {
+                let claimed = || {
                     let mut fds = [PollFd::new(link, PollFlags::POLLIN)];
-                    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
-                    matches!(poll(&mut fds, PollTimeout::from(ms)), Ok(n) if n > 0)
+                    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
                 };
                 init.read_ahead = crate::warm::before_park(&w, &claimed);
             }

@@ -98,7 +98,7 @@ pub fn valid_file(f: &str) -> bool {
 /// Warms as `w` says, before the init reads its first frame; returns when done, or as soon as
 /// `claimed` says the host has written (the claim never waits for it), with what was read
 /// (`None`: nothing asked, or a root init told no user to warm as).
-pub(crate) fn before_park(w: &Warm, claimed: &dyn Fn(Duration) -> bool) -> Option<ReadAhead> {
+pub(crate) fn before_park(w: &Warm, claimed: &dyn Fn() -> bool) -> Option<ReadAhead> {
     if w.is_empty() {
         return None;
     }
@@ -108,7 +108,7 @@ pub(crate) fn before_park(w: &Warm, claimed: &dyn Fn(Duration) -> bool) -> Optio
         let (uid, gid) = w.as_user?;
         in_child(uid, gid, until, claimed)
     } else {
-        warm(w, until, &|| claimed(Duration::ZERO))
+        warm(w, until, claimed)
     };
     seen.ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
     Some(seen)
@@ -118,7 +118,7 @@ pub(crate) fn before_park(w: &Warm, claimed: &dyn Fn(Duration) -> bool) -> Optio
 /// groups when it sets the uid as root; leaving uid 0 clears the permitted and effective
 /// capability sets), its one line read from a pipe of its own (stdio is the link), killed and
 /// reaped at the claim or at `until`.
-fn in_child(uid: u32, gid: u32, until: Instant, claimed: &dyn Fn(Duration) -> bool) -> ReadAhead {
+fn in_child(uid: u32, gid: u32, until: Instant, claimed: &dyn Fn() -> bool) -> ReadAhead {
     use std::os::unix::process::CommandExt;
     let failed = ReadAhead { failed: true, ..ReadAhead::default() };
     let child = std::process::Command::new("/proc/self/exe")
@@ -135,7 +135,7 @@ fn in_child(uid: u32, gid: u32, until: Instant, claimed: &dyn Fn(Duration) -> bo
     let mut cut = false;
     loop {
         let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() || claimed(Duration::ZERO) {
+        if left.is_zero() || claimed() {
             cut = true;
             break;
         }

@@ -586,13 +586,8 @@ fn warm_env(shared: &ContainerSite, pool: &Pool, stage: bool) -> Option<String> 
         return None;
     }
     if stage {
-        let ids = shared
-            .config
-            .user
-            .split_once(':')
-            .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
         // A root init reads nothing of the image for itself.
-        w.as_user = Some(ids.filter(|&(u, g)| u != 0 && g != 0)?);
+        w.as_user = Some(shared.config.numeric_user().filter(|&(u, g)| u != 0 && g != 0)?);
     }
     Some(w.to_env())
 }
